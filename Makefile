@@ -1,0 +1,31 @@
+# miStudio: `make run` serves it on the embedded default; `make test` runs the test suite.
+PYTHON ?= python3.11
+VENV ?= .venv
+PY := $(VENV)/bin/python
+
+.PHONY: run test worker lint format
+
+$(VENV)/.installed: requirements.txt requirements-dev.txt
+	@command -v $(PYTHON) >/dev/null || { echo "miStudio needs Python 3.11 ($(PYTHON) not found)"; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r requirements-dev.txt
+	touch $@
+
+## run: install, migrate, build the demo, start web + one worker (Ctrl-C stops both)
+run: $(VENV)/.installed
+	$(PY) manage.py serve
+
+## test: the whole test suite (set DATABASE_URL / REDIS_URL to test against PostgreSQL and Redis)
+test: $(VENV)/.installed
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+## worker: a second worker against the same data directory (NAME=worker-2 DEVICE=cpu)
+worker: $(VENV)/.installed
+	$(PY) manage.py worker --name $(or $(NAME),worker-2) $(if $(DEVICE),--device $(DEVICE))
+
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
+
+format: $(VENV)/.installed
+	$(VENV)/bin/ruff check --fix . && $(VENV)/bin/ruff format .

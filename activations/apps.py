@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class ActivationsConfig(AppConfig):
+    name = "activations"
+    verbose_name = "Datasets and activations"

@@ -1,0 +1,101 @@
+"""The event bus: save state to the row first, then publish it to channel-layer groups.
+
+Every event miStudio emits goes through ``publish``, from synchronous code (RQ jobs, services).
+A browser that subscribes to a group first gets a *snapshot* of the current state from the
+group's registered snapshot function, so a page opened mid-job is correct; events follow.
+
+Groups: ``models``, ``model.<id>`` (and later ``extraction.<id>``, ``generation.<id>``).
+"""
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+from django.db import models
+from django.utils import timezone
+
+logger = logging.getLogger(__name__)
+
+# A snapshot function gets (user, key) — key is the part after "<kind>." or None — and returns the
+# current state as JSON-ready data, or None when the group does not exist or the user may not see it.
+SnapshotFunction = Callable[[Any, str | None], dict[str, Any] | None]
+
+
+@dataclass(frozen=True)
+class GroupKind:
+    name: str
+    keyed: bool
+    snapshot: SnapshotFunction
+
+
+GROUP_KINDS: dict[str, GroupKind] = {}
+
+
+def register_group_kind(name: str, *, keyed: bool, snapshot: SnapshotFunction) -> None:
+    """Declare a group family (``models`` unkeyed, ``model`` keyed by id) and its snapshot."""
+    GROUP_KINDS[name] = GroupKind(name=name, keyed=keyed, snapshot=snapshot)
+
+
+def parse_group(group: str) -> tuple[GroupKind, str | None] | None:
+    kind_name, _, key = group.partition(".")
+    kind = GROUP_KINDS.get(kind_name)
+    if kind is None or kind.keyed != bool(key):
+        return None
+    return kind, key or None
+
+
+def timestamp() -> str:
+    return timezone.now().isoformat().replace("+00:00", "Z")
+
+
+def publish(
+    event: str,
+    data: dict[str, Any],
+    *,
+    groups: Iterable[str],
+    instance: models.Model | None = None,
+    fields: Iterable[str] = (),
+) -> None:
+    """Save ``fields`` of ``instance`` (the row is the truth), then send ``event`` to ``groups``.
+
+    Call from synchronous code only. A channel-layer failure is logged, never raised: the row
+    already holds the state, and pages recover it by polling the REST API.
+    """
+    if instance is not None:
+        update_fields = list(fields)
+        if update_fields and any(field.name == "updated_at" for field in instance._meta.fields):
+            update_fields.append("updated_at")
+        instance.save(update_fields=update_fields or None)
+    message = {"type": "event.message", "event": event, "data": {**data, "timestamp": timestamp()}}
+    layer = get_channel_layer()
+    for group in groups:
+        try:
+            async_to_sync(layer.group_send)(group, {**message, "group": group})
+        except Exception:
+            logger.warning("could not publish %s to %s", event, group, exc_info=True)
+
+
+class ProgressThrottle:
+    """Lets a progress event through when it moved ≥ ``min_step`` percent or ``min_interval`` s passed."""
+
+    def __init__(self, *, min_step: float = 1.0, min_interval: float = 0.5):
+        self.min_step = min_step
+        self.min_interval = min_interval
+        self._last_progress: float | None = None
+        self._last_time = 0.0
+
+    def ready(self, progress: float, *, final: bool = False) -> bool:
+        now = time.monotonic()
+        if (
+            final
+            or self._last_progress is None
+            or progress - self._last_progress >= self.min_step
+            or now - self._last_time >= self.min_interval
+        ):
+            self._last_progress, self._last_time = progress, now
+            return True
+        return False

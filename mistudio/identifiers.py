@@ -1,0 +1,18 @@
+"""Prefixed opaque ids shown to users: ``m_…`` models, ``ds_…`` datasets, ``ext_…``, ``act_…``."""
+
+import secrets
+
+ALPHABET = "abcdefghijkmnopqrstuvwxyz23456789"  # no 0/1/l: ids get read aloud and copied by hand
+ID_LENGTH = 12
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_" + "".join(secrets.choice(ALPHABET) for _ in range(ID_LENGTH))
+
+
+def new_model_id() -> str:
+    return new_id("m")
+
+
+def new_dataset_id() -> str:
+    return new_id("ds")

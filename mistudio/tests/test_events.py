@@ -1,0 +1,98 @@
+"""The WebSocket consumer on the full ASGI application, with the real Redis channel layer."""
+
+import pytest
+from asgiref.sync import sync_to_async
+from channels.testing import WebsocketCommunicator
+
+from mistudio.asgi import application
+from mistudio.events import ProgressThrottle, publish
+
+pytestmark = pytest.mark.django_db(transaction=True)
+ORIGIN = (b"origin", b"http://127.0.0.1:8000")
+
+
+def token_header(user) -> tuple[bytes, bytes]:
+    return (b"authorization", f"Token {user.auth_token.key}".encode())
+
+
+async def connect(*headers) -> tuple[WebsocketCommunicator, bool, int | None]:
+    communicator = WebsocketCommunicator(application, "/ws/events/", headers=list(headers))
+    connected, code = await communicator.connect()
+    return communicator, connected, code
+
+
+async def test_anonymous_connections_are_refused():
+    _communicator, connected, code = await connect(ORIGIN)
+    assert not connected
+    assert code == 4401
+
+
+async def test_foreign_origins_are_refused(reader):
+    _communicator, connected, _ = await connect((b"origin", b"http://evil.example"), token_header(reader))
+    assert not connected
+
+
+async def test_a_client_without_origin_cannot_ride_on_a_session_cookie(reader):
+    from django.test import Client
+
+    browser = Client()
+    await sync_to_async(browser.force_login)(reader)
+    cookie = f"sessionid={browser.cookies['sessionid'].value}".encode()
+    _, connected, code = await connect((b"cookie", cookie))
+    assert not connected and code == 4401
+    communicator, connected, _ = await connect(ORIGIN, (b"cookie", cookie))
+    assert connected
+    await communicator.disconnect()
+
+
+async def test_subscribe_sends_a_snapshot_then_published_events(reader, tiny_gpt2_folder):
+    from models_app.services import language_model_register_local, model_publish
+
+    model = await sync_to_async(language_model_register_local)(
+        path=str(tiny_gpt2_folder), name="tiny", owner=None
+    )
+    communicator, connected, _ = await connect(ORIGIN, token_header(reader))
+    assert connected
+    await communicator.send_json_to({"action": "subscribe", "groups": ["models", f"model.{model.id}"]})
+    first = await communicator.receive_json_from(timeout=5)
+    second = await communicator.receive_json_from(timeout=5)
+    assert first["type"] == "snapshot" and first["group"] == "models"
+    assert [state["model_id"] for state in first["data"]["models"]] == [model.id]
+    assert second == {"type": "snapshot", "group": f"model.{model.id}", "data": second["data"]}
+    assert second["data"]["status"] == "pending"
+
+    def change_state():
+        fields = model.mark_loading(progress=42, message="Loading weights")
+        model_publish(model, "model:loading", fields)
+
+    await sync_to_async(change_state)()
+    events = [await communicator.receive_json_from(timeout=5) for _ in range(2)]
+    assert {event["group"] for event in events} == {"models", f"model.{model.id}"}
+    for event in events:
+        assert event["event"] == "model:loading"
+        assert event["data"]["progress"] == 42 and event["data"]["message"] == "Loading weights"
+    # The row changed before the event went out.
+    await sync_to_async(model.refresh_from_db)()
+    assert model.status == "loading" and model.progress == 42
+    await communicator.disconnect()
+
+
+async def test_unknown_or_invisible_groups_are_refused(reader):
+    communicator, _, _ = await connect(ORIGIN, token_header(reader))
+    await communicator.send_json_to(
+        {"action": "subscribe", "groups": ["model.m_nosuchmodel", "secrets", "models.x"]}
+    )
+    replies = [await communicator.receive_json_from(timeout=5) for _ in range(3)]
+    assert [reply["code"] for reply in replies] == ["UNKNOWN_GROUP"] * 3
+    await sync_to_async(publish)("model:ready", {"model_id": "m_nosuchmodel"}, groups=["model.m_nosuchmodel"])
+    assert await communicator.receive_nothing(timeout=0.5)
+    await communicator.send_json_to({"action": "dance"})
+    assert (await communicator.receive_json_from(timeout=5))["code"] == "BAD_MESSAGE"
+    await communicator.disconnect()
+
+
+def test_progress_throttle_lets_through_one_percent_steps_and_the_final_event():
+    throttle = ProgressThrottle(min_step=1.0, min_interval=3600)
+    passed = [progress for progress in [0, 0.2, 0.5, 1.0, 1.4, 2.1, 2.2] if throttle.ready(progress)]
+    assert passed == [0, 1.0, 2.1]
+    assert throttle.ready(2.3, final=True)

@@ -1,0 +1,44 @@
+"""URLs: pages, admin, REST API under /api/, WebSockets in routing.py, /healthz."""
+
+from django.contrib import admin
+from django.urls import include, path
+from drf_spectacular.views import SpectacularJSONAPIView
+from rest_framework.decorators import api_view, permission_classes
+from rest_framework.permissions import IsAuthenticated
+from rest_framework.response import Response
+from rest_framework.reverse import reverse
+
+from mistudio.errors import json_error_response
+from mistudio.health import healthz
+
+
+@api_view(["GET"])
+@permission_classes([IsAuthenticated])
+def api_root(request, format=None):
+    """The API's entry point: links to each collection."""
+    return Response(
+        {
+            name: reverse(name, request=request, format=format)
+            for name in ["model-list", "dataset-list", "worker-list", "schema"]
+        }
+    )
+
+
+def api_not_found(request, unmatched: str = ""):
+    return json_error_response(404, "NOT_FOUND", "No such API endpoint.")
+
+
+api_patterns = [
+    path("", api_root, name="api-root"),
+    path("", include("models_app.urls")),
+    path("", include("activations.urls")),
+    path("schema/", SpectacularJSONAPIView.as_view(), name="schema"),
+    path("<path:unmatched>", api_not_found),
+]
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    path("api/", include(api_patterns)),
+    path("healthz", healthz, name="healthz"),
+    path("", include("frontend.urls")),
+]

@@ -1,0 +1,31 @@
+"""``manage.py worker``: a named RQ SimpleWorker on its own queue plus the shared queue."""
+
+import socket
+
+from django.core.management.base import BaseCommand, CommandError
+
+
+class Command(BaseCommand):
+    help = "Run a miStudio worker (rq.SimpleWorker) that loads models and runs jobs on one device."
+
+    def add_arguments(self, parser):
+        parser.add_argument(
+            "--name", help="Worker name, unique across the deployment (default: host-device)."
+        )
+        parser.add_argument(
+            "--device", help="cpu, cuda:0, cuda:1, … (default: cuda:0 if available, else cpu)."
+        )
+        parser.add_argument("--burst", action="store_true", help="Exit once the queues are empty.")
+        parser.add_argument("--max-jobs", type=int, default=None)
+
+    def handle(self, *args, **options):
+        from models_app.workers import default_device, run_worker
+
+        device = options["device"] or default_device()
+        if device != "cpu" and not device.startswith("cuda:"):
+            raise CommandError(f"--device must be cpu or cuda:N (got {device!r}).")
+        name = options["name"] or f"{socket.gethostname()}-{device.replace(':', '')}"
+        if not name.replace("-", "").replace("_", "").isalnum():
+            raise CommandError("--name may contain letters, digits, '-' and '_' only.")
+        self.stdout.write(f"worker {name} on {device}")
+        run_worker(name=name, device=device, burst=options["burst"], max_jobs=options["max_jobs"])

@@ -1,0 +1,174 @@
+"""Worker processes: identity, queues and heartbeats.
+
+A worker is an ``rq.SimpleWorker`` (no fork per job: the loaded models live in this process,
+and CUDA cannot be used after fork) that consumes its own queue plus the shared queue. Every
+``WORKER_HEARTBEAT_SECONDS`` a thread writes its heartbeat — device, memory, loaded models —
+to Redis with a time-to-live, so a worker that dies simply disappears from ``/healthz``.
+"""
+
+import contextlib
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass
+
+import redis
+from django.conf import settings
+from django.db import connections
+from rq import Queue, SimpleWorker
+from rq.timeouts import TimerDeathPenalty
+
+from mistudio.redis_client import get_redis
+from models_app.engine.registry import LOADED_MODELS
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class WorkerIdentity:
+    name: str
+    device: str
+
+
+# Set once by ``run_worker`` in a worker process; None in the web process.
+CURRENT_WORKER: WorkerIdentity | None = None
+
+
+def worker_queue_name(worker_name: str) -> str:
+    return f"{settings.REDIS_KEY_PREFIX}.worker.{worker_name}"
+
+
+def heartbeat_key(worker_name: str) -> str:
+    return f"{settings.REDIS_KEY_PREFIX}:worker:{worker_name}"
+
+
+def shared_queue() -> Queue:
+    return Queue(settings.SHARED_QUEUE, connection=get_redis())
+
+
+def worker_queue(worker_name: str) -> Queue:
+    return Queue(worker_queue_name(worker_name), connection=get_redis())
+
+
+def device_memory(device: str) -> tuple[int, int]:
+    """(total, free) bytes of the device's memory: the GPU's for cuda:N, the machine's for cpu."""
+    if device.startswith("cuda"):
+        import torch
+
+        free, total = torch.cuda.mem_get_info(torch.device(device))
+        return int(total), int(free)
+    import psutil
+
+    memory = psutil.virtual_memory()
+    return int(memory.total), int(memory.available)
+
+
+def default_device() -> str:
+    import torch
+
+    return "cuda:0" if torch.cuda.is_available() else "cpu"
+
+
+def heartbeat_payload(identity: WorkerIdentity, started_at: float) -> dict:
+    total, free = device_memory(identity.device)
+    return {
+        "name": identity.name,
+        "device": identity.device,
+        "memory_total_bytes": total,
+        "memory_free_bytes": free,
+        "loaded_models": LOADED_MODELS.summary(),
+        "queues": [worker_queue_name(identity.name), settings.SHARED_QUEUE],
+        "hostname": socket.gethostname(),
+        "pid": os.getpid(),
+        "started_at": started_at,
+        "last_heartbeat": time.time(),
+    }
+
+
+def write_heartbeat(identity: WorkerIdentity, started_at: float) -> None:
+    ttl = max(int(settings.WORKER_LOST_AFTER_SECONDS), 1)
+    get_redis().set(heartbeat_key(identity.name), json.dumps(heartbeat_payload(identity, started_at)), ex=ttl)
+
+
+def read_heartbeats() -> list[dict]:
+    """Heartbeats of the workers alive now (expired ones are gone from Redis)."""
+    connection = get_redis()
+    keys = sorted(connection.scan_iter(match=heartbeat_key("*"), count=100))
+    beats = [json.loads(raw) for raw in connection.mget(keys) if raw] if keys else []
+    return sorted(beats, key=lambda beat: beat["name"])
+
+
+class MiStudioWorker(SimpleWorker):
+    """SimpleWorker that can also be driven from a non-main thread (tests, embedded tools).
+
+    Signal handlers can only be installed in the main thread; elsewhere the caller owns shutdown.
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if threading.current_thread() is not threading.main_thread():
+            self.death_penalty_class = TimerDeathPenalty  # SIGALRM needs the main thread
+
+    def _install_signal_handlers(self) -> None:
+        if threading.current_thread() is threading.main_thread():
+            super()._install_signal_handlers()
+
+
+class HeartbeatThread(threading.Thread):
+    """Writes the heartbeat and, every few beats, fails models whose host worker vanished."""
+
+    def __init__(self, identity: WorkerIdentity):
+        super().__init__(name=f"heartbeat-{identity.name}", daemon=True)
+        self.identity = identity
+        self.started_at = time.time()
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        from models_app.services import worker_lost_reconcile
+
+        beats = 0
+        while not self.stopped.is_set():
+            try:
+                write_heartbeat(self.identity, self.started_at)
+                if beats % 6 == 0:
+                    worker_lost_reconcile()
+            except (redis.RedisError, OSError):
+                logger.warning("heartbeat failed; retrying", exc_info=True)
+            except Exception:
+                logger.exception("heartbeat thread error")
+            beats += 1
+            self.stopped.wait(settings.WORKER_HEARTBEAT_SECONDS)
+        connections.close_all()  # this thread's own database connection
+
+    def stop(self) -> None:
+        self.stopped.set()
+        with contextlib.suppress(redis.RedisError):
+            get_redis().delete(heartbeat_key(self.identity.name))
+
+
+def run_worker(*, name: str, device: str, burst: bool = False, max_jobs: int | None = None) -> None:
+    """Run a named SimpleWorker on its own queue and the shared queue until stopped."""
+    global CURRENT_WORKER
+    from models_app.services import worker_started
+
+    identity = WorkerIdentity(name=name, device=device)
+    CURRENT_WORKER = identity
+    worker_started(worker_name=name)
+    heartbeat = HeartbeatThread(identity)
+    write_heartbeat(identity, heartbeat.started_at)
+    heartbeat.start()
+    try:
+        worker = MiStudioWorker(
+            [worker_queue(name), shared_queue()],
+            name=f"{name}.{os.getpid()}",
+            connection=get_redis(),
+        )
+        worker.work(burst=burst, max_jobs=max_jobs, logging_level=os.environ.get("LOG_LEVEL", "INFO"))
+    finally:
+        heartbeat.stop()
+        heartbeat.join(timeout=5)
+        connections.close_all()
+        CURRENT_WORKER = None
