@@ -5,6 +5,7 @@ Every front door (REST API, pages, admin actions, management commands) calls the
 
 import json
 import logging
+from collections.abc import Iterable
 from pathlib import Path
 
 from django.conf import settings
@@ -139,13 +140,18 @@ def model_unload_request(*, model_id: str) -> LanguageModel:
     return model
 
 
-def worker_started(*, worker_name: str) -> None:
-    """A worker (re)starting with a name holds none of the models rows still say it hosts."""
-    for model in LanguageModel.objects.filter(host_worker=worker_name).exclude(
-        status=LanguageModel.Status.FAILED
-    ):
-        fields = model.mark_unloaded(code="WORKER_LOST", message="The worker hosting this model restarted.")
-        model_publish(model, "model:unloaded", fields)
+def worker_release_models(
+    *, worker_name: str, holding: Iterable[str] = (), code: str = "", message: str = ""
+) -> None:
+    """Mark ``unloaded`` the models rows say ``worker_name`` hosts, except those it is ``holding``.
+
+    Called when a worker process starts (it holds nothing it did not load itself) and when it stops.
+    """
+    hosted = LanguageModel.objects.filter(
+        host_worker=worker_name, status__in=[LanguageModel.Status.READY, LanguageModel.Status.LOADING]
+    ).exclude(pk__in=list(holding))
+    for model in hosted:
+        model_publish(model, "model:unloaded", model.mark_unloaded(code=code, message=message))
 
 
 def worker_lost_reconcile() -> list[str]:

@@ -152,11 +152,16 @@ class HeartbeatThread(threading.Thread):
 def run_worker(*, name: str, device: str, burst: bool = False, max_jobs: int | None = None) -> None:
     """Run a named SimpleWorker on its own queue and the shared queue until stopped."""
     global CURRENT_WORKER
-    from models_app.services import worker_started
+    from models_app.services import worker_release_models
 
     identity = WorkerIdentity(name=name, device=device)
     CURRENT_WORKER = identity
-    worker_started(worker_name=name)
+    worker_release_models(
+        worker_name=name,
+        holding=[entry["model_id"] for entry in LOADED_MODELS.summary()],
+        code="WORKER_LOST",
+        message="The worker hosting this model restarted.",
+    )
     heartbeat = HeartbeatThread(identity)
     write_heartbeat(identity, heartbeat.started_at)
     heartbeat.start()

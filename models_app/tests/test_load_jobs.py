@@ -111,11 +111,9 @@ def test_heartbeat_lists_the_loaded_model_while_the_worker_runs(writer, client_f
 
 
 def test_a_restarted_worker_releases_the_models_it_hosted(tiny_model):
-    from models_app.services import worker_started
-
     fields = tiny_model.mark_ready(host_worker=WORKER, memory_usage_bytes=1, load_time_seconds=1)
     tiny_model.save(update_fields=fields)
-    worker_started(worker_name=WORKER)
+    run_burst_worker()
     tiny_model.refresh_from_db()
     assert tiny_model.status == "unloaded" and tiny_model.error_code == "WORKER_LOST"
 
@@ -128,3 +126,31 @@ def test_models_of_a_vanished_worker_become_unloaded_with_worker_lost(tiny_model
     assert worker_lost_reconcile() == [tiny_model.id]
     tiny_model.refresh_from_db()
     assert tiny_model.status == "unloaded" and tiny_model.error_code == "WORKER_LOST"
+
+
+@pytest.mark.slow
+def test_a_worker_process_that_stops_leaves_its_models_unloaded(writer, client_for, tiny_model, process_env):
+    import subprocess
+    import sys
+    import time
+
+    from django.conf import settings
+
+    client_for(writer).post(f"/api/models/{tiny_model.id}/load", {}, format="json")
+    worker = subprocess.Popen(
+        [sys.executable, "manage.py", "worker", "--name", "stopping-worker"],
+        cwd=settings.BASE_DIR, env=process_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            tiny_model.refresh_from_db()
+            if tiny_model.status != "loading":
+                break
+            time.sleep(0.2)
+        assert tiny_model.status == "ready" and tiny_model.host_worker == "stopping-worker"
+    finally:
+        worker.terminate()
+        assert worker.wait(timeout=30) == 0, worker.stderr.read().decode()[-2000:]
+    tiny_model.refresh_from_db()
+    assert tiny_model.status == "unloaded" and tiny_model.error_code == ""

@@ -19,6 +19,7 @@ class Command(BaseCommand):
         parser.add_argument("--max-jobs", type=int, default=None)
 
     def handle(self, *args, **options):
+        from models_app.services import worker_release_models
         from models_app.workers import default_device, run_worker
 
         device = options["device"] or default_device()
@@ -28,4 +29,7 @@ class Command(BaseCommand):
         if not name.replace("-", "").replace("_", "").isalnum():
             raise CommandError("--name may contain letters, digits, '-' and '_' only.")
         self.stdout.write(f"worker {name} on {device}")
-        run_worker(name=name, device=device, burst=options["burst"], max_jobs=options["max_jobs"])
+        try:
+            run_worker(name=name, device=device, burst=options["burst"], max_jobs=options["max_jobs"])
+        finally:  # the process ends: the models it held are gone
+            worker_release_models(worker_name=name, message="The worker hosting this model stopped.")
