@@ -38,9 +38,7 @@ def main() -> None:
     command = [sys.executable, "manage.py", "serve", "--port", str(port)]
     started = time.monotonic()
     if args.training_seconds is not None:
-        subprocess.run(
-            [sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=env, check=True
-        )
+        subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=env, check=True)
         subprocess.run(
             [sys.executable, "manage.py", "bootstrap_demo", "--training-seconds", str(args.training_seconds)],
             cwd=ROOT, env=env, check=True,

@@ -21,6 +21,7 @@ import importlib
 import inspect
 import re
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -44,7 +45,8 @@ SIZES: tuple[str, ...] = ("tiny", "small", "gpt2-small")
 # The single special token of the causal-LM tokenizer; it doubles as bos, eos, pad and unk,
 # as in GPT-2.
 END_OF_TEXT = "<|endoftext|>"
-BERT_SPECIAL_TOKENS: tuple[str, ...] = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+_BERT_UNKNOWN = "[UNK]"
+BERT_SPECIAL_TOKENS: tuple[str, ...] = ("[PAD]", _BERT_UNKNOWN, "[CLS]", "[SEP]", "[MASK]")
 TOKENIZER_KINDS: tuple[str, ...] = ("bpe", "qwen2", "wordpiece")
 
 # Qwen2's pre-tokenizer split (letters, single digits, punctuation runs, newlines). In
@@ -52,7 +54,8 @@ TOKENIZER_KINDS: tuple[str, ...] = ("bpe", "qwen2", "wordpiece")
 # and always builds Qwen2Tokenizer, which re-creates this split around the saved vocabulary;
 # a tokenizer trained with the GPT-2 split would then tokenize differently after reloading.
 _QWEN2_PRETOKENIZE_REGEX = (
-    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
+    r"""|\s*[\r\n]+|\s+(?!\S)|\s+"""
 )
 
 # A fixed list (not ``sys.stdlib_module_names``, which differs between platforms) of
@@ -355,7 +358,7 @@ def _train_wordpiece(vocab_size: int, corpus: tuple[str, ...] | list[str]) -> An
 
     learned = learner.get_vocab()
     vocab = {unmarked(piece): token_id for piece, token_id in learned.items()}
-    tokenizer = Tokenizer(models.WordPiece(vocab=vocab, unk_token="[UNK]"))
+    tokenizer = Tokenizer(models.WordPiece(vocab=vocab, unk_token=_BERT_UNKNOWN))
     tokenizer.normalizer = normalizer
     tokenizer.pre_tokenizer = pre_tokenizer
     tokenizer.decoder = decoders.WordPiece()
@@ -365,7 +368,16 @@ def _train_wordpiece(vocab_size: int, corpus: tuple[str, ...] | list[str]) -> An
 
 def _train_tokenizer_json(kind: str, vocab_size: int, corpus: tuple[str, ...] | list[str]) -> str:
     """Train a ``tokenizers`` tokenizer and return it serialised, so callers get fresh copies."""
-    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+    from tokenizers import (
+        Regex,
+        Tokenizer,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+        processors,
+        trainers,
+    )
 
     if kind == "wordpiece":
         tokenizer = _train_wordpiece(vocab_size, corpus)
@@ -452,7 +464,7 @@ def build_tokenizer(
     else:
         special_tokens = {
             "pad_token": "[PAD]",
-            "unk_token": "[UNK]",
+            "unk_token": _BERT_UNKNOWN,
             "cls_token": "[CLS]",
             "sep_token": "[SEP]",
             "mask_token": "[MASK]",
@@ -465,37 +477,37 @@ def build_tokenizer(
 # Geometry per size. "gpt2-small" is GPT-2 small exactly (124,439,808 parameters for gpt2);
 # its vocabulary is GPT-2's even though the local tokenizer is smaller, so that parameter
 # counts and memory use match the real model.
-_GEOMETRY: dict[str, dict[str, int | None]] = {
-    "tiny": {
-        "hidden": 64,
-        "layers": 2,
-        "heads": 4,
-        "kv_heads": 2,
-        "intermediate": 256,
-        "positions": 128,
-        "tokenizer_vocab": 1024,
-        "vocab": None,  # None: the tokenizer's vocabulary size
-    },
-    "small": {
-        "hidden": 256,
-        "layers": 4,
-        "heads": 4,
-        "kv_heads": 2,
-        "intermediate": 1024,
-        "positions": 256,
-        "tokenizer_vocab": 4096,
-        "vocab": None,
-    },
-    "gpt2-small": {
-        "hidden": 768,
-        "layers": 12,
-        "heads": 12,
-        "kv_heads": 4,
-        "intermediate": 3072,
-        "positions": 1024,
-        "tokenizer_vocab": 4096,
-        "vocab": 50257,
-    },
+@dataclass(frozen=True)
+class _Geometry:
+    hidden: int
+    layers: int
+    heads: int
+    # Key/value heads for the GQA families (llama, mistral, qwen2).
+    kv_heads: int
+    intermediate: int
+    positions: int
+    tokenizer_vocab: int
+    # The model's vocabulary; None means the tokenizer's size.
+    vocab: int | None = None
+
+
+_GEOMETRIES: dict[str, _Geometry] = {
+    "tiny": _Geometry(
+        hidden=64, layers=2, heads=4, kv_heads=2, intermediate=256, positions=128, tokenizer_vocab=1024
+    ),
+    "small": _Geometry(
+        hidden=256, layers=4, heads=4, kv_heads=2, intermediate=1024, positions=256, tokenizer_vocab=4096
+    ),
+    "gpt2-small": _Geometry(
+        hidden=768,
+        layers=12,
+        heads=12,
+        kv_heads=4,
+        intermediate=3072,
+        positions=1024,
+        tokenizer_vocab=4096,
+        vocab=50257,
+    ),
 }
 
 # Model class per family: a causal LM for every family but bert, which is an encoder.
@@ -523,16 +535,16 @@ def _check_family_and_size(family: str, size: str) -> None:
 def default_tokenizer(family: str, size: str = "tiny") -> PreTrainedTokenizerFast:
     """The locally trained tokenizer that :func:`build_tiny_model` uses when given none."""
     _check_family_and_size(family, size)
-    geometry = _GEOMETRY[size]
+    geometry = _GEOMETRIES[size]
     kinds = {"bert": "wordpiece", "qwen2": "qwen2"}
     return build_tokenizer(
         kind=kinds.get(family, "bpe"),
-        vocab_size=int(geometry["tokenizer_vocab"]),
-        model_max_length=int(geometry["positions"]),
+        vocab_size=geometry.tokenizer_vocab,
+        model_max_length=geometry.positions,
     )
 
 
-def build_config(family: str, *, size: str = "tiny", tokenizer: Any) -> PretrainedConfig:
+def build_config(family: str, *, size: str = "tiny", tokenizer: PreTrainedTokenizerFast) -> PretrainedConfig:
     """The ``transformers`` config :func:`build_tiny_model` uses for ``family`` at ``size``.
 
     Exposed separately so that callers can inspect a geometry (or instantiate it on the
@@ -541,23 +553,22 @@ def build_config(family: str, *, size: str = "tiny", tokenizer: Any) -> Pretrain
     import transformers
 
     _check_family_and_size(family, size)
-    g = _GEOMETRY[size]
-    hidden, layers, heads, kv_heads = int(g["hidden"]), int(g["layers"]), int(g["heads"]), int(g["kv_heads"])
-    intermediate, positions = int(g["intermediate"]), int(g["positions"])
-    vocab = int(g["vocab"] or len(tokenizer))
+    geometry = _GEOMETRIES[size]
+    hidden, layers, heads = geometry.hidden, geometry.layers, geometry.heads
+    intermediate, positions = geometry.intermediate, geometry.positions
+    vocab = geometry.vocab or len(tokenizer)
     head_dim = hidden // heads
-    special_ids = {
-        "pad_token_id": tokenizer.pad_token_id,
-        "bos_token_id": tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.cls_token_id,
-        "eos_token_id": tokenizer.eos_token_id if tokenizer.eos_token_id is not None else tokenizer.sep_token_id,
-    }
+    # BERT's tokenizer has no bos/eos; [CLS] and [SEP] play those roles.
+    bos_id = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.cls_token_id
+    eos_id = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else tokenizer.sep_token_id
+    special_ids = {"pad_token_id": tokenizer.pad_token_id, "bos_token_id": bos_id, "eos_token_id": eos_id}
     # Families that use rotary embeddings with GQA: fewer key/value heads than query heads.
     rotary_gqa = {
         "vocab_size": vocab,
         "hidden_size": hidden,
         "num_hidden_layers": layers,
         "num_attention_heads": heads,
-        "num_key_value_heads": kv_heads,
+        "num_key_value_heads": geometry.kv_heads,
         "intermediate_size": intermediate,
         "max_position_embeddings": positions,
     }
@@ -574,7 +585,9 @@ def build_config(family: str, *, size: str = "tiny", tokenizer: Any) -> Pretrain
         )
     if family == "gpt_neo":
         if layers % 2:
-            raise ValueError("gpt_neo alternates global and local attention, so it needs an even layer count.")
+            raise ValueError(
+                "gpt_neo alternates global and local attention, so it needs an even layer count."
+            )
         return transformers.GPTNeoConfig(
             vocab_size=vocab,
             max_position_embeddings=positions,
@@ -658,7 +671,14 @@ def model_class(family: str) -> type:
     return getattr(transformers, _MODEL_CLASSES[family])
 
 
-def build_tiny_model(family: str, output_dir: str | Path, *, size: str = "tiny", seed: int = 0, tokenizer=None) -> Path:
+def build_tiny_model(
+    family: str,
+    output_dir: str | Path,
+    *,
+    size: str = "tiny",
+    seed: int = 0,
+    tokenizer: PreTrainedTokenizerFast | None = None,
+) -> Path:
     """Build a randomly initialised ``family`` model at ``size`` and save it to ``output_dir``.
 
     The weights depend only on ``seed`` (and the library versions): the global torch RNG is
