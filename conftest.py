@@ -46,7 +46,7 @@ def writer(db):
 
 
 @pytest.fixture
-def admin_user(db):
+def model_admin(db):
     return make_user("ada-admin", "model:admin")
 
 

@@ -37,6 +37,7 @@ api_patterns = [
 ]
 
 urlpatterns = [
+    path("admin/rq/", include("django_rq.urls")),  # queue dashboard, staff only
     path("admin/", admin.site.urls),
     path("api/", include(api_patterns)),
     path("healthz", healthz, name="healthz"),

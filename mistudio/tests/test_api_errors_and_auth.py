@@ -125,3 +125,14 @@ def test_session_authentication_works_for_pages_and_api(reader):
     client = APIClient()
     assert client.login(username="rita-reader", password="rita-reader-password")
     assert client.get("/api/models").status_code == 200
+
+
+def test_admin_and_queue_dashboard_are_for_staff_only(reader, admin_client):
+    from django.test import Client
+
+    signed_in_reader = Client()
+    signed_in_reader.force_login(reader)
+    assert signed_in_reader.get("/admin/rq/").status_code == 302  # to the admin login
+    response = admin_client.get("/admin/rq/")
+    assert response.status_code == 200 and b"mistudio-test" in response.content
+    assert admin_client.get("/admin/models_app/languagemodel/").status_code == 200
