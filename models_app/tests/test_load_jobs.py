@@ -102,10 +102,12 @@ def test_a_failed_load_leaves_the_row_failed_with_a_code(writer, client_for, tin
 def test_heartbeat_lists_the_loaded_model_while_the_worker_runs(writer, client_for, tiny_model):
     client_for(writer).post(f"/api/models/{tiny_model.id}/load", {}, format="json")
     run_worker(name=WORKER, device="cpu", burst=True)
-    from models_app.workers import WorkerIdentity, write_heartbeat
+    from mistudio.redis_client import get_redis
+    from models_app.workers import WorkerIdentity, heartbeat_key, write_heartbeat
 
     write_heartbeat(WorkerIdentity(name=WORKER, device="cpu"), started_at=0)
     beat = next(beat for beat in read_heartbeats() if beat["name"] == WORKER)
+    get_redis().delete(heartbeat_key(WORKER))
     assert [entry["model_id"] for entry in beat["loaded_models"]] == [tiny_model.id]
     assert beat["memory_total_bytes"] >= beat["memory_free_bytes"] > 0
 
