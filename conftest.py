@@ -27,6 +27,17 @@ def redis_for_tests():
         embedded_redis.stop(settings.EMBEDDED_REDIS_SOCKET)
 
 
+@pytest.fixture(autouse=True)
+def no_models_left_loaded():
+    """Each test starts with an empty in-process model registry (burst workers share this process)."""
+    yield
+    from models_app.engine.loading import release
+    from models_app.engine.registry import LOADED_MODELS
+
+    for entry in LOADED_MODELS.by_last_use():
+        release(LOADED_MODELS.remove(entry.model_id))
+
+
 def make_user(username: str, role: str | None):
     user = get_user_model().objects.create_user(username=username, password=f"{username}-password")
     if role:

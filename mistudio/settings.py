@@ -93,6 +93,8 @@ ACTIVATION_CACHE_MAX_BYTES = int(
     env_number("ACTIVATION_CACHE_MAX_BYTES", 50 * 2**30, minimum=1, integer=True)
 )
 MODEL_MEMORY_LIMIT_GB = env_number("MODEL_MEMORY_LIMIT_GB", 0.0)  # 0: no limit beyond the device's own
+MAX_LOADED_MODELS = int(env_number("MAX_LOADED_MODELS", 4, integer=True))  # per worker; 0: no limit
+LOAD_RETRY_BASE_SECONDS = env_number("LOAD_RETRY_BASE_SECONDS", 2.0)  # backoff: 2, 4, 8 s
 # Read by huggingface_hub itself; kept here so nothing else reads the environment for it.
 # Never logged, never returned by any API.
 HF_TOKEN = os.environ.get("HF_TOKEN") or None
@@ -128,6 +130,7 @@ INSTALLED_APPS = [
     "rest_framework.authtoken",
     "django_filters",
     "drf_spectacular",
+    "drf_spectacular_sidecar",  # Swagger UI served from our static files, no CDN
     "django_rq",
     "channels",
     "mistudio",
@@ -243,6 +246,9 @@ SPECTACULAR_SETTINGS = {
     "VERSION": "0.1.0",
     "SERVE_INCLUDE_SCHEMA": False,
     "SERVE_PERMISSIONS": ["rest_framework.permissions.IsAuthenticated"],
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
 }
 
 # --- Static files, i18n ----------------------------------------------------------------------

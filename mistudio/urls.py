@@ -1,8 +1,9 @@
 """URLs: pages, admin, REST API under /api/, WebSockets in routing.py, /healthz."""
 
 from django.contrib import admin
+from django.contrib.auth.decorators import login_required
 from django.urls import include, path
-from drf_spectacular.views import SpectacularJSONAPIView
+from drf_spectacular.views import SpectacularJSONAPIView, SpectacularSwaggerView
 from rest_framework.decorators import api_view, permission_classes
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
@@ -19,7 +20,7 @@ def api_root(request, format=None):
     return Response(
         {
             name: reverse(name, request=request, format=format)
-            for name in ["model-list", "dataset-list", "worker-list", "schema"]
+            for name in ["model-list", "dataset-list", "worker-list", "schema", "api-docs"]
         }
     )
 
@@ -41,5 +42,7 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/", include(api_patterns)),
     path("healthz", healthz, name="healthz"),
+    # The interactive API documentation is a page (sign-in redirect), the schema it reads is API.
+    path("docs/api/", login_required(SpectacularSwaggerView.as_view(url_name="schema")), name="api-docs"),
     path("", include("frontend.urls")),
 ]

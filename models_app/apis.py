@@ -9,36 +9,71 @@ from models_app import selectors, services
 from models_app.models import LanguageModel
 from models_app.permissions import CanRead, CanWrite
 
+MAX_KEEP_ALIVE_SECONDS = 30 * 24 * 3600
+
+
+class StrictSerializer(serializers.Serializer):
+    """Unknown fields are an error, not silently ignored (a typo must not pass unnoticed)."""
+
+    def validate(self, attrs):
+        unknown = set(self.initial_data) - set(self.fields) if hasattr(self.initial_data, "keys") else set()
+        if unknown:
+            raise serializers.ValidationError(
+                {name: ["Unknown or read-only field."] for name in sorted(unknown)}
+            )
+        return attrs
+
 
 class ModelOutputSerializer(serializers.ModelSerializer):
     class Meta:
         model = LanguageModel
         fields = [
-            "id", "name", "model_type", "architecture", "source", "identifier", "revision", "config",
-            "quantization", "status", "progress", "status_message", "memory_usage_bytes",
+            "id", "name", "model_type", "architecture", "source", "identifier", "revision", "commit_sha",
+            "config", "quantization", "status", "progress", "stage", "status_message",
+            "download_bytes_done", "download_bytes_total", "memory_usage_bytes", "memory_estimates",
             "load_time_seconds", "parameter_count", "hidden_size", "num_layers", "vocab_size",
-            "host_worker", "error_code", "error_message", "created_at", "loaded_at", "last_used_at",
+            "context_length", "pinned", "keep_alive_seconds", "host_worker", "unload_reason", "rq_job_id",
+            "error_code", "error_message", "error_details", "created_at", "loaded_at", "last_used_at",
             "updated_at",
         ]  # fmt: skip
 
 
 class ModelListApi(APIView):
-    permission_classes = [CanRead]
+    """List models (filters, search, pagination) or register one."""
+
+    permission_classes = [CanWrite]
 
     class FilterSerializer(serializers.Serializer):
         status = serializers.ChoiceField(choices=LanguageModel.Status.choices, required=False)
         model_type = serializers.CharField(required=False, max_length=100)
+        source = serializers.ChoiceField(choices=LanguageModel.Source.choices, required=False)
+        quantization = serializers.ChoiceField(choices=LanguageModel.Quantization.choices, required=False)
+        search = serializers.CharField(required=False, max_length=200)
         limit = serializers.IntegerField(required=False, min_value=1, max_value=500, default=50)
         offset = serializers.IntegerField(required=False, min_value=0, default=0)
+
+    class InputSerializer(StrictSerializer):
+        name = serializers.CharField(required=False, max_length=500, allow_blank=True, default="")
+        source = serializers.ChoiceField(
+            choices=LanguageModel.Source.choices, default=LanguageModel.Source.HUGGINGFACE
+        )
+        model_identifier = serializers.CharField(max_length=1000)
+        revision = serializers.CharField(required=False, max_length=255, allow_blank=True, default="")
+        model_type = serializers.CharField(required=False, max_length=100, allow_blank=True, default="")
+        quantization = serializers.ChoiceField(
+            choices=LanguageModel.Quantization.choices, default=LanguageModel.Quantization.NONE
+        )
+        auto_load = serializers.BooleanField(default=False)
+        pinned = serializers.BooleanField(default=False)
+        keep_alive_seconds = serializers.IntegerField(
+            required=False, allow_null=True, min_value=1, max_value=MAX_KEEP_ALIVE_SECONDS, default=None
+        )
 
     @extend_schema(parameters=[FilterSerializer], responses=ModelOutputSerializer(many=True))
     def get(self, request):
         filters = self.FilterSerializer(data=request.query_params)
         filters.is_valid(raise_exception=True)
-        query = selectors.model_list(user=request.user)
-        for field in ("status", "model_type"):
-            if field in filters.validated_data:
-                query = query.filter(**{field: filters.validated_data[field]})
+        query = selectors.model_list(user=request.user, filters=filters.validated_data)
         limit, offset = filters.validated_data["limit"], filters.validated_data["offset"]
         return Response(
             {
@@ -49,21 +84,56 @@ class ModelListApi(APIView):
             }
         )
 
+    @extend_schema(request=InputSerializer, responses={201: ModelOutputSerializer})
+    def post(self, request):
+        data = self.InputSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        fields = dict(data.validated_data)
+        model = services.model_register(
+            identifier=fields.pop("model_identifier"), owner=request.user, **fields
+        )
+        return Response(ModelOutputSerializer(model).data, status=status.HTTP_201_CREATED)
+
 
 class ModelDetailApi(APIView):
-    permission_classes = [CanRead]
+    permission_classes = [CanWrite]
+
+    class UpdateSerializer(StrictSerializer):
+        name = serializers.CharField(required=False, max_length=500)
+        pinned = serializers.BooleanField(required=False)
+        keep_alive_seconds = serializers.IntegerField(
+            required=False, allow_null=True, min_value=1, max_value=MAX_KEEP_ALIVE_SECONDS
+        )
+        quantization = serializers.ChoiceField(choices=LanguageModel.Quantization.choices, required=False)
 
     @extend_schema(responses=ModelOutputSerializer)
     def get(self, request, model_id: str):
         return Response(ModelOutputSerializer(selectors.model_get(user=request.user, model_id=model_id)).data)
 
+    @extend_schema(request=UpdateSerializer, responses=ModelOutputSerializer)
+    def patch(self, request, model_id: str):
+        selectors.model_get(user=request.user, model_id=model_id)
+        data = self.UpdateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        model = services.model_update(model_id=model_id, **data.validated_data)
+        return Response(ModelOutputSerializer(model).data)
+
+    @extend_schema(responses={204: None})
+    def delete(self, request, model_id: str):
+        selectors.model_get(user=request.user, model_id=model_id)
+        services.model_delete(model_id=model_id)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
 
 class ModelLoadApi(APIView):
-    """Queue a load. Answers 202; progress follows as ``model:loading`` events on ``model.<id>``."""
+    """Queue a load: 202 with the job id; progress follows as ``model:loading`` events on ``model.<id>``.
+
+    A second request while one is in flight gets 409 ``ALREADY_LOADING``.
+    """
 
     permission_classes = [CanWrite]
 
-    class InputSerializer(serializers.Serializer):
+    class InputSerializer(StrictSerializer):
         quantization = serializers.ChoiceField(choices=LanguageModel.Quantization.choices, required=False)
 
     @extend_schema(request=InputSerializer, responses={202: ModelOutputSerializer})
@@ -74,7 +144,12 @@ class ModelLoadApi(APIView):
         model = services.model_load_request(
             model_id=model_id, quantization=data.validated_data.get("quantization")
         )
-        return Response(ModelOutputSerializer(model).data, status=status.HTTP_202_ACCEPTED)
+        body = {
+            **ModelOutputSerializer(model).data,
+            "job_id": model.rq_job_id,
+            "message": "Model loading initiated",
+        }
+        return Response(body, status=status.HTTP_202_ACCEPTED)
 
 
 class ModelUnloadApi(APIView):
@@ -85,6 +160,27 @@ class ModelUnloadApi(APIView):
         selectors.model_get(user=request.user, model_id=model_id)
         model = services.model_unload_request(model_id=model_id)
         return Response(ModelOutputSerializer(model).data, status=status.HTTP_202_ACCEPTED)
+
+
+class ModelCancelLoadApi(APIView):
+    """Cancel a load (queued, or downloading / between stages)."""
+
+    permission_classes = [CanWrite]
+
+    @extend_schema(request=None, responses={202: ModelOutputSerializer})
+    def post(self, request, model_id: str):
+        selectors.model_get(user=request.user, model_id=model_id)
+        model = services.model_cancel_load(model_id=model_id)
+        return Response(ModelOutputSerializer(model).data, status=status.HTTP_202_ACCEPTED)
+
+
+class ModelMemoryEstimateApi(APIView):
+    permission_classes = [CanRead]
+
+    @extend_schema(responses={200: dict})
+    def get(self, request, model_id: str):
+        model = selectors.model_get(user=request.user, model_id=model_id)
+        return Response(selectors.model_memory_report(model))
 
 
 class WorkerListApi(APIView):

@@ -2,7 +2,8 @@
 
 from typing import Any
 
-from django.db.models import QuerySet
+import django_filters
+from django.db.models import Q, QuerySet
 
 from mistudio.errors import ApplicationError
 from mistudio.events import register_group_kind
@@ -10,11 +11,27 @@ from models_app import roles
 from models_app.models import LanguageModel
 
 
-def model_list(*, user) -> QuerySet[LanguageModel]:
-    """Models the user may read. (Per-owner visibility arrives with the ownership work.)"""
+class ModelFilter(django_filters.FilterSet):
+    """Filters of ``GET /api/models``, the models page and ``list_models``."""
+
+    search = django_filters.CharFilter(method="filter_search", max_length=200)
+
+    class Meta:
+        model = LanguageModel
+        fields = ["status", "model_type", "source", "quantization"]
+
+    def filter_search(self, queryset: QuerySet, name: str, value: str) -> QuerySet:
+        return queryset.filter(Q(name__icontains=value) | Q(identifier__icontains=value) | Q(pk=value))
+
+
+def model_list(*, user, filters: dict[str, Any] | None = None) -> QuerySet[LanguageModel]:
+    """Models the user may read, filtered. (Per-owner visibility arrives with the ownership work.)"""
     if not user.has_perm(roles.READ):
         return LanguageModel.objects.none()
-    return LanguageModel.objects.all()
+    query = LanguageModel.objects.all()
+    if filters:
+        query = ModelFilter(filters, queryset=query).qs
+    return query
 
 
 def model_get(*, user, model_id: str) -> LanguageModel:
@@ -31,13 +48,46 @@ def model_state(model: LanguageModel) -> dict[str, Any]:
         "name": model.name,
         "status": model.status,
         "progress": model.progress,
+        "stage": model.stage,
         "message": model.status_message,
         "quantization": model.quantization,
+        "download_bytes_done": model.download_bytes_done,
+        "download_bytes_total": model.download_bytes_total,
         "memory_usage_bytes": model.memory_usage_bytes,
         "load_time_seconds": model.load_time_seconds,
         "host_worker": model.host_worker,
+        "pinned": model.pinned,
+        "unload_reason": model.unload_reason,
         "error_code": model.error_code,
         "error_message": model.error_message,
+    }
+
+
+def model_memory_report(model: LanguageModel) -> dict[str, Any]:
+    """The estimate per quantization and, per live worker, whether it fits (evicting unpinned models)."""
+    from models_app.services import memory_capacity
+    from models_app.workers import read_heartbeats
+
+    workers = []
+    for beat in read_heartbeats():
+        capacity = memory_capacity(beat)
+        workers.append(
+            {
+                "name": beat["name"],
+                "device": beat["device"],
+                "memory_free_bytes": beat["memory_free_bytes"],
+                "capacity_bytes": capacity,
+                "fits": {option: size <= capacity for option, size in model.memory_estimates.items()},
+            }
+        )
+    return {
+        "model_id": model.id,
+        "parameter_count": model.parameter_count,
+        "estimates": {
+            option: {"bytes": size, "gb": round(size / 2**30, 3)}
+            for option, size in model.memory_estimates.items()
+        },
+        "workers": workers,
     }
 
 

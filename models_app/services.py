@@ -1,45 +1,83 @@
-"""Model workflows: register, request a load or unload, reconcile lost workers.
+"""Model workflows: register, update, delete, load/unload/cancel requests, downloads, worker bookkeeping.
 
 Every front door (REST API, pages, admin actions, management commands) calls these.
 """
 
-import json
 import logging
-from collections.abc import Iterable
+import uuid
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import IntegrityError, transaction
 
 from mistudio.errors import ApplicationError
-from mistudio.events import publish
+from mistudio.events import ProgressThrottle, publish
+from mistudio.redis_client import get_redis
 from models_app.models import LanguageModel
 
 logger = logging.getLogger(__name__)
 
-LOAD_JOB_TIMEOUT_SECONDS = 3600
+LOAD_JOB_TIMEOUT_SECONDS = 6 * 3600  # a large hub download is part of the load
 UNLOAD_JOB_TIMEOUT_SECONDS = 300
+CANCEL_FLAG_TTL_SECONDS = 3600
+
+# HTTP status for the codes the engine modules (inspection, hub) raise.
+ENGINE_ERROR_STATUS = {
+    "INVALID_MODEL": 400,
+    "INVALID_MODEL_ID": 400,
+    "UNSUPPORTED_ARCHITECTURE": 400,
+    "UNSAFE_WEIGHTS": 400,
+    "REMOTE_CODE_NOT_ALLOWED": 400,
+    "MODEL_NOT_FOUND_ON_HUB": 400,
+    "GATED_MODEL": 403,
+    "INSUFFICIENT_DISK": 507,
+    "HUB_UNREACHABLE": 502,
+    "HUB_OFFLINE": 503,
+    "HUB_ERROR": 502,
+    "DOWNLOAD_CANCELLED": 409,
+}
+
+
+def application_error(error: Exception) -> ApplicationError:
+    """The client-facing form of an inspection or hub error (both carry code, message, details)."""
+    if isinstance(error, ApplicationError):
+        return error
+    code = getattr(error, "code", "MODEL_LOAD_FAILED")
+    return ApplicationError(
+        code,
+        getattr(error, "message", "") or str(error),
+        status=ENGINE_ERROR_STATUS.get(code, 400),
+        details=getattr(error, "details", None) or {},
+    )
 
 
 def model_groups(model: LanguageModel) -> list[str]:
     return ["models", f"model.{model.id}"]
 
 
-def model_publish(model: LanguageModel, event: str, fields: list[str], **extra) -> None:
+def model_publish(model: LanguageModel, event: str, fields: list[str], **extra: Any) -> None:
     """Save the changed fields of ``model``, then publish ``event`` with its current state."""
     from models_app.selectors import model_state
 
     publish(event, {**model_state(model), **extra}, groups=model_groups(model), instance=model, fields=fields)
 
 
+# --- Registering -------------------------------------------------------------------------------
+
+
 def local_model_folder(raw_path: str) -> Path:
     """The real folder behind ``raw_path`` if it lies inside ``LOCAL_MODEL_ROOTS``.
 
-    Symlinks are followed before the check, so a link pointing out of a root is refused.
+    Symlinks are followed before the check, so a link pointing out of a root is refused. The path
+    is taken literally: no URL-decoding, no ``~`` expansion, relative paths refused.
     """
-    if not raw_path or "\x00" in raw_path:
-        raise ApplicationError("INVALID_LOCAL_PATH", "The local path is empty or contains a NUL byte.")
-    folder = Path(raw_path).expanduser().resolve()
+    if not raw_path or "\x00" in raw_path or not raw_path.startswith("/"):
+        raise ApplicationError(
+            "INVALID_LOCAL_PATH", "The local path must be an absolute path to a folder, without NUL bytes."
+        )
+    folder = Path(raw_path).resolve()
     if not any(folder.is_relative_to(root) for root in settings.LOCAL_MODEL_ROOTS):
         raise ApplicationError(
             "INVALID_LOCAL_PATH", "The local path is outside the configured model roots (LOCAL_MODEL_ROOTS)."
@@ -49,58 +87,208 @@ def local_model_folder(raw_path: str) -> Path:
     return folder
 
 
-def model_config_summary(folder: Path) -> dict:
-    """Fields of the row that come from config.json and the safetensors headers (no weights read)."""
-    from safetensors import safe_open
+def model_inspect_source(*, source: str, identifier: str, revision: str = "") -> tuple[Any, str, str]:
+    """(ModelInfo, canonical identifier, commit sha) without loading or downloading weights."""
+    from models_app.engine.hub import HubError, hub_metadata, validate_hub_id
+    from models_app.engine.inspection import InspectionError, describe, inspect_folder
 
-    config_file = folder / "config.json"
-    if not config_file.is_file():
-        raise ApplicationError("INVALID_MODEL", "The folder has no config.json.")
-    config = json.loads(config_file.read_text())
-    weight_files = sorted(folder.glob("*.safetensors"))
-    if not weight_files:
-        raise ApplicationError(
-            "UNSAFE_WEIGHTS", "The folder has no .safetensors weights; pickle files are refused."
-        )
-    parameter_count = 0
-    for weight_file in weight_files:
-        with safe_open(str(weight_file), framework="numpy") as handle:
-            for key in handle.keys():  # noqa: SIM118  (safe_open is not a mapping)
-                shape = handle.get_slice(key).get_shape()
-                count = 1
-                for size in shape:
-                    count *= size
-                parameter_count += count
-    return {
-        "config": config,
-        "model_type": config.get("model_type", ""),
-        "architecture": (config.get("architectures") or [""])[0],
-        "hidden_size": config.get("hidden_size") or config.get("n_embd") or config.get("d_model"),
-        "num_layers": config.get("num_hidden_layers") or config.get("n_layer") or config.get("num_layers"),
-        "vocab_size": config.get("vocab_size"),
-        "parameter_count": parameter_count,
-    }
+    try:
+        if source == LanguageModel.Source.LOCAL:
+            folder = local_model_folder(identifier)
+            return inspect_folder(folder), str(folder), ""
+        repo_id = validate_hub_id(identifier)
+        metadata = hub_metadata(repo_id, revision=revision or None, token=settings.HF_TOKEN)
+        info = describe(metadata.config, metadata.tensor_shapes, [file.path for file in metadata.files])
+        return info, repo_id, metadata.revision
+    except (HubError, InspectionError) as error:
+        raise application_error(error) from None
 
 
-def language_model_register_local(
-    *, path: str, name: str, owner, quantization: str = "none"
+def model_register(
+    *,
+    source: str,
+    identifier: str,
+    owner,
+    name: str = "",
+    revision: str = "",
+    quantization: str = LanguageModel.Quantization.NONE,
+    model_type: str = "",
+    auto_load: bool = False,
+    pinned: bool = False,
+    keep_alive_seconds: int | None = None,
 ) -> LanguageModel:
-    """Register a model from a folder under ``LOCAL_MODEL_ROOTS`` (status ``pending``)."""
-    folder = local_model_folder(path)
-    summary = model_config_summary(folder)
-    return LanguageModel.objects.create(
-        name=name, source=LanguageModel.Source.LOCAL, identifier=str(folder), quantization=quantization,
-        owner=owner, **summary,
-    )  # fmt: skip
+    """Inspect the model (config and safetensors headers only) and create its row, ``pending``.
+
+    ``source`` decides how ``identifier`` is read: a hub id is a hub id even when a local folder
+    of that name exists. With ``auto_load`` the load is queued at once.
+    """
+    from models_app.engine.inspection import memory_estimates
+
+    info, identifier, commit_sha = model_inspect_source(
+        source=source, identifier=identifier, revision=revision
+    )
+    if model_type and model_type != info.model_type:
+        raise ApplicationError(
+            "VALIDATION_ERROR",
+            f"model_type {model_type!r} does not match the model's config ({info.model_type!r}).",
+            details={"fields": {"model_type": [f"The model's config says {info.model_type!r}."]}},
+        )
+    check_quantization(info, quantization)
+    try:
+        with transaction.atomic():
+            model = LanguageModel.objects.create(
+                name=name or identifier.rstrip("/").rsplit("/", 1)[-1],
+                source=source,
+                identifier=identifier,
+                revision=revision,
+                commit_sha=commit_sha,
+                quantization=quantization,
+                owner=owner,
+                config=info.config,
+                model_type=info.model_type,
+                architecture=info.architecture,
+                hidden_size=info.hidden_size,
+                num_layers=info.num_layers,
+                vocab_size=info.vocab_size,
+                context_length=info.context_length,
+                parameter_count=info.parameter_count,
+                memory_estimates=memory_estimates(info),
+                pinned=pinned,
+                keep_alive_seconds=keep_alive_seconds,
+            )
+    except IntegrityError:
+        existing = LanguageModel.objects.filter(
+            source=source, identifier=identifier, revision=revision, quantization=quantization
+        ).first()
+        raise ApplicationError(
+            "MODEL_ALREADY_REGISTERED",
+            "This model is already registered with that revision and quantization.",
+            status=409,
+            details={"model_id": existing.id if existing else None},
+        ) from None
+    model_publish(model, "model:registered", [])
+    if auto_load:
+        model = model_load_request(model_id=model.id)
+    return model
+
+
+def check_quantization(info, quantization: str) -> None:
+    from models_app.engine.inspection import applicable_quantizations
+
+    options = applicable_quantizations(info)
+    if quantization not in options:
+        raise ApplicationError(
+            "UNSUPPORTED_QUANTIZATION",
+            f"{quantization} is not available for this model; choose one of {', '.join(options)}.",
+            details={"supported": options},
+        )
+
+
+def model_update(*, model_id: str, **changes: Any) -> LanguageModel:
+    """Change name, pinned, keep_alive_seconds, or quantization (only while not loaded or loading)."""
+    with transaction.atomic():
+        model = LanguageModel.objects.select_for_update().get(pk=model_id)
+        quantization = changes.get("quantization")
+        changing_quantization = quantization is not None and quantization != model.quantization
+        if changing_quantization and model.status in {
+            LanguageModel.Status.LOADING,
+            LanguageModel.Status.READY,
+        }:
+            raise ApplicationError(
+                "MODEL_BUSY", "Unload the model before changing its quantization.", status=409
+            )
+        fields = []
+        for field in ("name", "pinned", "keep_alive_seconds", "quantization"):
+            if field in changes and getattr(model, field) != changes[field]:
+                setattr(model, field, changes[field])
+                fields.append(field)
+        if fields:
+            try:
+                with transaction.atomic():
+                    model_publish(model, "model:updated", fields)
+            except IntegrityError:
+                raise ApplicationError(
+                    "MODEL_ALREADY_REGISTERED", "Another row has this model at that quantization.", status=409
+                ) from None
+    return model
+
+
+def model_delete(*, model_id: str) -> None:
+    """Delete the row; a loaded model is unloaded from its worker first (in the worker's queue order).
+
+    Downloaded files stay in MODEL_CACHE_DIR: the hub cache is shared by every row of that repo.
+    """
+    from models_app.workers import worker_queue
+
+    with transaction.atomic():
+        model = LanguageModel.objects.select_for_update().get(pk=model_id)
+        if model.status == LanguageModel.Status.LOADING:
+            set_cancel_flag(model.id)
+        host = model.host_worker if model.status == LanguageModel.Status.READY else ""
+        groups = model_groups(model)
+        model.delete()
+        if host:
+            transaction.on_commit(
+                lambda: worker_queue(host).enqueue(
+                    "models_app.tasks.unload_model",
+                    model_id,
+                    reason="deleted",
+                    job_timeout=UNLOAD_JOB_TIMEOUT_SECONDS,
+                )
+            )
+    publish("model:deleted", {"model_id": model_id}, groups=groups)
+
+
+# --- Loading and unloading --------------------------------------------------------------------
+
+
+def cancel_flag_key(model_id: str) -> str:
+    return f"{settings.REDIS_KEY_PREFIX}:cancel:model:{model_id}"
+
+
+def set_cancel_flag(model_id: str) -> None:
+    get_redis().set(cancel_flag_key(model_id), "1", ex=CANCEL_FLAG_TTL_SECONDS)
+
+
+def load_cancel_requested(model_id: str) -> bool:
+    return bool(get_redis().exists(cancel_flag_key(model_id)))
+
+
+def memory_capacity(beat: dict) -> int:
+    """What a worker could free for a new model: free memory plus its unpinned models (its budget too)."""
+    pinned = set(
+        LanguageModel.objects.filter(
+            pk__in=[entry["model_id"] for entry in beat["loaded_models"]], pinned=True
+        ).values_list("pk", flat=True)
+    )
+    evictable = sum(m["memory_usage_bytes"] for m in beat["loaded_models"] if m["model_id"] not in pinned)
+    capacity = beat["memory_free_bytes"] + evictable
+    if beat.get("memory_limit_bytes"):
+        held = sum(m["memory_usage_bytes"] for m in beat["loaded_models"] if m["model_id"] in pinned)
+        capacity = min(capacity, beat["memory_limit_bytes"] - held)
+    return capacity
+
+
+def insufficient_memory(required: int, available: int) -> ApplicationError:
+    return ApplicationError(
+        "INSUFFICIENT_MEMORY",
+        "Not enough memory for this model on any worker, even after unloading idle unpinned models.",
+        status=409,
+        details={
+            "required_gb": round(required / 2**30, 3),
+            "available_gb": round(max(available, 0) / 2**30, 3),
+        },
+    )
 
 
 def model_load_request(*, model_id: str, quantization: str | None = None) -> LanguageModel:
-    """Mark the model ``loading`` and queue its load on the shared queue.
+    """Mark the model ``loading`` and queue its load on the shared queue; return the row (with rq_job_id).
 
-    A model that is already loading or ready answers 409 (``ALREADY_LOADING`` /
-    ``ALREADY_LOADED``): two concurrent requests give exactly one load.
+    A model that is already loading or ready answers 409 (``ALREADY_LOADING`` / ``ALREADY_LOADED``):
+    two concurrent requests give exactly one load. When workers are alive and none could make
+    room for the estimate, 409 ``INSUFFICIENT_MEMORY`` at once (the worker checks again).
     """
-    from models_app.workers import shared_queue
+    from models_app.workers import read_heartbeats, shared_queue
 
     with transaction.atomic():
         model = LanguageModel.objects.select_for_update().get(pk=model_id)
@@ -108,19 +296,25 @@ def model_load_request(*, model_id: str, quantization: str | None = None) -> Lan
             raise ApplicationError("ALREADY_LOADING", "The model is already loading.", status=409)
         if model.status == LanguageModel.Status.READY:
             raise ApplicationError("ALREADY_LOADED", "The model is already loaded.", status=409)
-        fields = model.mark_loading(progress=0, message="Queued")
         if quantization is not None and quantization != model.quantization:
-            model.quantization = quantization
-            fields.append("quantization")
-        model_publish(model, "model:loading", fields)
-
-        def enqueue() -> None:
-            job = shared_queue().enqueue(
-                "models_app.tasks.load_model", model.id, job_timeout=LOAD_JOB_TIMEOUT_SECONDS
+            model_update(model_id=model.id, quantization=quantization)
+            model.refresh_from_db()
+        required = model.memory_estimates.get(model.quantization)
+        beats = read_heartbeats()
+        if required and beats:
+            best = max(memory_capacity(beat) for beat in beats)
+            if best < required:
+                raise insufficient_memory(required, best)
+        get_redis().delete(cancel_flag_key(model.id))
+        job_id = f"load-{model.id}-{uuid.uuid4().hex[:10]}"
+        model_publish(
+            model, "model:loading", model.mark_loading(progress=0, message="Queued", rq_job_id=job_id)
+        )
+        transaction.on_commit(
+            lambda: shared_queue().enqueue(
+                "models_app.tasks.load_model", model.id, job_id=job_id, job_timeout=LOAD_JOB_TIMEOUT_SECONDS
             )
-            LanguageModel.objects.filter(pk=model.id).update(rq_job_id=job.id)
-
-        transaction.on_commit(enqueue)
+        )
     return model
 
 
@@ -134,14 +328,76 @@ def model_unload_request(*, model_id: str) -> LanguageModel:
     host = model.host_worker
     transaction.on_commit(
         lambda: worker_queue(host).enqueue(
-            "models_app.tasks.unload_model", model.id, job_timeout=UNLOAD_JOB_TIMEOUT_SECONDS
+            "models_app.tasks.unload_model",
+            model.id,
+            reason="requested",
+            job_timeout=UNLOAD_JOB_TIMEOUT_SECONDS,
         )
     )
     return model
 
 
+def model_cancel_load(*, model_id: str) -> LanguageModel:
+    """Cancel a load: a queued job is dropped at once; a running one stops at its next check
+    (during the download, or between stages). The row ends ``failed`` with ``LOAD_CANCELLED``.
+    """
+    from rq.exceptions import NoSuchJobError
+    from rq.job import Job, JobStatus
+
+    with transaction.atomic():
+        model = LanguageModel.objects.select_for_update().get(pk=model_id)
+        if model.status != LanguageModel.Status.LOADING:
+            raise ApplicationError("NOT_LOADING", "The model is not loading.", status=409)
+        set_cancel_flag(model.id)
+        try:
+            job = Job.fetch(model.rq_job_id, connection=get_redis())
+            queued = job.get_status() in {JobStatus.QUEUED, JobStatus.DEFERRED, JobStatus.SCHEDULED}
+            if queued:
+                job.cancel()
+        except NoSuchJobError:
+            queued = True  # not enqueued yet (or already gone): nothing will run it
+        if queued:
+            model_publish(
+                model, "model:failed", model.mark_failed(code="LOAD_CANCELLED", message="Cancelled.")
+            )
+    return model
+
+
+def model_download(*, model: LanguageModel, on_progress: Callable[[int, int], None] | None = None) -> Path:
+    """The folder with the model's files: a local folder as is, a hub model downloaded into
+    MODEL_CACHE_DIR with byte progress published as ``model:downloading`` (throttled)."""
+    from models_app.engine.hub import HubError, download_model
+
+    if model.source == LanguageModel.Source.LOCAL:
+        return local_model_folder(model.identifier)
+    throttle = ProgressThrottle()
+
+    def progress(done: int, total: int) -> None:
+        if on_progress is not None:
+            on_progress(done, total)
+        if throttle.ready(100 * done / total if total else 100, final=done >= total):
+            model_publish(
+                model, "model:downloading", model.mark_downloading(bytes_done=done, bytes_total=total)
+            )
+
+    try:
+        return download_model(
+            model.identifier,
+            revision=model.commit_sha or model.revision or None,
+            cache_dir=settings.MODEL_CACHE_DIR,
+            token=settings.HF_TOKEN,
+            progress=progress,
+            should_cancel=lambda: load_cancel_requested(model.id),
+        )
+    except HubError as error:
+        raise application_error(error) from error
+
+
+# --- Workers ------------------------------------------------------------------------------------
+
+
 def worker_release_models(
-    *, worker_name: str, holding: Iterable[str] = (), code: str = "", message: str = ""
+    *, worker_name: str, reason: str, holding: Iterable[str] = (), code: str = "", message: str = ""
 ) -> None:
     """Mark ``unloaded`` the models rows say ``worker_name`` hosts, except those it is ``holding``.
 
@@ -151,7 +407,8 @@ def worker_release_models(
         host_worker=worker_name, status__in=[LanguageModel.Status.READY, LanguageModel.Status.LOADING]
     ).exclude(pk__in=list(holding))
     for model in hosted:
-        model_publish(model, "model:unloaded", model.mark_unloaded(code=code, message=message))
+        fields = model.mark_unloaded(reason=reason, code=code, message=message)
+        model_publish(model, "model:unloaded", fields, reason=reason)
 
 
 def worker_lost_reconcile() -> list[str]:
@@ -164,7 +421,9 @@ def worker_lost_reconcile() -> list[str]:
         status__in=[LanguageModel.Status.READY, LanguageModel.Status.LOADING]
     )
     for model in hosted.exclude(host_worker="").exclude(host_worker__in=alive):
-        fields = model.mark_unloaded(code="WORKER_LOST", message="The worker hosting this model stopped.")
-        model_publish(model, "model:unloaded", fields)
+        fields = model.mark_unloaded(
+            reason="worker_lost", code="WORKER_LOST", message="The worker hosting this model stopped."
+        )
+        model_publish(model, "model:unloaded", fields, reason="worker_lost")
         lost.append(model.id)
     return lost

@@ -2,15 +2,29 @@
 
 import logging
 import time
-from pathlib import Path
 
+from django.conf import settings
 from django.db import close_old_connections
 
+from mistudio.errors import ApplicationError
 from models_app.engine.registry import LOADED_MODELS, LoadedModel
 from models_app.models import LanguageModel
-from models_app.services import model_publish
+from models_app.services import (
+    application_error,
+    insufficient_memory,
+    load_cancel_requested,
+    model_download,
+    model_publish,
+)
 
 logger = logging.getLogger(__name__)
+
+MAX_LOAD_ATTEMPTS = 4  # the first try and up to 3 retries of a transient failure
+STAGE_PROGRESS = {"resolve": 2, "download": 5, "weights": 60, "place": 90, "warm-up": 95}
+
+
+class LoadCancelled(Exception):
+    pass
 
 
 def current_worker():
@@ -21,75 +35,136 @@ def current_worker():
     return workers.CURRENT_WORKER
 
 
-def model_files(model: LanguageModel) -> Path:
-    """Stage 'resolve': the folder holding the model's files (downloaded first for hub models)."""
-    if model.source == LanguageModel.Source.LOCAL:
-        from models_app.services import local_model_folder
+def is_transient(error: Exception) -> bool:
+    """Out of memory and network failures may pass; a bad model or path never will."""
+    import torch
 
-        return local_model_folder(model.identifier)
-    from django.conf import settings
-    from huggingface_hub import snapshot_download
+    if isinstance(error, torch.OutOfMemoryError | MemoryError | ConnectionError | TimeoutError):
+        return True
+    return bool(getattr(error, "transient", False)) or getattr(error, "code", "") == "HUB_UNREACHABLE"
 
-    return Path(
-        snapshot_download(
-            model.identifier,
-            revision=model.revision or None,
-            cache_dir=settings.MODEL_CACHE_DIR,
-            allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model", "*.tiktoken"],
-            token=settings.HF_TOKEN,
+
+def unload_loaded(model_id: str, *, reason: str) -> None:
+    """Drop a model from this worker's memory and mark its row (if it still exists) ``unloaded``."""
+    from models_app.engine.loading import release
+
+    entry = LOADED_MODELS.remove(model_id)
+    if entry is not None:
+        release(entry)
+    model = LanguageModel.objects.filter(pk=model_id).first()
+    if model is not None and model.status == LanguageModel.Status.READY:
+        model_publish(model, "model:unloaded", model.mark_unloaded(reason=reason), reason=reason)
+
+
+def make_room(model: LanguageModel, *, device: str) -> None:
+    """Evict least-recently-used unpinned models until the estimate fits and the count allows."""
+    from models_app.workers import available_memory
+
+    required = model.memory_estimates.get(model.quantization, 0)
+    while True:
+        available = available_memory(device)
+        too_many = settings.MAX_LOADED_MODELS and len(LOADED_MODELS) >= settings.MAX_LOADED_MODELS
+        if required <= available and not too_many:
+            return
+        pinned = set(LanguageModel.objects.filter(pinned=True).values_list("pk", flat=True))
+        victims = [entry for entry in LOADED_MODELS.by_last_use() if entry.model_id not in pinned]
+        if not victims:
+            raise insufficient_memory(required, available)
+        logger.info("evicting %s to make room for %s", victims[0].model_id, model.id)
+        unload_loaded(victims[0].model_id, reason="evicted")
+
+
+def load_once(model: LanguageModel, identity) -> LoadedModel:
+    from models_app.engine.loading import load_weights, warm_up
+
+    def stage(name: str, message: str, fraction: float = 0.0) -> None:
+        if load_cancel_requested(model.id):
+            raise LoadCancelled
+        progress = STAGE_PROGRESS[name] + fraction * 5
+        model_publish(
+            model, "model:loading", model.mark_loading(progress=progress, message=message, stage=name)
         )
+
+    stage("resolve", "Resolving files")
+    folder = model_download(model=model)
+    stage("weights", "Making room")
+    make_room(model, device=identity.device)
+    messages = {"weights": "Loading weights", "place": "Placing on the device", "warm-up": "Warming up"}
+
+    def on_stage(name: str, fraction: float) -> None:
+        if name in messages:
+            stage(name, messages[name], fraction)
+
+    weights = load_weights(
+        folder, model_type=model.model_type, quantization=model.quantization, device=identity.device,
+        on_stage=on_stage,
+    )  # fmt: skip
+    warm_up(weights, on_stage=on_stage)
+    return LoadedModel(
+        model_id=model.id,
+        model=weights.model,
+        tokenizer=weights.tokenizer,
+        quantization=model.quantization,
+        memory_usage_bytes=weights.memory_usage_bytes,
     )
 
 
 def load_model(model_id: str) -> None:
-    """Load the model into this worker, which becomes its host. Idempotent for a retried job."""
-    from models_app.engine.loading import load_weights, warm_up
+    """Load the model into this worker, which becomes its host.
 
+    Idempotent: a retried or stale job for a model that is not ``loading`` does nothing. Transient
+    failures (out of memory, network) are retried up to 3 times with exponential backoff; anything
+    else fails the row at once with its code. The row never stays ``loading``.
+    """
     close_old_connections()
     identity = current_worker()
-    model = LanguageModel.objects.get(pk=model_id)
-    if model.status == LanguageModel.Status.READY and LOADED_MODELS.get(model_id) is not None:
+    model = LanguageModel.objects.filter(pk=model_id).first()
+    if model is None or model.status != LanguageModel.Status.LOADING:
         return
+    model.host_worker = identity.name  # so a worker lost mid-load is noticed (WORKER_LOST)
+    model.save(update_fields=["host_worker"])
     started = time.monotonic()
-    try:
-        model_publish(model, "model:loading", model.mark_loading(progress=5, message="Resolving files"))
-        folder = model_files(model)
-        model_publish(model, "model:loading", model.mark_loading(progress=20, message="Loading weights"))
-        weights = load_weights(
-            folder, model_type=model.model_type, quantization=model.quantization, device=identity.device
-        )
-        model_publish(model, "model:loading", model.mark_loading(progress=90, message="Warming up"))
-        warm_up(weights)
-    except Exception as error:
-        logger.exception("loading %s failed", model_id)
-        code = getattr(error, "code", "MODEL_LOAD_FAILED")
-        message = getattr(error, "message", None) or f"Loading failed: {type(error).__name__}."
-        model_publish(model, "model:failed", model.mark_failed(code=code, message=message))
+    for attempt in range(1, MAX_LOAD_ATTEMPTS + 1):
+        try:
+            loaded = load_once(model, identity)
+            break
+        except Exception as error:
+            if isinstance(error, LoadCancelled) or getattr(error, "code", "") == "DOWNLOAD_CANCELLED":
+                fields = model.mark_failed(code="LOAD_CANCELLED", message="Cancelled.")
+                model_publish(model, "model:failed", fields)
+                return
+            if is_transient(error) and attempt < MAX_LOAD_ATTEMPTS:
+                delay = settings.LOAD_RETRY_BASE_SECONDS * 2 ** (attempt - 1)
+                logger.warning("load of %s failed (%s); retry %d in %.1f s", model_id, error, attempt, delay)
+                message = f"Retrying after a transient error (attempt {attempt + 1})"
+                model_publish(
+                    model, "model:loading", model.mark_loading(progress=model.progress, message=message)
+                )
+                time.sleep(delay)
+                continue
+            if getattr(error, "code", None):  # ours: ApplicationError, LoadError, HubError, InspectionError
+                failure = application_error(error)
+            else:
+                logger.exception("loading %s failed", model_id)
+                failure = ApplicationError("MODEL_LOAD_FAILED", f"Loading failed: {type(error).__name__}.")
+            fields = model.mark_failed(code=failure.code, message=failure.message, details=failure.details)
+            model_publish(model, "model:failed", fields)
+            return
+    if not LanguageModel.objects.filter(pk=model_id).exists():  # deleted while loading
+        from models_app.engine.loading import release
+
+        release(loaded)
         return
-    LOADED_MODELS.add(
-        LoadedModel(
-            model_id=model_id,
-            model=weights.model,
-            tokenizer=weights.tokenizer,
-            quantization=model.quantization,
-            memory_usage_bytes=weights.memory_usage_bytes,
-        )
-    )
+    LOADED_MODELS.add(loaded)
     fields = model.mark_ready(
         host_worker=identity.name,
-        memory_usage_bytes=weights.memory_usage_bytes,
+        memory_usage_bytes=loaded.memory_usage_bytes,
         load_time_seconds=round(time.monotonic() - started, 3),
     )
     model_publish(model, "model:ready", fields)
 
 
-def unload_model(model_id: str) -> None:
-    """Drop the model from this worker's memory and mark it ``unloaded``."""
+def unload_model(model_id: str, reason: str = "requested") -> None:
+    """Drop the model from this worker's memory and mark it ``unloaded`` with ``reason``."""
     close_old_connections()
-    LOADED_MODELS.remove(model_id)
-    import gc
-
-    gc.collect()
-    model = LanguageModel.objects.get(pk=model_id)
-    if model.status == LanguageModel.Status.READY:
-        model_publish(model, "model:unloaded", model.mark_unloaded())
+    unload_loaded(model_id, reason=reason)

@@ -66,6 +66,19 @@ def device_memory(device: str) -> tuple[int, int]:
     return int(memory.total), int(memory.available)
 
 
+def memory_limit_bytes() -> int:
+    """MODEL_MEMORY_LIMIT_GB as bytes; 0 means no budget beyond the device's own memory."""
+    return int(settings.MODEL_MEMORY_LIMIT_GB * 2**30)
+
+
+def available_memory(device: str) -> int:
+    """Bytes a new model may take now: free device memory, capped by what the budget leaves."""
+    free = device_memory(device)[1]
+    if limit := memory_limit_bytes():
+        free = min(free, limit - LOADED_MODELS.total_bytes())
+    return free
+
+
 def default_device() -> str:
     import torch
 
@@ -79,6 +92,7 @@ def heartbeat_payload(identity: WorkerIdentity, started_at: float) -> dict:
         "device": identity.device,
         "memory_total_bytes": total,
         "memory_free_bytes": free,
+        "memory_limit_bytes": memory_limit_bytes(),
         "loaded_models": LOADED_MODELS.summary(),
         "queues": [worker_queue_name(identity.name), settings.SHARED_QUEUE],
         "hostname": socket.gethostname(),
@@ -125,6 +139,7 @@ class HeartbeatThread(threading.Thread):
         self.identity = identity
         self.started_at = time.time()
         self.stopped = threading.Event()
+        self.unloads_queued: set[str] = set()
 
     def run(self) -> None:
         from models_app.services import worker_lost_reconcile
@@ -133,6 +148,7 @@ class HeartbeatThread(threading.Thread):
         while not self.stopped.is_set():
             try:
                 write_heartbeat(self.identity, self.started_at)
+                self.unload_idle_models()
                 if beats % 6 == 0:
                     worker_lost_reconcile()
             except (redis.RedisError, OSError):
@@ -142,6 +158,25 @@ class HeartbeatThread(threading.Thread):
             beats += 1
             self.stopped.wait(settings.WORKER_HEARTBEAT_SECONDS)
         connections.close_all()  # this thread's own database connection
+
+    def unload_idle_models(self) -> None:
+        """Queue an unload (reason ``idle``) for each model unused for longer than its keep_alive.
+
+        The unload runs as a job on this worker's own queue, so it never races a job using the model.
+        """
+        from models_app.models import LanguageModel
+
+        idle = {entry["model_id"]: entry["idle_seconds"] for entry in LOADED_MODELS.summary()}
+        expiring = LanguageModel.objects.filter(
+            pk__in=list(idle), status=LanguageModel.Status.READY, keep_alive_seconds__isnull=False
+        ).values_list("pk", "keep_alive_seconds")
+        for model_id, keep_alive in expiring:
+            if idle[model_id] > keep_alive and model_id not in self.unloads_queued:
+                self.unloads_queued.add(model_id)
+                worker_queue(self.identity.name).enqueue(
+                    "models_app.tasks.unload_model", model_id, reason="idle", job_timeout=300
+                )
+        self.unloads_queued &= set(idle)
 
     def stop(self) -> None:
         self.stopped.set()
@@ -158,6 +193,7 @@ def run_worker(*, name: str, device: str, burst: bool = False, max_jobs: int | N
     CURRENT_WORKER = identity
     worker_release_models(
         worker_name=name,
+        reason="worker_lost",
         holding=[entry["model_id"] for entry in LOADED_MODELS.summary()],
         code="WORKER_LOST",
         message="The worker hosting this model restarted.",

@@ -12,9 +12,9 @@ def test_anonymous_visitors_are_sent_to_sign_in():
 
 
 def test_sign_in_then_the_dashboard_shows_models_and_role(reader, tiny_gpt2_folder):
-    from models_app.services import language_model_register_local
+    from models_app.services import model_register
 
-    model = language_model_register_local(path=str(tiny_gpt2_folder), name="tiny-dash", owner=None)
+    model = model_register(source="local", identifier=str(tiny_gpt2_folder), name="tiny-dash", owner=None)
     browser = Client()
     response = browser.post("/login/", {"username": "rita-reader", "password": "rita-reader-password"})
     assert response.status_code == 302 and response["Location"] == "/"

@@ -74,9 +74,9 @@ def test_a_wrong_token_is_401(path, method):
 
 
 def test_a_reader_cannot_load(reader, client_for, tiny_gpt2_folder):
-    from models_app.services import language_model_register_local
+    from models_app.services import model_register
 
-    model = language_model_register_local(path=str(tiny_gpt2_folder), name="tiny", owner=None)
+    model = model_register(source="local", identifier=str(tiny_gpt2_folder), name="tiny", owner=None)
     response = client_for(reader).post(f"/api/models/{model.id}/load", {}, format="json")
     assert response.status_code == 403
     assert_error_body(response, "PERMISSION_DENIED")
@@ -111,9 +111,9 @@ def test_unknown_api_path_is_a_json_404(reader, client_for):
 
 
 def test_malformed_json_is_400(writer, client_for, tiny_gpt2_folder):
-    from models_app.services import language_model_register_local
+    from models_app.services import model_register
 
-    model = language_model_register_local(path=str(tiny_gpt2_folder), name="tiny", owner=None)
+    model = model_register(source="local", identifier=str(tiny_gpt2_folder), name="tiny", owner=None)
     response = client_for(writer).generic(
         "POST", f"/api/models/{model.id}/load", "{not json", content_type="application/json"
     )

@@ -46,10 +46,10 @@ async def test_a_client_without_origin_cannot_ride_on_a_session_cookie(reader):
 
 
 async def test_subscribe_sends_a_snapshot_then_published_events(reader, tiny_gpt2_folder):
-    from models_app.services import language_model_register_local, model_publish
+    from models_app.services import model_publish, model_register
 
-    model = await sync_to_async(language_model_register_local)(
-        path=str(tiny_gpt2_folder), name="tiny", owner=None
+    model = await sync_to_async(model_register)(
+        source="local", identifier=str(tiny_gpt2_folder), name="tiny", owner=None
     )
     communicator, connected, _ = await connect(ORIGIN, token_header(reader))
     assert connected

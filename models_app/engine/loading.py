@@ -1,78 +1,332 @@
 """Loading a transformers model onto a device, optionally quantized with bitsandbytes.
 
-Importable without Django. Safety defaults are not negotiable here: safetensors only and no
-remote code, whatever the model's files ask for.
+Importable without Django, torch or transformers (they are imported inside the functions).
+Safety defaults are not negotiable here: safetensors only and no remote code, whatever the
+model's files ask for.
+
+Quantization options (``inspection.QUANTIZATIONS``, plus ``fp4``):
+
+* ``none``: float32, full precision;
+* ``fp16`` / ``bf16``: every parameter in that dtype;
+* ``int8``: bitsandbytes LLM.int8() Linear layers; ``int4``: bitsandbytes NF4 Linear layers;
+  ``fp4``: bitsandbytes FP4. It runs on the CPU too, with the footprint of NF4 but 25-35 %
+  more output error on the tiny test models, so it is loadable but not offered.
+
+For int8/int4 bitsandbytes quantizes only the Linear (and GPT-2 Conv1D) weights; embeddings,
+the output head, norms and biases are loaded in 16-bit instead of float32 (see
+:func:`unquantized_dtype`). Without that, GPT-2's fp32 embeddings alone would keep int4 at
+0.4x of the fp32 footprint instead of 0.24x.
 """
 
-from dataclasses import dataclass
+from __future__ import annotations
+
+import ctypes
+import functools
+import gc
+import logging
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-ENCODER_MODEL_TYPES = {"bert"}
+from models_app.engine.inspection import (
+    BITSANDBYTES_UNSUPPORTED_FAMILIES,
+    ENCODER_MODEL_TYPES,
+    QUANTIZATIONS,
+    SUPPORTED_MODEL_TYPES,
+)
+
+__all__ = [
+    "ENCODER_MODEL_TYPES",
+    "LOADABLE_QUANTIZATIONS",
+    "STAGES",
+    "LoadError",
+    "LoadedWeights",
+    "load_weights",
+    "release",
+    "warm_up",
+]
+
+LOADABLE_QUANTIZATIONS: tuple[str, ...] = (*QUANTIZATIONS, "fp4")
+_FOUR_BIT = {"int4": "nf4", "fp4": "fp4"}
+_BITSANDBYTES = frozenset({"int8", *_FOUR_BIT})
+# Stages reported through ``on_stage`` (name, fraction of the stage done).
+STAGES: tuple[str, ...] = ("weights", "place", "warm-up")
+StageCallback = Callable[[str, float], None]
+
+
+class LoadError(Exception):
+    """A load refused or failed for a reason worth a stable code (read by the load task)."""
+
+    def __init__(self, code: str, message: str, details: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.details = details or {}
 
 
 @dataclass
 class LoadedWeights:
     model: Any
     tokenizer: Any
+    # ``model.get_memory_footprint()``: parameters and buffers as stored.
     memory_usage_bytes: int
+    # ``model.num_parameters()``: the unquantized count, also for packed 4-bit weights.
     parameter_count: int
+    quantization: str = "none"
+    device: str = "cpu"
+    # bitsandbytes Linear8bitLt / Linear4bit modules in the model (0 unless int8/int4/fp4).
+    quantized_module_count: int = 0
+    # Seconds per stage: "weights" (which includes "tokenizer"), "place", and "warm-up" once
+    # warm_up ran.
+    timings: dict[str, float] = field(default_factory=dict)
 
 
-def torch_dtype_for(quantization: str):
+def _device_type(device: str) -> str:
+    return device.split(":", 1)[0]
+
+
+def unquantized_dtype(device: str):
+    """The dtype of what bitsandbytes leaves unquantized, and its compute dtype.
+
+    bf16 keeps float32's exponent range, so no activation or embedding can overflow where an
+    fp32 model would not (fp16 overflows above 65504, which some bf16-trained models reach in
+    their residual stream). Its coarser mantissa costs far less than int8/int4 weights do: on
+    the tiny test models, bf16 alone is 0.6 % relative error against 1-2 % for int8 and 8-14 %
+    for int4. It is native on recent x86 CPUs (AVX512-BF16, AMX) and on GPUs from Ampere on;
+    fp16 is used only on a GPU without bf16 support, where bf16 would be emulated. (The int8
+    matmul of bitsandbytes casts its input to fp16 to quantize it in either case; Linear
+    inputs beyond 65504 are vanishingly rare.)
+    """
     import torch
 
-    return {"fp16": torch.float16, "bf16": torch.bfloat16}.get(quantization, torch.float32)
+    if _device_type(device) == "cuda" and torch.cuda.is_available() and not torch.cuda.is_bf16_supported():
+        return torch.float16
+    return torch.bfloat16
 
 
-def quantization_config_for(quantization: str):
-    if quantization not in {"int8", "int4"}:
+def torch_dtype_for(quantization: str, device: str = "cpu"):
+    """The dtype ``from_pretrained`` loads the (non-quantized) parameters in."""
+    import torch
+
+    if quantization == "fp16":
+        return torch.float16
+    if quantization == "bf16":
+        return torch.bfloat16
+    if quantization in _BITSANDBYTES:
+        return unquantized_dtype(device)
+    return torch.float32
+
+
+def quantization_config_for(quantization: str, device: str = "cpu"):
+    """The ``BitsAndBytesConfig`` for ``quantization``, or None when it is not a bitsandbytes one."""
+    if quantization not in _BITSANDBYTES:
         return None
-    import torch
     from transformers import BitsAndBytesConfig
 
     if quantization == "int8":
         return BitsAndBytesConfig(load_in_8bit=True)
     return BitsAndBytesConfig(
-        load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.float32
+        load_in_4bit=True,
+        bnb_4bit_quant_type=_FOUR_BIT[quantization],
+        bnb_4bit_compute_dtype=unquantized_dtype(device),
     )
 
 
-def load_weights(folder: Path, *, model_type: str, quantization: str, device: str) -> LoadedWeights:
-    """Load the model and tokenizer in ``folder`` onto ``device`` in eval mode."""
-    import torch
+class _DropInt8CastWarning(logging.Filter):
+    """bitsandbytes logs this for every int8 matmul whose input is not fp16, i.e. every layer
+    of every forward pass of a bf16 model: a flood in the worker's log that says nothing new."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("MatMul8bitLt: inputs will be cast")
+
+
+@functools.cache
+def _silence_int8_cast_warning() -> None:
+    logging.getLogger("bitsandbytes.autograd._functions").addFilter(_DropInt8CastWarning())
+
+
+@functools.cache
+def _libc_malloc_trim() -> Callable[[int], int] | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # not glibc (e.g. musl)
+        return None
+
+
+def _return_free_heap_to_os() -> None:
+    """Hand glibc's freed-but-kept heap pages back to the OS, so RSS shows what is in use.
+
+    Loading leaves large temporaries behind (the fp32 tensors read before quantization,
+    conversion buffers); glibc keeps freed blocks in its heap, which for int8 GPT-2 small is
+    ~1.5x the model's own footprint. The worker checks free system memory before each load,
+    so this memory must really be returned. Cheap (about 20 ms).
+    """
+    trim = _libc_malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+def _check_request(model_type: str, quantization: str) -> None:
+    if quantization not in LOADABLE_QUANTIZATIONS:
+        raise LoadError(
+            "UNSUPPORTED_QUANTIZATION",
+            f"Unknown quantization {quantization!r}; expected one of {', '.join(LOADABLE_QUANTIZATIONS)}.",
+        )
+    family = SUPPORTED_MODEL_TYPES.get(model_type)
+    if family in BITSANDBYTES_UNSUPPORTED_FAMILIES and quantization in _BITSANDBYTES:
+        raise LoadError(
+            "UNSUPPORTED_QUANTIZATION",
+            f"bitsandbytes cannot quantize {model_type} models here (transformers only swaps plain "
+            "nn.Linear layers); load it in bf16 or fp16 instead.",
+            {"model_type": model_type, "quantization": quantization},
+        )
+
+
+def _count_quantized_modules(model: Any) -> int:
+    import bitsandbytes
+
+    kinds = (bitsandbytes.nn.Linear8bitLt, bitsandbytes.nn.Linear4bit)
+    return sum(isinstance(module, kinds) for module in model.modules())
+
+
+def load_weights(
+    folder: Path,
+    *,
+    model_type: str,
+    quantization: str,
+    device: str,
+    on_stage: StageCallback | None = None,
+) -> LoadedWeights:
+    """Load the model and tokenizer in ``folder`` onto ``device`` in eval mode.
+
+    The weights are read straight onto ``device`` (``device_map``), never staged on the CPU
+    and then copied. ``on_stage(name, fraction)`` is called at the start (0.0) and end (1.0)
+    of the "weights" and "place" stages; an exception it raises (e.g. a cancellation) aborts
+    the load and nothing stays in memory. Raises :class:`LoadError` for a quantization the
+    model cannot have, so a request never silently gives an unquantized model.
+    """
+    report = on_stage or (lambda name, fraction: None)
+    _check_request(model_type, quantization)
     from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer
 
+    timings: dict[str, float] = {}
+    started = time.perf_counter()
+    report("weights", 0.0)
     model_class = AutoModel if model_type in ENCODER_MODEL_TYPES else AutoModelForCausalLM
-    quantization_config = quantization_config_for(quantization)
+    quantization_config = quantization_config_for(quantization, device)
     kwargs: dict[str, Any] = {
         "use_safetensors": True,
         "trust_remote_code": False,
-        "dtype": torch_dtype_for(quantization),
+        "dtype": torch_dtype_for(quantization, device),
+        "device_map": {"": device},
     }
     if quantization_config is not None:
         kwargs["quantization_config"] = quantization_config
-        kwargs["device_map"] = {"": device}
+        if quantization == "int8":
+            _silence_int8_cast_warning()
     model = model_class.from_pretrained(str(folder), **kwargs)
-    if quantization_config is None:
-        model = model.to(device)
-    model.eval()
-    tokenizer = AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False)
-    with torch.no_grad():
-        parameter_count = sum(parameter.numel() for parameter in model.parameters())
-    return LoadedWeights(
-        model=model,
-        tokenizer=tokenizer,
-        memory_usage_bytes=int(model.get_memory_footprint()),
-        parameter_count=parameter_count,
-    )
+    loaded = None
+    try:
+        tokenizer_started = time.perf_counter()
+        tokenizer = AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False)
+        timings["tokenizer"] = time.perf_counter() - tokenizer_started
+        timings["weights"] = time.perf_counter() - started
+        report("weights", 1.0)
+
+        started = time.perf_counter()
+        report("place", 0.0)
+        model.eval()
+        quantized_modules = _count_quantized_modules(model) if quantization_config is not None else 0
+        if quantization_config is not None and quantized_modules == 0:
+            raise LoadError(
+                "UNSUPPORTED_QUANTIZATION",
+                f"bitsandbytes left every layer of this {model_type} model unquantized.",
+                {"model_type": model_type, "quantization": quantization},
+            )
+        _return_free_heap_to_os()
+        loaded = LoadedWeights(
+            model=model,
+            tokenizer=tokenizer,
+            memory_usage_bytes=int(model.get_memory_footprint()),
+            parameter_count=int(model.num_parameters()),
+            quantization=quantization,
+            device=device,
+            quantized_module_count=quantized_modules,
+            timings=timings,
+        )
+        timings["place"] = time.perf_counter() - started
+        report("place", 1.0)
+    except BaseException:
+        # Nothing of a failed or cancelled load may stay in memory.
+        model = loaded = None
+        _free_memory(on_cuda=_device_type(device) == "cuda")
+        raise
+    return loaded
 
 
-def warm_up(weights: LoadedWeights) -> None:
-    """One tiny forward pass, so the first real request does not pay for lazy initialisation."""
+def _warm_up_token_id(tokenizer: Any) -> int:
+    for token_id in (
+        getattr(tokenizer, "bos_token_id", None),
+        getattr(tokenizer, "cls_token_id", None),
+        getattr(tokenizer, "eos_token_id", None),
+        getattr(tokenizer, "pad_token_id", None),
+    ):
+        if token_id is not None:
+            return int(token_id)
+    return 0
+
+
+def warm_up(weights: LoadedWeights, *, on_stage: StageCallback | None = None) -> None:
+    """One single-token forward pass, so the first real request does not pay for lazy set-up.
+
+    It touches every layer once (bitsandbytes kernels, attention implementation selection,
+    the pages of memory-mapped float32 weights). No KV cache is built.
+    """
     import torch
 
-    device = next(weights.model.parameters()).device
-    input_ids = torch.tensor([[weights.tokenizer.pad_token_id or 0]], device=device)
-    with torch.no_grad():
-        weights.model(input_ids=input_ids)
+    report = on_stage or (lambda name, fraction: None)
+    started = time.perf_counter()
+    report("warm-up", 0.0)
+    model = weights.model
+    device = next(model.parameters()).device
+    input_ids = torch.tensor([[_warm_up_token_id(weights.tokenizer)]], device=device)
+    arguments: dict[str, Any] = {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids)}
+    if model.config.model_type not in ENCODER_MODEL_TYPES:
+        arguments["use_cache"] = False
+    with torch.inference_mode():
+        model(**arguments)
+    weights.timings["warm-up"] = time.perf_counter() - started
+    report("warm-up", 1.0)
+
+
+def release(holder: Any) -> None:
+    """Drop the model and tokenizer ``holder`` keeps and give their memory back.
+
+    ``holder`` is anything with ``model`` / ``tokenizer`` attributes (``LoadedWeights``, the
+    worker registry's entry). The attributes are set to None; the memory is really freed once
+    no other reference remains (a caller must not keep ``holder.model`` in a variable).
+    Then: a full garbage collection (transformers models hold reference cycles), the CUDA
+    caching allocator's free blocks back to the driver, and glibc's free heap back to the OS.
+    """
+    model = getattr(holder, "model", None)
+    on_cuda = model is not None and any(parameter.is_cuda for parameter in model.parameters())
+    del model
+    for name in ("model", "tokenizer"):
+        if getattr(holder, name, None) is not None:
+            setattr(holder, name, None)
+    _free_memory(on_cuda=on_cuda)
+
+
+def _free_memory(*, on_cuda: bool) -> None:
+    gc.collect()
+    if on_cuda:
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    _return_free_heap_to_os()

@@ -39,15 +39,29 @@ class ModelRegistry:
         with self._lock:
             return self._models.pop(model_id, None)
 
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._models)
+
+    def by_last_use(self) -> list[LoadedModel]:
+        """Least recently used first: the eviction order."""
+        with self._lock:
+            return sorted(self._models.values(), key=lambda entry: entry.last_used)
+
+    def total_bytes(self) -> int:
+        with self._lock:
+            return sum(entry.memory_usage_bytes for entry in self._models.values())
+
     def summary(self) -> list[dict[str, Any]]:
         with self._lock:
             return [
                 {
-                    "model_id": m.model_id,
-                    "quantization": m.quantization,
-                    "memory_usage_bytes": m.memory_usage_bytes,
+                    "model_id": entry.model_id,
+                    "quantization": entry.quantization,
+                    "memory_usage_bytes": entry.memory_usage_bytes,
+                    "idle_seconds": round(time.time() - entry.last_used, 1),
                 }
-                for m in self._models.values()
+                for entry in self._models.values()
             ]
 
 

@@ -9,7 +9,7 @@ from transformers import AutoModelForCausalLM
 from mistudio.asgi import application
 from models_app.engine.registry import LOADED_MODELS
 from models_app.models import LanguageModel
-from models_app.services import language_model_register_local
+from models_app.services import model_register
 from models_app.workers import read_heartbeats, run_worker, worker_queue
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -32,7 +32,7 @@ async def events_until(communicator, final_events: set[str]) -> list[dict]:
 
 @pytest.fixture
 def tiny_model(tiny_gpt2_folder):
-    model = language_model_register_local(path=str(tiny_gpt2_folder), name="tiny-gpt2", owner=None)
+    model = model_register(source="local", identifier=str(tiny_gpt2_folder), name="tiny-gpt2", owner=None)
     yield model
     LOADED_MODELS.remove(model.id)
 

@@ -8,13 +8,13 @@ from django.core.management import call_command
 from transformers import AutoModelForCausalLM
 
 from mistudio.errors import ApplicationError
-from models_app.services import language_model_register_local, local_model_folder
+from models_app.services import local_model_folder, model_register
 
 pytestmark = pytest.mark.django_db
 
 
 def test_register_reads_config_and_exact_parameter_count_without_loading(tiny_gpt2_folder):
-    model = language_model_register_local(path=str(tiny_gpt2_folder), name="tiny", owner=None)
+    model = model_register(source="local", identifier=str(tiny_gpt2_folder), name="tiny", owner=None)
     reference = AutoModelForCausalLM.from_pretrained(tiny_gpt2_folder, use_safetensors=True)
     assert model.id.startswith("m_") and model.status == "pending"
     assert model.model_type == "gpt2" and model.architecture == "GPT2LMHeadModel"
@@ -61,7 +61,7 @@ def test_a_folder_with_only_pickle_weights_is_refused(tmp_path):
     (folder / "config.json").write_text('{"model_type": "gpt2"}')
     (folder / "pytorch_model.bin").write_bytes(b"not unpickled, ever")
     with pytest.raises(ApplicationError) as caught:
-        language_model_register_local(path=str(folder), name="pickled", owner=None)
+        model_register(source="local", identifier=str(folder), name="pickled", owner=None)
     assert caught.value.code == "UNSAFE_WEIGHTS"
 
 

@@ -16,7 +16,7 @@ from tqdm import tqdm
 from activations.models import Dataset
 from activations.services import dataset_create_from_texts
 from models_app.models import LanguageModel
-from models_app.services import language_model_register_local
+from models_app.services import model_register
 
 DEMO_MODEL_NAME = "demo-gpt2"
 DEMO_DATASET_NAME = "demo-docstrings"
@@ -55,7 +55,7 @@ class Command(BaseCommand):
                 f"loss {report.initial_loss:.2f} → {report.final_loss:.2f}"
             )
         if not LanguageModel.objects.filter(identifier=str(folder.resolve())).exists():
-            model = language_model_register_local(path=str(folder), name=DEMO_MODEL_NAME, owner=owner)
+            model = model_register(source="local", identifier=str(folder), name=DEMO_MODEL_NAME, owner=owner)
             self.stdout.write(f"Registered model {model.id}.")
         if not Dataset.objects.filter(name=DEMO_DATASET_NAME).exists():
             dataset = dataset_create_from_texts(

@@ -32,4 +32,6 @@ class Command(BaseCommand):
         try:
             run_worker(name=name, device=device, burst=options["burst"], max_jobs=options["max_jobs"])
         finally:  # the process ends: the models it held are gone
-            worker_release_models(worker_name=name, message="The worker hosting this model stopped.")
+            worker_release_models(
+                worker_name=name, reason="worker_stopped", message="The worker hosting this model stopped."
+            )

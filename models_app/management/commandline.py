@@ -1,0 +1,53 @@
+"""What the model commands share: finding a model by id or name, tables, waiting with a progress bar."""
+
+import time
+
+from django.core.management.base import CommandError
+
+from models_app.models import LanguageModel
+
+
+def find_model(reference: str) -> LanguageModel:
+    """A model by id (``m_…``) or by its unique name."""
+    model = LanguageModel.objects.filter(pk=reference).first()
+    if model is not None:
+        return model
+    matches = list(LanguageModel.objects.filter(name=reference)[:2])
+    if len(matches) == 1:
+        return matches[0]
+    if matches:
+        raise CommandError(f"More than one model is named {reference!r}: use its id.")
+    raise CommandError(f"No model with id or name {reference!r} (see `manage.py list_models`).")
+
+
+def format_table(headers: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(str(cell)) for cell in column) for column in zip(headers, *rows, strict=False)]
+    lines = [
+        "  ".join(str(cell).ljust(width) for cell, width in zip(row, widths, strict=True))
+        for row in [headers, *rows]
+    ]
+    lines.insert(1, "  ".join("-" * width for width in widths))
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def gigabytes(size: int | None) -> str:
+    return "—" if size is None else f"{size / 2**30:.2f} GB"
+
+
+def wait_for_load(model: LanguageModel, *, timeout: float, stdout) -> LanguageModel:
+    """Follow the row until it leaves ``loading``, drawing its progress and stage."""
+    from tqdm import tqdm
+
+    deadline = time.monotonic() + timeout
+    with tqdm(
+        total=100, unit="%", desc=model.name, file=stdout, bar_format="{l_bar}{bar}| {n:.0f}% {postfix}"
+    ) as bar:
+        while True:
+            model.refresh_from_db()
+            bar.n = model.progress
+            bar.set_postfix_str(model.status_message or model.stage)
+            if model.status != LanguageModel.Status.LOADING:
+                return model
+            if time.monotonic() > deadline:
+                raise CommandError(f"Still loading after {timeout:.0f} s; it goes on in the worker.")
+            time.sleep(0.3)

@@ -1,0 +1,53 @@
+"""``manage.py add_model``: register a hub or local model (inspected, not loaded)."""
+
+from django.contrib.auth import get_user_model
+from django.core.management.base import BaseCommand, CommandError
+
+from mistudio.errors import ApplicationError
+from models_app import services
+from models_app.models import LanguageModel
+
+
+class Command(BaseCommand):
+    help = "Register a model from the Hugging Face hub (--hub-id) or a local folder (--path)."
+
+    def add_arguments(self, parser):
+        source = parser.add_mutually_exclusive_group(required=True)
+        source.add_argument("--hub-id", help="e.g. openai-community/gpt2")
+        source.add_argument("--path", help="an absolute folder inside LOCAL_MODEL_ROOTS")
+        parser.add_argument("--name", default="")
+        parser.add_argument("--revision", default="", help="hub branch, tag or commit")
+        parser.add_argument("--quantization", choices=LanguageModel.Quantization.values, default="none")
+        parser.add_argument("--auto-load", action="store_true", help="queue a load right away")
+        parser.add_argument("--pin", action="store_true", help="never evict it to make room")
+        parser.add_argument(
+            "--keep-alive", type=int, default=None, help="unload after this many idle seconds"
+        )
+        parser.add_argument("--owner", help="username of the owner")
+
+    def handle(self, *args, **options):
+        owner = None
+        if options["owner"]:
+            owner = get_user_model().objects.filter(username=options["owner"]).first()
+            if owner is None:
+                raise CommandError(f"No user {options['owner']!r}.")
+        source = LanguageModel.Source.HUGGINGFACE if options["hub_id"] else LanguageModel.Source.LOCAL
+        try:
+            model = services.model_register(
+                source=source,
+                identifier=options["hub_id"] or options["path"],
+                owner=owner,
+                name=options["name"],
+                revision=options["revision"],
+                quantization=options["quantization"],
+                auto_load=options["auto_load"],
+                pinned=options["pin"],
+                keep_alive_seconds=options["keep_alive"],
+            )
+        except ApplicationError as error:
+            raise CommandError(f"{error.code}: {error.message}") from None
+        self.stderr.write(
+            f"registered {model.name}: {model.model_type}, {model.parameter_count:,} parameters, "
+            f"{model.num_layers} layers" + (" — load queued" if options["auto_load"] else "")
+        )
+        self.stdout.write(model.id)

@@ -1,0 +1,109 @@
+"""Memory budget in a real worker: LRU eviction, pinning, count cap, INSUFFICIENT_MEMORY, keep-alive."""
+
+import time
+
+import pytest
+from django.conf import settings as django_settings
+
+from models_app.engine.registry import LOADED_MODELS
+from models_app.engine.tiny_models import build_tiny_model
+from models_app.models import LanguageModel
+from models_app.services import model_load_request, model_register
+from models_app.workers import HeartbeatThread, WorkerIdentity, heartbeat_key, run_worker, write_heartbeat
+
+pytestmark = pytest.mark.django_db(transaction=True)
+WORKER = "memory-worker"
+
+
+@pytest.fixture
+def three_models():
+    models = []
+    for index, name in enumerate(["alpha", "beta", "gamma"]):
+        folder = django_settings.LOCAL_MODEL_ROOTS[0] / f"tiny-{name}"
+        if not (folder / "config.json").exists():
+            build_tiny_model("gpt2", folder, size="tiny", seed=index)
+        models.append(model_register(source="local", identifier=str(folder), name=name, owner=None))
+    yield models
+    for model in models:
+        LOADED_MODELS.remove(model.id)
+
+
+def load(model: LanguageModel) -> LanguageModel:
+    model_load_request(model_id=model.id)
+    run_worker(name=WORKER, device="cpu", burst=True)
+    model.refresh_from_db()
+    return model
+
+
+def budget_for(count: float, model: LanguageModel, settings) -> None:
+    """A budget of ``count`` times one model's estimate (the tiny models are all the same size)."""
+    settings.MODEL_MEMORY_LIMIT_GB = count * model.memory_estimates["none"] / 2**30
+
+
+def test_least_recently_used_unpinned_model_is_evicted(three_models, settings):
+    alpha, beta, gamma = three_models
+    budget_for(2.5, alpha, settings)
+    assert load(alpha).status == "ready" and load(beta).status == "ready"
+    time.sleep(0.01)
+    LOADED_MODELS.get(alpha.id)  # alpha used after beta: beta is now the least recently used
+    assert load(gamma).status == "ready"
+    alpha.refresh_from_db()
+    beta.refresh_from_db()
+    assert alpha.status == "ready"
+    assert beta.status == "unloaded" and beta.unload_reason == "evicted"
+    assert LOADED_MODELS.get(beta.id) is None
+
+
+def test_pinned_models_are_never_evicted_and_then_memory_runs_out(three_models, settings):
+    alpha, beta, gamma = three_models
+    budget_for(2.5, alpha, settings)
+    for model in (alpha, beta):
+        model.pinned = True
+        model.save(update_fields=["pinned"])
+        assert load(model).status == "ready"
+    gamma = load(gamma)
+    assert gamma.status == "failed" and gamma.error_code == "INSUFFICIENT_MEMORY"
+    assert gamma.error_details["required_gb"] > gamma.error_details["available_gb"] >= 0
+    assert LanguageModel.objects.filter(status="ready").count() == 2
+
+
+def test_the_model_count_cap_evicts_too(three_models, settings):
+    alpha, beta, _ = three_models
+    settings.MAX_LOADED_MODELS = 1
+    assert load(alpha).status == "ready"
+    assert load(beta).status == "ready"
+    alpha.refresh_from_db()
+    assert alpha.status == "unloaded" and alpha.unload_reason == "evicted"
+
+
+def test_the_web_refuses_at_once_when_no_live_worker_could_fit_it(three_models, settings, writer, client_for):
+    alpha = three_models[0]
+    budget_for(0.5, alpha, settings)
+    write_heartbeat(
+        WorkerIdentity(name=WORKER, device="cpu"), started_at=time.time()
+    )  # the real heartbeat code
+    try:
+        response = client_for(writer).post(f"/api/models/{alpha.id}/load", {}, format="json")
+    finally:
+        from mistudio.redis_client import get_redis
+
+        get_redis().delete(heartbeat_key(WORKER))
+    assert response.status_code == 409
+    error = response.json()["error"]
+    assert error["code"] == "INSUFFICIENT_MEMORY"
+    assert error["details"]["required_gb"] > error["details"]["available_gb"]
+    alpha.refresh_from_db()
+    assert alpha.status == "pending"  # nothing queued, nothing changed
+
+
+def test_an_idle_model_past_its_keep_alive_is_unloaded(three_models):
+    alpha = three_models[0]
+    alpha.keep_alive_seconds = 1
+    alpha.save(update_fields=["keep_alive_seconds"])
+    assert load(alpha).status == "ready"
+    time.sleep(1.2)  # unused for longer than its keep-alive
+    HeartbeatThread(WorkerIdentity(name=WORKER, device="cpu")).unload_idle_models()
+    run_worker(name=WORKER, device="cpu", burst=True)
+    alpha.refresh_from_db()
+    assert alpha.status == "unloaded" and alpha.unload_reason == "idle"
+    assert LOADED_MODELS.get(alpha.id) is None
