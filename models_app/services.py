@@ -15,6 +15,7 @@ from django.db import IntegrityError, transaction
 from mistudio.errors import ApplicationError
 from mistudio.events import ProgressThrottle, publish
 from mistudio.redis_client import get_redis
+from models_app.engine.errors import EngineError
 from models_app.models import LanguageModel
 
 logger = logging.getLogger(__name__)
@@ -40,16 +41,12 @@ ENGINE_ERROR_STATUS = {
 }
 
 
-def application_error(error: Exception) -> ApplicationError:
-    """The client-facing form of an inspection or hub error (both carry code, message, details)."""
+def application_error(error: "ApplicationError | EngineError") -> ApplicationError:
+    """The client-facing form of an engine error (inspection, hub, loading)."""
     if isinstance(error, ApplicationError):
         return error
-    code = getattr(error, "code", "MODEL_LOAD_FAILED")
     return ApplicationError(
-        code,
-        getattr(error, "message", "") or str(error),
-        status=ENGINE_ERROR_STATUS.get(code, 400),
-        details=getattr(error, "details", None) or {},
+        error.code, error.message, status=ENGINE_ERROR_STATUS.get(error.code, 400), details=error.details
     )
 
 
@@ -89,8 +86,8 @@ def local_model_folder(raw_path: str) -> Path:
 
 def model_inspect_source(*, source: str, identifier: str, revision: str = "") -> tuple[Any, str, str]:
     """(ModelInfo, canonical identifier, commit sha) without loading or downloading weights."""
-    from models_app.engine.hub import HubError, hub_metadata, validate_hub_id
-    from models_app.engine.inspection import InspectionError, describe, inspect_folder
+    from models_app.engine.hub import hub_metadata, validate_hub_id
+    from models_app.engine.inspection import describe, inspect_folder
 
     try:
         if source == LanguageModel.Source.LOCAL:
@@ -100,7 +97,7 @@ def model_inspect_source(*, source: str, identifier: str, revision: str = "") ->
         metadata = hub_metadata(repo_id, revision=revision or None, token=settings.HF_TOKEN)
         info = describe(metadata.config, metadata.tensor_shapes, [file.path for file in metadata.files])
         return info, repo_id, metadata.revision
-    except (HubError, InspectionError) as error:
+    except EngineError as error:
         raise application_error(error) from None
 
 
@@ -365,8 +362,11 @@ def model_cancel_load(*, model_id: str) -> LanguageModel:
 
 def model_download(*, model: LanguageModel, on_progress: Callable[[int, int], None] | None = None) -> Path:
     """The folder with the model's files: a local folder as is, a hub model downloaded into
-    MODEL_CACHE_DIR with byte progress published as ``model:downloading`` (throttled)."""
-    from models_app.engine.hub import HubError, download_model
+    MODEL_CACHE_DIR with byte progress published as ``model:downloading`` (throttled).
+
+    Raises the hub's ``EngineError`` as is: the load task needs to know whether it is transient.
+    """
+    from models_app.engine.hub import download_model
 
     if model.source == LanguageModel.Source.LOCAL:
         return local_model_folder(model.identifier)
@@ -380,17 +380,14 @@ def model_download(*, model: LanguageModel, on_progress: Callable[[int, int], No
                 model, "model:downloading", model.mark_downloading(bytes_done=done, bytes_total=total)
             )
 
-    try:
-        return download_model(
-            model.identifier,
-            revision=model.commit_sha or model.revision or None,
-            cache_dir=settings.MODEL_CACHE_DIR,
-            token=settings.HF_TOKEN,
-            progress=progress,
-            should_cancel=lambda: load_cancel_requested(model.id),
-        )
-    except HubError as error:
-        raise application_error(error) from error
+    return download_model(
+        model.identifier,
+        revision=model.commit_sha or model.revision or None,
+        cache_dir=settings.MODEL_CACHE_DIR,
+        token=settings.HF_TOKEN,
+        progress=progress,
+        should_cancel=lambda: load_cancel_requested(model.id),
+    )
 
 
 # --- Workers ------------------------------------------------------------------------------------

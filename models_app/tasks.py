@@ -7,6 +7,7 @@ from django.conf import settings
 from django.db import close_old_connections
 
 from mistudio.errors import ApplicationError
+from models_app.engine.errors import EngineError
 from models_app.engine.registry import LOADED_MODELS, LoadedModel
 from models_app.models import LanguageModel
 from models_app.services import (
@@ -41,7 +42,7 @@ def is_transient(error: Exception) -> bool:
 
     if isinstance(error, torch.OutOfMemoryError | MemoryError | ConnectionError | TimeoutError):
         return True
-    return bool(getattr(error, "transient", False)) or getattr(error, "code", "") == "HUB_UNREACHABLE"
+    return isinstance(error, EngineError) and error.transient
 
 
 def unload_loaded(model_id: str, *, reason: str) -> None:
@@ -129,7 +130,7 @@ def load_model(model_id: str) -> None:
             loaded = load_once(model, identity)
             break
         except Exception as error:
-            if isinstance(error, LoadCancelled) or getattr(error, "code", "") == "DOWNLOAD_CANCELLED":
+            if isinstance(error, LoadCancelled) or getattr(error, "code", None) == "DOWNLOAD_CANCELLED":
                 fields = model.mark_failed(code="LOAD_CANCELLED", message="Cancelled.")
                 model_publish(model, "model:failed", fields)
                 return
@@ -142,7 +143,7 @@ def load_model(model_id: str) -> None:
                 )
                 time.sleep(delay)
                 continue
-            if getattr(error, "code", None):  # ours: ApplicationError, LoadError, HubError, InspectionError
+            if isinstance(error, ApplicationError | EngineError):
                 failure = application_error(error)
             else:
                 logger.exception("loading %s failed", model_id)

@@ -53,6 +53,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 from urllib.parse import urlsplit
 
+from models_app.engine.errors import EngineError
+
 if TYPE_CHECKING:
     from huggingface_hub.hf_api import ModelInfo
 
@@ -75,7 +77,7 @@ LOCK_POLL_SECONDS = 1.0
 _TRUE_VALUES = {"1", "ON", "YES", "TRUE"}
 
 
-class HubError(Exception):
+class HubError(EngineError):
     """A failure talking to the Hub or preparing a model from it.
 
     ``code`` is stable and machine-readable (``MODEL_NOT_FOUND_ON_HUB``, ``HUB_OFFLINE``,
@@ -84,18 +86,6 @@ class HubError(Exception):
     ``message`` is for people and never holds the token or a path on this machine; ``transient``
     says whether trying again later may succeed (network failures, Hub downtime).
     """
-
-    def __init__(
-        self, code: str, message: str, *, details: dict[str, Any] | None = None, transient: bool = False
-    ) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.details = details or {}
-        self.transient = transient
-
-    def __repr__(self) -> str:
-        return f"HubError({self.code!r}, {self.message!r})"
 
 
 def validate_hub_id(repo_id: str) -> str:

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from models_app.engine.errors import EngineError
+
 QUANTIZATIONS: tuple[str, ...] = ("none", "fp16", "bf16", "int8", "int4")
 BITSANDBYTES_QUANTIZATIONS: tuple[str, ...] = ("int8", "int4")
 
@@ -111,7 +113,7 @@ _HEAD_KEYS: dict[str, tuple[str, ...]] = {
     "gptj": ("n_head", "num_attention_heads"),
     "gpt_neo": ("num_heads", "num_attention_heads"),
 }
-_DEFAULT_ARCHITECTURES: dict[str, str] = {
+DEFAULT_ARCHITECTURES: dict[str, str] = {
     "gpt2": "GPT2LMHeadModel",
     "gpt_neo": "GPTNeoForCausalLM",
     "gptj": "GPTJForCausalLM",
@@ -142,14 +144,8 @@ _OUTPUT_HEAD_NAMES: tuple[str, ...] = ("lm_head.weight", "embed_out.weight")
 _TOKEN_EMBEDDING_MODULES: frozenset[str] = frozenset({"wte", "embed_tokens", "embed_in", "word_embeddings"})
 
 
-class InspectionError(Exception):
-    """A model refused before loading; ``code`` is stable, ``message`` is safe to show users."""
-
-    def __init__(self, code: str, message: str, details: dict[str, Any] | None = None) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.details = details or {}
+class InspectionError(EngineError):
+    """A model refused before loading (``INVALID_MODEL``, ``UNSUPPORTED_ARCHITECTURE``, …)."""
 
 
 @dataclass
@@ -415,7 +411,7 @@ def describe(
     architecture = (
         str(architectures[0])[:100]
         if isinstance(architectures, list) and architectures
-        else _DEFAULT_ARCHITECTURES[family]
+        else DEFAULT_ARCHITECTURES[family]
     )
     return ModelInfo(
         model_type=model_type,

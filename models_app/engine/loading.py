@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from models_app.engine.errors import EngineError
 from models_app.engine.inspection import (
     BITSANDBYTES_UNSUPPORTED_FAMILIES,
     ENCODER_MODEL_TYPES,
@@ -57,14 +58,8 @@ STAGES: tuple[str, ...] = ("weights", "place", "warm-up")
 StageCallback = Callable[[str, float], None]
 
 
-class LoadError(Exception):
+class LoadError(EngineError):
     """A load refused or failed for a reason worth a stable code (read by the load task)."""
-
-    def __init__(self, code: str, message: str, details: dict[str, Any] | None = None) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.details = details or {}
 
 
 @dataclass

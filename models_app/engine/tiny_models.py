@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from models_app.engine.inspection import DEFAULT_ARCHITECTURES
+
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedTokenizerFast
 
@@ -510,20 +512,6 @@ _GEOMETRIES: dict[str, _Geometry] = {
     ),
 }
 
-# Model class per family: a causal LM for every family but bert, which is an encoder.
-_MODEL_CLASSES: dict[str, str] = {
-    "gpt2": "GPT2LMHeadModel",
-    "gpt_neo": "GPTNeoForCausalLM",
-    "gptj": "GPTJForCausalLM",
-    "llama": "LlamaForCausalLM",
-    "mistral": "MistralForCausalLM",
-    "qwen2": "Qwen2ForCausalLM",
-    "gpt_neox": "GPTNeoXForCausalLM",
-    "falcon": "FalconForCausalLM",
-    "bloom": "BloomForCausalLM",
-    "bert": "BertModel",
-}
-
 
 def _check_family_and_size(family: str, size: str) -> None:
     if family not in FAMILIES:
@@ -668,7 +656,7 @@ def model_class(family: str) -> type:
     import transformers
 
     _check_family_and_size(family, "tiny")
-    return getattr(transformers, _MODEL_CLASSES[family])
+    return getattr(transformers, DEFAULT_ARCHITECTURES[family])
 
 
 def build_tiny_model(

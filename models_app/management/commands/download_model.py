@@ -3,8 +3,8 @@
 from django.core.management.base import BaseCommand, CommandError
 from tqdm import tqdm
 
-from mistudio.errors import ApplicationError
 from models_app import services
+from models_app.engine.errors import EngineError
 from models_app.management.commandline import find_model
 
 
@@ -27,6 +27,6 @@ class Command(BaseCommand):
 
             try:
                 services.model_download(model=model, on_progress=progress)
-            except ApplicationError as error:
+            except EngineError as error:
                 raise CommandError(f"{error.code}: {error.message}") from None
         self.stderr.write(f"{model.name} is in the model cache.")

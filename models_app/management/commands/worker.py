@@ -28,6 +28,9 @@ class Command(BaseCommand):
         name = options["name"] or f"{socket.gethostname()}-{device.replace(':', '')}"
         if not name.replace("-", "").replace("_", "").isalnum():
             raise CommandError("--name may contain letters, digits, '-' and '_' only.")
+        from transformers.utils import logging as transformers_logging
+
+        transformers_logging.disable_progress_bar()  # progress goes out as events, not into the log
         self.stdout.write(f"worker {name} on {device}")
         try:
             run_worker(name=name, device=device, burst=options["burst"], max_jobs=options["max_jobs"])
