@@ -1,13 +1,24 @@
-"""REST API for datasets (read side; uploads come with the dataset work)."""
+"""REST API for datasets, extractions and activation caches: thin views over selectors and services."""
 
+import io
+
+import numpy as np
+from django.conf import settings
+from django.http import FileResponse, StreamingHttpResponse
 from drf_spectacular.utils import extend_schema
-from rest_framework import serializers
+from rest_framework import serializers, status
+from rest_framework.parsers import JSONParser, MultiPartParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from activations import selectors
-from activations.models import Dataset
-from models_app.permissions import CanRead
+from activations import selectors, services
+from activations.models import ActivationCache, Dataset, ExtractionJob
+from mistudio.errors import ApplicationError
+from models_app.apis import StrictSerializer
+from models_app.permissions import CanRead, CanWrite
+from models_app.selectors import model_get
+
+MAX_SLICE_VALUES = 4_000_000  # rows x width per slice request (16 MB of float32)
 
 
 class DatasetOutputSerializer(serializers.ModelSerializer):
@@ -18,15 +29,35 @@ class DatasetOutputSerializer(serializers.ModelSerializer):
             "name",
             "source",
             "original_name",
+            "format",
+            "field",
             "sample_count",
             "size_bytes",
             "content_hash",
+            "preview",
             "created_at",
         ]
 
 
 class DatasetListApi(APIView):
-    permission_classes = [CanRead]
+    """List datasets, or create one from an upload (multipart ``file``) or a local path (JSON)."""
+
+    permission_classes = [CanWrite]
+    parser_classes = [JSONParser, MultiPartParser]
+
+    class InputSerializer(serializers.Serializer):
+        name = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")
+        file = serializers.FileField(required=False)
+        local_path = serializers.CharField(max_length=4096, required=False)
+        format = serializers.ChoiceField(
+            choices=["text_lines", "text_paragraphs", "jsonl", "csv", "hf_disk"], required=False
+        )
+        field = serializers.CharField(max_length=200, required=False)
+
+        def validate(self, attrs):
+            if bool(attrs.get("file")) == bool(attrs.get("local_path")):
+                raise serializers.ValidationError("Send either a file or a local_path.")
+            return attrs
 
     @extend_schema(responses=DatasetOutputSerializer(many=True))
     def get(self, request):
@@ -35,12 +66,362 @@ class DatasetListApi(APIView):
             {"datasets": DatasetOutputSerializer(datasets, many=True).data, "total": datasets.count()}
         )
 
+    @extend_schema(request=InputSerializer, responses={201: DatasetOutputSerializer})
+    def post(self, request):
+        declared = int(request.META.get("CONTENT_LENGTH") or 0)
+        if declared > settings.DATASET_MAX_UPLOAD_BYTES + 64 * 1024:
+            raise ApplicationError(
+                "DATASET_TOO_LARGE",
+                f"Uploads are limited to {settings.DATASET_MAX_UPLOAD_BYTES} bytes.",
+                status=413,
+                details={"max_bytes": settings.DATASET_MAX_UPLOAD_BYTES, "size_bytes": declared},
+            )
+        data = self.InputSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        values = data.validated_data
+        if values.get("file"):
+            upload = values["file"]
+            if upload.size > settings.DATASET_MAX_UPLOAD_BYTES:
+                raise ApplicationError(
+                    "DATASET_TOO_LARGE",
+                    f"Uploads are limited to {settings.DATASET_MAX_UPLOAD_BYTES} bytes.",
+                    status=413,
+                    details={"max_bytes": settings.DATASET_MAX_UPLOAD_BYTES, "size_bytes": upload.size},
+                )
+            dataset = services.dataset_create_from_upload(
+                name=values["name"],
+                data=upload.read(),
+                filename=upload.name,
+                owner=request.user,
+                format=values.get("format"),
+                field=values.get("field"),
+            )
+        else:
+            dataset = services.dataset_create_from_local(
+                name=values["name"],
+                path=values["local_path"],
+                owner=request.user,
+                format=values.get("format"),
+                field=values.get("field"),
+            )
+        return Response(DatasetOutputSerializer(dataset).data, status=status.HTTP_201_CREATED)
+
 
 class DatasetDetailApi(APIView):
-    permission_classes = [CanRead]
+    permission_classes = [CanWrite]
 
     @extend_schema(responses=DatasetOutputSerializer)
     def get(self, request, dataset_id: str):
         return Response(
             DatasetOutputSerializer(selectors.dataset_get(user=request.user, dataset_id=dataset_id)).data
         )
+
+    @extend_schema(responses={204: None})
+    def delete(self, request, dataset_id: str):
+        selectors.dataset_get(user=request.user, dataset_id=dataset_id)
+        services.dataset_delete(dataset_id=dataset_id)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class DatasetSamplesApi(APIView):
+    """Samples of a dataset, for previews (``offset``, ``limit`` ≤ 100)."""
+
+    permission_classes = [CanRead]
+
+    class FilterSerializer(serializers.Serializer):
+        offset = serializers.IntegerField(min_value=0, default=0)
+        limit = serializers.IntegerField(min_value=1, max_value=100, default=20)
+
+    @extend_schema(parameters=[FilterSerializer], responses={200: dict})
+    def get(self, request, dataset_id: str):
+        dataset = selectors.dataset_get(user=request.user, dataset_id=dataset_id)
+        page = self.FilterSerializer(data=request.query_params)
+        page.is_valid(raise_exception=True)
+        offset, limit = page.validated_data["offset"], page.validated_data["limit"]
+        samples = services.dataset_samples(dataset, limit=offset + limit)[offset:]
+        return Response(
+            {"dataset_id": dataset.id, "offset": offset, "samples": samples, "total": dataset.sample_count}
+        )
+
+
+class HookPointsApi(APIView):
+    """The model's hook points with their shapes (from its structure; no weights needed)."""
+
+    permission_classes = [CanRead]
+
+    @extend_schema(responses={200: dict})
+    def get(self, request, model_id: str):
+        model = model_get(user=request.user, model_id=model_id)
+        return Response(selectors.hook_points(model))
+
+
+# --- Extractions ------------------------------------------------------------------------------------
+
+
+class ExtractionOutputSerializer(serializers.ModelSerializer):
+    extraction_id = serializers.CharField(source="id")
+    cache_id = serializers.CharField(allow_null=True)
+
+    class Meta:
+        model = ExtractionJob
+        fields = [
+            "extraction_id",
+            "model_id",
+            "dataset_id",
+            "status",
+            "progress",
+            "samples_processed",
+            "total_samples",
+            "tokens_processed",
+            "tokens_per_second",
+            "eta_seconds",
+            "hooks",
+            "sample_count",
+            "batch_size",
+            "max_length",
+            "dtype",
+            "cache_id",
+            "cached",
+            "host_worker",
+            "error_code",
+            "error_message",
+            "created_at",
+            "started_at",
+            "finished_at",
+            "extraction_time_seconds",
+        ]
+
+
+class ExtractActivationsApi(APIView):
+    """Start an extraction: 202 ``{extraction_id, status: "queued", estimated_time_seconds}``, or 200
+    with ``cached: true`` when a cache with the same key exists. A model that is not loaded is
+    loaded first by the worker that takes the job."""
+
+    permission_classes = [CanWrite]
+
+    class InputSerializer(StrictSerializer):
+        dataset_id = serializers.CharField(max_length=64)
+        hooks = serializers.ListField(
+            child=serializers.CharField(max_length=300), required=False, max_length=256
+        )
+        layer_indices = serializers.ListField(
+            child=serializers.IntegerField(min_value=0, max_value=100_000), required=False, max_length=1024
+        )
+        sample_count = serializers.IntegerField(min_value=1, required=False)
+        batch_size = serializers.IntegerField(min_value=1, max_value=1024, default=16)
+        max_length = serializers.IntegerField(min_value=1, max_value=131072, default=512)
+        dtype = serializers.ChoiceField(choices=services.STORAGE_DTYPES, default="float32")
+
+    @extend_schema(request=InputSerializer, responses={202: ExtractionOutputSerializer})
+    def post(self, request, model_id: str):
+        model_get(user=request.user, model_id=model_id)
+        data = self.InputSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        values = dict(data.validated_data)
+        selectors_dataset = selectors.dataset_get(user=request.user, dataset_id=values.pop("dataset_id"))
+        job = services.extraction_request(
+            model_id=model_id,
+            dataset_id=selectors_dataset.id,
+            owner=request.user,
+            hooks=values.pop("hooks", None),
+            layers=values.pop("layer_indices", None),
+            **values,
+        )
+        body = {
+            **ExtractionOutputSerializer(job).data,
+            "estimated_time_seconds": selectors.extraction_estimate_seconds(job),
+            "message": "Using cached activations" if job.cached else "Activation extraction queued",
+        }
+        return Response(body, status=status.HTTP_200_OK if job.cached else status.HTTP_202_ACCEPTED)
+
+
+class ExtractionDetailApi(APIView):
+    permission_classes = [CanRead]
+
+    @extend_schema(responses=ExtractionOutputSerializer)
+    def get(self, request, extraction_id: str, model_id: str | None = None):
+        job = selectors.extraction_get(user=request.user, extraction_id=extraction_id, model_id=model_id)
+        return Response(ExtractionOutputSerializer(job).data)
+
+
+class ExtractionListApi(APIView):
+    permission_classes = [CanRead]
+
+    @extend_schema(responses=ExtractionOutputSerializer(many=True))
+    def get(self, request):
+        jobs = selectors.extraction_list(user=request.user)[:200]
+        return Response({"extractions": ExtractionOutputSerializer(jobs, many=True).data})
+
+
+class ExtractionCancelApi(APIView):
+    permission_classes = [CanWrite]
+
+    @extend_schema(request=None, responses={202: ExtractionOutputSerializer})
+    def post(self, request, extraction_id: str):
+        selectors.extraction_get(user=request.user, extraction_id=extraction_id)
+        job = services.extraction_cancel(job_id=extraction_id)
+        return Response(ExtractionOutputSerializer(job).data, status=status.HTTP_202_ACCEPTED)
+
+
+# --- Caches -----------------------------------------------------------------------------------------
+
+
+class CacheOutputSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = ActivationCache
+        fields = [
+            "id",
+            "model_id",
+            "dataset_id",
+            "source",
+            "hooks",
+            "max_length",
+            "dtype",
+            "sample_count",
+            "status",
+            "file_size_bytes",
+            "activation_shapes",
+            "num_tokens",
+            "num_samples",
+            "error_code",
+            "error_message",
+            "created_at",
+            "completed_at",
+            "last_accessed_at",
+        ]
+
+
+class CacheListApi(APIView):
+    permission_classes = [CanRead]
+
+    class FilterSerializer(serializers.Serializer):
+        model = serializers.CharField(required=False, max_length=64)
+        dataset = serializers.CharField(required=False, max_length=64)
+        status = serializers.ChoiceField(choices=ActivationCache.Status.choices, required=False)
+
+    @extend_schema(parameters=[FilterSerializer], responses=CacheOutputSerializer(many=True))
+    def get(self, request):
+        filters = self.FilterSerializer(data=request.query_params)
+        filters.is_valid(raise_exception=True)
+        caches = selectors.cache_list(user=request.user, filters=filters.validated_data)
+        return Response({"caches": CacheOutputSerializer(caches, many=True).data, "total": caches.count()})
+
+
+class CacheDetailApi(APIView):
+    permission_classes = [CanWrite]
+
+    @extend_schema(responses=CacheOutputSerializer)
+    def get(self, request, cache_id: str):
+        cache = selectors.cache_get(user=request.user, cache_id=cache_id)
+        return Response({**CacheOutputSerializer(cache).data, "manifest": selectors.cache_manifest(cache)})
+
+    @extend_schema(responses={204: None})
+    def delete(self, request, cache_id: str):
+        selectors.cache_get(user=request.user, cache_id=cache_id)
+        services.cache_delete(cache_id=cache_id)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class CacheDownloadApi(APIView):
+    """The whole cache as a streamed tar archive, or one file of it (``?file=<path in the manifest>``)."""
+
+    permission_classes = [CanRead]
+
+    @extend_schema(responses={(200, "application/x-tar"): bytes})
+    def get(self, request, cache_id: str):
+        cache = selectors.completed_cache(user=request.user, cache_id=cache_id)
+        services.cache_touch(cache, lease_seconds=3600)
+        wanted = request.query_params.get("file")
+        if wanted:
+            path = selectors.cache_file(cache, wanted)
+            return FileResponse(open(path, "rb"), as_attachment=True, filename=f"{cache.id}-{path.name}")
+        response = StreamingHttpResponse(selectors.cache_tar_stream(cache), content_type="application/x-tar")
+        response["Content-Disposition"] = f'attachment; filename="{cache.id}.tar"'
+        return response
+
+
+class CacheSliceApi(APIView):
+    """Rows ``[start, stop)`` of one hook: JSON, ``.npy`` or ``.safetensors`` bytes (``output=``)."""
+
+    permission_classes = [CanRead]
+
+    class QuerySerializer(serializers.Serializer):
+        hook = serializers.CharField(max_length=300)
+        start = serializers.IntegerField(min_value=0, default=0)
+        stop = serializers.IntegerField(min_value=1, required=False)
+        # Not "format": DRF reserves that query parameter for choosing a renderer.
+        output = serializers.ChoiceField(choices=["json", "npy", "safetensors"], default="json")
+
+    @extend_schema(parameters=[QuerySerializer], responses={200: dict})
+    def get(self, request, cache_id: str):
+        cache = selectors.completed_cache(user=request.user, cache_id=cache_id)
+        query = self.QuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        values = query.validated_data
+        store = selectors.cache_store(cache, values["hook"])
+        rows, width = store.shape(values["hook"])
+        stop = min(values.get("stop", rows), rows)
+        if values["start"] >= stop:
+            raise ApplicationError("INVALID_RANGE", f"The token range is empty (the hook has {rows} rows).")
+        if (stop - values["start"]) * width > MAX_SLICE_VALUES:
+            raise ApplicationError(
+                "SLICE_TOO_LARGE", f"At most {MAX_SLICE_VALUES // width} rows per request for this hook."
+            )
+        array = store.get(values["hook"], values["start"], stop)
+        services.cache_touch(cache)
+        if values["output"] == "json":
+            return Response(
+                {
+                    "hook": values["hook"],
+                    "start": values["start"],
+                    "stop": stop,
+                    "shape": list(array.shape),
+                    "values": array.astype(np.float32).tolist(),
+                }
+            )
+        buffer = io.BytesIO()
+        if values["output"] == "npy":
+            np.save(buffer, np.ascontiguousarray(array), allow_pickle=False)
+            content_type = "application/octet-stream"
+        else:
+            from safetensors.numpy import save
+
+            buffer.write(save({"activations": np.ascontiguousarray(array)}))
+            content_type = "application/octet-stream"
+        response = FileResponse(io.BytesIO(buffer.getvalue()), content_type=content_type, as_attachment=True)
+        response["Content-Disposition"] = (
+            f'attachment; filename="{cache.id}-{values["start"]}-{stop}.{values["output"]}"'
+        )
+        return response
+
+
+class CacheStatsApi(APIView):
+    """Per-neuron mean / std / max / min and the mean token norm, for each hook (or one)."""
+
+    permission_classes = [CanRead]
+
+    @extend_schema(responses={200: dict})
+    def get(self, request, cache_id: str):
+        cache = selectors.completed_cache(user=request.user, cache_id=cache_id)
+        services.cache_touch(cache)
+        return Response(selectors.cache_stats(cache, request.query_params.get("hook")))
+
+
+class CacheTopKApi(APIView):
+    """The top-k activating tokens of one neuron, with their context, decoded."""
+
+    permission_classes = [CanRead]
+
+    class QuerySerializer(serializers.Serializer):
+        hook = serializers.CharField(max_length=300)
+        neuron = serializers.IntegerField(min_value=0)
+        k = serializers.IntegerField(min_value=1, max_value=200, default=20)
+        context = serializers.IntegerField(min_value=0, max_value=64, default=8)
+
+    @extend_schema(parameters=[QuerySerializer], responses={200: dict})
+    def get(self, request, cache_id: str):
+        cache = selectors.completed_cache(user=request.user, cache_id=cache_id)
+        query = self.QuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        services.cache_touch(cache)
+        return Response(selectors.cache_top_k(cache, **query.validated_data))

@@ -1,10 +1,21 @@
-"""Read queries for datasets."""
+"""Read queries for datasets, extractions and caches (API, pages, commands)."""
 
+import functools
+import json
+import tarfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
 from django.db.models import QuerySet
 
-from activations.models import Dataset
+from activations.models import ActivationCache, Dataset, ExtractionJob
 from mistudio.errors import ApplicationError
 from models_app import roles
+from models_app.models import LanguageModel
+
+TAR_CHUNK_BYTES = 1 << 20
 
 
 def dataset_list(*, user) -> QuerySet[Dataset]:
@@ -18,3 +29,191 @@ def dataset_get(*, user, dataset_id: str) -> Dataset:
     if dataset is None:
         raise ApplicationError("DATASET_NOT_FOUND", "No such dataset.", status=404)
     return dataset
+
+
+def hook_points(model: LanguageModel) -> dict[str, Any]:
+    """Every canonical hook point with the shape one sample of ``n`` tokens gives it."""
+    from activations.engine.hooks import list_hook_points
+    from activations.model_structure import skeleton
+
+    points = [
+        {"name": info.name, "layer": info.layer, "shape": ["n_tokens", info.width]}
+        for info in list_hook_points(skeleton(model))
+    ]
+    return {
+        "model_id": model.id,
+        "num_layers": model.num_layers,
+        "hook_points": points,
+        "also_accepted": [
+            "module:<dotted.path> of any named module",
+            "layer_indices: [i, …] = blocks.{i}.hook_resid_post",
+        ],
+    }
+
+
+def extraction_list(*, user) -> QuerySet[ExtractionJob]:
+    if not user.has_perm(roles.READ):
+        return ExtractionJob.objects.none()
+    return ExtractionJob.objects.all()
+
+
+def extraction_get(*, user, extraction_id: str, model_id: str | None = None) -> ExtractionJob:
+    jobs = extraction_list(user=user).filter(pk=extraction_id)
+    if model_id is not None:
+        jobs = jobs.filter(model_id=model_id)
+    job = jobs.first()
+    if job is None:
+        raise ApplicationError("EXTRACTION_NOT_FOUND", "No such extraction.", status=404)
+    return job
+
+
+def extraction_estimate_seconds(job: ExtractionJob) -> float:
+    """From the throughput of this model's last finished extraction, else a conservative guess."""
+    if job.cached:
+        return 0.0
+    previous = (
+        ExtractionJob.objects.filter(model_id=job.model_id, status="completed", cached=False)
+        .exclude(tokens_per_second=None)
+        .order_by("-finished_at")
+        .first()
+    )
+    tokens = (job.total_samples or 0) * min(job.max_length, 128)
+    rate = previous.tokens_per_second if previous and previous.tokens_per_second else 2000.0
+    return round(tokens / rate + 2.0, 1)
+
+
+def cache_list(*, user, filters: dict[str, str] | None = None) -> QuerySet[ActivationCache]:
+    if not user.has_perm(roles.READ):
+        return ActivationCache.objects.none()
+    caches = ActivationCache.objects.all()
+    filters = filters or {}
+    if "model" in filters:
+        caches = caches.filter(model_id=filters["model"])
+    if "dataset" in filters:
+        caches = caches.filter(dataset_id=filters["dataset"])
+    if "status" in filters:
+        caches = caches.filter(status=filters["status"])
+    return caches
+
+
+def cache_get(*, user, cache_id: str) -> ActivationCache:
+    cache = cache_list(user=user).filter(pk=cache_id).first()
+    if cache is None:
+        raise ApplicationError("CACHE_NOT_FOUND", "No such activation cache.", status=404)
+    return cache
+
+
+def completed_cache(*, user, cache_id: str) -> ActivationCache:
+    cache = cache_get(user=user, cache_id=cache_id)
+    if cache.status != ActivationCache.Status.COMPLETED:
+        raise ApplicationError("CACHE_NOT_READY", f"The cache is {cache.status}.", status=409)
+    return cache
+
+
+def cache_manifest(cache: ActivationCache) -> dict[str, Any] | None:
+    manifest = cache.directory / "manifest.json"
+    return json.loads(manifest.read_text()) if manifest.exists() else None
+
+
+def open_store(cache: ActivationCache):
+    from activations.store import ActivationStore, CacheError
+
+    try:
+        return ActivationStore.open(cache.directory)
+    except (CacheError, OSError):
+        raise ApplicationError(
+            "CACHE_CORRUPT", "The cache files are missing or damaged.", status=409
+        ) from None
+
+
+def cache_store(cache: ActivationCache, hook: str):
+    store = open_store(cache)
+    if hook not in store.hooks:
+        raise ApplicationError(
+            "INVALID_HOOK",
+            f"The cache has no hook {hook!r}.",
+            details={"invalid": [hook], "valid": store.hooks},
+        )
+    return store
+
+
+def cache_file(cache: ActivationCache, relative: str) -> Path:
+    """A file of the cache named as in ``iter_files`` (never a path outside it)."""
+    from activations.store import iter_files
+
+    files = {str(path.relative_to(cache.directory)): path for path in iter_files(cache.directory)}
+    if relative not in files:
+        raise ApplicationError(
+            "FILE_NOT_FOUND", "No such file in this cache.", status=404, details={"files": sorted(files)}
+        )
+    return files[relative]
+
+
+def cache_tar_stream(cache: ActivationCache) -> Iterator[bytes]:
+    """A tar archive of the cache, produced chunk by chunk (memory flat whatever the shard size)."""
+    from activations.store import iter_files
+
+    for path in iter_files(cache.directory):
+        info = tarfile.TarInfo(f"{cache.id}/{path.relative_to(cache.directory)}")
+        info.size = path.stat().st_size
+        info.mtime = int(path.stat().st_mtime)
+        yield info.tobuf(format=tarfile.PAX_FORMAT)
+        with open(path, "rb") as handle:
+            while chunk := handle.read(TAR_CHUNK_BYTES):
+                yield chunk
+        if remainder := info.size % tarfile.BLOCKSIZE:
+            yield b"\0" * (tarfile.BLOCKSIZE - remainder)
+    yield b"\0" * (2 * tarfile.BLOCKSIZE)
+
+
+def cache_stats(cache: ActivationCache, hook: str | None = None) -> dict[str, Any]:
+    store = open_store(cache)
+    hooks = [hook] if hook else store.hooks
+    for name in hooks:
+        if name not in store.hooks:
+            raise ApplicationError(
+                "INVALID_HOOK", f"The cache has no hook {name!r}.", details={"valid": store.hooks}
+            )
+    result = {}
+    for name in hooks:
+        stats = store.stats(name)
+        result[name] = {
+            key: value.tolist() if hasattr(value, "tolist") else value for key, value in stats.items()
+        }
+    return {"cache_id": cache.id, "stats": result}
+
+
+@functools.lru_cache(maxsize=8)
+def tokenizer_for(folder: str):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
+
+
+def model_folder(model: LanguageModel) -> Path | None:
+    """Where the model's files are on this machine (for its tokenizer), if they are."""
+    if model.source == LanguageModel.Source.LOCAL:
+        return Path(model.identifier)
+    from huggingface_hub.file_download import repo_folder_name
+
+    snapshot = settings.MODEL_CACHE_DIR / repo_folder_name(repo_id=model.identifier, repo_type="model")
+    snapshot = snapshot / "snapshots" / model.commit_sha
+    return snapshot if model.commit_sha and snapshot.is_dir() else None
+
+
+def cache_top_k(cache: ActivationCache, *, hook: str, neuron: int, k: int, context: int) -> dict[str, Any]:
+    store = cache_store(cache, hook)
+    width = store.shape(hook)[1]
+    if neuron >= width:
+        raise ApplicationError("INVALID_NEURON", f"The hook has {width} neurons (0 to {width - 1}).")
+    rows = store.top_k(hook, neuron, k, context=context)
+    folder = model_folder(cache.model)
+    tokenizer = tokenizer_for(str(folder)) if folder is not None else None
+    results = []
+    for row in rows:
+        clean = {name: value.tolist() if hasattr(value, "tolist") else value for name, value in row.items()}
+        if tokenizer is not None:
+            clean["context_tokens"] = tokenizer.convert_ids_to_tokens(clean["context_token_ids"])
+            clean["token"] = tokenizer.convert_ids_to_tokens([clean["token_id"]])[0]
+        results.append(clean)
+    return {"cache_id": cache.id, "hook": hook, "neuron": neuron, "top_k": results}

@@ -1,18 +1,37 @@
-"""Dataset workflows."""
+"""Dataset and extraction workflows, and activation cache management.
+
+Every front door (REST API, pages, admin, management commands) calls these.
+"""
 
 import hashlib
 import json
+import logging
 import os
+import shutil
 from collections.abc import Iterable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import IntegrityError, transaction
+from django.utils import timezone
 
-from activations.models import Dataset
+from activations.models import ActivationCache, Dataset, ExtractionJob
 from mistudio.errors import ApplicationError
+from mistudio.events import publish
+from mistudio.redis_client import get_redis
+from models_app.engine.errors import EngineError
+from models_app.models import LanguageModel
+
+logger = logging.getLogger(__name__)
+
+EXTRACTION_JOB_TIMEOUT_SECONDS = 24 * 3600
+DATASET_ERROR_STATUS = {"DATASET_TOO_LARGE": 413}
+STORAGE_DTYPES = ("float32", "bfloat16", "float16")
 
 
-def write_atomically(path, data: bytes) -> None:
+def write_atomically(path: Path, data: bytes) -> None:
     """Write to a temporary name, fsync, rename: a crash never leaves a half-written file."""
     temporary = path.with_name(path.name + ".tmp")
     with open(temporary, "wb") as handle:
@@ -22,10 +41,42 @@ def write_atomically(path, data: bytes) -> None:
     os.replace(temporary, path)
 
 
+# --- Datasets --------------------------------------------------------------------------------------
+
+
+def dataset_error(error: EngineError) -> ApplicationError:
+    return ApplicationError(
+        error.code, error.message, status=DATASET_ERROR_STATUS.get(error.code, 400), details=error.details
+    )
+
+
+def local_data_path(raw_path: str) -> Path:
+    """The real file or folder behind ``raw_path`` if it lies inside ``LOCAL_DATA_ROOTS``."""
+    if not raw_path or "\x00" in raw_path or not raw_path.startswith("/"):
+        raise ApplicationError("INVALID_LOCAL_PATH", "The local path must be absolute, without NUL bytes.")
+    path = Path(raw_path).resolve()
+    if not any(path.is_relative_to(root) for root in settings.LOCAL_DATA_ROOTS):
+        raise ApplicationError(
+            "INVALID_LOCAL_PATH", "The local path is outside the configured data roots (LOCAL_DATA_ROOTS)."
+        )
+    if not path.exists():
+        raise ApplicationError("INVALID_LOCAL_PATH", "The local path does not exist.")
+    return path
+
+
 def dataset_create_from_texts(
-    *, name: str, texts: Iterable[str], owner, source: str, original_name: str = ""
+    *,
+    name: str,
+    texts: Iterable[str],
+    owner,
+    source: str,
+    original_name: str = "",
+    format: str = "",
+    field: str = "",
 ) -> Dataset:
     """Store the non-empty samples as JSON Lines and register them as a dataset."""
+    from activations.engine.datasets import content_hash, preview
+
     samples = [text for text in texts if text.strip()]
     if not samples:
         raise ApplicationError("EMPTY_DATASET", "The dataset has no non-empty samples.")
@@ -33,9 +84,408 @@ def dataset_create_from_texts(
     settings.DATASET_DIR.mkdir(parents=True, exist_ok=True)
     with transaction.atomic():
         dataset = Dataset(
-            name=name, source=source, original_name=original_name, sample_count=len(samples),
-            size_bytes=len(payload), content_hash=hashlib.sha256(payload).hexdigest(), owner=owner,
-        )  # fmt: skip
+            name=name,
+            source=source,
+            original_name=original_name,
+            format=format,
+            field=field,
+            sample_count=len(samples),
+            size_bytes=len(payload),
+            content_hash=content_hash(samples),
+            preview=preview(samples),
+            owner=owner,
+        )
         write_atomically(dataset.storage_path, payload)
         dataset.save()
     return dataset
+
+
+def dataset_create_from_upload(
+    *, name: str, data: bytes, filename: str, owner, format: str | None = None, field: str | None = None
+) -> Dataset:
+    """Parse an uploaded file (plain text, JSONL, CSV) into a dataset."""
+    from activations.engine.datasets import GUESS_HEAD_BYTES, guess_format, parse_bytes
+
+    try:
+        chosen = format or guess_format(filename, data[:GUESS_HEAD_BYTES])
+        parsed = parse_bytes(data, format=chosen, field=field, max_bytes=settings.DATASET_MAX_UPLOAD_BYTES)
+    except EngineError as error:
+        raise dataset_error(error) from None
+    return dataset_create_from_texts(
+        name=name or filename,
+        texts=parsed.samples,
+        owner=owner,
+        source=Dataset.Source.UPLOAD,
+        original_name=filename,
+        format=parsed.format,
+        field=parsed.field or "",
+    )
+
+
+def dataset_create_from_local(
+    *, name: str, path: str, owner, format: str | None = None, field: str | None = None
+) -> Dataset:
+    """A file or folder under LOCAL_DATA_ROOTS: text / JSONL / CSV files or a ``save_to_disk`` folder."""
+    from activations.engine.datasets import parse_path
+
+    resolved = local_data_path(path)
+    try:
+        parsed = parse_path(resolved, format=format, field=field, max_bytes=settings.DATASET_MAX_LOCAL_BYTES)
+    except EngineError as error:
+        raise dataset_error(error) from None
+    return dataset_create_from_texts(
+        name=name or resolved.name,
+        texts=parsed.samples,
+        owner=owner,
+        source=Dataset.Source.LOCAL,
+        original_name=str(resolved),
+        format=parsed.format,
+        field=parsed.field or "",
+    )
+
+
+def dataset_samples(dataset: Dataset, *, limit: int | None = None) -> list[str]:
+    samples = []
+    with open(dataset.storage_path, encoding="utf-8") as handle:
+        for line in handle:
+            samples.append(json.loads(line)["text"])
+            if limit is not None and len(samples) >= limit:
+                break
+    return samples
+
+
+def dataset_delete(*, dataset_id: str) -> None:
+    dataset = Dataset.objects.get(pk=dataset_id)
+    if dataset.extractions.filter(status__in=ExtractionJob.ACTIVE).exists():
+        raise ApplicationError("DATASET_IN_USE", "An extraction over this dataset is running.", status=409)
+    path = dataset.storage_path
+    dataset.delete()
+    path.unlink(missing_ok=True)
+
+
+# --- Extraction requests ------------------------------------------------------------------------
+
+
+def cache_key(
+    *,
+    model: LanguageModel,
+    dataset: Dataset,
+    hooks: list[str],
+    max_length: int,
+    dtype: str,
+    sample_count: int | None,
+) -> dict[str, Any]:
+    """What makes two extractions give the same activations (batch size and padding do not)."""
+    return {
+        "model": {
+            "source": model.source,
+            "identifier": model.identifier,
+            "revision": model.commit_sha or model.revision,
+            "quantization": model.quantization,
+        },
+        "dataset_content_hash": dataset.content_hash,
+        "sample_count": min(sample_count or dataset.sample_count, dataset.sample_count),
+        "hooks": sorted(hooks),
+        "max_length": max_length,
+        "dtype": dtype,
+    }
+
+
+def key_hash(key: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
+
+
+def extraction_groups(job: ExtractionJob) -> list[str]:
+    return [f"extraction.{job.id}", f"model.{job.model_id}"]
+
+
+def job_state(job: ExtractionJob) -> dict[str, Any]:
+    return {
+        "extraction_id": job.id,
+        "model_id": job.model_id,
+        "status": job.status,
+        "progress": job.progress,
+        "samples_processed": job.samples_processed,
+        "total_samples": job.total_samples,
+        "tokens_per_second": job.tokens_per_second,
+        "eta_seconds": job.eta_seconds,
+        "cache_id": job.cache_id,
+        "cached": job.cached,
+        "error_code": job.error_code,
+        "error_message": job.error_message,
+    }
+
+
+def job_publish(job: ExtractionJob, event: str, fields: list[str], **extra: Any) -> None:
+    publish(event, {**job_state(job), **extra}, groups=extraction_groups(job), instance=job, fields=fields)
+
+
+def hook_names_for(model: LanguageModel, *, hooks: list[str] | None, layers: list[int] | None) -> list[str]:
+    """Validate hook names against the model's structure (built on the meta device: no weights)."""
+    from activations.engine.hooks import HookError, resolve_hook_names
+    from activations.model_structure import skeleton
+
+    if not hooks and not layers:
+        raise ApplicationError(
+            "INVALID_HOOK", "Name at least one hook point or layer.", details={"invalid": []}
+        )
+    try:
+        return resolve_hook_names(skeleton(model), hooks, layers)
+    except HookError as error:
+        raise ApplicationError(error.code, error.message, details=error.details) from None
+
+
+def extraction_request(
+    *,
+    model_id: str,
+    dataset_id: str,
+    owner,
+    hooks: list[str] | None = None,
+    layers: list[int] | None = None,
+    sample_count: int | None = None,
+    batch_size: int = 16,
+    max_length: int = 512,
+    dtype: str = "float32",
+) -> ExtractionJob:
+    """Answer from the cache, join the identical job in flight, or queue a new one.
+
+    A model that is not loaded is loaded first, in the worker that takes the job.
+    """
+    model = LanguageModel.objects.get(pk=model_id)
+    dataset = Dataset.objects.filter(pk=dataset_id).first()
+    if dataset is None:
+        raise ApplicationError("DATASET_NOT_FOUND", "No such dataset.", status=404)
+    names = hook_names_for(model, hooks=hooks, layers=layers)
+    key = cache_key(
+        model=model,
+        dataset=dataset,
+        hooks=names,
+        max_length=max_length,
+        dtype=dtype,
+        sample_count=sample_count,
+    )
+    digest = key_hash(key)
+    job_fields = {
+        "model": model,
+        "dataset": dataset,
+        "hooks": names,
+        "sample_count": key["sample_count"],
+        "batch_size": batch_size,
+        "max_length": max_length,
+        "dtype": dtype,
+        "owner": owner,
+    }
+    with transaction.atomic():
+        cache = ActivationCache.objects.select_for_update().filter(key_hash=digest).first()
+        if (
+            cache is not None
+            and cache.status == ActivationCache.Status.COMPLETED
+            and cache.directory.exists()
+        ):
+            cache.last_accessed_at = timezone.now()
+            cache.save(update_fields=["last_accessed_at"])
+            job = ExtractionJob.objects.create(**job_fields, total_samples=cache.num_samples)
+            job.mark_completed(cache=cache, cached=True)
+            job.samples_processed = cache.num_samples
+            job.save()
+            return job
+        if cache is not None:
+            running = cache.jobs.filter(status__in=ExtractionJob.ACTIVE).first()
+            if running is not None:
+                return running  # an identical request is in flight: one job
+            cache.status, cache.error_code, cache.error_message = ActivationCache.Status.WRITING, "", ""
+            cache.save(update_fields=["status", "error_code", "error_message"])
+        else:
+            try:
+                with transaction.atomic():
+                    cache = ActivationCache.objects.create(
+                        key_hash=digest,
+                        key=key,
+                        model=model,
+                        dataset=dataset,
+                        hooks=names,
+                        max_length=max_length,
+                        dtype=dtype,
+                        sample_count=key["sample_count"],
+                        owner=owner,
+                    )
+            except IntegrityError:  # the identical request that raced us won: join its job
+                cache = ActivationCache.objects.get(key_hash=digest)
+                running = cache.jobs.filter(status__in=ExtractionJob.ACTIVE).first()
+                if running is not None:
+                    return running
+        job = ExtractionJob.objects.create(**job_fields, cache=cache, total_samples=key["sample_count"])
+        job.rq_job_id = f"extract-{job.id}"
+        job.save(update_fields=["rq_job_id"])
+        job_publish(job, "extraction:queued", [])
+        transaction.on_commit(lambda: extraction_enqueue(job))
+    return job
+
+
+def extraction_enqueue(job: ExtractionJob, *, queue_name: str | None = None) -> None:
+    """To the model's host worker if it is loaded, else to the shared queue (the taker loads it)."""
+    from rq import Queue
+
+    from models_app.workers import shared_queue, worker_queue
+
+    model = LanguageModel.objects.get(pk=job.model_id)
+    if queue_name:
+        queue = Queue(queue_name, connection=get_redis())
+    elif model.status == LanguageModel.Status.READY and model.host_worker:
+        queue = worker_queue(model.host_worker)
+    else:
+        queue = shared_queue()
+    queue.enqueue(
+        "activations.tasks.run_extraction",
+        job.id,
+        job_id=job.rq_job_id,
+        job_timeout=EXTRACTION_JOB_TIMEOUT_SECONDS,
+    )
+
+
+def extraction_cancel_key(job_id: str) -> str:
+    return f"{settings.REDIS_KEY_PREFIX}:cancel:extraction:{job_id}"
+
+
+def extraction_cancel_requested(job_id: str) -> bool:
+    return bool(get_redis().exists(extraction_cancel_key(job_id)))
+
+
+def extraction_cancel(*, job_id: str) -> ExtractionJob:
+    """A queued job is cancelled at once; a running one stops after its current batch."""
+    from rq.exceptions import NoSuchJobError
+    from rq.job import Job, JobStatus
+
+    with transaction.atomic():
+        job = ExtractionJob.objects.select_for_update().get(pk=job_id)
+        if job.status not in ExtractionJob.ACTIVE:
+            raise ApplicationError("NOT_RUNNING", "The extraction is not queued or running.", status=409)
+        get_redis().set(extraction_cancel_key(job.id), "1", ex=24 * 3600)
+        try:
+            rq_job = Job.fetch(job.rq_job_id, connection=get_redis())
+            queued = rq_job.get_status() == JobStatus.QUEUED
+            if queued:
+                rq_job.cancel()
+        except NoSuchJobError:
+            queued = True  # not enqueued yet, or gone: nothing will run it
+        if queued:
+            extraction_discard(job)
+    return job
+
+
+def extraction_discard(job: ExtractionJob) -> None:
+    """Mark a job cancelled and remove its unfinished cache (files included)."""
+    cache = job.cache
+    job_publish(job, "extraction:cancelled", job.mark_cancelled())
+    if cache is not None and cache.status != ActivationCache.Status.COMPLETED:
+        cache_delete_files(cache)
+        cache.delete()
+
+
+def extraction_resume_after_restart(*, worker_name: str) -> list[str]:
+    """A restarted worker re-queues the extractions it was running when it died; they resume
+    from their last complete shard. Returns their ids."""
+    import uuid
+
+    from models_app.workers import worker_queue_name
+
+    resumed = []
+    for job in ExtractionJob.objects.filter(host_worker=worker_name, status=ExtractionJob.Status.RUNNING):
+        # A fresh RQ id: the dead worker's entry for the old one is cleaned up as abandoned by RQ.
+        job.rq_job_id = f"extract-{job.id}-{uuid.uuid4().hex[:6]}"
+        job.save(update_fields=["rq_job_id"])
+        extraction_enqueue(job, queue_name=worker_queue_name(worker_name))
+        resumed.append(job.id)
+    return resumed
+
+
+# --- Caches -------------------------------------------------------------------------------------
+
+
+def cache_delete_files(cache: ActivationCache) -> None:
+    shutil.rmtree(cache.directory, ignore_errors=True)
+
+
+def reading_lease_key(cache_id: str) -> str:
+    return f"{settings.REDIS_KEY_PREFIX}:reading:{cache_id}"
+
+
+def cache_touch(cache: ActivationCache, *, lease_seconds: int = 300) -> None:
+    """Note a read: last_accessed for LRU, and a short lease so eviction leaves it alone meanwhile."""
+    cache.last_accessed_at = timezone.now()
+    cache.save(update_fields=["last_accessed_at"])
+    get_redis().set(reading_lease_key(cache.id), "1", ex=lease_seconds)
+
+
+def cache_delete(*, cache_id: str) -> None:
+    cache = ActivationCache.objects.get(pk=cache_id)
+    if cache.status == ActivationCache.Status.WRITING:
+        raise ApplicationError(
+            "CACHE_BUSY", "The cache is being written; cancel its extraction first.", status=409
+        )
+    cache_delete_files(cache)
+    cache.delete()
+
+
+def cache_cleanup(*, dry_run: bool = False, verify_checksums: bool = False) -> dict[str, list[str]]:
+    """Expire, evict (LRU under ACTIVATION_CACHE_MAX_BYTES), remove orphan files, fail broken rows.
+
+    Never touches a cache being written or read (a reading lease in Redis).
+    """
+    from activations.store import verify
+
+    report: dict[str, list[str]] = {"expired": [], "evicted": [], "orphans": [], "failed": []}
+    connection = get_redis()
+
+    def removable(cache: ActivationCache) -> bool:
+        return cache.status != ActivationCache.Status.WRITING and not connection.exists(
+            reading_lease_key(cache.id)
+        )
+
+    def remove(cache: ActivationCache, bucket: str) -> None:
+        report[bucket].append(cache.id)
+        if not dry_run:
+            cache_delete_files(cache)
+            cache.delete()
+
+    completed = ActivationCache.objects.filter(status=ActivationCache.Status.COMPLETED)
+    for cache in completed:
+        missing = not (cache.directory / "manifest.json").exists()
+        problems = ["missing files"] if missing else (verify(cache.directory) if verify_checksums else [])
+        if problems:
+            report["failed"].append(cache.id)
+            if not dry_run:
+                cache.status, cache.error_code = ActivationCache.Status.FAILED, "CACHE_CORRUPT"
+                cache.error_message = "; ".join(problems)[:2000]
+                cache.save(update_fields=["status", "error_code", "error_message"])
+
+    expiry = timezone.now() - timedelta(days=settings.ACTIVATION_CACHE_EXPIRY_DAYS)
+    for cache in ActivationCache.objects.filter(last_accessed_at__lt=expiry).exclude(status="writing"):
+        if removable(cache):
+            remove(cache, "expired")
+
+    remaining = ActivationCache.objects.exclude(pk__in=report["expired"]).order_by("last_accessed_at")
+    total = sum(cache.file_size_bytes for cache in remaining)
+    for cache in remaining:
+        if total <= settings.ACTIVATION_CACHE_MAX_BYTES:
+            break
+        if cache.status == ActivationCache.Status.COMPLETED and removable(cache):
+            total -= cache.file_size_bytes
+            remove(cache, "evicted")
+
+    known = set(ActivationCache.objects.values_list("pk", flat=True))
+    for path in sorted(settings.ACTIVATION_CACHE_DIR.iterdir()):
+        if path.is_dir() and path.name.startswith("act_") and path.name not in known:
+            report["orphans"].append(path.name)
+            if not dry_run:
+                shutil.rmtree(path, ignore_errors=True)
+    return report
+
+
+def cache_cleanup_daily() -> dict[str, list[str]] | None:
+    """Run the cleanup at most once a day across all workers (the first to take the Redis key)."""
+    if not get_redis().set(f"{settings.REDIS_KEY_PREFIX}:cache-cleanup-daily", "1", nx=True, ex=24 * 3600):
+        return None
+    report = cache_cleanup()
+    logger.info("daily cache cleanup: %s", {bucket: len(ids) for bucket, ids in report.items()})
+    return report

@@ -5,4 +5,27 @@ from activations import apis
 urlpatterns = [
     path("datasets", apis.DatasetListApi.as_view(), name="dataset-list"),
     path("datasets/<str:dataset_id>", apis.DatasetDetailApi.as_view(), name="dataset-detail"),
+    path("datasets/<str:dataset_id>/samples", apis.DatasetSamplesApi.as_view(), name="dataset-samples"),
+    path("models/<str:model_id>/hook-points", apis.HookPointsApi.as_view(), name="model-hook-points"),
+    path(
+        "models/<str:model_id>/extract-activations",
+        apis.ExtractActivationsApi.as_view(),
+        name="model-extract",
+    ),
+    path(
+        "models/<str:model_id>/activations/<str:extraction_id>",
+        apis.ExtractionDetailApi.as_view(),
+        name="model-extraction-detail",
+    ),
+    path("extractions", apis.ExtractionListApi.as_view(), name="extraction-list"),
+    path("extractions/<str:extraction_id>", apis.ExtractionDetailApi.as_view(), name="extraction-detail"),
+    path(
+        "extractions/<str:extraction_id>/cancel", apis.ExtractionCancelApi.as_view(), name="extraction-cancel"
+    ),
+    path("activation-caches", apis.CacheListApi.as_view(), name="cache-list"),
+    path("activation-caches/<str:cache_id>", apis.CacheDetailApi.as_view(), name="cache-detail"),
+    path("activation-caches/<str:cache_id>/download", apis.CacheDownloadApi.as_view(), name="cache-download"),
+    path("activation-caches/<str:cache_id>/slice", apis.CacheSliceApi.as_view(), name="cache-slice"),
+    path("activation-caches/<str:cache_id>/stats", apis.CacheStatsApi.as_view(), name="cache-stats"),
+    path("activation-caches/<str:cache_id>/top-k", apis.CacheTopKApi.as_view(), name="cache-top-k"),
 ]

@@ -16,3 +16,11 @@ def new_model_id() -> str:
 
 def new_dataset_id() -> str:
     return new_id("ds")
+
+
+def new_extraction_id() -> str:
+    return new_id("ext")
+
+
+def new_cache_id() -> str:
+    return new_id("act")

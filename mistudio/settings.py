@@ -92,6 +92,10 @@ LOCAL_DATA_ROOTS = env_roots("LOCAL_DATA_ROOTS", [DATA_DIR / "local_data"])
 ACTIVATION_CACHE_MAX_BYTES = int(
     env_number("ACTIVATION_CACHE_MAX_BYTES", 50 * 2**30, minimum=1, integer=True)
 )
+ACTIVATION_CACHE_EXPIRY_DAYS = env_number("ACTIVATION_CACHE_EXPIRY_DAYS", 30, minimum=0)
+ACTIVATION_SHARD_MAX_TOKENS = int(env_number("ACTIVATION_SHARD_MAX_TOKENS", 65536, minimum=1, integer=True))
+DATASET_MAX_UPLOAD_BYTES = int(env_number("DATASET_MAX_UPLOAD_BYTES", 100 * 2**20, minimum=1, integer=True))
+DATASET_MAX_LOCAL_BYTES = int(env_number("DATASET_MAX_LOCAL_BYTES", 2 * 2**30, minimum=1, integer=True))
 MODEL_MEMORY_LIMIT_GB = env_number("MODEL_MEMORY_LIMIT_GB", 0.0)  # 0: no limit beyond the device's own
 MAX_LOADED_MODELS = int(env_number("MAX_LOADED_MODELS", 4, integer=True))  # per worker; 0: no limit
 LOAD_RETRY_BASE_SECONDS = env_number("LOAD_RETRY_BASE_SECONDS", 2.0)  # backoff: 2, 4, 8 s

@@ -20,7 +20,14 @@ def api_root(request, format=None):
     return Response(
         {
             name: reverse(name, request=request, format=format)
-            for name in ["model-list", "dataset-list", "worker-list", "schema", "api-docs"]
+            for name in [
+                "model-list",
+                "dataset-list",
+                "extraction-list",
+                "cache-list",
+                "worker-list",
+                "schema",
+            ]
         }
     )
 

@@ -142,6 +142,7 @@ class HeartbeatThread(threading.Thread):
         self.unloads_queued: set[str] = set()
 
     def run(self) -> None:
+        from activations.services import cache_cleanup_daily
         from models_app.services import worker_lost_reconcile
 
         beats = 0
@@ -151,6 +152,7 @@ class HeartbeatThread(threading.Thread):
                 self.unload_idle_models()
                 if beats % 6 == 0:
                     worker_lost_reconcile()
+                    cache_cleanup_daily()
             except (redis.RedisError, OSError):
                 logger.warning("heartbeat failed; retrying", exc_info=True)
             except Exception:
@@ -198,6 +200,9 @@ def run_worker(*, name: str, device: str, burst: bool = False, max_jobs: int | N
         code="WORKER_LOST",
         message="The worker hosting this model restarted.",
     )
+    from activations.services import extraction_resume_after_restart
+
+    extraction_resume_after_restart(worker_name=name)  # they continue from their last complete shard
     heartbeat = HeartbeatThread(identity)
     write_heartbeat(identity, heartbeat.started_at)
     heartbeat.start()

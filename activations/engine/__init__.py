@@ -1,0 +1,1 @@
+"""Worker-side activation code: hook points and the extraction engine (no Django imports)."""

@@ -1,0 +1,456 @@
+"""The extraction engine: token batches in, per-hook activations out, one batch at a time.
+
+What it guarantees (ARCHITECTURE.md, "Extraction engine"):
+
+* **No change to the model.** Forward hooks (and pre-hooks) are registered for one batch and
+  removed right after it, also when the forward pass raises; between batches, while the caller
+  holds a :class:`BatchActivations`, the model carries none of them.
+* **Stop early.** The base model (``model.transformer`` / ``model.model`` / ...) runs rather than
+  the LM wrapper, so the LM head never runs unless a ``module:`` hook point lies outside the base
+  model; and the forward pass is aborted (a private exception raised from a hook) as soon as
+  every requested hook point has been captured, so blocks after the deepest one never run.
+* **Padding-correct.** Every batch passes the attention mask and, where the model takes them,
+  position ids computed from the mask, so left and right padding both give each sample the
+  positions of an unpadded run; pad positions are never stored.
+* **Preallocated buffers.** Each hook copies its token rows straight into a per-hook buffer sized
+  once for the largest batch of the plan (in the stored dtype, on the hook's device); the
+  module's full output is not kept.
+* **Streaming.** :func:`extract` is a generator: one batch in memory at a time, so memory stays
+  flat as the dataset grows. Batch indices are positions in the plan, so a job resumes after a
+  crash with ``start_batch``.
+
+Importable without Django or torch (torch is imported inside the functions).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from activations.engine.hooks import (
+    READ_INPUT,
+    HookError,
+    HookSite,
+    base_model_path,
+    hook_site,
+    resolve_hook_names,
+)
+from models_app.engine.errors import EngineError
+
+__all__ = [
+    "DTYPES",
+    "PADDING_SIDES",
+    "BatchActivations",
+    "ExtractionCancelled",
+    "ExtractionError",
+    "extract",
+    "plan_batches",
+    "tokenize_samples",
+]
+
+DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
+PADDING_SIDES: tuple[str, ...] = ("right", "left")
+# Config keys that bound the sequence length a model can embed.
+_CONTEXT_KEYS: tuple[str, ...] = ("max_position_embeddings", "n_positions")
+
+
+class ExtractionError(EngineError):
+    """An extraction refused or failed for a reason worth a stable code."""
+
+
+class ExtractionCancelled(ExtractionError):
+    """``should_cancel()`` said stop; raised between batches, never in the middle of one."""
+
+    def __init__(self) -> None:
+        super().__init__("EXTRACTION_CANCELLED", "The extraction was cancelled.")
+
+
+class _StopForward(Exception):
+    """Raised from a hook once every requested hook point is captured, to skip the rest."""
+
+
+@dataclass
+class BatchActivations:
+    """One batch's activations, token-major: row ``k`` of every tensor is the same token.
+
+    Rows are in (sample order within the batch, position) order, pad positions removed. All
+    tensors are on the CPU and owned by the caller (nothing here writes to them later).
+    """
+
+    # Position of this batch in the plan.
+    batch_index: int
+    # Dataset indices of the batch's samples, in row order.
+    sample_indices: list[int]
+    # int64 [n]: the token id, the dataset sample index and the position in the sample of each row.
+    token_ids: Any
+    sample_index: Any
+    positions: Any
+    # hook point name -> [n, width] in the stored dtype.
+    activations: dict[str, Any]
+
+    @property
+    def token_count(self) -> int:
+        return int(self.token_ids.shape[0])
+
+
+def plan_batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
+    """Group sample indices into batches of at most ``batch_size`` with little padding.
+
+    Samples are sorted by length, longest first (so the biggest batch runs first and an
+    out-of-memory error shows at once rather than at the end), ties by index; consecutive
+    runs of ``batch_size`` form the batches, each listing its indices in ascending order.
+    Deterministic: the same lengths always give the same plan, which is what makes batch
+    indices stable for resuming.
+    """
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ExtractionError(
+            "INVALID_BATCH_SIZE", f"batch_size must be a positive integer, got {batch_size!r}."
+        )
+    order = sorted(range(len(lengths)), key=lambda index: (-lengths[index], index))
+    return [sorted(order[start : start + batch_size]) for start in range(0, len(order), batch_size)]
+
+
+def tokenize_samples(tokenizer: Any, texts: Sequence[str], max_length: int) -> list[list[int]]:
+    """Token ids of each text, truncated to ``max_length`` tokens.
+
+    Special tokens are added as the model's tokenizer normally does (a BOS for Llama-style
+    tokenizers that add one, ``[CLS] ... [SEP]`` for BERT; none for GPT-2); truncation keeps them.
+    """
+    if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1:
+        raise ExtractionError(
+            "INVALID_MAX_LENGTH", f"max_length must be a positive integer, got {max_length!r}."
+        )
+    if not texts:
+        return []
+    encoded = tokenizer(
+        list(texts),
+        add_special_tokens=True,
+        truncation=True,
+        max_length=max_length,
+        padding=False,
+        return_attention_mask=False,
+    )
+    return [list(ids) for ids in encoded["input_ids"]]
+
+
+def extract(
+    model: Any,
+    tokenized: Sequence[Sequence[int]],
+    plan: Sequence[Sequence[int]],
+    *,
+    hooks: Sequence[str],
+    dtype: str = "float32",
+    start_batch: int = 0,
+    padding_side: str = "right",
+    pad_token_id: int | None = None,
+    should_cancel: Callable[[], bool] | None = None,
+) -> Iterator[BatchActivations]:
+    """Run ``model`` over the batches of ``plan`` and yield each batch's activations.
+
+    ``tokenized[i]`` is sample ``i``'s token ids; ``plan`` lists batches of sample indices (see
+    :func:`plan_batches`); batches before ``start_batch`` are skipped (resume). ``hooks`` are
+    hook point names (validated here, raising :class:`HookError`); ``dtype`` is the stored
+    dtype. ``should_cancel()`` is asked before every batch; when it says yes,
+    :class:`ExtractionCancelled` is raised. Arguments are checked when this is called, the
+    model runs as the returned iterator is consumed.
+    """
+    import torch
+
+    names = resolve_hook_names(model, list(hooks))
+    if dtype not in DTYPES:
+        raise ExtractionError("INVALID_DTYPE", f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}.")
+    if padding_side not in PADDING_SIDES:
+        raise ExtractionError(
+            "INVALID_PADDING_SIDE",
+            f"padding_side must be one of {', '.join(PADDING_SIDES)}, got {padding_side!r}.",
+        )
+    if isinstance(start_batch, bool) or not isinstance(start_batch, int) or not 0 <= start_batch <= len(plan):
+        raise ExtractionError(
+            "INVALID_START_BATCH", f"start_batch must be in 0..{len(plan)}, got {start_batch!r}."
+        )
+    batches = [list(batch) for batch in plan[start_batch:]]
+    lengths = {index: len(tokenized[index]) for batch in batches for index in batch}
+    _check_lengths(model, max(lengths.values(), default=0))
+    capacity = max((sum(lengths[index] for index in batch) for batch in batches), default=0)
+    sites = {name: hook_site(model, name) for name in names}
+    runner = _runner(model, sites.values())
+    return _extract_batches(
+        model,
+        runner,
+        tokenized,
+        batches,
+        start_batch=start_batch,
+        sites=sites,
+        stored_dtype=getattr(torch, dtype),
+        capacity=capacity,
+        padding_side=padding_side,
+        pad_token_id=_pad_token_id(model, pad_token_id),
+        should_cancel=should_cancel,
+    )
+
+
+def _check_lengths(model: Any, longest: int) -> None:
+    config = model.config
+    for key in _CONTEXT_KEYS:
+        limit = getattr(config, key, None)
+        if isinstance(limit, int) and longest > limit:
+            raise ExtractionError(
+                "SEQUENCE_TOO_LONG",
+                f"A sample has {longest} tokens; the model takes at most {limit}.",
+                {"longest": longest, "limit": limit},
+            )
+
+
+def _pad_token_id(model: Any, pad_token_id: int | None) -> int:
+    # The pad id only fills masked positions, so any valid id does; the model's own is tidiest.
+    if pad_token_id is not None:
+        return int(pad_token_id)
+    config = model.config
+    for candidate in (getattr(config, "pad_token_id", None), getattr(config, "eos_token_id", None)):
+        if isinstance(candidate, int):
+            return candidate
+    return 0
+
+
+def _runner(model: Any, sites: Any) -> Any:
+    """The smallest module to call: the base model when every hooked module lies inside it."""
+    base = base_model_path(model)
+    if base and all(site.module_path.startswith(base + ".") for site in sites):
+        return model.get_submodule(base)
+    return model
+
+
+def _grad_free_mode(model: Any) -> Callable[[], Any]:
+    import torch
+
+    # bitsandbytes repacks 4-bit weights into its CPU layout on their first forward; under
+    # inference_mode they would become inference tensors, which later gradient-based analyses
+    # of the same loaded model cannot use (see models_app.engine.loading.warm_up).
+    if any(type(module).__module__.startswith("bitsandbytes") for module in model.modules()):
+        return torch.no_grad
+    return torch.inference_mode
+
+
+def _first_tensor(value: Any) -> Any:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value
+    if hasattr(value, "to_tuple"):  # a transformers ModelOutput
+        value = value.to_tuple()
+    if isinstance(value, (tuple, list)):
+        return next((item for item in value if isinstance(item, torch.Tensor)), None)
+    return None
+
+
+def _forward_input(args: tuple, kwargs: dict) -> Any:
+    if args:
+        return _first_tensor(args[0])
+    if "hidden_states" in kwargs:
+        return _first_tensor(kwargs["hidden_states"])
+    return _first_tensor(tuple(kwargs.values()))
+
+
+class _BatchCapture:
+    """The hooks of one batch: copy each hook point's token rows into its buffer, stop when all are in."""
+
+    def __init__(
+        self,
+        buffers: dict[str, Any],
+        *,
+        names: list[str],
+        capacity: int,
+        stored_dtype: Any,
+        shape: tuple[int, int],
+        row_index: Any,
+        token_count: int,
+    ) -> None:
+        self.buffers = buffers
+        self.names = names
+        self.capacity = capacity
+        self.stored_dtype = stored_dtype
+        self.shape = shape
+        # Flat (row * seq_len + position) indices of the real tokens; None when there is no padding.
+        self.row_index = row_index
+        self.token_count = token_count
+        self.captured: set[str] = set()
+
+    def take(self, name: str, value: Any) -> None:
+        import torch
+
+        if name in self.captured:  # a module called twice in one pass: the first call counts
+            return
+        tensor = _first_tensor(value)
+        batch_size, seq_len = self.shape
+        if tensor is None or tensor.dim() < 2 or tuple(tensor.shape[:2]) != (batch_size, seq_len):
+            raise HookError(
+                "INVALID_HOOK",
+                f"Hook point {name} does not give one vector per token, so it cannot be extracted.",
+                {"invalid": [name]},
+            )
+        flat = tensor.detach().reshape(batch_size * seq_len, -1)
+        buffer = self.buffers.get(name)
+        if buffer is None or buffer.shape[1] != flat.shape[1] or buffer.device != flat.device:
+            buffer = torch.empty((self.capacity, flat.shape[1]), dtype=self.stored_dtype, device=flat.device)
+            self.buffers[name] = buffer
+        target = buffer[: self.token_count]
+        if self.row_index is None:
+            target.copy_(flat)
+        elif flat.dtype == target.dtype:
+            torch.index_select(flat, 0, self.row_index.to(flat.device), out=target)
+        else:
+            target.copy_(flat.index_select(0, self.row_index.to(flat.device)))
+        self.captured.add(name)
+        if len(self.captured) == len(self.names):
+            raise _StopForward
+
+    def register(self, modules: dict[str, Any], sites: dict[str, HookSite]) -> list[Any]:
+        handles = []
+        try:
+            for name, site in sites.items():
+                module = modules[site.module_path]
+                if site.reads == READ_INPUT:
+
+                    def pre_hook(module, args, kwargs, name=name):
+                        self.take(name, _forward_input(args, kwargs))
+
+                    handles.append(module.register_forward_pre_hook(pre_hook, with_kwargs=True))
+                else:
+
+                    def hook(module, args, output, name=name):
+                        self.take(name, output)
+
+                    handles.append(module.register_forward_hook(hook))
+        except BaseException:
+            for handle in handles:
+                handle.remove()
+            raise
+        return handles
+
+
+def _batch_inputs(
+    tokenized: Sequence[Sequence[int]], batch: list[int], *, padding_side: str, pad_token_id: int
+) -> dict[str, Any]:
+    """The padded input ids, mask, position ids and the stored rows' metadata of one batch (CPU)."""
+    import torch
+
+    rows = [list(tokenized[index]) for index in batch]
+    lengths = [len(row) for row in rows]
+    # At least one column, so a batch of empty samples still runs (and stores nothing).
+    seq_len = max(1, *lengths) if lengths else 1
+    input_ids = torch.full((len(rows), seq_len), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(rows), seq_len), dtype=torch.long)
+    flat_index = []
+    for row_number, (row, length) in enumerate(zip(rows, lengths, strict=True)):
+        start = seq_len - length if padding_side == "left" else 0
+        if length:
+            input_ids[row_number, start : start + length] = torch.tensor(row, dtype=torch.long)
+            attention_mask[row_number, start : start + length] = 1
+        flat_index.append(torch.arange(start, start + length) + row_number * seq_len)
+    # Positions count real tokens only, so a left-padded sample starts at 0 as it would alone.
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    token_count = sum(lengths)
+    return {
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "position_ids": position_ids,
+        "row_index": None if token_count == input_ids.numel() else torch.cat(flat_index),
+        "token_ids": torch.tensor([token for row in rows for token in row], dtype=torch.long),
+        "sample_index": torch.repeat_interleave(
+            torch.tensor(batch, dtype=torch.long), torch.tensor(lengths, dtype=torch.long)
+        ),
+        "positions": torch.cat([torch.arange(length) for length in lengths])
+        if lengths
+        else torch.zeros(0, dtype=torch.long),
+        "token_count": token_count,
+    }
+
+
+def _check_token_ids(model: Any, input_ids: Any) -> None:
+    vocab = getattr(model.get_input_embeddings(), "num_embeddings", None)
+    if input_ids.numel() and (
+        int(input_ids.min()) < 0 or (vocab is not None and int(input_ids.max()) >= vocab)
+    ):
+        raise ExtractionError(
+            "INVALID_TOKENS",
+            f"Token ids must be in 0..{vocab - 1 if vocab else '?'} for this model.",
+            {"vocab_size": vocab},
+        )
+
+
+def _extract_batches(
+    model: Any,
+    runner: Any,
+    tokenized: Sequence[Sequence[int]],
+    batches: list[list[int]],
+    *,
+    start_batch: int,
+    sites: dict[str, HookSite],
+    stored_dtype: Any,
+    capacity: int,
+    padding_side: str,
+    pad_token_id: int,
+    should_cancel: Callable[[], bool] | None,
+) -> Iterator[BatchActivations]:
+    modules = dict(model.named_modules())
+    names = list(sites)
+    parameters = inspect.signature(runner.forward).parameters
+    takes_position_ids = "position_ids" in parameters
+    takes_use_cache = "use_cache" in parameters
+    device = model.get_input_embeddings().weight.device
+    grad_free = _grad_free_mode(model)
+    # hook point -> [capacity, width] buffer, allocated on first use and reused by every batch.
+    buffers: dict[str, Any] = {}
+
+    for offset, batch in enumerate(batches):
+        # Grad mode is entered and left inside each step, never across a yield: a context held
+        # open over a yield would leak into the caller's code while the generator is suspended.
+        if should_cancel is not None and should_cancel():
+            raise ExtractionCancelled
+        inputs = _batch_inputs(tokenized, batch, padding_side=padding_side, pad_token_id=pad_token_id)
+        _check_token_ids(model, inputs["input_ids"])
+        arguments: dict[str, Any] = {
+            "input_ids": inputs["input_ids"].to(device),
+            "attention_mask": inputs["attention_mask"].to(device),
+        }
+        if takes_position_ids:
+            arguments["position_ids"] = inputs["position_ids"].to(device)
+        if takes_use_cache:
+            arguments["use_cache"] = False
+        capture = _BatchCapture(
+            buffers,
+            names=names,
+            capacity=capacity,
+            stored_dtype=stored_dtype,
+            shape=tuple(inputs["input_ids"].shape),
+            row_index=None if inputs["row_index"] is None else inputs["row_index"].to(device),
+            token_count=inputs["token_count"],
+        )
+        with grad_free():
+            handles = capture.register(modules, sites)
+            try:
+                runner(**arguments)
+            except _StopForward:
+                pass
+            finally:
+                for handle in handles:
+                    handle.remove()
+        missing = [name for name in names if name not in capture.captured]
+        if missing:
+            raise ExtractionError(
+                "HOOK_NOT_REACHED",
+                f"The forward pass never reached {', '.join(missing)}.",
+                {"hooks": missing},
+            )
+        count = inputs["token_count"]
+        yield BatchActivations(
+            batch_index=start_batch + offset,
+            sample_indices=list(batch),
+            token_ids=inputs["token_ids"],
+            sample_index=inputs["sample_index"],
+            positions=inputs["positions"],
+            # A fresh CPU copy: the buffers are overwritten by the next batch.
+            activations={name: buffers[name][:count].to("cpu", copy=True) for name in names},
+        )

@@ -1,0 +1,114 @@
+"""Datasets through the API and the CLI: uploads in each format, local paths, clear refusals."""
+
+import io
+import json
+
+import pytest
+from django.conf import settings
+from django.core.management import CommandError, call_command
+
+from activations.models import Dataset
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def api(writer, client_for):
+    return client_for(writer)
+
+
+def upload(api, content: bytes, filename: str, **fields):
+    handle = io.BytesIO(content)
+    handle.name = filename
+    return api.post("/api/datasets", {"file": handle, **fields}, format="multipart")
+
+
+def test_upload_text_lines_jsonl_and_csv(api):
+    text = upload(api, "first sample\nsecond sample ✓\nthird\n".encode(), "notes.txt", name="notes")
+    assert text.status_code == 201, text.content
+    assert text.json()["sample_count"] == 3 and text.json()["format"] == "text_lines"
+    assert text.json()["preview"][1] == "second sample ✓"
+
+    jsonl = upload(api, b'{"body": "a"}\n{"body": "b", "x": 1}\n', "data.jsonl", field="body")
+    assert jsonl.status_code == 201 and jsonl.json()["sample_count"] == 2
+
+    csv = upload(api, b'id,text\n1,"hello, world"\n2,"two\nlines"\n', "data.csv")
+    assert csv.status_code == 201 and csv.json()["sample_count"] == 2
+    samples = api.get(f"/api/datasets/{csv.json()['id']}/samples").json()["samples"]
+    assert samples == ["hello, world", "two\nlines"]
+
+
+def test_the_same_samples_have_the_same_content_hash(api):
+    first = upload(api, b"alpha\nbeta\n", "a.txt").json()
+    second = upload(api, b'{"text": "alpha"}\n{"text": "beta"}\n', "b.jsonl").json()
+    assert first["content_hash"] == second["content_hash"]
+
+
+@pytest.mark.parametrize(
+    ("content", "filename", "code"),
+    [
+        (b"caf\xe9 au lait\n", "latin1.txt", "BAD_ENCODING"),
+        (b"   \n\n  \n", "blank.txt", "EMPTY_DATASET"),
+        (b'{"text": "ok"}\n{not json}\n', "bad.jsonl", "INVALID_FORMAT"),
+        (b'{"body": "x"}\n', "nofield.jsonl", "FIELD_NOT_FOUND"),
+    ],
+)
+def test_bad_files_are_400_with_the_reason(api, content, filename, code):
+    response = upload(api, content, filename)
+    assert response.status_code == 400 and response.json()["error"]["code"] == code
+    assert Dataset.objects.count() == 0
+
+
+def test_too_large_is_413(api, settings):
+    settings.DATASET_MAX_UPLOAD_BYTES = 100
+    response = upload(api, b"x" * 500 + b"\n", "big.txt")
+    assert response.status_code == 413 and response.json()["error"]["code"] == "DATASET_TOO_LARGE"
+
+
+def test_neither_or_both_sources_is_a_validation_error(api):
+    response = api.post("/api/datasets", {"name": "nothing"}, format="json")
+    assert response.status_code == 400 and response.json()["error"]["code"] == "VALIDATION_ERROR"
+
+
+def test_local_paths_are_confined_to_the_data_roots(api, tmp_path):
+    root = settings.LOCAL_DATA_ROOTS[0]
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "corpus.jsonl").write_text(json.dumps({"text": "inside the root"}) + "\n")
+    response = api.post("/api/datasets", {"local_path": str(root / "corpus.jsonl")}, format="json")
+    assert response.status_code == 201 and response.json()["sample_count"] == 1
+    (tmp_path / "outside.txt").write_text("secret\n")
+    for path in [str(tmp_path / "outside.txt"), f"{root}/../../etc/passwd", "relative.txt"]:
+        response = api.post("/api/datasets", {"local_path": path}, format="json")
+        assert response.status_code == 400 and response.json()["error"]["code"] == "INVALID_LOCAL_PATH"
+
+
+def test_delete_removes_the_row_and_the_file(api):
+    created = upload(api, b"one\ntwo\n", "d.txt").json()
+    path = Dataset.objects.get(pk=created["id"]).storage_path
+    assert path.exists()
+    assert api.delete(f"/api/datasets/{created['id']}").status_code == 204
+    assert not path.exists() and api.get(f"/api/datasets/{created['id']}").status_code == 404
+
+
+def test_readers_cannot_upload(reader, client_for):
+    response = upload(client_for(reader), b"x\n", "x.txt")
+    assert response.status_code == 403
+
+
+def test_add_dataset_command():
+    root = settings.LOCAL_DATA_ROOTS[0]
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "paragraphs.txt").write_text("First paragraph\nstill first.\n\nSecond one.\n")
+    out = io.StringIO()
+    call_command(
+        "add_dataset",
+        str(root / "paragraphs.txt"),
+        "--format",
+        "text_paragraphs",
+        stdout=out,
+        stderr=io.StringIO(),
+    )
+    dataset = Dataset.objects.get(pk=out.getvalue().strip())
+    assert dataset.sample_count == 2 and dataset.preview[0] == "First paragraph\nstill first."
+    with pytest.raises(CommandError, match="INVALID_LOCAL_PATH"):
+        call_command("add_dataset", "/etc/passwd", stdout=io.StringIO(), stderr=io.StringIO())

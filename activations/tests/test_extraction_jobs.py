@@ -1,0 +1,209 @@
+"""Extraction through the whole stack: API → queue → real worker → cache on disk → read-back API.
+
+Values are checked against transformers' own ``output_hidden_states`` (an independent reference).
+"""
+
+import hashlib
+import io
+import json
+import tarfile
+
+import numpy as np
+import pytest
+import torch
+from django.core.management import call_command
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from activations.models import ActivationCache, Dataset, ExtractionJob
+from activations.services import dataset_create_from_texts
+from activations.store import ActivationStore
+from models_app.models import LanguageModel
+from models_app.services import model_register
+from models_app.workers import run_worker
+
+pytestmark = pytest.mark.django_db(transaction=True)
+HOOKS = ["hook_embed", "blocks.0.hook_resid_post", "ln_final.hook_normalized"]
+TEXTS = [
+    "The function returns the value of the argument.",
+    "Short one.",
+    "A longer sample that goes on for a while, so that batches need padding to line up with the others.",
+    "Numbers 1 2 3 and symbols: {} [] ().",
+    "x",
+    "Return a new list containing all items from the iterable in ascending order.",
+]
+
+
+def burst() -> None:
+    run_worker(name="extraction-worker", device="cpu", burst=True)
+
+
+@pytest.fixture
+def setup(tiny_gpt2_folder, writer, client_for):
+    model = model_register(source="local", identifier=str(tiny_gpt2_folder), name="tiny", owner=None)
+    dataset = dataset_create_from_texts(name="texts", texts=TEXTS, owner=None, source=Dataset.Source.BUILTIN)
+    return model, dataset, client_for(writer)
+
+
+def references(folder, texts, max_length):
+    """Per sample, HF hidden states: [embedding output, after block 0, …, final norm output]."""
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder, use_safetensors=True).eval()
+    result = []
+    for text in texts:
+        ids = tokenizer(text, truncation=True, max_length=max_length)["input_ids"]
+        with torch.no_grad():
+            hidden = model(torch.tensor([ids]), output_hidden_states=True).hidden_states
+        result.append((ids, [state[0].numpy() for state in hidden]))
+    return result
+
+
+def extract(api, model, dataset, **body):
+    """POST an extraction; a ``None`` in ``body`` leaves that field out."""
+    request = {"dataset_id": dataset.id, "hooks": HOOKS, "batch_size": 4, "max_length": 24, **body}
+    request = {name: value for name, value in request.items() if value is not None}
+    return api.post(f"/api/models/{model.id}/extract-activations", request, format="json")
+
+
+def test_extract_through_the_api_matches_transformers_hidden_states(setup, tiny_gpt2_folder):
+    model, dataset, api = setup
+    response = extract(api, model, dataset)
+    assert response.status_code == 202, response.content
+    body = response.json()
+    assert body["status"] == "queued" and body["extraction_id"].startswith("ext_")
+    assert body["estimated_time_seconds"] > 0 and body["cached"] is False
+
+    burst()  # the model was not loaded: the worker loads it first, then extracts
+    job = ExtractionJob.objects.get(pk=body["extraction_id"])
+    assert job.status == "completed", (job.error_code, job.error_message)
+    assert LanguageModel.objects.get(pk=model.id).status == "ready"
+    cache = job.cache
+    assert cache.status == "completed" and cache.file_size_bytes > 0
+
+    store = ActivationStore.open(cache.directory)
+    expected = references(tiny_gpt2_folder, TEXTS, 24)
+    assert store.num_tokens == sum(len(ids) for ids, _ in expected)  # no pad rows stored
+    for index, (ids, hidden) in enumerate(expected):
+        token_ids, positions = store.sample_tokens(index)
+        assert token_ids.tolist() == ids and positions.tolist() == list(range(len(ids)))
+        np.testing.assert_allclose(store.sample("hook_embed", index), hidden[0], atol=1e-5)
+        np.testing.assert_allclose(store.sample("blocks.0.hook_resid_post", index), hidden[1], atol=1e-5)
+        np.testing.assert_allclose(store.sample("ln_final.hook_normalized", index), hidden[-1], atol=1e-5)
+
+    status = api.get(f"/api/models/{model.id}/activations/{job.id}").json()
+    assert status["status"] == "completed" and status["cache_id"] == cache.id
+    assert api.get(f"/api/extractions/{job.id}").json()["progress"] == 100
+
+
+def test_an_identical_request_reuses_the_cache_and_a_concurrent_one_joins_the_job(setup):
+    model, dataset, api = setup
+    first = extract(api, model, dataset).json()
+    joined = extract(api, model, dataset)
+    assert joined.status_code == 202 and joined.json()["extraction_id"] == first["extraction_id"]
+    burst()
+    cache = ActivationCache.objects.get()
+    before = cache.last_accessed_at
+    again = extract(api, model, dataset, batch_size=2)  # batch size does not change the activations
+    assert again.status_code == 200
+    assert again.json()["cached"] is True and again.json()["cache_id"] == cache.id
+    assert again.json()["message"] == "Using cached activations"
+    cache.refresh_from_db()
+    assert cache.last_accessed_at > before and ActivationCache.objects.count() == 1
+    different = extract(api, model, dataset, dtype="bfloat16")
+    assert different.status_code == 202
+
+
+def test_invalid_hooks_are_named(setup):
+    model, dataset, api = setup
+    response = extract(api, model, dataset, hooks=["blocks.99.hook_resid_post", "module:__import__('os')"])
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["code"] == "INVALID_HOOK"
+    assert set(error["details"]["invalid"]) == {"blocks.99.hook_resid_post", "module:__import__('os')"}
+    points = api.get(f"/api/models/{model.id}/hook-points").json()["hook_points"]
+    names = {point["name"] for point in points}
+    assert {"hook_embed", "blocks.1.mlp.hook_post", "ln_final.hook_normalized"} <= names
+    mlp = next(point for point in points if point["name"] == "blocks.0.mlp.hook_post")
+    assert mlp["shape"][1] == model.config["n_inner"] or mlp["shape"][1] == 4 * model.hidden_size
+
+
+def test_cancel_a_queued_extraction(setup):
+    model, dataset, api = setup
+    job_id = extract(api, model, dataset).json()["extraction_id"]
+    response = api.post(f"/api/extractions/{job_id}/cancel", {}, format="json")
+    assert response.status_code == 202
+    job = ExtractionJob.objects.get(pk=job_id)
+    assert job.status == "cancelled" and ActivationCache.objects.count() == 0
+    burst()  # nothing left to run
+    assert ExtractionJob.objects.get(pk=job_id).status == "cancelled"
+
+
+def test_read_back_slice_stats_top_k_download_and_delete(setup):
+    model, dataset, api = setup
+    job_id = extract(api, model, dataset, layer_indices=[0], hooks=None).json()["extraction_id"]
+    burst()
+    cache = ExtractionJob.objects.get(pk=job_id).cache
+    hook = "blocks.0.hook_resid_post"
+    store = ActivationStore.open(cache.directory)
+    full = store.get(hook)
+
+    listing = api.get("/api/activation-caches", {"model": model.id}).json()
+    assert [entry["id"] for entry in listing["caches"]] == [cache.id]
+    detail = api.get(f"/api/activation-caches/{cache.id}").json()
+    assert detail["activation_shapes"][hook] == list(full.shape) and detail["manifest"]["hooks"]
+
+    sliced = api.get(f"/api/activation-caches/{cache.id}/slice", {"hook": hook, "start": 3, "stop": 9}).json()
+    np.testing.assert_array_equal(np.array(sliced["values"], dtype=np.float32), full[3:9])
+    raw = api.get(
+        f"/api/activation-caches/{cache.id}/slice", {"hook": hook, "start": 0, "stop": 5, "output": "npy"}
+    )
+    np.testing.assert_array_equal(
+        np.load(io.BytesIO(b"".join(raw.streaming_content)), allow_pickle=False), full[:5]
+    )
+
+    stats = api.get(f"/api/activation-caches/{cache.id}/stats", {"hook": hook}).json()["stats"][hook]
+    np.testing.assert_allclose(stats["mean"], full.mean(axis=0), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(stats["max"], full.max(axis=0), rtol=1e-6)
+
+    top = api.get(f"/api/activation-caches/{cache.id}/top-k", {"hook": hook, "neuron": 3, "k": 5}).json()[
+        "top_k"
+    ]
+    assert [round(entry["value"], 5) for entry in top] == [
+        round(float(v), 5) for v in np.sort(full[:, 3])[::-1][:5]
+    ]
+    assert all("token" in entry and "context_tokens" in entry for entry in top)
+
+    archive = api.get(f"/api/activation-caches/{cache.id}/download")
+    with tarfile.open(fileobj=io.BytesIO(b"".join(archive.streaming_content))) as tar:
+        names = tar.getnames()
+        manifest = json.loads(tar.extractfile(f"{cache.id}/manifest.json").read())
+        for shard in manifest["shards"]:
+            for relative, digest in shard["files"].items():
+                assert hashlib.sha256(tar.extractfile(f"{cache.id}/{relative}").read()).hexdigest() == digest
+    assert f"{cache.id}/manifest.json" in names
+
+    bad = api.get(f"/api/activation-caches/{cache.id}/slice", {"hook": "blocks.5.hook_resid_post"})
+    assert bad.status_code == 400 and bad.json()["error"]["code"] == "INVALID_HOOK"
+    assert api.delete(f"/api/activation-caches/{cache.id}").status_code == 204
+    assert not cache.directory.exists()
+
+
+def test_cli_extract_list_and_export(setup, tmp_path):
+    model, dataset, _ = setup
+    out = io.StringIO()
+    call_command(
+        "extract_activations", model.id, dataset.name, "--layers", "0", "1", "--no-wait",
+        stdout=out, stderr=io.StringIO(),
+    )  # fmt: skip
+    assert "queued" in out.getvalue()
+    burst()
+    cache = ActivationCache.objects.get()
+    out = io.StringIO()
+    call_command("extract_activations", model.id, dataset.id, "--layers", "0", "1", stdout=out)
+    assert f"Using cached activations: {cache.id}" in out.getvalue()
+    out = io.StringIO()
+    call_command("list_caches", stdout=out)
+    assert cache.id in out.getvalue() and "completed" in out.getvalue()
+    target = tmp_path / "export.tar"
+    call_command("export_cache", cache.id, str(target), stdout=io.StringIO())
+    with tarfile.open(target) as tar:
+        assert f"{cache.id}/manifest.json" in tar.getnames()
