@@ -67,6 +67,7 @@ DISK_FULL = "DISK_FULL"
 
 # Cache dtype -> safetensors dtype code.
 DTYPES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}
+_SAFETENSORS_ITEM_BYTES = {"F32": 4, "BF16": 2, "F16": 2, "I64": 8}
 _DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"}
 # What numpy gets back for each cache dtype: numpy has no bfloat16, so bf16 widens to float32.
 _NUMPY_DTYPES = {"float32": np.float32, "bfloat16": np.float32, "float16": np.float16}
@@ -209,28 +210,45 @@ def _remove_quietly(paths: Iterable[Path]) -> None:
             path.unlink(missing_ok=True)
 
 
-def _streamed_int64_safetensors(columns: list[tuple[str, int, Iterable[np.ndarray]]]) -> Iterator[bytes]:
-    """A safetensors file of 1-D int64 tensors, produced chunk by chunk (never whole in memory).
+def _raw_bytes(chunk: Any) -> np.ndarray:
+    """The bytes of a numpy array or CPU torch tensor as a flat uint8 array, without a copy when contiguous.
+
+    bfloat16 tensors are reinterpreted as bytes, so their bits reach the file unchanged.
+    """
+    if not isinstance(chunk, np.ndarray):
+        torch = _torch()
+        chunk = chunk.contiguous().view(torch.uint8).numpy()
+    return np.ascontiguousarray(chunk).reshape(-1).view(np.uint8)
+
+
+def _safetensors_stream(tensors: list[tuple[str, str, list[int], Iterable[Any]]]) -> Iterator[Any]:
+    """A safetensors file produced piece by piece: (name, dtype code, shape, chunks) per tensor.
 
     The format is a little-endian u64 header length, a JSON header (padded to 8 bytes) giving each
-    tensor's dtype, shape and byte range, then the tensors' bytes back to back.
+    tensor's dtype, shape and byte range, then the tensors' bytes back to back. Writing it this way
+    streams each buffered batch straight to the file: no concatenated copy of a shard, no
+    serialised copy of it either. The chunks must be little-endian, as numpy and torch are here.
     """
     header: dict[str, Any] = {}
     offset = 0
-    for name, count, _chunks in columns:
-        header[name] = {"dtype": "I64", "shape": [count], "data_offsets": [offset, offset + 8 * count]}
-        offset += 8 * count
+    for name, dtype, shape, _chunks in tensors:
+        size = _SAFETENSORS_ITEM_BYTES[dtype] * int(np.prod(shape, dtype=np.int64))
+        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + size]}
+        offset += size
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)
     yield struct.pack("<Q", len(text)) + text
-    for name, count, chunks in columns:
+    for name, _dtype, _shape, chunks in tensors:
+        begin, end = header[name]["data_offsets"]
         written = 0
         for chunk in chunks:
-            array = np.ascontiguousarray(chunk, dtype="<i8")
-            written += len(array)
-            yield array.tobytes()
-        if written != count:
-            raise CacheError(CACHE_CORRUPT, f"The shards hold {written} {name} rows, the manifest {count}.")
+            data = _raw_bytes(chunk)
+            written += data.nbytes
+            yield data
+        if written != end - begin:
+            raise CacheError(
+                CACHE_CORRUPT, f"{name}: {written} bytes where the header promises {end - begin}."
+            )
 
 
 # --- Reading safetensors headers -------------------------------------------------------------------
@@ -777,34 +795,41 @@ class CacheWriter:
         self._check_writable()
         if not self._pending:
             return
-        torch = _torch()
-        from safetensors.torch import save
-
         root = self.directory
         index = len(self.manifest["shards"])
         name = _shard_file_name(index)
         written: list[Path] = []
         files: dict[str, str] = {}
         pending = self._pending
-
-        def token_table() -> dict:
-            return {
-                column: torch.cat([batch["columns"][column] for batch in pending]) for column in TOKEN_COLUMNS
-            }
-
-        def hook_table(hook: str):
-            return lambda: {ACTIVATIONS_TENSOR: torch.cat([batch["activations"][hook] for batch in pending])}
-
-        # Built one file at a time, so only one concatenated copy is alive at once.
-        parts = [(f"{TOKENS_DIR}/{name}", token_table)]
-        parts += [(f"{directory}/{name}", hook_table(hook)) for hook, _width, directory in self._hooks]
+        count = self._pending_tokens
+        parts = [
+            (
+                f"{TOKENS_DIR}/{name}",
+                [
+                    (column, "I64", [count], [batch["columns"][column] for batch in pending])
+                    for column in TOKEN_COLUMNS
+                ],
+            )
+        ]
+        parts += [
+            (
+                f"{directory}/{name}",
+                [
+                    (
+                        ACTIVATIONS_TENSOR,
+                        DTYPES[self.manifest["dtype"]],
+                        [count, width],
+                        [batch["activations"][hook] for batch in pending],
+                    )
+                ],
+            )
+            for hook, width, directory in self._hooks
+        ]
         try:
-            for relative, build in parts:
-                data = save(build())
+            for relative, tensors in parts:
                 final = root / relative
-                files[relative] = _write_durably(final, [data])
+                files[relative] = _write_durably(final, _safetensors_stream(tensors))
                 written.append(final)
-                del data
             for folder in {path.parent for path in written}:
                 _fsync_directory(folder)
             shard = {
@@ -864,8 +889,8 @@ class CacheWriter:
         try:
             sha = _write_durably(
                 root / TOKENS_FILE,
-                _streamed_int64_safetensors(
-                    [(column, total, column_chunks(column)) for column in TOKEN_COLUMNS]
+                _safetensors_stream(
+                    [(column, "I64", [total], column_chunks(column)) for column in TOKEN_COLUMNS]
                 ),
             )
             _fsync_directory(root)

@@ -34,8 +34,7 @@ from activations.engine.hooks import (
     HookError,
     HookSite,
     base_model_path,
-    hook_site,
-    resolve_hook_names,
+    hook_sites,
 )
 from models_app.engine.errors import EngineError
 
@@ -158,7 +157,7 @@ def extract(
     """
     import torch
 
-    names = resolve_hook_names(model, list(hooks))
+    sites = hook_sites(model, list(hooks))
     if dtype not in DTYPES:
         raise ExtractionError("INVALID_DTYPE", f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}.")
     if padding_side not in PADDING_SIDES:
@@ -174,7 +173,6 @@ def extract(
     lengths = {index: len(tokenized[index]) for batch in batches for index in batch}
     _check_lengths(model, max(lengths.values(), default=0))
     capacity = max((sum(lengths[index] for index in batch) for batch in batches), default=0)
-    sites = {name: hook_site(model, name) for name in names}
     runner = _runner(model, sites.values())
     return _extract_batches(
         model,

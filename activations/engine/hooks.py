@@ -39,6 +39,7 @@ __all__ = [
     "family_of",
     "hook_depth",
     "hook_site",
+    "hook_sites",
     "list_hook_points",
     "num_layers",
     "resolve_hook_names",
@@ -283,6 +284,15 @@ def _check_known(model: Any, name: str) -> None:
 def hook_site(model: Any, name: str) -> HookSite:
     """The module and reading (output or input) that produce hook point ``name``."""
     _check_known(model, name)
+    return _site(model, name)
+
+
+def hook_sites(model: Any, names: list[str]) -> dict[str, HookSite]:
+    """:func:`hook_site` of each name (validated once, together), in the order given."""
+    return {name: _site(model, name) for name in resolve_hook_names(model, names)}
+
+
+def _site(model: Any, name: str) -> HookSite:
     if name.startswith(MODULE_PREFIX):
         return HookSite(name[len(MODULE_PREFIX) :], READ_OUTPUT)
     layout = _LAYOUTS[family_of(model)]
@@ -294,7 +304,7 @@ def hook_site(model: Any, name: str) -> HookSite:
     if name == LN_FINAL:
         return HookSite(_join(base_model_path(model), layout.final_norm or ""), READ_OUTPUT)
     parsed = _parse_block_name(name)
-    assert parsed is not None  # guaranteed by _check_known
+    assert parsed is not None  # the name was validated by the caller
     layer, hook = parsed
     block = _join(blocks, str(layer))
     sites = {
