@@ -217,3 +217,16 @@ def cache_top_k(cache: ActivationCache, *, hook: str, neuron: int, k: int, conte
             clean["token"] = tokenizer.convert_ids_to_tokens([clean["token_id"]])[0]
         results.append(clean)
     return {"cache_id": cache.id, "hook": hook, "neuron": neuron, "top_k": results}
+
+
+def extraction_snapshot(user, key: str | None) -> dict[str, Any] | None:
+    from activations.services import job_state
+
+    job = extraction_list(user=user).filter(pk=key).first()
+    return None if job is None else job_state(job)
+
+
+def register_event_groups() -> None:
+    from mistudio.events import register_group_kind
+
+    register_group_kind("extraction", keyed=True, snapshot=extraction_snapshot)

@@ -207,3 +207,35 @@ def test_cli_extract_list_and_export(setup, tmp_path):
     call_command("export_cache", cache.id, str(target), stdout=io.StringIO())
     with tarfile.open(target) as tar:
         assert f"{cache.id}/manifest.json" in tar.getnames()
+
+
+async def test_extraction_events_reach_a_websocket_subscriber(setup):
+    from asgiref.sync import sync_to_async
+    from channels.testing import WebsocketCommunicator
+
+    from mistudio.asgi import application
+
+    model, dataset, api = setup
+    token = await sync_to_async(lambda: api._credentials["HTTP_AUTHORIZATION"])()
+    job_id = (await sync_to_async(extract)(api, model, dataset)).json()["extraction_id"]
+    communicator = WebsocketCommunicator(
+        application,
+        "/ws/events/",
+        headers=[(b"origin", b"http://127.0.0.1"), (b"authorization", token.encode())],
+    )
+    assert (await communicator.connect())[0]
+    await communicator.send_json_to({"action": "subscribe", "groups": [f"extraction.{job_id}"]})
+    snapshot = await communicator.receive_json_from(timeout=5)
+    assert snapshot["type"] == "snapshot" and snapshot["data"]["status"] == "queued"
+    await sync_to_async(burst, thread_sensitive=False)()
+    events = []
+    while not events or events[-1]["event"] not in {"extraction:completed", "extraction:failed"}:
+        message = await communicator.receive_json_from(timeout=30)
+        if message["type"] == "event":
+            events.append(message)
+    assert events[-1]["event"] == "extraction:completed"
+    assert events[-1]["data"]["cache_id"] and events[-1]["data"]["file_size_bytes"] > 0
+    progress = [event["data"] for event in events if event["event"] == "extraction:progress"]
+    assert progress and progress[-1]["samples_processed"] == progress[-1]["total_samples"] == len(TEXTS)
+    assert progress[-1]["tokens_per_second"] > 0
+    await communicator.disconnect()
