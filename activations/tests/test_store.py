@@ -41,7 +41,7 @@ DTYPES = ["float32", "bfloat16", "float16"]
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def make_batch(index: int, hooks: dict[str, int] = HOOKS) -> dict:
+def make_batch(index: int, hooks: dict[str, int] = HOOKS, *, shuffle: bool = True) -> dict:
     """Batch ``index``: samples 2*index (positions 0..) and 2*index+1 (positions 1.., its BOS dropped),
     rows shuffled so that storage order is not position order."""
     generator = torch.Generator().manual_seed(1000 + index)
@@ -50,7 +50,7 @@ def make_batch(index: int, hooks: dict[str, int] = HOOKS) -> dict:
     sample_index = torch.tensor([2 * index] * first + [2 * index + 1] * (count - first), dtype=torch.int64)
     positions = torch.cat([torch.arange(first), torch.arange(1, count - first + 1)])
     token_ids = torch.randint(0, 50_000, (count,), generator=generator)
-    order = torch.randperm(count, generator=generator)
+    order = torch.randperm(count, generator=generator) if shuffle else torch.arange(count)
     activations = {name: torch.randn(count, width, generator=generator) * 3 for name, width in hooks.items()}
     return {
         "token_ids": token_ids[order],
@@ -388,6 +388,60 @@ def test_add_batch_is_idempotent_and_ordered(tmp_path, reference):
     assert again.finalize(num_samples=NUM_SAMPLES) == manifest
 
 
+def test_a_shard_of_empty_batches(tmp_path):
+    writer = open_writer(tmp_path / "cache")
+    add_batches(writer, range(2))
+    writer.flush()
+    add_batches(writer, [2])  # no tokens at all: still recorded, so batch 2 counts as done
+    writer.flush()
+    shards = writer.manifest["shards"]
+    assert [shard["num_tokens"] for shard in shards] == [20, 0]
+    assert writer.durable_next_batch == 3
+    add_batches(writer, range(3, NUM_BATCHES))
+    writer.finalize(num_samples=NUM_SAMPLES)
+    assert verify(tmp_path / "cache") == []
+    opened, expected = ActivationStore.open(tmp_path / "cache"), expected_content("float32")
+    np.testing.assert_array_equal(
+        opened.get("blocks.1.attn.hook_z", 15, 30), expected["blocks.1.attn.hook_z"][15:30]
+    )
+    assert load_file(tmp_path / "cache" / "blocks.1.attn.hook_z" / "00001.safetensors")[
+        "activations"
+    ].shape == (0, 5)
+
+
+def test_a_notebook_reads_float32_without_django_or_torch(reference):
+    code = (
+        "import sys; from activations.store import ActivationStore, verify; "
+        f"store = ActivationStore.open({str(reference('float32'))!r}); "
+        "hook = 'module:transformer.h.0.mlp'; "
+        "store.get(hook, 10, 90); store.stats(hook); store.top_k(hook, 2); store.histogram(hook); "
+        "store.sample(hook, 3); store.sample_tokens(3); assert verify(store.directory) == []; "
+        "assert 'django' not in sys.modules and 'torch' not in sys.modules"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+
+
+def test_samples_of_a_cache_stored_in_position_order(tmp_path):
+    writer = open_writer(tmp_path / "cache")
+    for index in range(NUM_BATCHES):
+        writer.add_batch(index, **make_batch(index, shuffle=False))
+    writer.finalize(num_samples=NUM_SAMPLES)
+    opened = ActivationStore.open(tmp_path / "cache")
+    samples, positions = opened.tokens()["sample_index"], opened.tokens()["position"]
+    for sample in (0, 1, 7, 23):
+        rows = np.flatnonzero(samples == sample)
+        assert list(positions[rows]) == sorted(positions[rows])
+        np.testing.assert_array_equal(
+            opened.sample("blocks.1.attn.hook_z", sample), opened.get("blocks.1.attn.hook_z")[rows]
+        )
+    top = opened.top_k("blocks.1.attn.hook_z", 0, k=1, context=100)[0]  # the context is its whole sample
+    assert top["context_positions"] == list(positions[samples == top["sample_index"]])
+    assert opened._sample_order is None  # no index was needed
+
+
 def test_finalize_rejects_samples_beyond_num_samples(tmp_path):
     writer = open_writer(tmp_path / "cache")
     add_batches(writer, range(3))  # samples 0-3 hold tokens (batch 2 is empty)
@@ -593,24 +647,28 @@ def test_resume_after_a_real_crash(tmp_path, reference, mode, returncode):
 # --- Disk full -------------------------------------------------------------------------------------
 
 
-def fill_disk_after(monkeypatch, writes_that_succeed: int) -> None:
-    """Every write after the first ``writes_that_succeed`` puts half its bytes down, then hits ENOSPC."""
+def fill_disk_when_writing(monkeypatch, target: str) -> dict:
+    """The first write into a temp file whose path contains ``target`` puts half its bytes down, then
+    hits ENOSPC, and so does every write after it (the disk stays full). Returns the hit counter."""
     real_write = store._write_bytes
-    calls = {"count": 0}
+    state = {"full": False, "hits": 0}
 
     def write(handle, data):
-        calls["count"] += 1
-        if calls["count"] > writes_that_succeed:
+        if state["full"] or target in handle.name:
+            state["full"] = True
+            state["hits"] += 1
             real_write(handle, data[: len(data) // 2])
             raise OSError(errno.ENOSPC, "No space left on device")
         real_write(handle, data)
 
     monkeypatch.setattr(store, "_write_bytes", write)
+    return state
 
 
-# A shard is 4 writes (token table, three hooks), then the manifest: fail in each of those places.
-@pytest.mark.parametrize("writes_that_succeed", [0, 2, 4])
-def test_disk_full_leaves_no_partial_files(tmp_path, reference, monkeypatch, writes_that_succeed):
+# A shard is the token table, then each hook's file (renamed one by one), then the manifest:
+# the disk fills up in each of those places.
+@pytest.mark.parametrize("target", ["/tokens/.00001.", "/blocks.1.attn.hook_z/.00001.", "/.manifest.json."])
+def test_disk_full_leaves_no_partial_files(tmp_path, monkeypatch, target):
     directory = tmp_path / "cache"
     writer = open_writer(directory)
     add_batches(writer, range(4))  # 41 tokens: shard 0 is written
@@ -618,12 +676,13 @@ def test_disk_full_leaves_no_partial_files(tmp_path, reference, monkeypatch, wri
     manifest_before = (directory / "manifest.json").read_bytes()
     pending = writer.pending_tokens
 
-    fill_disk_after(monkeypatch, writes_that_succeed)
+    disk = fill_disk_when_writing(monkeypatch, target)
     with pytest.raises(CacheError) as caught:
         add_batches(writer, range(6, 7))  # pushes the buffer over the threshold: shard 1 is written
     assert caught.value.code == "DISK_FULL"
+    assert disk["hits"] == 1
     assert temp_files(directory) == []
-    assert shard_files_on_disk(directory) == listed_files(directory)
+    assert shard_files_on_disk(directory) == listed_files(directory)  # renamed files of shard 1 are gone
     assert len(json.loads(manifest_before)["shards"]) == 1
     assert (directory / "manifest.json").read_bytes() == manifest_before
     assert writer.pending_tokens == pending + BATCH_TOKENS[6]  # kept, to retry
@@ -633,25 +692,27 @@ def test_disk_full_leaves_no_partial_files(tmp_path, reference, monkeypatch, wri
     writer.flush()
     add_batches(writer, range(7, NUM_BATCHES))
     writer.finalize(num_samples=NUM_SAMPLES)
-    directory_shards = json.loads((directory / "manifest.json").read_text())["shards"]
-    assert sum(shard["num_tokens"] for shard in directory_shards) == sum(BATCH_TOKENS)
+    shards = json.loads((directory / "manifest.json").read_text())["shards"]
+    assert sum(shard["num_tokens"] for shard in shards) == sum(BATCH_TOKENS)
     opened, expected = ActivationStore.open(directory), expected_content("float32")
     for hook in HOOKS:
         np.testing.assert_array_equal(opened.get(hook), expected[hook])
     assert verify(directory) == []
 
 
-def test_disk_full_while_finalizing(tmp_path, monkeypatch):
-    writer = open_writer(tmp_path / "cache")
+@pytest.mark.parametrize("target", ["/.tokens.safetensors.", "/.manifest.json."])
+def test_disk_full_while_finalizing(tmp_path, monkeypatch, target):
+    directory = tmp_path / "cache"
+    writer = open_writer(directory)
     add_batches(writer, range(NUM_BATCHES))
     writer.flush()
-    fill_disk_after(monkeypatch, 0)
+    disk = fill_disk_when_writing(monkeypatch, target)
     with pytest.raises(CacheError) as caught:
         writer.finalize(num_samples=NUM_SAMPLES)
-    assert caught.value.code == "DISK_FULL"
-    assert temp_files(tmp_path / "cache") == []
-    assert not (tmp_path / "cache" / "tokens.safetensors").exists()
-    assert json.loads((tmp_path / "cache" / "manifest.json").read_text())["status"] == "writing"
+    assert caught.value.code == "DISK_FULL" and disk["hits"] == 1
+    assert temp_files(directory) == []
+    assert json.loads((directory / "manifest.json").read_text())["status"] == "writing"
+    assert verify(directory) == ["CACHE_INCOMPLETE: status is 'writing', not complete"]
     monkeypatch.undo()
     assert writer.finalize(num_samples=NUM_SAMPLES)["status"] == "complete"
-    assert verify(tmp_path / "cache") == []
+    assert verify(directory) == []
