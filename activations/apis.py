@@ -39,6 +39,16 @@ class DatasetOutputSerializer(serializers.ModelSerializer):
         ]
 
 
+def upload_too_large(size: int) -> ApplicationError:
+    limit = settings.DATASET_MAX_UPLOAD_BYTES
+    return ApplicationError(
+        "DATASET_TOO_LARGE",
+        f"Uploads are limited to {limit} bytes.",
+        status=413,
+        details={"max_bytes": limit, "size_bytes": size},
+    )
+
+
 class DatasetListApi(APIView):
     """List datasets, or create one from an upload (multipart ``file``) or a local path (JSON)."""
 
@@ -69,25 +79,15 @@ class DatasetListApi(APIView):
     @extend_schema(request=InputSerializer, responses={201: DatasetOutputSerializer})
     def post(self, request):
         declared = int(request.META.get("CONTENT_LENGTH") or 0)
-        if declared > settings.DATASET_MAX_UPLOAD_BYTES + 64 * 1024:
-            raise ApplicationError(
-                "DATASET_TOO_LARGE",
-                f"Uploads are limited to {settings.DATASET_MAX_UPLOAD_BYTES} bytes.",
-                status=413,
-                details={"max_bytes": settings.DATASET_MAX_UPLOAD_BYTES, "size_bytes": declared},
-            )
+        if declared > settings.DATASET_MAX_UPLOAD_BYTES + 64 * 1024:  # refused before reading the body
+            raise upload_too_large(declared)
         data = self.InputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         values = data.validated_data
         if values.get("file"):
             upload = values["file"]
             if upload.size > settings.DATASET_MAX_UPLOAD_BYTES:
-                raise ApplicationError(
-                    "DATASET_TOO_LARGE",
-                    f"Uploads are limited to {settings.DATASET_MAX_UPLOAD_BYTES} bytes.",
-                    status=413,
-                    details={"max_bytes": settings.DATASET_MAX_UPLOAD_BYTES, "size_bytes": upload.size},
-                )
+                raise upload_too_large(upload.size)
             dataset = services.dataset_create_from_upload(
                 name=values["name"],
                 data=upload.read(),
