@@ -41,6 +41,7 @@ for layers [0, 1], M >= 0.90 of the bare forward through block 1.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -59,7 +60,7 @@ sys.path.insert(0, str(ROOT))
 BATCH_SIZE = 16
 MIN_LENGTH, MAX_LENGTH = 16, 256
 SEED = 0
-WARM_UP_BATCHES = 2
+WARM_UP_BATCHES = 1
 DEFAULT_BENCH_PYTHON = ROOT / ".venv-bench" / "bin" / "python"
 GOAL_LIMIT_RATIO = 0.90
 GOAL_COMPETITOR_RATIO = 1.5
@@ -146,6 +147,7 @@ class _Stop(Exception):
 def run_limit(model, tokenized: list[list[int]], deepest: int, *, repeats: int) -> dict:
     """(L): a bare forward over the planned batches, through block ``deepest`` only."""
     import torch
+
     from activations.engine.extraction import plan_batches
 
     plan = plan_batches([len(ids) for ids in tokenized], BATCH_SIZE)
@@ -161,10 +163,8 @@ def run_limit(model, tokenized: list[list[int]], deepest: int, *, repeats: int) 
         try:
             with torch.inference_mode():
                 for input_ids, attention_mask in inputs[:WARM_UP_BATCHES] if warm_up else inputs:
-                    try:
+                    with contextlib.suppress(_Stop):
                         base(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
-                    except _Stop:
-                        pass
         finally:
             handle.remove()
 
@@ -198,7 +198,8 @@ def extract_to_cache(model, tokenized: list[list[int]], hooks: list[str], direct
 
 def run_mistudio(model, tokenized: list[list[int]], hooks: list[str], *, repeats: int) -> dict:
     """(M) timed: each pass writes a fresh cache; removing it afterwards is not timed."""
-    warm_up_samples = [index for batch in dataset_batches(len(tokenized))[:WARM_UP_BATCHES] for index in batch]
+    first_batches = dataset_batches(len(tokenized))[:WARM_UP_BATCHES]
+    warm_up_samples = [index for batch in first_batches for index in batch]
 
     def run(*, warm_up: bool) -> None:
         directory = Path(tempfile.mkdtemp(prefix="bench-extraction-"))
@@ -257,6 +258,7 @@ def run_transformer_lens(folder: Path, tokenized: list[list[int]], layers: list[
 
     model, pad = load_transformer_lens(folder)
     names = hook_names(layers)
+    stop_at_layer = max(layers) + 1
     batches = [padded_batch(tokenized, batch, pad) for batch in dataset_batches(len(tokenized))]
 
     def run(*, warm_up: bool) -> None:
@@ -264,7 +266,7 @@ def run_transformer_lens(folder: Path, tokenized: list[list[int]], layers: list[
         with torch.inference_mode():
             for input_ids, attention_mask in batches[:WARM_UP_BATCHES] if warm_up else batches:
                 _, cache = model.run_with_cache(
-                    input_ids, attention_mask=attention_mask, names_filter=names, stop_at_layer=max(layers) + 1
+                    input_ids, attention_mask=attention_mask, names_filter=names, stop_at_layer=stop_at_layer
                 )
                 real = attention_mask.bool()
                 kept.append({name: cache[name][real].cpu() for name in names})
@@ -290,11 +292,11 @@ def run_nnsight(folder: Path, tokenized: list[list[int]], layers: list[int], *, 
     def run(*, warm_up: bool) -> None:
         kept = []
         for input_ids, attention_mask in batches[:WARM_UP_BATCHES] if warm_up else batches:
-            with torch.no_grad():
-                with model.trace({"input_ids": input_ids, "attention_mask": attention_mask}) as tracer:
-                    # Only objects passed to save() leave the trace; a plain list would not.
-                    outputs = nnsight.save([model.transformer.h[layer].output for layer in layers])
-                    tracer.stop()
+            inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
+            with torch.no_grad(), model.trace(inputs) as tracer:
+                # Only objects passed to save() leave the trace; a plain list would not.
+                outputs = nnsight.save([model.transformer.h[layer].output for layer in layers])
+                tracer.stop()
             real = attention_mask.bool()
             kept.append([output[real].cpu() for output in outputs])
         run.count = sum(part[0].shape[0] for part in kept)
@@ -336,7 +338,8 @@ def run_contender(name: str, bench_python: Path, folder: Path, data_file: Path, 
         "--repeats",
         str(repeats),
     ]
-    environment = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONWARNINGS": "ignore"}
+    offline = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONWARNINGS": "ignore"}
+    environment = {**os.environ, **offline}
     completed = subprocess.run(command, capture_output=True, text=True, env=environment, cwd=ROOT)
     for line in completed.stdout.splitlines():
         if line.startswith("RESULT "):
@@ -401,7 +404,8 @@ def row(label: str, result: dict | None, tokens: int, note: str = "") -> str:
     if result is None:
         return f"  {label:<44} {'skipped':>12}  {note}"
     runs = ", ".join(f"{seconds:.2f}" for seconds in result["runs"])
-    return f"  {label:<44} {tokens / result['seconds']:>10,.0f}/s  median {result['seconds']:.2f} s ({runs}) {note}"
+    median = result["seconds"]
+    return f"  {label:<44} {tokens / median:>10,.0f}/s  median {median:.2f} s ({runs}) {note}"
 
 
 def verdict(value: float | None, goal: float) -> str:
@@ -411,8 +415,12 @@ def verdict(value: float | None, goal: float) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="64 samples, 1 run, no RSS or 1000x128 runs")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="smoke run: 16 samples of 16..64 tokens, 1 run, no RSS/1000x128"
+    )
     parser.add_argument("--samples", type=int, default=512)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--layers", default="0,6,11")
@@ -436,16 +444,19 @@ def main() -> None:
     from models_app.engine.tiny_models import build_tiny_model
 
     torch.manual_seed(SEED)
+    max_length = MAX_LENGTH
     skip = {part.strip() for part in args.skip.split(",") if part.strip()}
     if args.quick:
-        args.samples, args.repeats = 64, 1
+        args.samples, args.repeats, max_length = 16, 1, 64
         skip |= {"rss", "target"}
     layers = [int(layer) for layer in args.layers.split(",")]
     hooks = hook_names(layers)
     workdir = Path(tempfile.mkdtemp(prefix="bench-extraction-model-"))
     try:
         folder = build_tiny_model("gpt2", workdir / "gpt2-small", size="gpt2-small", seed=SEED)
-        model, tokenizer, _texts, tokenized, tokenize_seconds = prepare(folder, args.samples)
+        model, tokenizer, _texts, tokenized, tokenize_seconds = prepare(
+            folder, args.samples, lengths=(MIN_LENGTH, max_length)
+        )
         tokens = real_token_count(tokenized)
         lengths = [len(ids) for ids in tokenized]
         print(
@@ -496,7 +507,8 @@ def main() -> None:
                 started = time.perf_counter()
                 target_tokenized = tokenize_samples(tokenizer, texts, 128)
                 extract_to_cache(model, target_tokenized, hooks, directory / "cache")
-                target = {"seconds": time.perf_counter() - started, "tokens": real_token_count(target_tokenized)}
+                seconds = time.perf_counter() - started
+                target = {"seconds": seconds, "tokens": real_token_count(target_tokenized)}
             finally:
                 shutil.rmtree(directory, ignore_errors=True)
 
@@ -513,7 +525,8 @@ def main() -> None:
         others = [value for value in (rate(results["T"], tokens), rate(results["N"], tokens)) if value]
         print()
         print(f"  M / L:             {verdict(mistudio / limit, GOAL_LIMIT_RATIO)}")
-        print(f"  M / max(T, N):     {verdict(mistudio / max(others) if others else None, GOAL_COMPETITOR_RATIO)}")
+        best_other = mistudio / max(others) if others else None
+        print(f"  M / max(T, N):     {verdict(best_other, GOAL_COMPETITOR_RATIO)}")
         if layers01:
             print(row("L  bare forward to block 1 (layers [0, 1])", layers01["L"], tokens))
             print(row("M  miStudio, layers [0, 1]", layers01["M"], tokens))
@@ -525,15 +538,17 @@ def main() -> None:
             for entry in (small, large):
                 print(
                     f"  peak RSS of M, {entry['samples']} samples ({entry['tokens']:,} tokens): "
-                    f"{entry['peak_kib'] / 1024:,.0f} MiB (after load+tokenize {entry['peak_before_kib'] / 1024:,.0f}"
-                    f" MiB; {entry['tokens'] / entry['seconds']:,.0f} tok/s)"
+                    f"{entry['peak_kib'] / 1024:,.0f} MiB (after load+tokenize "
+                    f"{entry['peak_before_kib'] / 1024:,.0f} MiB; "
+                    f"{entry['tokens'] / entry['seconds']:,.0f} tok/s)"
                 )
             verdict_text = "met" if growth <= GOAL_RSS_GROWTH else "MISSED"
             print(f"  peak RSS growth at 4x: {growth:+.1%} (goal <= {GOAL_RSS_GROWTH:.0%}: {verdict_text})")
         if target:
             print(
                 f"  1000 samples x 128 tokens, {len(layers)} layers, tokenize + extract + cache: "
-                f"{target['seconds']:.1f} s ({target['tokens'] / target['seconds']:,.0f} tok/s; target 300 s: "
+                f"{target['seconds']:.1f} s ({target['tokens'] / target['seconds']:,.0f} tok/s; "
+                f"target 300 s: "
                 f"{'met' if target['seconds'] <= 300 else 'MISSED'})"
             )
     finally:
