@@ -239,3 +239,30 @@ async def test_extraction_events_reach_a_websocket_subscriber(setup):
     assert progress and progress[-1]["samples_processed"] == progress[-1]["total_samples"] == len(TEXTS)
     assert progress[-1]["tokens_per_second"] > 0
     await communicator.disconnect()
+
+
+def test_cancel_a_running_extraction_stops_it_and_removes_its_files(setup, settings):
+    import threading
+    import time
+
+    model, _, api = setup
+    settings.ACTIVATION_SHARD_MAX_TOKENS = 64
+    many = dataset_create_from_texts(
+        name="many", texts=[f"sample {index} " + "words " * 40 for index in range(800)], owner=None,
+        source=Dataset.Source.BUILTIN,
+    )  # fmt: skip
+    job_id = extract(api, model, many, batch_size=1, max_length=48).json()["extraction_id"]
+    worker = threading.Thread(target=burst)
+    worker.start()
+    deadline = time.monotonic() + 60
+    job = ExtractionJob.objects.get(pk=job_id)
+    while job.samples_processed == 0 and time.monotonic() < deadline:
+        time.sleep(0.02)
+        job.refresh_from_db()
+    cache_id, directory = job.cache_id, job.cache.directory
+    assert job.status == "running" and directory.exists()
+    assert api.post(f"/api/extractions/{job_id}/cancel", {}, format="json").status_code == 202
+    worker.join(timeout=60)
+    job.refresh_from_db()
+    assert job.status == "cancelled" and job.samples_processed < 800
+    assert not ActivationCache.objects.filter(pk=cache_id).exists() and not directory.exists()
