@@ -14,7 +14,7 @@ Contenders, in real (non-pad) tokens per second:
       hooks on other blocks, nothing stored.
   (M) miStudio end to end from the token ids: ``plan_batches`` -> ``extract`` -> ``CacheWriter``
       (``add_batch`` per batch, ``finalize``) into a temporary directory, exactly the worker
-      task's path (activations/tasks.py), disk writes and the final sha256 verification included.
+      task's path (activations/tasks.py), disk writes, fsyncs and sha256 of every file included.
   (T) TransformerLens: ``HookedTransformer`` built from the same weights (``convert_gpt2_weights``;
       ``from_pretrained`` needs the Hub even with ``hf_model=``), ``run_with_cache`` with
       ``names_filter`` and ``stop_at_layer``, under ``torch.inference_mode``.
