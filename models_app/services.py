@@ -214,7 +214,9 @@ def model_delete(*, model_id: str) -> None:
     """Delete the row; a loaded model is unloaded from its worker first (in the worker's queue order).
 
     Downloaded files stay in MODEL_CACHE_DIR: the hub cache is shared by every row of that repo.
+    The model's activation caches go with it, files included.
     """
+    from activations.services import cache_delete_files
     from models_app.workers import worker_queue
 
     with transaction.atomic():
@@ -223,7 +225,14 @@ def model_delete(*, model_id: str) -> None:
             set_cancel_flag(model.id)
         host = model.host_worker if model.status == LanguageModel.Status.READY else ""
         groups = model_groups(model)
+        if model.extractions.filter(status__in=["queued", "running"]).exists():
+            raise ApplicationError(
+                "MODEL_BUSY", "An extraction with this model is running; cancel it first.", status=409
+            )
+        caches = list(model.caches.all())
         model.delete()
+        for cache in caches:
+            transaction.on_commit(lambda cache=cache: cache_delete_files(cache))
         if host:
             transaction.on_commit(
                 lambda: worker_queue(host).enqueue(

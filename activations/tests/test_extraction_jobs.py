@@ -266,3 +266,15 @@ def test_cancel_a_running_extraction_stops_it_and_removes_its_files(setup, setti
     job.refresh_from_db()
     assert job.status == "cancelled" and job.samples_processed < 800
     assert not ActivationCache.objects.filter(pk=cache_id).exists() and not directory.exists()
+
+
+def test_deleting_a_model_removes_its_caches_files_and_all(setup):
+    model, dataset, api = setup
+    job_id = extract(api, model, dataset).json()["extraction_id"]
+    busy = api.delete(f"/api/models/{model.id}")
+    assert busy.status_code == 409 and busy.json()["error"]["code"] == "MODEL_BUSY"
+    burst()
+    directory = ExtractionJob.objects.get(pk=job_id).cache.directory
+    assert directory.exists()
+    assert api.delete(f"/api/models/{model.id}").status_code == 204
+    assert not directory.exists() and ActivationCache.objects.count() == 0
