@@ -102,6 +102,22 @@ def normalize_dtype(dtype: str) -> str:
     return name
 
 
+DEFAULT_SHARD_MAX_BYTES = 64 * 2**20
+
+
+def shard_tokens_for(
+    hooks: Mapping[str, int], dtype: str, *, max_bytes: int = DEFAULT_SHARD_MAX_BYTES
+) -> int:
+    """Tokens per shard so that one shard of every hook together holds about ``max_bytes``.
+
+    The writer buffers a shard in memory before writing it, so this bounds the extraction's
+    memory whatever the dataset size or the number and width of the hooks.
+    """
+    item = _SAFETENSORS_ITEM_BYTES[DTYPES[normalize_dtype(dtype)]]
+    bytes_per_token = sum(hooks.values()) * item + 3 * _SAFETENSORS_ITEM_BYTES["I64"]  # + token table
+    return max(1, max_bytes // bytes_per_token)
+
+
 def hook_directory_name(hook: str) -> str:
     """The directory a hook's shards live in: one safe path component, stable for a given name.
 

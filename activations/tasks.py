@@ -88,7 +88,7 @@ def run_extraction(job_id: str) -> None:
     continues the cache it started instead of writing anything twice.
     """
     from activations.engine.extraction import extract, plan_batches, tokenize_samples
-    from activations.store import CacheError, CacheWriter
+    from activations.store import CacheError, CacheWriter, shard_tokens_for
 
     close_old_connections()
     identity = current_worker()
@@ -107,6 +107,7 @@ def run_extraction(job_id: str) -> None:
         job_publish(
             job, "extraction:started", job.mark_running(host_worker=identity.name, total_samples=len(samples))
         )
+        widths = hook_widths(loaded.model, job.hooks, tokenized)
         writer = CacheWriter.create_or_resume(
             cache.directory,
             key=cache.key,
@@ -115,9 +116,12 @@ def run_extraction(job_id: str) -> None:
                 "quantization": job.model.quantization, "dataset_id": job.dataset_id,
                 "dataset_name": job.dataset.name, "batch_size": job.batch_size,
             },
-            hooks=hook_widths(loaded.model, job.hooks, tokenized),
+            hooks=widths,
             dtype=job.dtype,
-            shard_max_tokens=settings.ACTIVATION_SHARD_MAX_TOKENS,
+            shard_max_tokens=min(
+                settings.ACTIVATION_SHARD_MAX_TOKENS,
+                shard_tokens_for(widths, job.dtype, max_bytes=settings.ACTIVATION_SHARD_MAX_BYTES),
+            ),
         )  # fmt: skip
         samples_done = sum(len(plan[index]) for index in range(writer.next_batch))
         tokens_done = writer.num_tokens

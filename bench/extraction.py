@@ -174,16 +174,17 @@ def run_limit(model, tokenized: list[list[int]], deepest: int, *, repeats: int) 
 def extract_to_cache(model, tokenized: list[list[int]], hooks: list[str], directory: Path) -> dict:
     """(M): the worker task's path from the token ids to a finalized cache in ``directory``."""
     from activations.engine.extraction import extract, plan_batches
-    from activations.store import CacheWriter
+    from activations.store import CacheWriter, shard_tokens_for
 
     plan = plan_batches([len(ids) for ids in tokenized], BATCH_SIZE)
-    width = model.config.n_embd
+    widths = dict.fromkeys(hooks, model.config.n_embd)
     writer = CacheWriter.create_or_resume(
         directory,
         key={"bench": "extraction", "hooks": hooks},
         provenance={"batch_size": BATCH_SIZE},
-        hooks=dict.fromkeys(hooks, width),
+        hooks=widths,
         dtype="float32",
+        shard_max_tokens=shard_tokens_for(widths, "float32"),  # as the worker task (64 MiB default)
     )
     for batch in extract(model, tokenized, plan, hooks=hooks, dtype="float32", start_batch=writer.next_batch):
         writer.add_batch(

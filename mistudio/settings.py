@@ -94,6 +94,10 @@ ACTIVATION_CACHE_MAX_BYTES = int(
 )
 ACTIVATION_CACHE_EXPIRY_DAYS = env_number("ACTIVATION_CACHE_EXPIRY_DAYS", 30, minimum=0)
 ACTIVATION_SHARD_MAX_TOKENS = int(env_number("ACTIVATION_SHARD_MAX_TOKENS", 65536, minimum=1, integer=True))
+# One shard of all hooks is buffered in memory before it is written: this bounds that buffer.
+ACTIVATION_SHARD_MAX_BYTES = int(
+    env_number("ACTIVATION_SHARD_MAX_BYTES", 64 * 2**20, minimum=1, integer=True)
+)
 DATASET_MAX_UPLOAD_BYTES = int(env_number("DATASET_MAX_UPLOAD_BYTES", 100 * 2**20, minimum=1, integer=True))
 DATASET_MAX_LOCAL_BYTES = int(env_number("DATASET_MAX_LOCAL_BYTES", 2 * 2**30, minimum=1, integer=True))
 MODEL_MEMORY_LIMIT_GB = env_number("MODEL_MEMORY_LIMIT_GB", 0.0)  # 0: no limit beyond the device's own

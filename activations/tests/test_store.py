@@ -716,3 +716,12 @@ def test_disk_full_while_finalizing(tmp_path, monkeypatch, target):
     monkeypatch.undo()
     assert writer.finalize(num_samples=NUM_SAMPLES)["status"] == "complete"
     assert verify(directory) == []
+
+
+def test_shard_size_is_bounded_in_bytes_across_hooks():
+    from activations.store import shard_tokens_for
+
+    tokens = shard_tokens_for({"a": 768, "b": 768, "c": 3072}, "float32", max_bytes=64 * 2**20)
+    assert tokens * (768 + 768 + 3072) * 4 <= 64 * 2**20 < (tokens + 1) * ((768 + 768 + 3072) * 4 + 24)
+    assert shard_tokens_for({"a": 768}, "bfloat16") > shard_tokens_for({"a": 768}, "float32")
+    assert shard_tokens_for({"a": 10**9}, "float32", max_bytes=1) == 1
