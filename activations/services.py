@@ -20,6 +20,7 @@ from django.utils import timezone
 from activations.models import ActivationCache, Dataset, ExtractionJob
 from mistudio.errors import ApplicationError
 from mistudio.events import publish
+from mistudio.local_paths import path_inside_roots
 from mistudio.redis_client import get_redis
 from models_app.engine.errors import EngineError
 from models_app.models import LanguageModel
@@ -52,16 +53,7 @@ def dataset_error(error: EngineError) -> ApplicationError:
 
 def local_data_path(raw_path: str) -> Path:
     """The real file or folder behind ``raw_path`` if it lies inside ``LOCAL_DATA_ROOTS``."""
-    if not raw_path or "\x00" in raw_path or not raw_path.startswith("/"):
-        raise ApplicationError("INVALID_LOCAL_PATH", "The local path must be absolute, without NUL bytes.")
-    path = Path(raw_path).resolve()
-    if not any(path.is_relative_to(root) for root in settings.LOCAL_DATA_ROOTS):
-        raise ApplicationError(
-            "INVALID_LOCAL_PATH", "The local path is outside the configured data roots (LOCAL_DATA_ROOTS)."
-        )
-    if not path.exists():
-        raise ApplicationError("INVALID_LOCAL_PATH", "The local path does not exist.")
-    return path
+    return path_inside_roots(raw_path, settings.LOCAL_DATA_ROOTS, setting="LOCAL_DATA_ROOTS")
 
 
 def dataset_create_from_texts(

@@ -14,6 +14,7 @@ from django.db import IntegrityError, transaction
 
 from mistudio.errors import ApplicationError
 from mistudio.events import ProgressThrottle, publish
+from mistudio.local_paths import path_inside_roots
 from mistudio.redis_client import get_redis
 from models_app.engine.errors import EngineError
 from models_app.models import LanguageModel
@@ -65,20 +66,8 @@ def model_publish(model: LanguageModel, event: str, fields: list[str], **extra: 
 
 
 def local_model_folder(raw_path: str) -> Path:
-    """The real folder behind ``raw_path`` if it lies inside ``LOCAL_MODEL_ROOTS``.
-
-    Symlinks are followed before the check, so a link pointing out of a root is refused. The path
-    is taken literally: no URL-decoding, no ``~`` expansion, relative paths refused.
-    """
-    if not raw_path or "\x00" in raw_path or not raw_path.startswith("/"):
-        raise ApplicationError(
-            "INVALID_LOCAL_PATH", "The local path must be an absolute path to a folder, without NUL bytes."
-        )
-    folder = Path(raw_path).resolve()
-    if not any(folder.is_relative_to(root) for root in settings.LOCAL_MODEL_ROOTS):
-        raise ApplicationError(
-            "INVALID_LOCAL_PATH", "The local path is outside the configured model roots (LOCAL_MODEL_ROOTS)."
-        )
+    """The real folder behind ``raw_path`` if it lies inside ``LOCAL_MODEL_ROOTS``."""
+    folder = path_inside_roots(raw_path, settings.LOCAL_MODEL_ROOTS, setting="LOCAL_MODEL_ROOTS")
     if not folder.is_dir():
         raise ApplicationError("INVALID_LOCAL_PATH", "The local path is not a folder.")
     return folder
