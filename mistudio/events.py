@@ -62,14 +62,16 @@ def publish(
 ) -> None:
     """Save ``fields`` of ``instance`` (the row is the truth), then send ``event`` to ``groups``.
 
+    With no ``fields`` nothing is saved (e.g. the event of a row just created).
+
     Call from synchronous code only. A channel-layer failure is logged, never raised: the row
     already holds the state, and pages recover it by polling the REST API.
     """
-    if instance is not None:
-        update_fields = list(fields)
-        if update_fields and any(field.name == "updated_at" for field in instance._meta.fields):
+    update_fields = list(fields)
+    if instance is not None and update_fields:
+        if any(field.name == "updated_at" for field in instance._meta.fields):
             update_fields.append("updated_at")
-        instance.save(update_fields=update_fields or None)
+        instance.save(update_fields=update_fields)
     message = {"type": "event.message", "event": event, "data": {**data, "timestamp": timestamp()}}
     layer = get_channel_layer()
     for group in groups:
