@@ -167,13 +167,8 @@ def cache_tar_stream(cache: ActivationCache) -> Iterator[bytes]:
 
 
 def cache_stats(cache: ActivationCache, hook: str | None = None) -> dict[str, Any]:
-    store = open_store(cache)
+    store = cache_store(cache, hook) if hook else open_store(cache)
     hooks = [hook] if hook else store.hooks
-    for name in hooks:
-        if name not in store.hooks:
-            raise ApplicationError(
-                "INVALID_HOOK", f"The cache has no hook {name!r}.", details={"valid": store.hooks}
-            )
     result = {}
     for name in hooks:
         stats = store.stats(name)

@@ -6,7 +6,6 @@ Every front door (REST API, pages, admin, management commands) calls these.
 import hashlib
 import json
 import logging
-import os
 import shutil
 from collections.abc import Iterable
 from datetime import timedelta
@@ -18,6 +17,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from activations.models import ActivationCache, Dataset, ExtractionJob
+from activations.store import write_durably
 from mistudio.errors import ApplicationError
 from mistudio.events import publish
 from mistudio.local_paths import path_inside_roots
@@ -30,16 +30,6 @@ logger = logging.getLogger(__name__)
 EXTRACTION_JOB_TIMEOUT_SECONDS = 24 * 3600
 DATASET_ERROR_STATUS = {"DATASET_TOO_LARGE": 413}
 STORAGE_DTYPES = ("float32", "bfloat16", "float16")
-
-
-def write_atomically(path: Path, data: bytes) -> None:
-    """Write to a temporary name, fsync, rename: a crash never leaves a half-written file."""
-    temporary = path.with_name(path.name + ".tmp")
-    with open(temporary, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temporary, path)
 
 
 # --- Datasets --------------------------------------------------------------------------------------
@@ -87,7 +77,7 @@ def dataset_create_from_texts(
             preview=preview(samples),
             owner=owner,
         )
-        write_atomically(dataset.storage_path, payload)
+        write_durably(dataset.storage_path, [payload])
         dataset.save()
     return dataset
 
@@ -217,10 +207,6 @@ def hook_names_for(model: LanguageModel, *, hooks: list[str] | None, layers: lis
     from activations.engine.hooks import HookError, resolve_hook_names
     from activations.model_structure import skeleton
 
-    if not hooks and not layers:
-        raise ApplicationError(
-            "INVALID_HOOK", "Name at least one hook point or layer.", details={"invalid": []}
-        )
     try:
         return resolve_hook_names(skeleton(model), hooks, layers)
     except HookError as error:

@@ -185,7 +185,7 @@ def _fsync_directory(directory: Path) -> None:
         os.close(descriptor)
 
 
-def _write_durably(final: Path, chunks: Iterable[bytes]) -> str:
+def write_durably(final: Path, chunks: Iterable[bytes]) -> str:
     """Writes the chunks to a temp file beside ``final``, fsyncs it and renames it; returns the sha256.
 
     On any failure the temp file is removed and ``final`` is untouched. The caller fsyncs the
@@ -212,7 +212,7 @@ def _write_durably(final: Path, chunks: Iterable[bytes]) -> str:
 def _write_manifest(root: Path, manifest: dict) -> None:
     """Atomically replaces manifest.json; once this returns (or the rename happened) it is the truth."""
     data = (json.dumps(manifest, indent=2) + "\n").encode()
-    _write_durably(root / MANIFEST_NAME, [data])
+    write_durably(root / MANIFEST_NAME, [data])
 
 
 def _sha256_file(path: Path) -> str:
@@ -844,7 +844,7 @@ class CacheWriter:
         try:
             for relative, tensors in parts:
                 final = root / relative
-                files[relative] = _write_durably(final, _safetensors_stream(tensors))
+                files[relative] = write_durably(final, _safetensors_stream(tensors))
                 written.append(final)
             for folder in {path.parent for path in written}:
                 _fsync_directory(folder)
@@ -908,7 +908,7 @@ class CacheWriter:
 
         total = self.manifest["num_tokens"]
         try:
-            sha = _write_durably(
+            sha = write_durably(
                 root / TOKENS_FILE,
                 _safetensors_stream(
                     [(column, "I64", [total], column_chunks(column)) for column in TOKEN_COLUMNS]
