@@ -9,6 +9,7 @@ from rest_framework.test import APIClient
 
 from mistudio import embedded_redis
 from mistudio.redis_client import get_redis
+from models_app.tests.live_stack import live_processes, live_stack  # noqa: F401  (end-to-end fixtures)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -74,6 +75,31 @@ def client_for():
 
 
 @pytest.fixture(scope="session")
+def load_tiny(tmp_path_factory):
+    """``load_tiny(family, quantization="none")``: a tiny model, built and loaded once per session.
+
+    Shared by the engine tests: a test that changes a model (its generation config) restores it.
+    """
+    from models_app.engine.loading import load_weights
+    from models_app.engine.tiny_models import build_tiny_model
+
+    root = tmp_path_factory.mktemp("tiny-engine-models")
+    loaded = {}
+
+    def load(family: str, quantization: str = "none"):
+        if (family, quantization) not in loaded:
+            folder = root / family
+            if not (folder / "config.json").exists():
+                build_tiny_model(family, folder, size="tiny", seed=0)
+            loaded[family, quantization] = load_weights(
+                folder, model_type=family, quantization=quantization, device="cpu"
+            )
+        return loaded[family, quantization]
+
+    return load
+
+
+@pytest.fixture(scope="session")
 def tiny_gpt2_folder():
     """A tiny GPT-2 built once per session inside LOCAL_MODEL_ROOTS."""
     from models_app.engine.tiny_models import build_tiny_model
@@ -84,23 +110,29 @@ def tiny_gpt2_folder():
     return folder
 
 
+@pytest.fixture(scope="session")
+def tiny_llama_folder():
+    """A tiny Llama built once per session inside LOCAL_MODEL_ROOTS, with a 4,096-token context.
+
+    Rotary position embeddings have no weights, so the long context costs nothing; it lets
+    tests run generations long enough to cancel or disconnect mid-way.
+    """
+    import json
+
+    from models_app.engine.tiny_models import build_tiny_model
+
+    folder = settings.LOCAL_MODEL_ROOTS[0] / "tiny-llama"
+    if not (folder / "config.json").exists():
+        build_tiny_model("llama", folder, size="tiny", seed=0)
+        config = json.loads((folder / "config.json").read_text())
+        config["max_position_embeddings"] = 4096
+        (folder / "config.json").write_text(json.dumps(config, indent=2))
+    return folder
+
+
 @pytest.fixture
 def process_env():
     """Environment for a real miStudio subprocess that shares this test's database and Redis."""
-    import os
+    from models_app.tests.live_stack import process_environment
 
-    from django.db import connection
-
-    def build(**extra: str) -> dict[str, str]:
-        database = connection.settings_dict
-        if connection.vendor == "sqlite":
-            url = f"sqlite:///{database['NAME']}"
-        else:
-            host, port = database["HOST"] or "127.0.0.1", database["PORT"] or 5432
-            url = f"postgres://{database['USER']}@{host}:{port}/{database['NAME']}"
-        return {
-            **os.environ, "DJANGO_SETTINGS_MODULE": "mistudio.settings", "DATABASE_URL": url,
-            "REDIS_URL": settings.REDIS_URL, **extra,
-        }  # fmt: skip
-
-    return build
+    return process_environment

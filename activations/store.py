@@ -55,6 +55,13 @@ MANIFEST_NAME = "manifest.json"
 TOKENS_DIR = "tokens"
 TOKENS_FILE = "tokens.safetensors"
 TOKEN_COLUMNS = ("token_ids", "sample_index", "position")
+
+
+def token_columns(manifest: dict) -> tuple[str, ...]:
+    """The token table columns: the standard three plus any the cache declared (extra_token_columns)."""
+    return (*TOKEN_COLUMNS, *manifest.get("extra_token_columns", ()))
+
+
 ACTIVATIONS_TENSOR = "activations"
 STATUS_WRITING = "writing"
 STATUS_COMPLETE = "complete"
@@ -392,7 +399,7 @@ def _shard_problems(
         return [*problems, f"{CACHE_CORRUPT}: {label}: num_tokens {num_tokens!r}"]
 
     name = _shard_file_name(position)
-    expected = {f"{TOKENS_DIR}/{name}": {column: ("I64", [num_tokens]) for column in TOKEN_COLUMNS}}
+    expected = {f"{TOKENS_DIR}/{name}": {column: ("I64", [num_tokens]) for column in token_columns(manifest)}}
     for hook in manifest["hooks"]:
         expected[f"{hook['directory']}/{name}"] = {
             ACTIVATIONS_TENSOR: (DTYPES[manifest["dtype"]], [num_tokens, hook["width"]])
@@ -420,7 +427,7 @@ def _tokens_file_problems(root: Path, manifest: dict, *, hashes: bool) -> list[s
     path = root / TOKENS_FILE
     if not path.is_file():
         return [f"{CACHE_CORRUPT}: {TOKENS_FILE}: missing"]
-    expected = {column: ("I64", [manifest["num_tokens"]]) for column in TOKEN_COLUMNS}
+    expected = {column: ("I64", [manifest["num_tokens"]]) for column in token_columns(manifest)}
     problems = _header_problems(path, TOKENS_FILE, expected)
     if not problems and hashes and _sha256_file(path) != entry.get("sha256"):
         problems.append(f"{CACHE_CORRUPT}: {TOKENS_FILE}: sha256 mismatch")
@@ -582,8 +589,13 @@ class CacheWriter:
         hooks: Mapping[str, int],
         dtype: str,
         shard_max_tokens: int = 65536,
+        extra_token_columns: tuple[str, ...] = (),
     ) -> CacheWriter:
         """Starts a cache in ``directory`` or resumes the one there.
+
+        ``extra_token_columns`` names int64 columns the token table carries besides the standard
+        three (a generation's cache marks prompt vs generated tokens with ``generated``); every
+        :meth:`add_batch` then gives them in ``extra_columns``.
 
         A directory without a manifest gets a fresh one (status ``writing``). A manifest with the
         same key, hooks and dtype is resumed: every listed shard is verified (files present, shapes
@@ -640,6 +652,7 @@ class CacheWriter:
                     ],
                     "status": STATUS_WRITING,
                     "shard_max_tokens": shard_max_tokens,
+                    **({"extra_token_columns": list(extra_token_columns)} if extra_token_columns else {}),
                     "num_tokens": 0,
                     "num_samples": None,
                     "shards": [],
@@ -757,7 +770,14 @@ class CacheWriter:
     # -- writing --
 
     def add_batch(
-        self, batch_index: int, *, token_ids, sample_index, positions, activations: Mapping[str, Any]
+        self,
+        batch_index: int,
+        *,
+        token_ids,
+        sample_index,
+        positions,
+        activations: Mapping[str, Any],
+        extra_columns: Mapping[str, Any] | None = None,
     ) -> bool:
         """Buffers one batch; writes a shard once the buffer holds ``shard_max_tokens`` tokens or more.
 
@@ -780,6 +800,12 @@ class CacheWriter:
             "sample_index": _as_cpu_tensor(sample_index, torch.int64, "sample_index"),
             "position": _as_cpu_tensor(positions, torch.int64, "positions"),
         }
+        extra = dict(extra_columns or {})
+        declared = token_columns(self.manifest)[len(TOKEN_COLUMNS) :]
+        if set(extra) != set(declared):
+            raise ValueError(f"The cache's extra token columns are {list(declared)}, got {sorted(extra)}.")
+        for name in declared:
+            columns[name] = _as_cpu_tensor(extra[name], torch.int64, name)
         count = columns["token_ids"].shape[0] if columns["token_ids"].dim() == 1 else -1
         for name, column in columns.items():
             if column.dim() != 1 or column.shape[0] != count:
@@ -823,7 +849,7 @@ class CacheWriter:
                 f"{TOKENS_DIR}/{name}",
                 [
                     (column, "I64", [count], [batch["columns"][column] for batch in pending])
-                    for column in TOKEN_COLUMNS
+                    for column in token_columns(self.manifest)
                 ],
             )
         ]
@@ -911,7 +937,10 @@ class CacheWriter:
             sha = write_durably(
                 root / TOKENS_FILE,
                 _safetensors_stream(
-                    [(column, "I64", [total], column_chunks(column)) for column in TOKEN_COLUMNS]
+                    [
+                        (column, "I64", [total], column_chunks(column))
+                        for column in token_columns(self.manifest)
+                    ]
                 ),
             )
             _fsync_directory(root)
@@ -1057,7 +1086,8 @@ class ActivationStore:
     # -- tokens --
 
     def tokens(self) -> dict[str, np.ndarray]:
-        """The token table: ``token_ids``, ``sample_index``, ``position`` (int64, one row per token).
+        """The token table: ``token_ids``, ``sample_index``, ``position`` and any extra columns
+        (e.g. ``generated`` in a generation's cache), int64, one row per token.
 
         Memory-mapped from tokens.safetensors for a complete cache; gathered from the shards otherwise.
         """
@@ -1066,12 +1096,13 @@ class ActivationStore:
             if self.manifest.get("tokens_file") and path.is_file():
                 self._tokens = _memmap_safetensors(path)
             else:
-                pieces: dict[str, list[np.ndarray]] = {column: [] for column in TOKEN_COLUMNS}
+                columns = token_columns(self.manifest)
+                pieces: dict[str, list[np.ndarray]] = {column: [] for column in columns}
                 for shard in self._shards:
                     mapped = _memmap_safetensors(
                         _inside(self.directory, f"{TOKENS_DIR}/{_shard_file_name(shard['index'])}")
                     )
-                    for column in TOKEN_COLUMNS:
+                    for column in columns:
                         pieces[column].append(mapped[column])
                 self._tokens = {
                     column: np.concatenate(arrays) if arrays else np.zeros(0, dtype=np.int64)

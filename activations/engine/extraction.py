@@ -220,7 +220,7 @@ def _runner(model: Any, sites: Any) -> Any:
     return model
 
 
-def _grad_free_mode(model: Any) -> Callable[[], Any]:
+def grad_free_mode(model: Any) -> Callable[[], Any]:
     import torch
 
     # bitsandbytes repacks 4-bit weights into its CPU layout on their first forward; under
@@ -231,7 +231,7 @@ def _grad_free_mode(model: Any) -> Callable[[], Any]:
     return torch.inference_mode
 
 
-def _first_tensor(value: Any) -> Any:
+def first_tensor(value: Any) -> Any:
     import torch
 
     if isinstance(value, torch.Tensor):
@@ -243,12 +243,12 @@ def _first_tensor(value: Any) -> Any:
     return None
 
 
-def _forward_input(args: tuple, kwargs: dict) -> Any:
+def forward_input(args: tuple, kwargs: dict) -> Any:
     if args:
-        return _first_tensor(args[0])
+        return first_tensor(args[0])
     if "hidden_states" in kwargs:
-        return _first_tensor(kwargs["hidden_states"])
-    return _first_tensor(tuple(kwargs.values()))
+        return first_tensor(kwargs["hidden_states"])
+    return first_tensor(tuple(kwargs.values()))
 
 
 class _BatchCapture:
@@ -280,7 +280,7 @@ class _BatchCapture:
 
         if name in self.captured:  # a module called twice in one pass: the first call counts
             return
-        tensor = _first_tensor(value)
+        tensor = first_tensor(value)
         batch_size, seq_len = self.shape
         if tensor is None or tensor.dim() < 2 or tuple(tensor.shape[:2]) != (batch_size, seq_len):
             raise HookError(
@@ -305,27 +305,38 @@ class _BatchCapture:
             raise _StopForward
 
     def register(self, modules: dict[str, Any], sites: dict[str, HookSite]) -> list[Any]:
-        handles = []
-        try:
-            for name, site in sites.items():
-                module = modules[site.module_path]
-                if site.reads == READ_INPUT:
+        return register_hooks(modules, sites, self.take)
 
-                    def pre_hook(module, args, kwargs, name=name):
-                        self.take(name, _forward_input(args, kwargs))
 
-                    handles.append(module.register_forward_pre_hook(pre_hook, with_kwargs=True))
-                else:
+def register_hooks(
+    modules: dict[str, Any], sites: dict[str, HookSite], take: Callable[[str, Any], None]
+) -> list[Any]:
+    """Hook each site's module so that ``take(name, value)`` gets what the hook point reads.
 
-                    def hook(module, args, output, name=name):
-                        self.take(name, output)
+    A pre-hook passes the module's input for ``READ_INPUT`` sites, a forward hook its output
+    otherwise. Returns the handles; if registering fails half-way, the ones made are removed.
+    """
+    handles = []
+    try:
+        for name, site in sites.items():
+            module = modules[site.module_path]
+            if site.reads == READ_INPUT:
 
-                    handles.append(module.register_forward_hook(hook))
-        except BaseException:
-            for handle in handles:
-                handle.remove()
-            raise
-        return handles
+                def pre_hook(module, args, kwargs, name=name):
+                    take(name, forward_input(args, kwargs))
+
+                handles.append(module.register_forward_pre_hook(pre_hook, with_kwargs=True))
+            else:
+
+                def hook(module, args, output, name=name):
+                    take(name, output)
+
+                handles.append(module.register_forward_hook(hook))
+    except BaseException:
+        for handle in handles:
+            handle.remove()
+        raise
+    return handles
 
 
 def _batch_inputs(
@@ -398,7 +409,7 @@ def _extract_batches(
     takes_position_ids = "position_ids" in parameters
     takes_use_cache = "use_cache" in parameters
     device = model.get_input_embeddings().weight.device
-    grad_free = _grad_free_mode(model)
+    grad_free = grad_free_mode(model)
     # hook point -> [capacity, width] buffer, allocated on first use and reused by every batch.
     buffers: dict[str, Any] = {}
 

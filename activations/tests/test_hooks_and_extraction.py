@@ -30,8 +30,7 @@ from activations.engine.hooks import (
     num_layers,
     resolve_hook_names,
 )
-from models_app.engine.loading import load_weights
-from models_app.engine.tiny_models import FAMILIES, build_tiny_model, local_corpus
+from models_app.engine.tiny_models import FAMILIES, local_corpus
 
 ATOL = 1e-5
 # Batched vs batch-of-one on a bitsandbytes model: its bf16 compute and LLM.int8()'s
@@ -46,29 +45,6 @@ _CUTS = (260, 14, 120, 45, 3, 170, 70)
 def _texts() -> list[str]:
     paragraphs = [paragraph for paragraph in local_corpus(20_000) if len(paragraph) > 300]
     return [paragraph[:cut] for paragraph, cut in zip(paragraphs, _CUTS, strict=False)]
-
-
-@pytest.fixture(scope="session")
-def tiny_model_root(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("tiny-extraction-models")
-
-
-@pytest.fixture(scope="session")
-def load_tiny(tiny_model_root):
-    """``load_tiny(family, quantization="none")``: a tiny model, built and loaded once per session."""
-    loaded = {}
-
-    def load(family: str, quantization: str = "none"):
-        if (family, quantization) not in loaded:
-            folder = tiny_model_root / family
-            if not (folder / "config.json").exists():
-                build_tiny_model(family, folder, size="tiny", seed=0)
-            loaded[family, quantization] = load_weights(
-                folder, model_type=family, quantization=quantization, device="cpu"
-            )
-        return loaded[family, quantization]
-
-    return load
 
 
 @pytest.fixture(scope="session")
