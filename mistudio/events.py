@@ -7,7 +7,10 @@ group's registered snapshot function, so a page opened mid-job is correct; event
 Groups: ``models``, ``model.<id>`` (and later ``extraction.<id>``, ``generation.<id>``).
 """
 
+import asyncio
 import logging
+import queue
+import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -101,3 +104,50 @@ class ProgressThrottle:
             self._last_progress, self._last_time = progress, now
             return True
         return False
+
+
+class BackgroundPublisher:
+    """Sends events from a daemon thread with its own event loop, in the order they were given.
+
+    For hot loops (a generation streams a token every few milliseconds): :meth:`send` only puts
+    the event on a queue, so the loop never waits on the channel layer, and the thread's one
+    event loop keeps its channel-layer connections instead of opening new ones per event.
+    """
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._pending = 0
+        self._idle = threading.Condition(self._lock)
+
+    def send(self, event: str, data: dict[str, Any], *, groups: Iterable[str]) -> None:
+        message = {"type": "event.message", "event": event, "data": {**data, "timestamp": timestamp()}}
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="event-publisher", daemon=True)
+                self._thread.start()
+            self._pending += 1
+        self._queue.put((message, list(groups)))
+
+    def flush(self, timeout: float = 5.0) -> bool:
+        """Wait until every event given so far is sent (tests, and before a worker exits)."""
+        with self._idle:
+            return self._idle.wait_for(lambda: self._pending == 0, timeout=timeout)
+
+    def _run(self) -> None:
+        loop = asyncio.new_event_loop()
+        layer = get_channel_layer()
+        while True:
+            message, groups = self._queue.get()
+            for group in groups:
+                try:
+                    loop.run_until_complete(layer.group_send(group, {**message, "group": group}))
+                except Exception:
+                    logger.warning("could not publish %s to %s", message["event"], group, exc_info=True)
+            with self._idle:
+                self._pending -= 1
+                self._idle.notify_all()
+
+
+BACKGROUND_PUBLISHER = BackgroundPublisher()

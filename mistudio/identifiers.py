@@ -1,4 +1,4 @@
-"""Prefixed opaque ids shown to users: ``m_…`` models, ``ds_…`` datasets, ``ext_…``, ``act_…``."""
+"""Prefixed opaque ids shown to users: ``m_…`` models, ``ds_…`` datasets, ``ext_…``, ``act_…``, ``gen_…``."""
 
 import secrets
 
@@ -24,3 +24,7 @@ def new_extraction_id() -> str:
 
 def new_cache_id() -> str:
     return new_id("act")
+
+
+def new_generation_id() -> str:
+    return new_id("gen")

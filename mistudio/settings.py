@@ -102,6 +102,8 @@ DATASET_MAX_UPLOAD_BYTES = int(env_number("DATASET_MAX_UPLOAD_BYTES", 100 * 2**2
 DATASET_MAX_LOCAL_BYTES = int(env_number("DATASET_MAX_LOCAL_BYTES", 2 * 2**30, minimum=1, integer=True))
 MODEL_MEMORY_LIMIT_GB = env_number("MODEL_MEMORY_LIMIT_GB", 0.0)  # 0: no limit beyond the device's own
 MAX_LOADED_MODELS = int(env_number("MAX_LOADED_MODELS", 4, integer=True))  # per worker; 0: no limit
+# Queued generation requests for one model that the worker decodes together as one batch.
+GENERATION_MAX_BATCH = int(env_number("GENERATION_MAX_BATCH", 8, integer=True, minimum=1))
 LOAD_RETRY_BASE_SECONDS = env_number("LOAD_RETRY_BASE_SECONDS", 2.0)  # backoff: 2, 4, 8 s
 # Read by huggingface_hub itself; kept here so nothing else reads the environment for it.
 # Never logged, never returned by any API.
@@ -236,6 +238,7 @@ REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         # Token first: its WWW-Authenticate header makes a missing credential a 401, not a 403.
         "rest_framework.authentication.TokenAuthentication",
+        "mistudio.authentication.BearerTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],

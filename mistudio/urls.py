@@ -48,6 +48,7 @@ urlpatterns = [
     path("admin/rq/", include("django_rq.urls")),  # queue dashboard, staff only
     path("admin/", admin.site.urls),
     path("api/", include(api_patterns)),
+    path("v1/", include("models_app.generation.openai_urls")),
     path("healthz", healthz, name="healthz"),
     # The interactive API documentation is a page (sign-in redirect), the schema it reads is API.
     path("docs/api/", login_required(SpectacularSwaggerView.as_view(url_name="schema")), name="api-docs"),

@@ -8,7 +8,7 @@ from django.db.models import Q, QuerySet
 from mistudio.errors import ApplicationError
 from mistudio.events import register_group_kind
 from models_app import roles
-from models_app.models import LanguageModel
+from models_app.models import Generation, LanguageModel
 
 
 class ModelFilter(django_filters.FilterSet):
@@ -32,6 +32,15 @@ def model_list(*, user, filters: dict[str, Any] | None = None) -> QuerySet[Langu
     if filters:
         query = ModelFilter(filters, queryset=query).qs
     return query
+
+
+def models_named(models: QuerySet[LanguageModel], reference: str) -> list[LanguageModel]:
+    """The model whose id is ``reference``, else (up to two of) the models with that name.
+
+    One result is a match; two mean the name is ambiguous; none, no such model.
+    """
+    model = models.filter(pk=reference).first()
+    return [model] if model is not None else list(models.filter(name=reference)[:2])
 
 
 def model_get(*, user, model_id: str) -> LanguageModel:
@@ -100,6 +109,52 @@ def model_snapshot(user, key: str | None) -> dict[str, Any] | None:
     return None if model is None else model_state(model)
 
 
+def generation_list(*, user) -> QuerySet[Generation]:
+    """Generations the user may see: their own; every one for ``model:admin``."""
+    if not user.has_perm(roles.READ):
+        return Generation.objects.none()
+    query = Generation.objects.select_related("model")
+    return query if user.has_perm(roles.ADMIN) else query.filter(owner=user)
+
+
+def generation_get(*, user, generation_id: str) -> Generation:
+    generation = generation_list(user=user).filter(pk=generation_id).first()
+    if generation is None:
+        raise ApplicationError("GENERATION_NOT_FOUND", "No such generation.", status=404)
+    return generation
+
+
+def generation_state(generation: Generation) -> dict[str, Any]:
+    """A generation's row as events, snapshots and ``GET /api/generations/{id}`` show it."""
+    return {
+        "request_id": generation.id,
+        "model_id": generation.model_id,
+        "status": generation.status,
+        "interface": generation.interface,
+        "prompt": generation.prompt,
+        "messages": generation.messages,
+        "parameters": generation.parameters,
+        "capture_hooks": generation.capture_hooks,
+        "output_text": generation.output_text,
+        "output_token_ids": generation.output_token_ids,
+        "input_token_ids": generation.input_token_ids,
+        "finish_reason": generation.finish_reason,
+        "usage": generation.usage,
+        "timings": generation.timings,
+        "cache_id": generation.cache_id,
+        "error_code": generation.error_code,
+        "error_message": generation.error_message,
+        "created_at": generation.created_at.isoformat() if generation.created_at else None,
+        "completed_at": generation.completed_at.isoformat() if generation.completed_at else None,
+    }
+
+
+def generation_snapshot(user, key: str | None) -> dict[str, Any] | None:
+    generation = generation_list(user=user).filter(pk=key).first()
+    return None if generation is None else generation_state(generation)
+
+
 def register_event_groups() -> None:
     register_group_kind("models", keyed=False, snapshot=models_snapshot)
     register_group_kind("model", keyed=True, snapshot=model_snapshot)
+    register_group_kind("generation", keyed=True, snapshot=generation_snapshot)

@@ -1,0 +1,275 @@
+"""``POST /api/generate`` (async: it waits on the worker), cancel, and the generation read-back API."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import AsyncIterator, Awaitable
+from contextlib import aclosing
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.http import HttpRequest, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
+from rest_framework import serializers
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from mistudio.async_api import authenticated_user, json_body, validated
+from mistudio.errors import ApplicationError, error_body
+from models_app.apis import StrictSerializer
+from models_app.generation.services import (
+    CAPTURE_DTYPES,
+    MAX_BATCH_PROMPTS,
+    MAX_PROMPT_CHARACTERS,
+    MAX_STOP_SEQUENCES,
+    MAX_TOKENS_LIMIT,
+    SamplingRequest,
+    generation_cancel,
+    generation_check,
+    generation_model,
+    generation_request,
+    generation_stop,
+)
+from models_app.generation.streams import FINAL_EVENTS, read_events
+from models_app.models import Generation
+from models_app.permissions import CanRead, CanWrite
+from models_app.selectors import generation_get, generation_list, generation_state
+
+MAX_STOP_CHARACTERS = 200
+
+
+class MessageSerializer(StrictSerializer):
+    role = serializers.ChoiceField(choices=["system", "user", "assistant"])
+    content = serializers.CharField(allow_blank=True, trim_whitespace=False, max_length=MAX_PROMPT_CHARACTERS)
+
+
+class CaptureSerializer(StrictSerializer):
+    """The ``mistudio`` extension: capture hook points during generation."""
+
+    capture = serializers.ListField(child=serializers.CharField(max_length=300), max_length=64, default=list)
+    store = serializers.BooleanField(default=True)
+    dtype = serializers.ChoiceField(choices=CAPTURE_DTYPES, default="float32")
+
+
+def string_or_list(value: Any, *, field: str, max_items: int, max_length: int) -> list[str]:
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list) or not all(isinstance(item, str) for item in items):
+        raise serializers.ValidationError({field: ["A string or a list of strings."]})
+    if len(items) > max_items:
+        raise serializers.ValidationError({field: [f"At most {max_items} items."]})
+    if any(len(item) > max_length for item in items):
+        raise serializers.ValidationError({field: [f"Each at most {max_length} characters."]})
+    return items
+
+
+class SamplingSerializer(StrictSerializer):
+    """Sampling fields shared by ``/api/generate`` and the OpenAI-compatible endpoints."""
+
+    max_tokens = serializers.IntegerField(min_value=1, max_value=MAX_TOKENS_LIMIT, required=False)
+    temperature = serializers.FloatField(min_value=0, max_value=2, required=False)
+    top_p = serializers.FloatField(min_value=0, max_value=1, required=False)
+    top_k = serializers.IntegerField(min_value=0, max_value=1_000_000, required=False)
+    repetition_penalty = serializers.FloatField(min_value=0, max_value=10, required=False)
+    seed = serializers.IntegerField(min_value=0, max_value=2**63 - 1, required=False, allow_null=True)
+    stop = serializers.JSONField(required=False, allow_null=True)
+    logprobs = serializers.BooleanField(required=False)
+    top_logprobs = serializers.IntegerField(min_value=0, max_value=20, required=False)
+    ignore_eos = serializers.BooleanField(required=False)
+    mistudio = CaptureSerializer(required=False)
+
+    # /api/generate follows seed 000's defaults; the OpenAI endpoints override them with OpenAI's.
+    default_temperature = 0.7
+    default_top_p = 0.95
+
+    def validate(self, attrs):
+        attrs = super().validate(attrs)
+        errors = {}
+        for name in ("temperature", "top_p", "repetition_penalty"):
+            if name in attrs and not math.isfinite(attrs[name]):
+                errors[name] = ["Must be a finite number."]
+        if attrs.get("top_p") == 0:
+            errors["top_p"] = ["Must be greater than 0."]
+        if attrs.get("repetition_penalty") == 0:
+            errors["repetition_penalty"] = ["Must be greater than 0."]
+        if errors:
+            raise serializers.ValidationError(errors)
+        if attrs.get("stop") is not None:
+            attrs["stop"] = string_or_list(
+                attrs["stop"], field="stop", max_items=MAX_STOP_SEQUENCES, max_length=MAX_STOP_CHARACTERS
+            )
+            if any(not stop for stop in attrs["stop"]):
+                raise serializers.ValidationError({"stop": ["Stop sequences must not be empty."]})
+        return attrs
+
+    def sampling(self, data: dict[str, Any]) -> SamplingRequest:
+        return SamplingRequest(
+            max_tokens=data.get("max_tokens", SamplingRequest.max_tokens),
+            max_tokens_explicit="max_tokens" in data,
+            temperature=data.get("temperature", self.default_temperature),
+            top_p=data.get("top_p", self.default_top_p),
+            top_k=data.get("top_k", 0),
+            repetition_penalty=data.get("repetition_penalty", 1.0),
+            seed=data.get("seed"),
+            stop=data.get("stop") or [],
+            logprobs=bool(data.get("logprobs")) or data.get("top_logprobs", 0) > 0,
+            top_logprobs=data.get("top_logprobs", 0),
+            ignore_eos=data.get("ignore_eos", False),
+        )
+
+
+class GenerateInputSerializer(SamplingSerializer):
+    model_id = serializers.CharField(max_length=500)
+    prompt = serializers.JSONField(required=False)
+    messages = MessageSerializer(many=True, required=False, allow_empty=False)
+    system_prompt = serializers.CharField(
+        required=False, allow_blank=True, trim_whitespace=False, max_length=MAX_PROMPT_CHARACTERS
+    )
+    chat_template = serializers.BooleanField(required=False, allow_null=True, default=None)
+
+    def validate(self, attrs):
+        attrs = super().validate(attrs)
+        if ("prompt" in attrs) == ("messages" in attrs):
+            raise serializers.ValidationError({"prompt": ["Give either prompt or messages."]})
+        if "prompt" in attrs:
+            attrs["prompt"] = string_or_list(
+                attrs["prompt"], field="prompt", max_items=MAX_BATCH_PROMPTS, max_length=MAX_PROMPT_CHARACTERS
+            )
+            if not attrs["prompt"]:
+                raise serializers.ValidationError({"prompt": ["Give at least one prompt."]})
+        return attrs
+
+
+def error_response(error: ApplicationError) -> JsonResponse:
+    return JsonResponse(error_body(error.code, error.message, error.details), status=error.status)
+
+
+def cancelled_meanwhile() -> bool:
+    """Whether this task was cancelled although no ``CancelledError`` reached it.
+
+    redis-py sends each command under ``asyncio.wait_for``, which on Python 3.11 drops a
+    cancellation that lands just as the command completes (CPython gh-86296, fixed in 3.12), so a
+    read loop would go on serving a client that left. The task's cancel count still tells.
+    """
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
+async def generation_events(generation_id: str) -> AsyncIterator[dict[str, Any]]:
+    """:func:`read_events` of one generation, ended by a cancellation even when redis-py hid it."""
+
+    async def check():
+        return await sync_to_async(generation_check)(generation_id)
+
+    events = read_events(generation_id, check=check)
+    try:
+        async for event in events:
+            if cancelled_meanwhile():
+                raise asyncio.CancelledError
+            yield event
+    finally:
+        await events.aclose()
+
+
+async def stop_on_cancel(generation_id: str, waiting: Awaitable[Any]) -> Any:
+    """Await ``waiting``; a client that goes away meanwhile (``CancelledError``) stops the generation."""
+    try:
+        return await waiting
+    except asyncio.CancelledError:
+        await asyncio.shield(sync_to_async(generation_stop)(generation_id))
+        raise
+
+
+async def result_event(generation_id: str) -> dict[str, Any]:
+    """The generation's ``done`` or ``failed`` event."""
+
+    async def last() -> dict[str, Any]:
+        async with aclosing(generation_events(generation_id)) as events:
+            async for event in events:
+                if event["type"] in FINAL_EVENTS:
+                    return event
+        raise ApplicationError("GENERATION_FAILED", "The generation ended without a result.", status=500)
+
+    return await stop_on_cancel(generation_id, last())
+
+
+def result_body(event: dict[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in event.items() if key not in ("type", "status")}
+
+
+def failure(event: dict[str, Any]) -> ApplicationError:
+    return ApplicationError(event["code"], event["message"], status=event.get("status", 500))
+
+
+@csrf_exempt  # CSRF is checked by DRF's SessionAuthentication for session users; tokens need none
+async def generate(request: HttpRequest) -> JsonResponse:
+    """``POST /api/generate``: generate for one prompt, a list of prompts (a batch), or messages.
+
+    Waits for the result. A single prompt answers with the result object; a list of prompts
+    with ``{"results": [...]}`` in order, where a prompt that failed has an ``error`` object.
+    """
+    if request.method != "POST":
+        return error_response(ApplicationError("METHOD_NOT_ALLOWED", "Use POST.", status=405))
+    try:
+        user = await authenticated_user(request)
+        data = validated(GenerateInputSerializer, json_body(request))
+        capture = data.get("mistudio") or {}
+        model = await sync_to_async(generation_model)(user=user, model_ref=data["model_id"])
+        rows = await sync_to_async(generation_request)(
+            model_id=model.id,
+            owner=user,
+            prompts=data.get("prompt"),
+            messages=[dict(message) for message in data["messages"]] if "messages" in data else None,
+            system_prompt=data.get("system_prompt", ""),
+            chat_template=data.get("chat_template"),
+            sampling=GenerateInputSerializer().sampling(data),
+            capture=capture.get("capture") or [],
+            capture_dtype=capture.get("dtype", "float32"),
+            store_activations=capture.get("store", True),
+            interface=Generation.Interface.API,
+        )
+        batch = isinstance(request_prompt := data.get("prompt"), list) and len(request_prompt) > 1
+        if not batch:
+            event = await result_event(rows[0].id)
+            if event["type"] == "failed":
+                raise failure(event)
+            return JsonResponse(result_body(event))
+        events = await asyncio.gather(*(result_event(row.id) for row in rows))
+    except ApplicationError as error:
+        return error_response(error)
+    results = [
+        result_body(event)
+        if event["type"] == "done"
+        else {"request_id": event.get("request_id"), **error_body(event["code"], event["message"])}
+        for event in events
+    ]
+    return JsonResponse({"results": results})
+
+
+class GenerationListApi(APIView):
+    """``GET /api/generations``: your generations, newest first (all of them for model:admin)."""
+
+    permission_classes = [CanRead]
+
+    def get(self, request):
+        rows = generation_list(user=request.user)[:200]
+        return Response({"results": [generation_state(row) for row in rows]})
+
+
+class GenerationDetailApi(APIView):
+    """``GET /api/generations/{id}``: one generation's request and result."""
+
+    permission_classes = [CanRead]
+
+    def get(self, request, generation_id: str):
+        return Response(generation_state(generation_get(user=request.user, generation_id=generation_id)))
+
+
+class GenerationCancelApi(APIView):
+    """``POST /api/generate/{request_id}/cancel``: stop a queued or running generation."""
+
+    permission_classes = [CanWrite]
+
+    def post(self, request, generation_id: str):
+        generation = generation_cancel(user=request.user, generation_id=generation_id)
+        return Response(generation_state(generation), status=202)

@@ -1,0 +1,250 @@
+"""Generation workflows: validate a request, write its rows, queue it on the model's host worker.
+
+One path for every front door: ``POST /api/generate``, the OpenAI-compatible ``/v1`` endpoints,
+``manage.py generate`` / ``play`` and the playground page all call :func:`generation_request`,
+then read the generation's event stream (``models_app.generation.streams``).
+
+Documented behaviour for a model that is not loaded: 409 ``MODEL_NOT_LOADED`` (load it first:
+``POST /api/models/{id}/load``). Generation never loads a model on its own, because a load can
+evict another model and take minutes, which a chat client waiting on a socket should not cause.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from mistudio.errors import ApplicationError
+from models_app import roles
+from models_app.generation.streams import GenerationStream, request_cancel
+from models_app.models import Generation, LanguageModel
+
+MAX_TOKENS_LIMIT = 2048
+DEFAULT_MAX_TOKENS = 128
+MAX_PROMPT_CHARACTERS = 12_000
+MAX_BATCH_PROMPTS = 16
+MAX_STOP_SEQUENCES = 4
+GENERATION_JOB_TIMEOUT_SECONDS = 3600
+CAPTURE_DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclass
+class SamplingRequest:
+    """Sampling parameters as validated by an API serializer (names as in ``/api/generate``)."""
+
+    max_tokens: int = DEFAULT_MAX_TOKENS
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    logprobs: bool = False
+    top_logprobs: int = 0
+    # Keep going past the end-of-sequence token (vLLM's ignore_eos): benchmarks, long probes.
+    ignore_eos: bool = False
+    # False when max_tokens is the default: then it shrinks to fit the model's context.
+    max_tokens_explicit: bool = False
+
+
+def generation_model(*, user, model_ref: str) -> LanguageModel:
+    """The model an API request names, by id (``m_…``) or by name, if the user may generate with it.
+
+    403 ``PERMISSION_DENIED`` without the model:write role; 404 ``MODEL_NOT_FOUND`` for a model
+    the user cannot see.
+    """
+    from models_app.selectors import model_list, models_named
+
+    if not user.has_perm(roles.WRITE):
+        raise ApplicationError("PERMISSION_DENIED", "Generating needs the model:write role.", status=403)
+    matches = models_named(model_list(user=user), model_ref)
+    if len(matches) > 1:
+        raise ApplicationError(
+            "AMBIGUOUS_MODEL", f"Several models are named {model_ref!r}; use the model id.", status=400
+        )
+    if not matches:
+        raise ApplicationError("MODEL_NOT_FOUND", f"No model {model_ref!r}.", status=404)
+    return matches[0]
+
+
+def check_prompt_text(text: str, *, field_name: str) -> None:
+    if not text.strip():
+        raise ApplicationError(
+            "EMPTY_PROMPT", "The prompt is empty.", details={"fields": {field_name: ["Empty."]}}, status=400
+        )
+    if "\x00" in text:
+        raise ApplicationError(
+            "INVALID_PROMPT",
+            "The prompt contains a NUL character.",
+            details={"fields": {field_name: ["NUL characters are not allowed."]}},
+            status=400,
+        )
+    if len(text) > MAX_PROMPT_CHARACTERS:
+        raise ApplicationError(
+            "PROMPT_TOO_LONG",
+            f"The prompt has {len(text)} characters; the limit is {MAX_PROMPT_CHARACTERS}.",
+            details={"fields": {field_name: [f"At most {MAX_PROMPT_CHARACTERS} characters."]}},
+            status=400,
+        )
+
+
+def generation_request(
+    *,
+    model_id: str,
+    owner,
+    prompts: list[str] | None = None,
+    messages: list[dict[str, str]] | None = None,
+    system_prompt: str = "",
+    chat_template: bool | None = None,
+    sampling: SamplingRequest,
+    capture: list[str] | None = None,
+    capture_dtype: str = "float32",
+    store_activations: bool = True,
+    interface: str = Generation.Interface.API,
+) -> list[Generation]:
+    """Create one queued generation per prompt (or one for ``messages``) and queue them on the host.
+
+    Rows of one request share a ``batch_id`` and are created in one transaction before any job is
+    queued, so the worker runs them as one batch. Raises 409 ``MODEL_NOT_LOADED`` when the model
+    is not ready, 400 for bad prompts or hook names. Permissions are the caller's to check
+    (:func:`generation_model` finds a model the way an API user may see it).
+    """
+    from activations.services import hook_names_for
+    from models_app.workers import worker_queue
+
+    model = LanguageModel.objects.get(pk=model_id)
+    if (prompts is None) == (messages is None):
+        raise ApplicationError("INVALID_REQUEST", "Give either a prompt or messages.", status=400)
+    if prompts is not None:
+        if not prompts or len(prompts) > MAX_BATCH_PROMPTS:
+            raise ApplicationError("INVALID_REQUEST", f"Give 1 to {MAX_BATCH_PROMPTS} prompts.", status=400)
+        for index, prompt in enumerate(prompts):
+            check_prompt_text(prompt, field_name="prompt" if len(prompts) == 1 else f"prompt[{index}]")
+    else:
+        if not messages:
+            raise ApplicationError("EMPTY_PROMPT", "messages is empty.", status=400)
+        check_prompt_text(
+            "\n".join(message["content"] for message in messages) + system_prompt, field_name="messages"
+        )
+    if model.status != LanguageModel.Status.READY or not model.host_worker:
+        state = "still loading" if model.status == LanguageModel.Status.LOADING else model.status
+        raise ApplicationError(
+            "MODEL_NOT_LOADED",
+            f"The model is {state}; load it first (POST /api/models/{model.id}/load).",
+            details={"model_id": model.id, "status": model.status},
+            status=409,
+        )
+    hooks = hook_names_for(model, hooks=capture, layers=None) if capture else []
+    if hooks and prompts is not None and len(prompts) > 1:
+        raise ApplicationError(
+            "CAPTURE_NEEDS_ONE_PROMPT", "Activation capture works on one prompt per request.", status=400
+        )
+    if capture_dtype not in CAPTURE_DTYPES:
+        raise ApplicationError(
+            "INVALID_DTYPE", f"dtype must be one of {', '.join(CAPTURE_DTYPES)}.", status=400
+        )
+
+    parameters = asdict(sampling)
+    explicit = parameters.pop("max_tokens_explicit")
+    batch_id = uuid.uuid4().hex[:12]
+    with transaction.atomic():
+        rows = [
+            Generation.objects.create(
+                model=model,
+                owner=owner,
+                interface=interface,
+                batch_id=batch_id,
+                prompt=prompt,
+                messages=messages or [],
+                system_prompt=system_prompt,
+                chat_template=chat_template,
+                parameters=parameters,
+                max_tokens_explicit=explicit,
+                capture_hooks=hooks,
+                capture_dtype=capture_dtype,
+                store_activations=store_activations,
+            )
+            for prompt in (prompts if prompts is not None else [""])
+        ]
+        queue_name = model.host_worker
+
+        def enqueue() -> None:
+            queue = worker_queue(queue_name)
+            for row in rows:
+                # At the front: a chat reply should not wait behind a long extraction's queue.
+                queue.enqueue(
+                    "models_app.generation.tasks.run_generation",
+                    row.id,
+                    job_id=f"generate-{row.id}",
+                    job_timeout=GENERATION_JOB_TIMEOUT_SECONDS,
+                    at_front=True,
+                    result_ttl=0,
+                )
+
+        transaction.on_commit(enqueue)
+    return rows
+
+
+def generation_cancel(*, user, generation_id: str) -> Generation:
+    """Stop a generation: a queued one never runs, a running one stops after its current token."""
+    from models_app.selectors import generation_get
+
+    generation = generation_get(user=user, generation_id=generation_id)
+    if not user.has_perm(roles.WRITE):
+        raise ApplicationError("PERMISSION_DENIED", "Cancelling needs the model:write role.", status=403)
+    generation_stop(generation.id)
+    generation.refresh_from_db()
+    return generation
+
+
+def generation_stop(generation_id: str) -> None:
+    """Cancel without a permission check (the client that asked for it went away)."""
+    from models_app.generation.tasks import finish_cancelled
+
+    request_cancel(generation_id)
+    # One conditional UPDATE: a worker claiming the row at the same moment gets either it or nothing.
+    claimed = Generation.objects.filter(pk=generation_id, status=Generation.Status.QUEUED).update(
+        status=Generation.Status.CANCELLED, finish_reason="cancelled", completed_at=timezone.now()
+    )
+    if claimed:
+        finish_cancelled(Generation.objects.get(pk=generation_id))
+
+
+def generation_check(generation_id: str) -> dict[str, Any] | None:
+    """For a reader that has heard nothing for a while: a final event if the generation cannot finish.
+
+    A row already final (its stream expired, or it ended before streaming) gives its result; a
+    running row whose host worker has no heartbeat any more is failed with ``WORKER_LOST``.
+    """
+    from models_app.generation.tasks import final_event
+    from models_app.workers import read_heartbeats
+
+    generation = Generation.objects.filter(pk=generation_id).first()
+    if generation is None:
+        return {
+            "type": "failed",
+            "code": "GENERATION_NOT_FOUND",
+            "message": "The generation is gone.",
+            "status": 404,
+        }
+    if generation.status not in Generation.ACTIVE:
+        return final_event(generation)
+    alive = {beat["name"] for beat in read_heartbeats()}
+    host = generation.host_worker or generation.model.host_worker
+    if host and host not in alive:
+        failed = Generation.objects.filter(pk=generation_id, status__in=Generation.ACTIVE).update(
+            status=Generation.Status.FAILED,
+            error_code="WORKER_LOST",
+            error_message="The worker stopped.",
+            completed_at=timezone.now(),
+        )
+        if failed:
+            generation.refresh_from_db()
+            event = final_event(generation)
+            GenerationStream(generation_id).emit_event(event)
+            return event
+    return None
