@@ -9,10 +9,9 @@ from models_app.models import LanguageModel
 
 def find_model(reference: str) -> LanguageModel:
     """A model by id (``m_…``) or by its unique name."""
-    model = LanguageModel.objects.filter(pk=reference).first()
-    if model is not None:
-        return model
-    matches = list(LanguageModel.objects.filter(name=reference)[:2])
+    from models_app.selectors import models_named
+
+    matches = models_named(LanguageModel.objects.all(), reference)
     if len(matches) == 1:
         return matches[0]
     if matches:
@@ -34,9 +33,37 @@ def gigabytes(size: int | None) -> str:
     return "—" if size is None else f"{size / 2**30:.2f} GB"
 
 
+class ExactWriter:
+    """A file for tqdm over a command's OutputWrapper, which would otherwise end every write
+    with a newline and so print each redraw of the progress bar on a line of its own."""
+
+    def __init__(self, wrapper):
+        self.wrapper = wrapper
+        # tqdm draws with Unicode blocks only where the file says it can take them.
+        self.encoding = getattr(wrapper, "encoding", None) or "utf-8"
+
+    def write(self, text: str) -> None:
+        self.wrapper.write(text, ending="", style_func=plain)
+
+    def flush(self) -> None:
+        self.wrapper.flush()
+
+    def isatty(self) -> bool:
+        return self.wrapper.isatty()
+
+
+def plain(text: str) -> str:
+    """A style function that leaves text alone (Django paints everything on stderr red)."""
+    return text
+
+
 def wait_for_load(model: LanguageModel, *, timeout: float, stdout) -> LanguageModel:
     """Follow the row until it leaves ``loading``, drawing its progress and stage."""
+    from django.core.management.base import OutputWrapper
     from tqdm import tqdm
+
+    if isinstance(stdout, OutputWrapper):
+        stdout = ExactWriter(stdout)
 
     deadline = time.monotonic() + timeout
     with tqdm(
