@@ -1,0 +1,172 @@
+"""Generation jobs in a real (burst) worker: batching, cancel, failures, events to the browser group."""
+
+import pytest
+from asgiref.sync import sync_to_async
+from channels.testing import WebsocketCommunicator
+
+from mistudio.asgi import application
+from mistudio.events import BACKGROUND_PUBLISHER
+from models_app.generation.services import SamplingRequest, generation_request, generation_stop
+from models_app.generation.streams import iter_events
+from models_app.models import Generation, LanguageModel, storable_text
+from models_app.services import model_load_request, model_register
+from models_app.workers import run_worker
+
+pytestmark = pytest.mark.django_db(transaction=True)
+WORKER = "generation-worker"
+
+
+def browser(user) -> WebsocketCommunicator:
+    headers = [
+        (b"origin", b"http://127.0.0.1:8000"),
+        (b"authorization", f"Token {user.auth_token.key}".encode()),
+    ]
+    return WebsocketCommunicator(application, "/ws/events/", headers=headers)
+
+
+def burst() -> None:
+    run_worker(name=WORKER, device="cpu", burst=True)
+
+
+@pytest.fixture
+def loaded_llama(tiny_llama_folder, writer):
+    model = model_register(source="local", identifier=str(tiny_llama_folder), name="tiny-llama", owner=writer)
+    model_load_request(model_id=model.id)
+    burst()
+    model.refresh_from_db()
+    assert model.status == LanguageModel.Status.READY
+    return model
+
+
+def request(model, prompts, *, owner=None, **sampling) -> list[Generation]:
+    return generation_request(
+        model_id=model.id,
+        owner=owner,
+        prompts=prompts,
+        sampling=SamplingRequest(temperature=0, ignore_eos=True, max_tokens_explicit=True, **sampling),
+        interface=Generation.Interface.CLI,
+    )
+
+
+def test_queued_requests_run_as_one_batch_with_their_own_results(loaded_llama):
+    alone = {}
+    for prompt in ["One prompt", "Another, longer prompt here"]:
+        [row] = request(loaded_llama, [prompt], max_tokens=8)
+        burst()
+        row.refresh_from_db()
+        alone[prompt] = row.output_token_ids
+    rows = [
+        *request(loaded_llama, ["One prompt"], max_tokens=8),
+        *request(loaded_llama, ["Another, longer prompt here"], max_tokens=8),
+    ]
+    burst()  # the first job takes both; the second job finds its row taken and returns
+    for row in rows:
+        row.refresh_from_db()
+        assert row.status == "completed" and row.output_token_ids == alone[row.prompt]
+        assert row.started_at is not None and row.completion_tokens == 8
+    events = list(iter_events(rows[1].id))
+    assert [event["type"] for event in events] == ["started", *["token"] * 8, "done"]
+    assert (
+        storable_text("".join(event.get("text", "") for event in events if event["type"] == "token"))
+        == rows[1].output_text
+    )
+
+
+def test_a_request_cancelled_while_queued_never_runs(loaded_llama):
+    [row] = request(loaded_llama, ["Never mind"], max_tokens=8)
+    generation_stop(row.id)
+    row.refresh_from_db()
+    assert row.status == "cancelled"
+    assert [event["type"] for event in iter_events(row.id)] == ["done"]
+    burst()
+    row.refresh_from_db()
+    assert row.status == "cancelled" and row.output_token_ids == []
+
+
+def test_a_model_unloaded_before_its_job_runs_fails_the_row(loaded_llama):
+    from models_app.engine.loading import release
+    from models_app.engine.registry import LOADED_MODELS
+
+    [row] = request(loaded_llama, ["Too late"], max_tokens=4)
+    release(LOADED_MODELS.remove(loaded_llama.id))
+    burst()
+    row.refresh_from_db()
+    assert row.status == "failed" and row.error_code == "MODEL_NOT_LOADED"
+    final = list(iter_events(row.id))[-1]
+    assert final["type"] == "failed" and final["status"] == 409
+
+
+def test_an_unexpected_error_fails_the_rows_instead_of_leaving_them_running(loaded_llama):
+    [row] = request(loaded_llama, ["Broken"], max_tokens=4)
+    Generation.objects.filter(pk=row.pk).update(parameters={"broken": True})  # a row the task cannot read
+    burst()
+    row.refresh_from_db()
+    assert row.status == "failed" and row.error_code == "GENERATION_FAILED"
+    assert list(iter_events(row.id))[-1]["type"] == "failed"
+
+
+def test_a_prompt_over_the_context_fails_with_a_client_error(loaded_llama):
+    [row] = request(loaded_llama, ["word " * 50], max_tokens=4090)
+    burst()
+    row.refresh_from_db()
+    assert row.status == "failed" and row.error_code == "CONTEXT_LENGTH_EXCEEDED"
+    assert list(iter_events(row.id))[-1]["status"] == 400
+
+
+async def test_tokens_reach_the_generation_group_of_a_subscribed_browser(loaded_llama, writer):
+    [row] = await sync_to_async(request)(loaded_llama, ["Stream to the page"], owner=writer, max_tokens=24)
+    communicator = browser(writer)
+    connected, _ = await communicator.connect()
+    assert connected
+    await communicator.send_json_to({"action": "subscribe", "groups": [f"generation.{row.id}"]})
+    snapshot = await communicator.receive_json_from(timeout=5)
+    assert snapshot["type"] == "snapshot" and snapshot["data"]["status"] == "queued"
+    await sync_to_async(burst)()
+    await sync_to_async(BACKGROUND_PUBLISHER.flush)()
+    events = []
+    while not events or events[-1]["event"] != "generation:completed":
+        events.append(await communicator.receive_json_from(timeout=5))
+    await communicator.disconnect()
+    names = [event["event"] for event in events]
+    assert names[0] == "generation:started" and "generation:tokens" in names
+    text = "".join(event["data"]["text"] for event in events if event["event"] == "generation:tokens")
+    await sync_to_async(row.refresh_from_db)()
+    assert storable_text(text) == row.output_text
+    assert events[-1]["data"]["usage"]["completion_tokens"] == 24
+
+
+async def test_another_user_cannot_subscribe_to_a_generation(loaded_llama, writer, reader):
+    [row] = await sync_to_async(generation_request)(
+        model_id=loaded_llama.id, owner=writer, prompts=["Mine"], sampling=SamplingRequest(max_tokens=2)
+    )
+    communicator = browser(reader)
+    connected, _ = await communicator.connect()
+    assert connected
+    await communicator.send_json_to({"action": "subscribe", "groups": [f"generation.{row.id}"]})
+    reply = await communicator.receive_json_from(timeout=5)
+    assert reply["type"] == "error"
+    await communicator.disconnect()
+
+
+def test_a_generated_nul_character_reaches_the_client_and_the_row_keeps_a_placeholder(loaded_llama):
+    """PostgreSQL text cannot hold NUL; a model that generates one must not fail the request."""
+    import torch
+
+    from models_app.engine.registry import LOADED_MODELS
+
+    loaded = LOADED_MODELS.get(loaded_llama.id)
+    [nul_id] = loaded.tokenizer.encode("\x00", add_special_tokens=False)
+    bias = torch.zeros(loaded.model.config.vocab_size)
+    bias[nul_id] = 1e4  # steer the real model: every next token is the NUL byte
+
+    handle = loaded.model.lm_head.register_forward_hook(lambda module, args, output: output + bias)
+    try:
+        [row] = request(loaded_llama, ["Say nothing"], max_tokens=3)
+        burst()
+    finally:
+        handle.remove()
+    row.refresh_from_db()
+    assert row.status == "completed" and row.output_token_ids == [nul_id] * 3
+    assert row.output_text == "\ufffd" * 3
+    final = list(iter_events(row.id))[-1]
+    assert final["type"] == "done" and final["output_text"] == "\x00" * 3
