@@ -1,11 +1,18 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from frontend import views
+from frontend.views import activations, datasets, models, playground, workers
 
 app_name = "frontend"
 urlpatterns = [
-    path("", views.home, name="home"),
+    path("", models.model_list_page, name="models"),
+    path("models/<str:model_id>/", models.model_detail_page, name="model"),
+    path("datasets/", datasets.dataset_list_page, name="datasets"),
+    path("datasets/<str:dataset_id>/", datasets.dataset_detail_page, name="dataset"),
+    path("activations/", activations.cache_list_page, name="caches"),
+    path("activations/<str:cache_id>/", activations.cache_browser_page, name="cache"),
+    path("playground/", playground.playground_page, name="playground"),
+    path("workers/", workers.workers_page, name="workers"),
     path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
 ]

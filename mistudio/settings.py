@@ -172,6 +172,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                "frontend.context_processors.user_role",
             ],
         },
     },
@@ -231,7 +232,7 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
 ]
 LOGIN_URL = "frontend:login"
-LOGIN_REDIRECT_URL = "frontend:home"
+LOGIN_REDIRECT_URL = "frontend:models"
 LOGOUT_REDIRECT_URL = "frontend:login"
 
 REST_FRAMEWORK = {

@@ -1,0 +1,103 @@
+"""Browser tests: Debian's chromium driven by Playwright against a live Daphne and a real worker.
+
+Fixtures (exposed by ``frontend/tests/conftest.py``):
+
+- ``chromium``: one headless browser per session (``/usr/bin/chromium``, no downloaded build);
+- ``site``: the module's live Daphne + worker (``live_processes``) with a signed-up model:write
+  user ``ada`` (password ``ada-password``), rows made per test;
+- ``page``: a fresh browser context signed in as ``ada`` through the real sign-in form.
+
+``screenshot(page, name)`` saves ``docs/screenshots/<name>-light.png`` and ``-dark.png``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+SCREENSHOTS = Path(settings.BASE_DIR) / "docs" / "screenshots"
+VIEWPORT = {"width": 1360, "height": 860}
+USERNAME, PASSWORD = "ada", "ada-password"
+# Long enough for a tiny model's load or extraction on two busy cores; failures say what they waited for.
+LIVE_TIMEOUT_MS = 90_000
+
+
+@dataclass
+class Site:
+    base_url: str
+    worker_name: str
+
+    def url(self, path: str) -> str:
+        return f"{self.base_url}{path}"
+
+
+@pytest.fixture(scope="session")
+def chromium():
+    from playwright.sync_api import sync_playwright
+
+    # Playwright's sync API runs an event loop in this thread; the test's own ORM calls are
+    # still plain synchronous code, so Django's async-safety check must not refuse them.
+    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def site(transactional_db, live_processes) -> Site:
+    from django.contrib.auth import get_user_model
+    from django.contrib.auth.hashers import PBKDF2PasswordHasher
+    from django.contrib.auth.models import Group
+
+    base_url, worker_name, _processes = live_processes
+    # The live server runs the production settings, which do not accept the test settings' fast
+    # hasher; a PBKDF2 hash with few iterations is accepted (and upgraded) at sign-in.
+    password = PBKDF2PasswordHasher().encode(PASSWORD, "browser-test-salt", iterations=1000)
+    user = get_user_model().objects.create(username=USERNAME, password=password)
+    user.groups.add(Group.objects.get(name="model:write"))
+    return Site(base_url=base_url, worker_name=worker_name)
+
+
+def sign_in(page, site: Site) -> None:
+    page.goto(site.url("/login/"))
+    page.fill("#id_username", USERNAME)
+    page.fill("#id_password", PASSWORD)
+    page.click("button[type=submit]")
+    page.wait_for_url(site.url("/"))
+
+
+@pytest.fixture
+def page(chromium, site):
+    context = chromium.new_context(viewport=VIEWPORT, color_scheme="light")
+    context.set_default_timeout(20_000)
+    browser_page = context.new_page()
+    errors: list[str] = []
+    browser_page.on("pageerror", lambda error: errors.append(str(error)))
+    sign_in(browser_page, site)
+    yield browser_page
+    context.close()
+    assert not errors, f"JavaScript errors on the page: {errors}"
+
+
+def screenshot(page, name: str) -> None:
+    """Save the page as it is now, in the light and the dark theme, for docs/screenshots/."""
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    for scheme in ("light", "dark"):
+        page.emulate_media(color_scheme=scheme)
+        page.wait_for_timeout(150)  # let transitions settle
+        page.screenshot(path=str(SCREENSHOTS / f"{name}-{scheme}.png"), full_page=True)
+    page.emulate_media(color_scheme="light")

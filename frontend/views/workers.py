@@ -1,0 +1,9 @@
+"""Pages: workers."""
+
+from django.contrib.auth.decorators import login_required
+from django.shortcuts import render
+
+
+@login_required
+def workers_page(request):
+    return render(request, "frontend/stub.html", {"title": "Workers"})
