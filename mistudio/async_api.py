@@ -22,10 +22,23 @@ from mistudio.authentication import BearerTokenAuthentication
 from mistudio.errors import DRF_CODES, ApplicationError
 
 
+class _SessionAuthentication(SessionAuthentication):
+    """Session auth whose CSRF check reads the plain Django request.
+
+    The check looks for a form field before the ``X-CSRFToken`` header, i.e. it reads ``POST``;
+    DRF's ``Request`` would parse that with the view's parsers, and these views have none (they
+    read JSON themselves), so a browser's JSON request would fail as an unsupported media type.
+    Django's own request answers ``POST`` of a JSON body with an empty form, unread.
+    """
+
+    def enforce_csrf(self, request):
+        return super().enforce_csrf(request._request)
+
+
 def _authenticate(request: HttpRequest, session: bool) -> Any:
     authenticators = [TokenAuthentication(), BearerTokenAuthentication()]
     if session:
-        authenticators.append(SessionAuthentication())  # enforces CSRF for unsafe methods
+        authenticators.append(_SessionAuthentication())  # enforces CSRF for unsafe methods
     drf_request = Request(request, authenticators=authenticators)
     try:
         user = drf_request.user

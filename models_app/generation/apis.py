@@ -1,15 +1,20 @@
-"""``POST /api/generate`` (async: it waits on the worker), cancel, and the generation read-back API."""
+"""``POST /api/generate`` (async: it waits on the worker, or streams), cancel, and the read-back API.
+
+The helpers that wait on a generation's events (:func:`generation_events`, :func:`result_event`,
+:func:`open_stream`, :func:`until_final`) serve the OpenAI-compatible endpoints too.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 from collections.abc import AsyncIterator, Awaitable
 from contextlib import aclosing
 from typing import Any
 
 from asgiref.sync import sync_to_async
-from django.http import HttpRequest, JsonResponse
+from django.http import HttpRequest, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 from rest_framework import serializers
 from rest_framework.response import Response
@@ -126,6 +131,7 @@ class GenerateInputSerializer(SamplingSerializer):
         required=False, allow_blank=True, trim_whitespace=False, max_length=MAX_PROMPT_CHARACTERS
     )
     chat_template = serializers.BooleanField(required=False, allow_null=True, default=None)
+    stream = serializers.BooleanField(default=False)
 
     def validate(self, attrs):
         attrs = super().validate(attrs)
@@ -137,6 +143,10 @@ class GenerateInputSerializer(SamplingSerializer):
             )
             if not attrs["prompt"]:
                 raise serializers.ValidationError({"prompt": ["Give at least one prompt."]})
+            if attrs["stream"] and len(attrs["prompt"]) > 1:
+                raise serializers.ValidationError(
+                    {"prompt": ["A stream takes one prompt (or messages); send a batch without stream."]}
+                )
         return attrs
 
 
@@ -201,12 +211,102 @@ def failure(event: dict[str, Any]) -> ApplicationError:
     return ApplicationError(event["code"], event["message"], status=event.get("status", 500))
 
 
+# --- streaming (shared with the OpenAI-compatible endpoints) -------------------------------------
+
+
+def server_sent(data: dict[str, Any] | str) -> str:
+    """One server-sent event: ``data: <compact JSON or text>`` and the blank line that ends it."""
+    payload = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
+    return f"data: {payload}\n\n"
+
+
+def event_stream(chunks: AsyncIterator[str]) -> StreamingHttpResponse:
+    response = StreamingHttpResponse(chunks, content_type="text/event-stream")
+    response["Cache-Control"] = "no-cache"
+    response["X-Accel-Buffering"] = "no"  # nginx would otherwise hold tokens back
+    return response
+
+
+async def open_stream(generation_id: str) -> tuple[AsyncIterator[dict[str, Any]], dict[str, Any]]:
+    """The generation's events and the first that decides between a stream and an HTTP error.
+
+    That is ``started`` (or a final event): a request that fails before its first token (its
+    prompt does not fit the context, the model was unloaded) gets a plain HTTP error.
+    """
+    events = generation_events(generation_id)
+
+    async def decisive() -> dict[str, Any]:
+        async for event in events:
+            if event["type"] == "started" or event["type"] in FINAL_EVENTS:
+                return event
+        raise ApplicationError("GENERATION_FAILED", "The generation ended without a result.", status=500)
+
+    try:
+        event = await stop_on_cancel(generation_id, decisive())
+    except BaseException:
+        await events.aclose()
+        raise
+    if event["type"] == "failed":
+        await events.aclose()
+        raise failure(event)
+    return events, event
+
+
+async def until_final(events: AsyncIterator[dict[str, Any]], opening: dict[str, Any]):
+    """The events of an opened stream (:func:`open_stream`), ``opening`` first, up to the final one.
+
+    A consumer that stops before the final event stops the generation: Django cancels a
+    streaming response whose client disconnected (``CancelledError`` here) or closes it
+    (``GeneratorExit``). Consume it under ``contextlib.aclosing`` so a close reaches this too.
+    """
+    finished = opening["type"] in FINAL_EVENTS
+    try:
+        yield opening
+        if finished:
+            return
+        async for event in events:
+            # Set before the yield: a client that leaves after the final event stops nothing.
+            finished = event["type"] in FINAL_EVENTS
+            yield event
+            if finished:
+                return
+    finally:
+        if not finished:
+            await asyncio.shield(sync_to_async(generation_stop)(opening["request_id"]))
+        await events.aclose()
+
+
+async def generate_stream(events: AsyncIterator[dict[str, Any]], opening: dict[str, Any]):
+    """``POST /api/generate`` with ``stream``: ``started``, one ``token`` per token, ``done`` or ``error``."""
+    async with aclosing(until_final(events, opening)) as relayed:
+        async for event in relayed:
+            kind = event["type"]
+            if kind == "started" or (kind == "done" and event is opening):
+                # A generation cancelled while still queued ends without a started event of its own.
+                yield server_sent(
+                    {
+                        "type": "started",
+                        "request_id": event["request_id"],
+                        "input_token_ids": event.get("input_token_ids", []),
+                    }
+                )
+            if kind == "token":
+                yield server_sent(event)
+            elif kind == "done":
+                yield server_sent({"type": "done", **result_body(event)})
+            elif kind == "failed":
+                yield server_sent({"type": "error", **error_body(event["code"], event["message"])})
+
+
 @csrf_exempt  # CSRF is checked by DRF's SessionAuthentication for session users; tokens need none
-async def generate(request: HttpRequest) -> JsonResponse:
+async def generate(request: HttpRequest) -> JsonResponse | StreamingHttpResponse:
     """``POST /api/generate``: generate for one prompt, a list of prompts (a batch), or messages.
 
     Waits for the result. A single prompt answers with the result object; a list of prompts
     with ``{"results": [...]}`` in order, where a prompt that failed has an ``error`` object.
+    With ``"stream": true`` (one prompt or messages) the answer is server-sent events from the
+    moment the generation starts (see :func:`generate_stream`); an error before that is a plain
+    HTTP error, as without ``stream``.
     """
     if request.method != "POST":
         return error_response(ApplicationError("METHOD_NOT_ALLOWED", "Use POST.", status=405))
@@ -228,6 +328,9 @@ async def generate(request: HttpRequest) -> JsonResponse:
             store_activations=capture.get("store", True),
             interface=Generation.Interface.API,
         )
+        if data["stream"]:
+            events, opening = await open_stream(rows[0].id)
+            return event_stream(generate_stream(events, opening))
         batch = isinstance(request_prompt := data.get("prompt"), list) and len(request_prompt) > 1
         if not batch:
             event = await result_event(rows[0].id)

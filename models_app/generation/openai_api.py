@@ -35,9 +35,9 @@ What differs from OpenAI, on purpose:
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing
 from typing import Any
 
 from asgiref.sync import sync_to_async
@@ -50,11 +50,13 @@ from mistudio.async_api import authenticated_user, json_body, validated
 from mistudio.errors import ApplicationError
 from models_app.generation.apis import (
     SamplingSerializer,
+    event_stream,
     failure,
-    generation_events,
+    open_stream,
     result_event,
-    stop_on_cancel,
+    server_sent,
     string_or_list,
+    until_final,
 )
 from models_app.generation.services import (
     MAX_BATCH_PROMPTS,
@@ -63,9 +65,7 @@ from models_app.generation.services import (
     SamplingRequest,
     generation_model,
     generation_request,
-    generation_stop,
 )
-from models_app.generation.streams import FINAL_EVENTS
 from models_app.models import Generation, LanguageModel
 
 # Completions' OpenAI default; chat's default is "whatever fits the context".
@@ -441,11 +441,6 @@ def completion_body(events: list[dict[str, Any]], *, model: LanguageModel, creat
 # --- streaming ----------------------------------------------------------------------------------
 
 
-def server_sent(data: dict[str, Any] | str) -> str:
-    payload = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
-    return f"data: {payload}\n\n"
-
-
 class ChunkWriter:
     """Builds one stream's chunks in OpenAI's ``chat.completion.chunk`` / ``text_completion`` shape."""
 
@@ -498,56 +493,22 @@ class ChunkWriter:
 # --- waiting on a generation --------------------------------------------------------------------
 
 
-async def open_stream(generation_id: str) -> tuple[AsyncIterator[dict[str, Any]], dict[str, Any]]:
-    """The generation's events and the first that decides between a stream and an HTTP error.
-
-    That is ``started`` (or a final event): a request that fails before its first token (its
-    prompt does not fit the context, the model was unloaded) gets a plain HTTP error.
-    """
-    events = generation_events(generation_id)
-
-    async def decisive() -> dict[str, Any]:
-        async for event in events:
-            if event["type"] == "started" or event["type"] in FINAL_EVENTS:
-                return event
-        raise ApplicationError("GENERATION_FAILED", "The generation ended without a result.", status=500)
-
-    try:
-        event = await stop_on_cancel(generation_id, decisive())
-    except BaseException:
-        await events.aclose()
-        raise
-    if event["type"] == "failed":
-        await events.aclose()
-        raise failure(event)
-    return events, event
-
-
 async def stream_chunks(
     events: AsyncIterator[dict[str, Any]], opening: dict[str, Any], writer: ChunkWriter, *, logprobs: bool
 ) -> AsyncIterator[str]:
-    """Server-sent chunks of one generation. A client that disconnects stops the generation."""
-    request_id = opening["request_id"]
-    finished = False
+    """Server-sent chunks of one generation. A client that disconnects stops it (:func:`until_final`)."""
     streamed = ""
-
-    async def remaining():
-        if opening["type"] != "started":
-            yield opening
-        async for event in events:
-            yield event
-
-    try:
-        for chunk in writer.opening():
-            yield chunk
-        async for event in remaining():
+    async with aclosing(until_final(events, opening)) as relayed:
+        async for event in relayed:
+            if event is opening:
+                for chunk in writer.opening():
+                    yield chunk
             if event["type"] == "token":
                 # One chunk per token, also when it releases no text yet (content ""): the client
                 # sees the first token and the decode rate as they happen, each with its logprob.
                 streamed += event["text"]
                 yield writer.text(event["text"], [event] if logprobs else None)
             elif event["type"] == "done":
-                finished = True
                 # Tokens the stream lost (it expired and the row's result came back) still arrive.
                 rest = (
                     event["output_text"][len(streamed) :] if event["output_text"].startswith(streamed) else ""
@@ -557,17 +518,9 @@ async def stream_chunks(
                 for chunk in writer.closing(event, None):
                     yield chunk
                 yield server_sent("[DONE]")
-                return
             elif event["type"] == "failed":
-                finished = True
                 yield server_sent({"error": openai_error_body(failure(event))})
                 yield server_sent("[DONE]")
-                return
-    finally:
-        if not finished:
-            # CancelledError (Django cancels the response on disconnect) or GeneratorExit.
-            await asyncio.shield(sync_to_async(generation_stop)(request_id))
-        await events.aclose()
 
 
 def streamed_response(
@@ -590,13 +543,6 @@ def streamed_response(
         usage=bool((data.get("stream_options") or {}).get("include_usage")),
     )
     return event_stream(stream_chunks(events, opening, writer, logprobs=logprobs))
-
-
-def event_stream(chunks: AsyncIterator[str]) -> StreamingHttpResponse:
-    response = StreamingHttpResponse(chunks, content_type="text/event-stream")
-    response["Cache-Control"] = "no-cache"
-    response["X-Accel-Buffering"] = "no"  # nginx would otherwise hold tokens back
-    return response
 
 
 # --- views --------------------------------------------------------------------------------------
