@@ -225,3 +225,74 @@ def register_event_groups() -> None:
     from mistudio.events import register_group_kind
 
     register_group_kind("extraction", keyed=True, snapshot=extraction_snapshot)
+
+
+# --- Activation browser reads (per-sample views and highlighted contexts) --------------------------
+
+
+def _sample_rows(store, sample_index: int):
+    """Row numbers of one sample's stored tokens, in position order (public store API only)."""
+    import numpy as np
+
+    table = store.tokens()
+    rows = np.flatnonzero(np.asarray(table["sample_index"]) == sample_index)
+    return rows[np.argsort(np.asarray(table["position"])[rows], kind="stable")]
+
+
+def _neuron_values(store, hook: str, neuron: int, rows) -> list[float]:
+    """One neuron's values at the given rows; a contiguous run (the usual case) is one read."""
+    import numpy as np
+
+    rows = np.asarray(rows, dtype=np.int64)
+    if len(rows) == 0:
+        return []
+    if np.all(np.diff(rows) == 1):
+        return store.get(hook, int(rows[0]), int(rows[-1]) + 1)[:, neuron].astype(np.float32).tolist()
+    return [float(store.get(hook, int(row), int(row) + 1)[0, neuron]) for row in rows]
+
+
+def cache_neuron_top_contexts(store, *, hook: str, neuron: int, k: int = 20, context: int = 8) -> list[dict]:
+    """``store.top_k`` for one neuron, each row with ``context_values``: the neuron's value at every
+    context token (what the browser colours the context by).
+
+    The caller checks the hook and the neuron's range (``cache_store``; ``store.shape``).
+    """
+    import numpy as np
+
+    table = store.tokens()
+    samples, positions = np.asarray(table["sample_index"]), np.asarray(table["position"])
+    results = store.top_k(hook, neuron, k, context=context)
+    for row in results:
+        # Stored in sample and position order (every extraction writes them so), the context is
+        # the run of rows around the token; anything else falls back to looking the sample up.
+        first = row["row"] - row["center"]
+        last = first + len(row["context_positions"])
+        rows = np.arange(first, last)
+        if not (
+            first >= 0
+            and last <= len(samples)
+            and np.all(samples[first:last] == row["sample_index"])
+            and positions[first:last].tolist() == row["context_positions"]
+        ):
+            sample_rows = _sample_rows(store, row["sample_index"])
+            wanted = set(row["context_positions"])
+            rows = np.asarray([r for r in sample_rows if int(positions[r]) in wanted], dtype=np.int64)
+        row["context_values"] = _neuron_values(store, hook, neuron, rows)
+    return results
+
+
+def cache_sample_neuron(store, *, hook: str, sample_index: int, neuron: int) -> dict[str, Any]:
+    """One sample's stored tokens with one neuron's value at each: ``token_ids``, ``positions``,
+    ``values`` and ``generated`` (per token 0/1 for a generation's cache, else ``None``)."""
+    import numpy as np
+
+    rows = _sample_rows(store, sample_index)
+    table = store.tokens()
+    generated = table.get("generated")
+    return {
+        "sample_index": sample_index,
+        "token_ids": np.asarray(table["token_ids"])[rows].tolist(),
+        "positions": np.asarray(table["position"])[rows].tolist(),
+        "values": _neuron_values(store, hook, neuron, rows),
+        "generated": None if generated is None else np.asarray(generated)[rows].tolist(),
+    }

@@ -192,12 +192,11 @@ class ModelMemoryEstimateApi(APIView):
 
 
 class WorkerListApi(APIView):
-    """Live workers, from their heartbeats."""
+    """Live workers (from their heartbeats, loaded models named), queue lengths, Redis and database
+    status. An unreachable Redis is reported (``redis.ok`` false), not raised."""
 
     permission_classes = [CanRead]
 
     @extend_schema(responses={200: dict})
     def get(self, request):
-        from models_app.workers import read_heartbeats
-
-        return Response({"workers": read_heartbeats()})
+        return Response(selectors.worker_overview())

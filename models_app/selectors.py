@@ -158,3 +158,75 @@ def register_event_groups() -> None:
     register_group_kind("models", keyed=False, snapshot=models_snapshot)
     register_group_kind("model", keyed=True, snapshot=model_snapshot)
     register_group_kind("generation", keyed=True, snapshot=generation_snapshot)
+
+
+def queue_lengths(*, worker_names: list[str]) -> list[dict[str, Any]]:
+    """Jobs waiting, running and failed in miStudio's queues: the shared one, each live worker's own,
+    and the own queue of a worker that is gone but left jobs behind (they wait for it to return).
+
+    Counts are read without RQ's registry cleanup, so looking at them changes nothing.
+    """
+    from django.conf import settings
+    from rq import Queue
+
+    from mistudio.redis_client import get_redis
+    from models_app.workers import worker_queue_name
+
+    connection = get_redis()
+    own_prefix = worker_queue_name("")
+    by_name: dict[str, str | None] = {settings.SHARED_QUEUE: None}
+    by_name.update({worker_queue_name(name): name for name in worker_names})
+    known = [Queue(name, connection=connection) for name in by_name]
+    # Queues RQ has seen (it records a queue on its first job), for the ones of departed workers.
+    departed = [
+        queue
+        for queue in Queue.all(connection=connection)
+        if queue.name.startswith(own_prefix) and queue.name not in by_name
+    ]
+    rows = []
+    for queue in known + departed:
+        row = {
+            "name": queue.name,
+            "worker": by_name.get(queue.name, queue.name.removeprefix(own_prefix)),
+            "kind": "shared" if queue.name == settings.SHARED_QUEUE else "worker",
+            "worker_alive": queue.name in by_name,
+            "queued": queue.count,
+            "running": queue.started_job_registry.get_job_count(cleanup=False),
+            "failed": queue.failed_job_registry.get_job_count(cleanup=False),
+        }
+        if row["worker_alive"] or row["queued"]:
+            rows.append(row)
+    return rows
+
+
+def worker_overview() -> dict[str, Any]:
+    """What the workers page and ``GET /api/workers`` show: Redis and database status, each live
+    worker's heartbeat (its loaded models named), and the queue lengths.
+
+    Never raises for an unreachable Redis: it says so (``redis.ok`` false, no workers, no queues).
+    """
+    import time
+
+    import redis
+
+    from mistudio.health import database_status, redis_and_workers_status
+
+    redis_status, workers = redis_and_workers_status()
+    queues: list[dict[str, Any]] = []
+    if redis_status["ok"]:
+        try:
+            queues = queue_lengths(worker_names=[beat["name"] for beat in workers])
+        except (redis.RedisError, OSError):
+            redis_status, workers = {"ok": False, "error": "unreachable"}, []
+    model_ids = [entry["model_id"] for beat in workers for entry in beat.get("loaded_models", [])]
+    names = dict(LanguageModel.objects.filter(pk__in=model_ids).values_list("pk", "name"))
+    for beat in workers:
+        for entry in beat.get("loaded_models", []):
+            entry["name"] = names.get(entry["model_id"], "")
+    return {
+        "redis": redis_status,
+        "database": database_status(),
+        "workers": workers,
+        "queues": queues,
+        "server_time": time.time(),  # heartbeat ages are measured on this clock, not the browser's
+    }
