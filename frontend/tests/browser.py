@@ -12,7 +12,6 @@ Fixtures (exposed by ``frontend/tests/conftest.py``):
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,17 +43,29 @@ class Site:
         return f"{self.base_url}{path}"
 
 
-@pytest.fixture(scope="session")
-def chromium():
+@pytest.fixture(scope="module")
+def chromium(monkeypatch_module):
+    """One headless browser per test module.
+
+    Playwright's sync API runs an event loop in this thread for as long as it is started, which
+    breaks every later ``async_to_sync`` in the process (event publishing, Channels tests); a
+    module scope stops it, and restores the thread, before the next module runs.
+    """
     from playwright.sync_api import sync_playwright
 
-    # Playwright's sync API runs an event loop in this thread; the test's own ORM calls are
-    # still plain synchronous code, so Django's async-safety check must not refuse them.
-    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+    # The test's own ORM calls are still plain synchronous code while that loop runs, so Django's
+    # async-safety check must not refuse them.
+    monkeypatch_module.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
         yield browser
         browser.close()
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    with pytest.MonkeyPatch.context() as patch:
+        yield patch
 
 
 @pytest.fixture

@@ -1,1 +1,1 @@
-from frontend.tests.browser import chromium, page, site  # noqa: F401  (browser-test fixtures)
+from frontend.tests.browser import chromium, monkeypatch_module, page, site  # noqa: F401  (browser-test fixtures)

@@ -1,0 +1,317 @@
+"""Server-side SVG charts for the activation browser: a value histogram and a per-hook norm chart.
+
+Plain functions from numbers to SVG markup: no JavaScript, no chart library. Each chart is sized
+by its ``viewBox`` (it scales to its container) and coloured only through CSS classes
+(``.chart .bar-fill``, ``.line``, ``.dot``, ``.axis``, ``.grid-line``), so the light and dark
+themes both apply. Every label goes through ``escape``; hover text is an SVG ``<title>``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Mapping, Sequence
+from html import escape
+
+from django.utils.safestring import SafeString, mark_safe
+
+HISTOGRAM_SIZE = (600, 250)
+NORM_CHART_SIZE = (600, 250)
+
+# Where a hook sits inside one transformer block, in the order the residual stream meets it.
+_BLOCK_SITE_ORDER = {
+    "hook_resid_pre": 0,
+    "hook_attn_out": 1,
+    "hook_resid_mid": 2,
+    "mlp.hook_post": 3,
+    "hook_mlp_out": 4,
+    "hook_resid_post": 5,
+}
+_BLOCK_HOOK = re.compile(r"^blocks\.(\d+)\.(.+)$")
+_ANY_NUMBER = re.compile(r"(?:^|[.:_])(\d+)(?=$|[._])")
+
+
+def hook_sort_key(name: str) -> tuple[float, int, str]:
+    """Orders hooks as the model computes them: embedding, block 0 … block n, final norm.
+
+    Raw ``module:<path>`` hooks go by the first layer number in their path.
+    """
+    if name == "hook_embed":
+        return (-1, 0, name)
+    match = _BLOCK_HOOK.match(name)
+    if match:
+        return (int(match[1]), _BLOCK_SITE_ORDER.get(match[2], len(_BLOCK_SITE_ORDER)), name)
+    if name.startswith("ln_final"):
+        return (math.inf, 0, name)
+    number = _ANY_NUMBER.search(name)
+    if number:
+        return (int(number[1]), len(_BLOCK_SITE_ORDER) + 1, name)
+    return (math.inf, 1, name)
+
+
+def short_hook_name(name: str, limit: int = 16) -> str:
+    """A hook name short enough for an axis label: ``blocks.3.hook_resid_post`` → ``3 resid_post``."""
+    match = _BLOCK_HOOK.match(name)
+    if name == "hook_embed":
+        short = "embed"
+    elif match:
+        site = match[2].replace("mlp.hook_post", "mlp_post").replace("hook_", "")
+        short = f"{match[1]} {site}"
+    elif name.startswith("ln_final"):
+        short = "ln_final"
+    else:
+        short = re.sub(r"^(module:)?(transformer\.|model\.|gpt_neox\.)?", "", name)
+    return short if len(short) <= limit else short[: limit - 1] + "…"
+
+
+def nice_ticks(low: float, high: float, count: int = 5) -> list[float]:
+    """Round tick values (1, 2, 2.5 or 5 times a power of ten) covering ``[low, high]``."""
+    if not (math.isfinite(low) and math.isfinite(high)):
+        return []
+    if high < low:
+        low, high = high, low
+    if high == low:
+        return [low]
+    raw = (high - low) / max(1, count)
+    magnitude = 10 ** math.floor(math.log10(raw))
+    step = next(factor * magnitude for factor in (1, 2, 2.5, 5, 10) if factor * magnitude >= raw)
+    first = math.ceil(low / step - 1e-9) * step
+    ticks = []
+    value = first
+    while value <= high + step * 1e-9:
+        ticks.append(0.0 if abs(value) < step * 1e-9 else value)
+        value = first + len(ticks) * step
+    return ticks
+
+
+def format_value(value: float, step: float | None = None) -> str:
+    """A tick label: as many decimals as the tick step needs, compact above ten thousand."""
+    if not math.isfinite(value):
+        return str(value)
+    if abs(value) >= 10_000:
+        for divisor, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+            if abs(value) >= divisor:
+                return f"{value / divisor:.3g}{suffix}"
+    if step:
+        exponent = math.floor(math.log10(step))
+        mantissa = step / 10**exponent  # a 2.5-times step needs one more decimal
+        extra = 0 if abs(mantissa - round(mantissa)) < 1e-9 else 1
+        return f"{value:.{max(0, min(6, extra - exponent))}f}"
+    return f"{value:.4g}"
+
+
+def format_count(count: float) -> str:
+    return format_value(count) if count >= 10_000 else f"{count:,.0f}"
+
+
+def _line(css_class: str, x1: float, x2: float, y1: float, y2: float) -> str:
+    return f'<line class="{css_class}" x1="{x1:.2f}" x2="{x2:.2f}" y1="{y1:.2f}" y2="{y2:.2f}"/>'
+
+
+def _text(
+    text: str, x: float, y: float, *, anchor: str = "middle", css_class: str = "", rotate: float = 0
+) -> str:
+    """A label (escaped here, once); rotated labels turn around their anchor point."""
+    css = f' class="{css_class}"' if css_class else ""
+    if rotate:
+        place = f'transform="translate({x:.2f} {y:.2f}) rotate({rotate:g})"'
+    else:
+        place = f'x="{x:.2f}" y="{y:.2f}"'
+    return f'<text{css} {place} text-anchor="{anchor}">{escape(text)}</text>'
+
+
+def _svg(width: int, height: int, label: str, body: list[str], extra_class: str = "") -> SafeString:
+    """The chart element; every piece of ``body`` was built from numbers and escaped text."""
+    classes = f"chart {extra_class}".strip()
+    markup = (
+        f'<svg class="{classes}" viewBox="0 0 {width} {height}" role="img" aria-label="{escape(label)}" '
+        f'preserveAspectRatio="xMidYMid meet" xmlns="http://www.w3.org/2000/svg">'
+        f"<title>{escape(label)}</title>{''.join(body)}</svg>"
+    )
+    return mark_safe(markup)  # noqa: S308  (labels escaped above and in _text)
+
+
+def _empty_chart(width: int, height: int, label: str, message: str) -> SafeString:
+    body = [
+        f'<rect class="chart-frame" x="0.5" y="0.5" width="{width - 1}" height="{height - 1}" rx="8"/>',
+        _text(message, width / 2, height / 2, css_class="chart-message"),
+    ]
+    return _svg(width, height, label, body, "chart-empty")
+
+
+def _y_axis(
+    body: list[str], ticks: list[float], y_of, *, left: float, right: float, labels: list[str]
+) -> None:
+    for tick, text in zip(ticks, labels, strict=True):
+        y = y_of(tick)
+        body.append(_line("grid-line", left, right, y, y))
+        body.append(_text(text, left - 6, y + 4, anchor="end"))
+
+
+def histogram_svg(
+    counts: Sequence[float],
+    edges: Sequence[float],
+    *,
+    label: str = "Histogram of activation values",
+    x_label: str = "activation value",
+    log_scale: bool = False,
+    size: tuple[int, int] = HISTOGRAM_SIZE,
+) -> SafeString:
+    """One ``rect.bar-fill`` per bin (zero-height for empty bins), heights proportional to the counts
+    (to ``log10(1 + count)`` with ``log_scale``), each with a ``<title>`` naming its range and count
+    and ``data-count``.
+
+    ``edges`` has one more value than ``counts``, as numpy's histogram gives them. No finite edges
+    or nothing counted draws a "no data" chart instead.
+    """
+    width, height = size
+    counts = [count if isinstance(count, int | float) and math.isfinite(count) else 0 for count in counts]
+    edges = [float(edge) for edge in edges]
+    total = sum(counts)
+    if (
+        not counts
+        or len(edges) != len(counts) + 1
+        or not all(math.isfinite(edge) for edge in edges)
+        or edges[-1] <= edges[0]
+        or total <= 0
+    ):
+        return _empty_chart(width, height, label, "No finite values to plot")
+
+    left, right, top, bottom = 58, 14, 14, 44
+    plot_width, plot_height = width - left - right, height - top - bottom
+    base = top + plot_height
+    low, high = edges[0], edges[-1]
+
+    def x_of(value: float) -> float:
+        return left + (value - low) / (high - low) * plot_width
+
+    largest = max(counts)
+    if log_scale:
+        scale_top = math.log10(1 + largest)
+        y_ticks = [float(10**power) for power in range(0, math.floor(scale_top) + 1)]
+
+        def height_of(count: float) -> float:
+            return math.log10(1 + count) / scale_top * plot_height
+
+    else:
+        y_ticks = nice_ticks(0, largest, 4)
+        scale_top = max(largest, y_ticks[-1])
+
+        def height_of(count: float) -> float:
+            return count / scale_top * plot_height
+
+    body: list[str] = []
+    _y_axis(
+        body,
+        y_ticks,
+        lambda tick: base - height_of(tick),
+        left=left,
+        right=left + plot_width,
+        labels=[format_count(tick) for tick in y_ticks],
+    )
+    x_ticks = nice_ticks(low, high, 6)
+    step = x_ticks[1] - x_ticks[0] if len(x_ticks) > 1 else None
+    for tick in x_ticks:
+        x = x_of(tick)
+        body.append(_line("axis", x, x, base, base + 5))
+        body.append(_text(format_value(tick, step), x, base + 18))
+    gap = 1.0 if plot_width / len(counts) > 3 else 0.0
+    for index, count in enumerate(counts):
+        x0, x1 = x_of(edges[index]), x_of(edges[index + 1])
+        bar_height = height_of(count)
+        closing = "]" if index == len(counts) - 1 else ")"
+        plural = "" if count == 1 else "s"
+        tip = (
+            f"[{edges[index]:.4g}, {edges[index + 1]:.4g}{closing}: "
+            f"{count:,.0f} value{plural} ({count / total * 100:.2f} %)"
+        )
+        body.append(
+            f'<g class="bin"><title>{escape(tip)}</title>'
+            f'<rect class="bar-hit" x="{x0:.2f}" y="{top}" width="{max(0.0, x1 - x0):.2f}" '
+            f'height="{plot_height}"/>'
+            f'<rect class="bar-fill" x="{x0 + gap / 2:.2f}" y="{base - bar_height:.3f}" '
+            f'width="{max(0.5, x1 - x0 - gap):.2f}" height="{bar_height:.3f}" data-count="{count:.0f}"/></g>'
+        )
+    if low < 0 < high:  # where the sign flips: most activation distributions straddle it
+        body.append(_line("zero-line", x_of(0.0), x_of(0.0), top, base))
+    body.append(_line("axis", left, left + plot_width, base, base))
+    body.append(_text(x_label, left + plot_width / 2, height - 6, css_class="axis-label"))
+    y_label = "count (log scale)" if log_scale else "count"
+    body.append(_text(y_label, 14, top + plot_height / 2, css_class="axis-label", rotate=-90))
+    return _svg(width, height, label, body, "histogram log-scale" if log_scale else "histogram")
+
+
+def norm_chart_svg(
+    norms: Mapping[str, float],
+    *,
+    current: str | None = None,
+    href_for: Callable[[str], str] | None = None,
+    label: str = "Mean L2 norm per token, by hook",
+    size: tuple[int, int] = NORM_CHART_SIZE,
+) -> SafeString:
+    """A line with one ``circle.dot`` per hook, hooks in layer order (:func:`hook_sort_key`), x labels
+    the shortened hook names. Each dot carries ``data-hook`` and ``data-value`` (the exact value)
+    and a ``<title>``; ``href_for(hook)`` makes it a link; ``current`` is drawn highlighted.
+    A hook whose value is not finite (an empty cache) keeps its label but gets no dot.
+    """
+    width, height = size
+    hooks = sorted(norms, key=hook_sort_key)
+    values = {hook: float(norms[hook]) for hook in hooks}
+    finite = [value for value in values.values() if math.isfinite(value)]
+    if not hooks or not finite:
+        return _empty_chart(width, height, label, "No norms to plot")
+
+    rotate = len(hooks) > 8
+    left, right, top = 58, 24, 16
+    bottom = 84 if rotate else 40
+    plot_width, plot_height = width - left - right, height - top - bottom
+    base = top + plot_height
+    y_ticks = nice_ticks(0, max(finite) or 1.0, 4)
+    y_top = max(max(finite), y_ticks[-1]) or 1.0
+    step = y_ticks[1] - y_ticks[0] if len(y_ticks) > 1 else None
+
+    def x_of(index: int) -> float:  # a category axis: each hook in the middle of its slot
+        return left + (index + 0.5) * plot_width / len(hooks)
+
+    def y_of(value: float) -> float:
+        return base - value / y_top * plot_height
+
+    body: list[str] = []
+    _y_axis(
+        body,
+        y_ticks,
+        y_of,
+        left=left,
+        right=left + plot_width,
+        labels=[format_value(tick, step) for tick in y_ticks],
+    )
+    body.append(_line("axis", left, left + plot_width, base, base))
+    # One polyline per run of finite values, so a missing value is a gap, not a dip to zero.
+    runs: list[list[str]] = [[]]
+    for index, hook in enumerate(hooks):
+        if math.isfinite(values[hook]):
+            runs[-1].append(f"{x_of(index):.2f},{y_of(values[hook]):.2f}")
+        elif runs[-1]:
+            runs.append([])
+    body.extend(f'<polyline class="line" points="{" ".join(run)}"/>' for run in runs if len(run) > 1)
+    for index, hook in enumerate(hooks):
+        x = x_of(index)
+        name = short_hook_name(hook)
+        if rotate:
+            body.append(_text(name, x, base + 12, anchor="end", css_class="x-label", rotate=-40))
+        else:
+            body.append(_text(name, x, base + 18, css_class="x-label"))
+        value = values[hook]
+        if not math.isfinite(value):
+            continue
+        classes, radius = ("dot current", 6.5) if hook == current else ("dot", 4.5)
+        dot = (
+            f'<circle class="{classes}" cx="{x:.2f}" cy="{y_of(value):.2f}" r="{radius}" '
+            f'data-hook="{escape(hook)}" data-value="{value!r}">'
+            f"<title>{escape(hook)}: mean L2 norm {value:.4g}</title></circle>"
+        )
+        if href_for is not None:
+            dot = f'<a href="{escape(href_for(hook))}" aria-label="{escape(hook)}">{dot}</a>'
+        body.append(dot)
+    body.append(_text("mean ‖x‖₂", 14, top + plot_height / 2, css_class="axis-label", rotate=-90))
+    return _svg(width, height, label, body, "norm-chart")

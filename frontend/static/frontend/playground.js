@@ -1,0 +1,392 @@
+// Playground page: POST /api/generate with "stream": true, read as server-sent events through
+// fetch() + response.body.getReader() (mi.api waits for whole JSON answers, so the stream has its own
+// small reader here). Stop aborts the fetch; the server hears the disconnect and cancels the generation.
+// With capture on, the finished result names an activation cache, and the heatmap of one neuron over
+// its tokens comes from this page's own fragment (/playground/?heatmap=<cache>&hook=&neuron=).
+(function () {
+  "use strict";
+
+  const form = document.getElementById("generate-form");
+  if (!form) return; // the empty state: no ready model
+
+  const $ = (id) => document.getElementById(id);
+  const generateButton = $("generate-button"), stopButton = $("stop-button");
+  const output = $("output"), outputText = $("output-text"), outputPrompt = $("output-prompt");
+  const placeholder = $("output-placeholder"), caret = $("caret"), outputError = $("output-error");
+  const runState = $("run-state"), liveCount = $("live-count");
+  const modelSelect = $("model"), hookSelect = $("hook"), neuronInput = $("neuron"), captureBox = $("capture");
+  const canWrite = form.dataset.canWrite === "true";
+
+  const state = {
+    running: false,
+    controller: null,
+    hooks: new Map(),      // model id -> [{name, layer, width}]
+    activations: null,     // the last result's activations (cache id, hooks)
+    lastResult: null,
+  };
+
+  // --- form controls --------------------------------------------------------------------------
+
+  const mode = () => form.querySelector('input[name="mode"]:checked').value;
+
+  function showMode() {
+    for (const node of form.querySelectorAll("[data-mode]")) node.hidden = node.dataset.mode !== mode();
+  }
+  form.querySelectorAll('input[name="mode"]').forEach((radio) => radio.addEventListener("change", showMode));
+
+  // Each range slider mirrors the number input that carries the name (and receives field errors).
+  for (const slider of form.querySelectorAll("input[type=range][data-mirror]")) {
+    const number = $(slider.dataset.mirror);
+    slider.addEventListener("input", () => { number.value = slider.value; });
+    number.addEventListener("input", () => { if (number.value !== "") slider.value = number.value; });
+  }
+
+  $("reset-sampling").addEventListener("click", () => {
+    for (const input of form.querySelectorAll("[data-default]")) {
+      input.value = input.dataset.default;
+      input.dispatchEvent(new Event("input"));
+    }
+  });
+
+  function describeModel() {
+    const option = modelSelect.selectedOptions[0];
+    if (!option) return;
+    const quantization = option.dataset.quantization;
+    const parts = [option.dataset.family, option.dataset.layers && `${option.dataset.layers} layers`,
+      quantization && quantization !== "none" ? quantization : "unquantized",
+      option.dataset.worker && `on ${option.dataset.worker}`];
+    $("model-meta").textContent = parts.filter(Boolean).join(" · ");
+  }
+  modelSelect.addEventListener("change", () => { describeModel(); if (captureBox.checked) loadHooks(); });
+  describeModel();
+
+  // --- capture: hook points of the chosen model -------------------------------------------------------
+
+  captureBox.addEventListener("change", () => {
+    $("capture-fields").hidden = !captureBox.checked;
+    if (captureBox.checked) loadHooks();
+  });
+
+  async function loadHooks() {
+    const modelId = modelSelect.value;
+    if (!state.hooks.has(modelId)) {
+      hookSelect.disabled = true;
+      hookSelect.innerHTML = "<option>Loading hook points…</option>";
+      try {
+        const answer = await mi.api("GET", `models/${encodeURIComponent(modelId)}/hook-points`);
+        state.hooks.set(modelId, answer.hook_points.map((point) => ({ name: point.name, layer: point.layer, width: point.shape[1] })));
+      } catch (error) {
+        hookSelect.innerHTML = "<option>Hook points unavailable</option>";
+        mi.toast(`Hook points: ${error.message}`, "error");
+        return;
+      }
+    }
+    if (modelSelect.value !== modelId) return; // the choice changed while loading
+    const points = state.hooks.get(modelId);
+    const previous = hookSelect.value;
+    hookSelect.innerHTML = "";
+    for (const point of points) {
+      const option = new Option(`${point.name}  (${point.width})`, point.name);
+      option.dataset.width = point.width;
+      hookSelect.add(option);
+    }
+    // MLP neurons of the middle layer are the usual place to look first.
+    const layers = points.map((point) => point.layer).filter((layer) => layer !== null && layer !== undefined);
+    const middle = layers.length ? Math.floor(Math.max(...layers) / 2) : 0;
+    const preferred = points.find((point) => point.name === previous)
+      || points.find((point) => point.name === `blocks.${middle}.mlp.hook_post`) || points[0];
+    if (preferred) hookSelect.value = preferred.name;
+    hookSelect.disabled = false;
+    describeNeuron();
+  }
+
+  function describeNeuron() {
+    const width = Number(hookSelect.selectedOptions[0]?.dataset.width || 0);
+    if (!width) return;
+    neuronInput.max = String(width - 1);
+    if (Number(neuronInput.value) > width - 1) neuronInput.value = String(width - 1);
+    $("neuron-range").textContent = `0–${width - 1}`;
+  }
+  hookSelect.addEventListener("change", () => { describeNeuron(); refreshHeatmap(); });
+
+  let neuronTimer = null;
+  neuronInput.addEventListener("input", () => {
+    clearTimeout(neuronTimer);
+    neuronTimer = setTimeout(refreshHeatmap, 250);
+  });
+
+  // --- the request ------------------------------------------------------------------------------------
+
+  function numberField(body, name) {
+    const value = form.elements[name].value.trim();
+    if (value !== "") body[name] = Number(value);
+  }
+
+  function requestBody() {
+    const body = { model_id: modelSelect.value, stream: true };
+    if (mode() === "chat") {
+      body.messages = [{ role: "user", content: form.elements.messages.value }];
+      if (form.elements.system_prompt.value.trim()) body.system_prompt = form.elements.system_prompt.value;
+    } else {
+      body.prompt = form.elements.prompt.value;
+    }
+    for (const name of ["temperature", "top_p", "top_k", "max_tokens", "repetition_penalty", "seed"]) numberField(body, name);
+    // One stop sequence per line; "\n" and "\t" typed as two characters mean the control character.
+    const stops = form.elements.stop.value.split("\n").filter((line) => line !== "")
+      .map((line) => line.replace(/\\n/g, "\n").replace(/\\t/g, "\t"));
+    if (stops.length) body.stop = stops; // more than the limit: the API's 400 names the field
+    if (form.elements.ignore_eos.checked) body.ignore_eos = true;
+    if (captureBox.checked && hookSelect.value && !hookSelect.disabled) {
+      body.mistudio = { capture: [hookSelect.value], store: true };
+    }
+    return body;
+  }
+
+  // --- the stream -------------------------------------------------------------------------------------
+
+  // Yields each server-sent event's data (parsed JSON) as the bytes arrive.
+  async function* serverSentEvents(response) {
+    const reader = response.body.getReader();
+    const decoder = new TextDecoder();
+    let buffer = "";
+    try {
+      for (;;) {
+        const { value, done } = await reader.read();
+        if (done) break;
+        buffer += decoder.decode(value, { stream: true }).replace(/\r\n/g, "\n");
+        let end;
+        while ((end = buffer.indexOf("\n\n")) >= 0) {
+          const block = buffer.slice(0, end);
+          buffer = buffer.slice(end + 2);
+          const data = block.split("\n").filter((line) => line.startsWith("data:"))
+            .map((line) => line.slice(5).replace(/^ /, "")).join("\n");
+          if (data) yield JSON.parse(data);
+        }
+      }
+    } finally {
+      reader.releaseLock();
+    }
+  }
+
+  async function errorOf(response) {
+    let body = null;
+    try { body = await response.json(); } catch (_) { body = null; }
+    return new mi.ApiError(response.status, body);
+  }
+
+  // Tokens arrive faster than the screen refreshes: text is buffered and drawn once per frame.
+  let pending = "", frame = 0;
+  function appendText(text) {
+    pending += text;
+    if (!frame) frame = requestAnimationFrame(flush);
+  }
+  function flush() {
+    frame = 0;
+    if (!pending) return;
+    outputText.append(pending);
+    pending = "";
+    output.scrollTop = output.scrollHeight;
+  }
+
+  function setRunState(label, status) {
+    runState.textContent = label;
+    runState.className = `badge status-${status}`;
+  }
+
+  function setStat(name, value) {
+    form.querySelector(`[data-stat="${name}"]`).textContent = value;
+  }
+
+  const ms = (value) => (value === null || value === undefined ? "—" : value >= 1000 ? `${(value / 1000).toFixed(2)} s` : `${Math.round(value)} ms`);
+
+  function resetOutput(body) {
+    cancelAnimationFrame(frame);
+    frame = 0;
+    pending = "";
+    outputText.textContent = "";
+    outputPrompt.textContent = body.prompt !== undefined ? body.prompt : "";
+    placeholder.hidden = true;
+    outputError.hidden = true;
+    for (const name of ["ttft", "rate", "prompt_tokens", "completion_tokens", "finish_reason", "total"]) setStat(name, "—");
+    $("request-line").hidden = true;
+    $("copy-output").disabled = true;
+    $("heat-card").hidden = true;
+    $("heatmap").innerHTML = "";
+    state.activations = null;
+  }
+
+  function showError(error) {
+    const code = error.code && error.code !== `HTTP_${error.status}` ? ` (${error.code})` : "";
+    outputError.textContent = `${error.message}${code}`;
+    outputError.hidden = false;
+  }
+
+  function setRunning(running) {
+    state.running = running;
+    generateButton.disabled = running || !canWrite;
+    stopButton.disabled = !running;
+    caret.hidden = !running;
+    output.setAttribute("aria-busy", running ? "true" : "false");
+  }
+
+  async function generate() {
+    if (state.running || !canWrite) return;
+    mi.clearErrors(form);
+    const body = requestBody();
+    resetOutput(body);
+    setRunning(true);
+    setRunState("Queued", "queued");
+    const controller = new AbortController();
+    state.controller = controller;
+    const clicked = performance.now();
+    let firstToken = null, tokens = 0, finished = false, requestId = null;
+    try {
+      const response = await fetch("/api/generate", {
+        method: "POST",
+        credentials: "same-origin",
+        headers: {
+          "Content-Type": "application/json",
+          Accept: "text/event-stream",
+          "X-CSRFToken": document.querySelector('meta[name="csrf-token"]')?.content || "",
+        },
+        body: JSON.stringify(body),
+        signal: controller.signal,
+      });
+      if (!response.ok) throw await errorOf(response);
+      for await (const event of serverSentEvents(response)) {
+        if (event.type === "started") {
+          requestId = event.request_id;
+          setRunState("Generating", "running");
+          setStat("prompt_tokens", event.input_token_ids.length);
+        } else if (event.type === "token") {
+          tokens += 1;
+          if (firstToken === null) {
+            firstToken = performance.now();
+            setStat("ttft", ms(firstToken - clicked));
+          }
+          appendText(event.text);
+          const seconds = (performance.now() - firstToken) / 1000;
+          liveCount.textContent = `${tokens} token${tokens === 1 ? "" : "s"}`;
+          if (tokens > 1 && seconds > 0) setStat("rate", ((tokens - 1) / seconds).toFixed(1));
+          setStat("completion_tokens", tokens);
+        } else if (event.type === "done") {
+          finished = true;
+          finish(event, clicked);
+        } else if (event.type === "error") {
+          finished = true;
+          flush();
+          showError(new mi.ApiError(500, event));
+          setRunState("Failed", "failed");
+        }
+      }
+      if (!finished) throw new mi.ApiError(0, { error: { code: "STREAM_ENDED", message: "The stream ended before the result arrived." } });
+    } catch (error) {
+      flush();
+      if (error.name === "AbortError") {
+        setRunState("Stopped", "cancelled");
+        setStat("finish_reason", "cancelled");
+        if (requestId) showRequest(requestId);
+      } else if (error instanceof mi.ApiError) {
+        // Field messages go under their inputs; the summary goes above the output, not the form.
+        mi.showErrors(form, error);
+        const summary = form.querySelector(".form-error");
+        let message = summary ? summary.textContent : error.message;
+        if (form.querySelector(".field-error")) message += " See the highlighted fields.";
+        showError({ message, code: error.code, status: error.status });
+        summary?.remove();
+        setRunState("Failed", "failed");
+        if (!outputText.textContent && !outputPrompt.textContent) placeholder.hidden = false;
+      } else {
+        showError({ message: "The server cannot be reached. Your prompt is still here." });
+        setRunState("Failed", "failed");
+      }
+    } finally {
+      setRunning(false);
+      state.controller = null;
+      liveCount.textContent = "";
+    }
+  }
+
+  function finish(result, clicked) {
+    flush();
+    // The final result is authoritative (a stream that lost tokens still ends with the whole text).
+    outputText.textContent = result.output_text;
+    state.lastResult = result;
+    const timings = result.timings || {};
+    setStat("prompt_tokens", result.usage.prompt_tokens);
+    setStat("completion_tokens", result.usage.completion_tokens);
+    setStat("finish_reason", result.finish_reason || "—");
+    if (timings.decode_tokens_per_second) setStat("rate", timings.decode_tokens_per_second.toFixed(1));
+    setStat("total", ms(timings.total_ms !== undefined ? timings.total_ms : performance.now() - clicked));
+    setRunState(result.finish_reason === "cancelled" ? "Stopped" : "Done", result.finish_reason === "cancelled" ? "cancelled" : "completed");
+    $("copy-output").disabled = false;
+    showRequest(result.request_id);
+    if (result.activations) {
+      state.activations = result.activations;
+      $("cache-link").href = `/activations/${encodeURIComponent(result.activations.cache_id)}/`;
+      $("heat-card").hidden = false;
+      refreshHeatmap();
+    }
+  }
+
+  function showRequest(requestId) {
+    const link = $("request-link");
+    link.textContent = requestId;
+    link.href = `/api/generations/${encodeURIComponent(requestId)}`;
+    $("request-line").hidden = false;
+  }
+
+  // --- heatmap ---------------------------------------------------------------------------------------
+
+  let heatRequest = 0;
+  async function refreshHeatmap() {
+    const activations = state.activations;
+    if (!activations) return;
+    const target = $("heatmap");
+    const hook = hookSelect.value;
+    const neuron = neuronInput.value.trim() === "" ? 0 : Number(neuronInput.value);
+    if (!activations.hooks.includes(hook)) {
+      target.innerHTML = `<p class="notice">This result captured ${activations.hooks.map(mi.escapeHtml).join(", ")}. Generate again to capture ${mi.escapeHtml(hook)}.</p>`;
+      return;
+    }
+    $("heat-caption").textContent = `${hook}, neuron ${neuron} · cache ${activations.cache_id} · ${activations.shapes[hook][0]} tokens`;
+    const ticket = ++heatRequest;
+    target.setAttribute("aria-busy", "true");
+    const query = new URLSearchParams({ heatmap: activations.cache_id, hook, neuron: String(neuron) });
+    try {
+      const response = await fetch(`${location.pathname}?${query}`, { credentials: "same-origin" });
+      const html = await response.text();
+      if (ticket !== heatRequest) return; // a newer neuron was asked for meanwhile
+      target.innerHTML = html;
+    } catch (_) {
+      if (ticket === heatRequest) target.innerHTML = '<p class="notice error" role="alert">The heatmap could not be loaded.</p>';
+    } finally {
+      if (ticket === heatRequest) target.removeAttribute("aria-busy");
+    }
+  }
+
+  // --- actions ---------------------------------------------------------------------------------------
+
+  form.addEventListener("submit", (event) => { event.preventDefault(); generate(); });
+  stopButton.addEventListener("click", () => state.controller?.abort());
+  document.addEventListener("keydown", (event) => {
+    if (event.key === "Enter" && (event.ctrlKey || event.metaKey)) {
+      event.preventDefault();
+      generate();
+    } else if (event.key === "Escape" && state.running && !document.querySelector("dialog[open]")) {
+      state.controller?.abort();
+    }
+  });
+  $("copy-output").addEventListener("click", async () => {
+    try {
+      await navigator.clipboard.writeText(outputText.textContent);
+      mi.toast("Output copied.", "ok", 2);
+    } catch (_) {
+      mi.toast("The browser did not allow copying.", "error");
+    }
+  });
+  if (/Mac|iPhone|iPad/.test(navigator.platform)) {
+    for (const node of document.querySelectorAll("[data-shortcut]")) node.textContent = "⌘ ↵";
+  }
+  showMode();
+})();

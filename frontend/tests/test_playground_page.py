@@ -1,0 +1,108 @@
+"""The playground page (server side): ready models only, the empty state, the heatmap fragment."""
+
+import re
+from html import unescape
+
+import numpy as np
+import pytest
+from django.test import Client
+
+from activations.store import ActivationStore
+from models_app.generation.services import SamplingRequest, generation_request
+from models_app.models import Generation, LanguageModel
+from models_app.services import model_load_request, model_register
+from models_app.workers import run_worker
+
+WORKER = "playground-worker"
+
+
+def signed_in(user) -> Client:
+    browser = Client()
+    browser.force_login(user)
+    return browser
+
+
+def registered(folder, name: str, status: str) -> LanguageModel:
+    """A model row in ``status`` (each its own identifier: the registry allows one row per source)."""
+    return LanguageModel.objects.create(
+        name=name, source="local", identifier=f"{folder}/{name}", model_type="gpt2", status=status,
+        host_worker=WORKER if status == "ready" else "", num_layers=2,
+    )  # fmt: skip
+
+
+@pytest.mark.django_db
+def test_the_model_choice_lists_ready_models_only(writer, tiny_gpt2_folder):
+    ready = registered(tiny_gpt2_folder, "ready-one", LanguageModel.Status.READY)
+    other = registered(tiny_gpt2_folder, "ready-two", LanguageModel.Status.READY)
+    for status in ("pending", "loading", "unloaded", "failed"):
+        registered(tiny_gpt2_folder, f"{status}-model", status)
+
+    page = signed_in(writer).get(f"/playground/?model={other.id}").content.decode()
+    options = re.findall(r'<option value="(m_[^"]+)"', page)
+    assert sorted(options) == sorted([ready.id, other.id])
+    assert re.search(rf'<option value="{other.id}"[^>]*selected', page)  # ?model= preselects
+    assert 'id="generate-form"' in page and "No model is loaded" not in page
+    assert 'name="temperature" min="0" max="2"' in page and 'max="2048"' in page  # the API's ranges
+    assert "frontend/playground.js" in page
+
+
+@pytest.mark.django_db
+def test_without_a_ready_model_the_page_says_how_to_load_one(writer, tiny_gpt2_folder):
+    registered(tiny_gpt2_folder, "still-loading", LanguageModel.Status.LOADING)
+    page = signed_in(writer).get("/playground/").content.decode()
+    assert "No model is loaded" in page and 'href="/"' in page
+    assert 'id="generate-form"' not in page and "playground.js" not in page
+
+
+@pytest.mark.django_db
+def test_a_reader_sees_the_form_with_generate_switched_off(reader, tiny_gpt2_folder):
+    registered(tiny_gpt2_folder, "ready-one", LanguageModel.Status.READY)
+    page = signed_in(reader).get("/playground/").content.decode()
+    assert "needs the <code>model:write</code> role" in page
+    assert re.search(r'id="generate-button"[^>]*disabled', page)
+
+
+def test_anonymous_visitors_sign_in_first(client):
+    response = client.get("/playground/")
+    assert response.status_code == 302 and response["Location"].startswith("/login/")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_heatmap_fragment_shows_one_neuron_over_prompt_and_generated_tokens(writer, tiny_gpt2_folder):
+    from django.conf import settings
+
+    model = model_register(source="local", identifier=str(tiny_gpt2_folder), name="heat-gpt2", owner=None)
+    model_load_request(model_id=model.id)
+    run_worker(name=WORKER, device="cpu", burst=True)
+    hook = "blocks.1.mlp.hook_post"
+    [row] = generation_request(
+        model_id=model.id,
+        owner=writer,
+        prompts=["The river runs\ndown to the sea"],
+        sampling=SamplingRequest(temperature=0, max_tokens=6, ignore_eos=True, max_tokens_explicit=True),
+        capture=[hook],
+    )
+    run_worker(name=WORKER, device="cpu", burst=True)
+    row.refresh_from_db()
+    assert row.status == Generation.Status.COMPLETED and row.cache_id
+
+    browser = signed_in(writer)
+    neuron = 5
+    response = browser.get("/playground/", {"heatmap": row.cache_id, "hook": hook, "neuron": neuron})
+    assert response.status_code == 200
+    html = response.content.decode()
+    span = r'<span class="tok (prompt|generated)" data-row="\d+" data-value="([^"]+)"'
+    spans = re.findall(span + r'[^>]*title="([^"]*)">(.*?)</span>', html, flags=re.S)
+    assert [span[0] for span in spans] == ["prompt"] * row.prompt_tokens + ["generated"] * 6
+    expected = ActivationStore.open(settings.ACTIVATION_CACHE_DIR / row.cache_id).get(hook)[:, neuron]
+    np.testing.assert_allclose([float(span[1]) for span in spans], expected, rtol=1e-6)
+    assert "rgba(var(--heat-pos)" in html and "rgba(var(--heat-neg)" in html
+    # The prompt tokens' texts spell the prompt (a newline token shows its mark, then breaks the line).
+    prompt_text = "".join(unescape(span[3]) for span in spans if span[0] == "prompt")
+    assert prompt_text.replace("↵\n", "\n") == row.prompt
+    assert all(f"{hook}[{neuron}] = " in unescape(span[2]) for span in spans)  # the exact value
+
+    bad_neuron = browser.get("/playground/", {"heatmap": row.cache_id, "hook": hook, "neuron": 10_000})
+    assert bad_neuron.status_code == 400 and "neurons" in bad_neuron.content.decode()
+    missing = browser.get("/playground/", {"heatmap": "act_nosuchcache", "hook": hook, "neuron": 0})
+    assert missing.status_code == 404 and 'class="notice error"' in missing.content.decode()
