@@ -1,0 +1,104 @@
+"""A researcher's first session, in one browser tab against a live Daphne and a real worker:
+sign in → add a tiny local model → load it (the badge turns "ready" without a reload) → extract
+activations (progress reaches 100 % and the cache appears) → open the activation browser (the
+top-tokens list shows) → the playground streams text → sign out.
+
+The other browser modules test each page in depth; this one proves the pages connect."""
+
+import re
+
+import pytest
+from playwright.sync_api import expect
+
+from activations.models import ActivationCache
+from activations.services import dataset_create_from_texts
+from activations.store import ActivationStore
+from frontend.tests.browser import LIVE_TIMEOUT_MS
+from frontend.views.activations import TOP_K
+from models_app.models import Generation, LanguageModel
+
+pytestmark = pytest.mark.slow
+
+TEXTS = [
+    "Induction heads copy the token that followed an earlier occurrence.",
+    "The residual stream is a sum of every layer's output.",
+    "Superposition packs more features than there are dimensions.",
+    "Logit lens reads the residual stream through the unembedding.",
+    "Probing classifiers find linear structure in activations.",
+    "def mean(xs):\n    return sum(xs) / len(xs)",
+]
+
+
+def test_sign_in_add_load_extract_browse_and_generate(page, site, tiny_gpt2_folder):
+    dataset = dataset_create_from_texts(name="interp notes", texts=TEXTS, owner=None, source="upload")
+    page.goto(site.url("/"))
+    page.evaluate("window.__marker = 1")  # gone if anything reloads the page
+
+    # Add the model through the dialog, then load it from its card.
+    page.click("#add-model-open")
+    dialog = page.locator("#add-model-dialog")
+    dialog.get_by_label("Local folder").check()
+    page.fill("#add-identifier", str(tiny_gpt2_folder))
+    page.fill("#add-name", "journey-gpt2")
+    page.click("#add-model-submit")
+    expect(dialog).to_be_hidden()
+    model = LanguageModel.objects.get(name="journey-gpt2")
+    card = page.locator(f'.model-card[data-model-id="{model.id}"]')
+    card.get_by_role("button", name="Load").click()
+    expect(card.locator('[data-field="status"]')).to_have_text("ready", timeout=LIVE_TIMEOUT_MS)
+    assert page.evaluate("window.__marker") == 1
+    model.refresh_from_db()
+    assert model.status == LanguageModel.Status.READY and model.host_worker == site.worker_name
+
+    # Extract every layer's residual stream from the model's page.
+    card.locator('[data-field="link"]').click()
+    page.wait_for_url(site.url(f"/models/{model.id}/"))
+    form = page.locator("#extract-form")
+    form.get_by_label("Dataset").select_option(dataset.id)
+    page.fill("#extract-max-length", "32")
+    form.get_by_role("button", name="resid_post every layer").click()
+    page.click("#extract-submit")
+    panel = page.locator("#job-panel")
+    expect(panel.locator("#job-percent")).to_have_text("100 %", timeout=LIVE_TIMEOUT_MS)
+    expect(panel.locator("#job-status")).to_have_text("completed")
+    cache = ActivationCache.objects.get(model_id=model.id)
+    assert cache.status == ActivationCache.Status.COMPLETED and cache.num_samples == len(TEXTS)
+    expect(page.locator(f'#cache-table tr[data-cache-id="{cache.id}"]')).to_be_visible()
+
+    # The activation browser: the default neuron's top tokens, as the stored cache ranks them.
+    panel.get_by_role("link", name="Open in activation browser").click()
+    page.wait_for_url(re.compile(rf"/activations/{cache.id}/"))
+    items = page.locator("#top-list > li")
+    expect(items).to_have_count(TOP_K)
+    neuron = int(page.locator("#neuron-head").get_attribute("data-neuron"))
+    hook = page.locator('.hook-tabs a[aria-selected="true"]').get_attribute("data-hook")
+    store = ActivationStore.open(cache.directory)
+    expected = [row["value"] for row in store.top_k(hook, neuron, TOP_K, context=8)]
+    shown = page.locator("#top-list .value").evaluate_all(
+        "nodes => nodes.map(node => Number(node.dataset.value))"
+    )
+    assert shown == pytest.approx(expected, rel=1e-6)
+
+    # The playground, reached from the top bar, streams a reply from the loaded model.
+    page.get_by_role("navigation", name="Main").get_by_role("link", name="Playground").click()
+    page.wait_for_url(site.url("/playground/"))
+    page.fill("#prompt", "The residual stream")
+    page.fill("#temperature", "0")
+    page.fill("#max_tokens", "24")
+    page.check("#ignore_eos")
+    page.evaluate("""() => {
+      window.outputLengths = [];
+      const node = document.getElementById("output-text");
+      new MutationObserver(() => window.outputLengths.push(node.textContent.length))
+        .observe(node, { childList: true, characterData: true, subtree: true });
+    }""")  # fmt: skip
+    page.click("#generate-button")
+    expect(page.locator("#run-state")).to_have_text("Done", timeout=LIVE_TIMEOUT_MS)
+    assert len({length for length in page.evaluate("window.outputLengths") if length > 0}) > 1
+    row = Generation.objects.get(pk=page.locator("#request-link").text_content())
+    assert row.model_id == model.id and row.completion_tokens == 24 and row.status == "completed"
+
+    # Signing out ends the session: the pages ask to sign in again.
+    page.get_by_role("button", name="Sign out").click()
+    page.goto(site.url("/playground/"))
+    expect(page).to_have_url(re.compile(r"/login/"))
