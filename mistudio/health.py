@@ -4,7 +4,7 @@ import platform
 from importlib import metadata
 
 import redis
-from django.db import DatabaseError, connection
+from django.db import DatabaseError, InterfaceError, connection
 from django.http import JsonResponse
 
 import mistudio
@@ -35,7 +35,7 @@ def database_status() -> dict:
         with connection.cursor() as cursor:
             cursor.execute("SELECT 1")
         return {"ok": True, "vendor": connection.vendor}
-    except DatabaseError:
+    except (DatabaseError, InterfaceError):  # InterfaceError: a connection cut under us
         return {"ok": False, "vendor": connection.vendor, "error": "unreachable"}
 
 

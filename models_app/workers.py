@@ -17,11 +17,13 @@ from dataclasses import dataclass
 
 import redis
 from django.conf import settings
-from django.db import connections
+from django.db import InterfaceError, OperationalError, connections
 from rq import Queue, SimpleWorker
+from rq.job import Job
 from rq.timeouts import TimerDeathPenalty
 
 from mistudio.redis_client import get_redis
+from mistudio.structured_logging import job_context
 from models_app.engine.registry import LOADED_MODELS
 
 logger = logging.getLogger(__name__)
@@ -115,6 +117,17 @@ def read_heartbeats() -> list[dict]:
     return sorted(beats, key=lambda beat: beat["name"])
 
 
+def redis_restarted_recently() -> bool:
+    """True while a restarted Redis may not yet hold the heartbeats of workers that are alive.
+
+    A Redis that restarts empty loses every heartbeat; live workers write theirs again within a
+    beat or two. Until ``WORKER_LOST_AFTER_SECONDS`` have passed, a missing heartbeat proves
+    nothing, so ``worker_lost_reconcile`` waits rather than unload the models of live workers.
+    """
+    uptime = get_redis().info("server").get("uptime_in_seconds", 0)
+    return uptime < settings.WORKER_LOST_AFTER_SECONDS
+
+
 class MiStudioWorker(SimpleWorker):
     """SimpleWorker that can also be driven from a non-main thread (tests, embedded tools).
 
@@ -129,6 +142,11 @@ class MiStudioWorker(SimpleWorker):
     def _install_signal_handlers(self) -> None:
         if threading.current_thread() is threading.main_thread():
             super()._install_signal_handlers()
+
+    def execute_job(self, job: Job, queue: Queue) -> None:
+        """Run the job with its id on every log record written meanwhile (``job_id`` in the logs)."""
+        with job_context(job_id=job.id):
+            super().execute_job(job, queue)
 
 
 class HeartbeatThread(threading.Thread):
@@ -151,10 +169,16 @@ class HeartbeatThread(threading.Thread):
                 write_heartbeat(self.identity, self.started_at)
                 self.unload_idle_models()
                 if beats % 6 == 0:
-                    worker_lost_reconcile()
+                    if not redis_restarted_recently():
+                        worker_lost_reconcile()
                     cache_cleanup_daily()
             except (redis.RedisError, OSError):
                 logger.warning("heartbeat failed; retrying", exc_info=True)
+            except (OperationalError, InterfaceError) as error:
+                # The database went away (or restarted): drop this thread's dead connection so
+                # the next beat connects afresh instead of failing on it forever.
+                logger.warning("heartbeat: database unavailable (%s); retrying", error)
+                connections.close_all()
             except Exception:
                 logger.exception("heartbeat thread error")
             beats += 1
