@@ -1,0 +1,321 @@
+"""``GET /metrics``: Prometheus text format, read from the database and Redis at scrape time.
+
+Web and workers are separate processes, possibly on separate machines, so nothing is counted in
+process memory (no ``prometheus_client`` multiprocess mode): one collector reads the workers'
+heartbeats and the queue lengths from Redis and the job rows from the database on every scrape.
+Any web process answers the same numbers, and a restart loses none of them.
+
+Counts of rows are gauges, not counters: deleting a model or a job row lowers them. Durations are
+histograms over the rows that recorded one (a model's last load, completed non-cached extractions,
+completed generations).
+
+Access: ``Authorization: Bearer $METRICS_TOKEN`` (for the scraper), or a signed-in / token user
+who is staff or ``model:admin``. Anonymous: 401 with the documented error body.
+"""
+
+import hmac
+from collections.abc import Iterator
+
+import redis
+from django.conf import settings
+from django.contrib.auth.models import AnonymousUser
+from django.db import DatabaseError
+from django.db.models import Count, Q, QuerySet, Sum
+from django.http import HttpResponse
+from drf_spectacular.utils import extend_schema
+from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4, CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+from rest_framework.authentication import BaseAuthentication, get_authorization_header
+from rest_framework.decorators import (
+    api_view,
+    authentication_classes,
+    content_negotiation_class,
+    permission_classes,
+    renderer_classes,
+)
+from rest_framework.negotiation import BaseContentNegotiation
+from rest_framework.permissions import BasePermission
+from rest_framework.renderers import JSONRenderer
+from rest_framework.settings import api_settings
+
+from models_app import roles
+
+# Bucket bounds in seconds, from what a tiny CPU model takes to what a large hub model takes.
+LOAD_BUCKETS = (0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800)
+EXTRACTION_BUCKETS = (1, 5, 10, 30, 60, 300, 600, 1800, 3600, 4 * 3600, 12 * 3600)
+GENERATION_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+
+
+def status_counts(rows: QuerySet, statuses: list[str]) -> dict[str, int]:
+    """Rows per status, every status present (a series that vanishes at 0 breaks rate queries)."""
+    counts = dict.fromkeys(statuses, 0)
+    counts.update(rows.order_by().values_list("status").annotate(count=Count("pk")))
+    return counts
+
+
+def histogram_from_rows(
+    *, name: str, documentation: str, rows: QuerySet, field: str, bounds: tuple[float, ...], scale: float = 1
+) -> HistogramMetricFamily:
+    """A histogram of ``field`` over ``rows`` in one query; ``field * scale`` is in the bounds' unit."""
+    aggregates = {
+        f"le_{index}": Count("pk", filter=Q(**{f"{field}__lte": bound / scale}))
+        for index, bound in enumerate(bounds)
+    }
+    result = rows.order_by().aggregate(total=Count("pk"), sum=Sum(field), **aggregates)
+    buckets = [(str(float(bound)), result[f"le_{index}"]) for index, bound in enumerate(bounds)]
+    buckets.append(("+Inf", result["total"]))
+    return HistogramMetricFamily(name, documentation, buckets=buckets, sum_value=(result["sum"] or 0) * scale)
+
+
+class MiStudioCollector(Collector):
+    """Every miStudio series, read fresh on each scrape. A dependency that is down is reported in
+    ``mistudio_up`` and its series are left out; the scrape itself still answers 200."""
+
+    def describe(self) -> list[Metric]:
+        return []  # registering must not touch the database; the series are known only at scrape time
+
+    def collect(self) -> Iterator[Metric]:
+        up = GaugeMetricFamily(
+            "mistudio_up", "1 when miStudio can reach the dependency.", labels=["dependency"]
+        )
+        try:
+            yield from self.database_metrics()
+            up.add_metric(["database"], 1)
+        except DatabaseError:
+            up.add_metric(["database"], 0)
+        try:
+            yield from self.redis_metrics()
+            up.add_metric(["redis"], 1)
+        except (redis.RedisError, OSError, RuntimeError):
+            up.add_metric(["redis"], 0)
+        yield up
+
+    def redis_metrics(self) -> Iterator[Metric]:
+        from models_app.models import LanguageModel
+        from models_app.selectors import queue_lengths
+        from models_app.workers import read_heartbeats
+
+        # Read everything before yielding anything, so a Redis error cannot leave half the series.
+        beats = read_heartbeats()
+        queues = queue_lengths(heartbeats=beats)
+        model_ids = [entry["model_id"] for beat in beats for entry in beat.get("loaded_models", [])]
+        try:
+            names = dict(LanguageModel.objects.filter(pk__in=model_ids).values_list("pk", "name"))
+        except DatabaseError:
+            names = {}
+
+        worker_labels = ["worker", "device"]
+        live = GaugeMetricFamily(
+            "mistudio_worker_up", "1 for each worker with a live heartbeat.", labels=worker_labels
+        )
+        total = GaugeMetricFamily(
+            "mistudio_worker_memory_total_bytes", "Memory of the worker's device (GPU, or RAM for cpu).",
+            labels=worker_labels,
+        )  # fmt: skip
+        free = GaugeMetricFamily(
+            "mistudio_worker_memory_free_bytes", "Free memory of the worker's device.", labels=worker_labels
+        )
+        loaded = GaugeMetricFamily(
+            "mistudio_worker_loaded_models", "Models loaded in the worker.", labels=worker_labels
+        )
+        model_memory = GaugeMetricFamily(
+            "mistudio_loaded_model_memory_bytes",
+            "Memory a loaded model takes in the worker that hosts it.",
+            labels=[*worker_labels, "model_id", "model", "quantization"],
+        )
+        for beat in beats:
+            labels = [beat["name"], beat["device"]]
+            live.add_metric(labels, 1)
+            total.add_metric(labels, beat.get("memory_total_bytes") or 0)
+            free.add_metric(labels, beat.get("memory_free_bytes") or 0)
+            models = beat.get("loaded_models", [])
+            loaded.add_metric(labels, len(models))
+            for entry in models:
+                model_memory.add_metric(
+                    [
+                        *labels,
+                        entry["model_id"],
+                        names.get(entry["model_id"], ""),
+                        entry.get("quantization", ""),
+                    ],
+                    entry.get("memory_usage_bytes") or 0,
+                )
+        queue_jobs = GaugeMetricFamily(
+            "mistudio_queue_jobs",
+            "Jobs in miStudio's RQ queues: queued (waiting), running, failed.",
+            labels=["queue", "worker", "kind", "state"],
+        )
+        for queue in queues:
+            for state in ("queued", "running", "failed"):
+                queue_jobs.add_metric(
+                    [queue["name"], queue["worker"] or "", queue["kind"], state], queue[state]
+                )
+        yield from (live, total, free, loaded, model_memory, queue_jobs)
+
+    def database_metrics(self) -> Iterator[Metric]:
+        from activations.models import ActivationCache, ExtractionJob
+        from models_app.models import Generation, LanguageModel
+
+        families: list[Metric] = []
+        for name, documentation, model in [
+            ("mistudio_models", "Model rows by status.", LanguageModel),
+            ("mistudio_extraction_jobs", "Extraction job rows by status.", ExtractionJob),
+            ("mistudio_generations", "Generation rows by status.", Generation),
+        ]:
+            family = GaugeMetricFamily(name, documentation, labels=["status"])
+            for status, count in status_counts(model.objects.all(), model.Status.values).items():
+                family.add_metric([status], count)
+            families.append(family)
+
+        families.append(
+            histogram_from_rows(
+                name="mistudio_model_load_duration_seconds",
+                documentation="Duration of each model's last load.",
+                rows=LanguageModel.objects.exclude(load_time_seconds=None),
+                field="load_time_seconds",
+                bounds=LOAD_BUCKETS,
+            )
+        )
+        completed_extractions = ExtractionJob.objects.filter(
+            status=ExtractionJob.Status.COMPLETED, cached=False
+        ).exclude(extraction_time_seconds=None)
+        families.append(
+            histogram_from_rows(
+                name="mistudio_extraction_duration_seconds",
+                documentation="Duration of completed extractions (cache hits left out).",
+                rows=completed_extractions,
+                field="extraction_time_seconds",
+                bounds=EXTRACTION_BUCKETS,
+            )
+        )
+        throughput = completed_extractions.order_by().aggregate(
+            tokens=Sum("tokens_processed"), seconds=Sum("extraction_time_seconds")
+        )
+        mean_rate = GaugeMetricFamily(
+            "mistudio_extraction_mean_tokens_per_second",
+            "Tokens per second over all completed extractions (their tokens over their time).",
+            value=(throughput["tokens"] or 0) / throughput["seconds"] if throughput["seconds"] else 0,
+        )
+        running = ExtractionJob.objects.filter(status=ExtractionJob.Status.RUNNING).order_by()
+        running_rate = GaugeMetricFamily(
+            "mistudio_extraction_running_tokens_per_second",
+            "Tokens per second of the extractions running now, summed.",
+            value=running.aggregate(rate=Sum("tokens_per_second"))["rate"] or 0,
+        )
+        tokens = GaugeMetricFamily(
+            "mistudio_extraction_tokens_processed", "Tokens processed by extraction jobs, by status.",
+            labels=["status"],
+        )  # fmt: skip
+        by_status = dict(
+            ExtractionJob.objects.order_by().values_list("status").annotate(tokens=Sum("tokens_processed"))
+        )
+        for status in ExtractionJob.Status.values:
+            tokens.add_metric([status], by_status.get(status) or 0)
+        families += [mean_rate, running_rate, tokens]
+
+        completed_generations = Generation.objects.filter(status=Generation.Status.COMPLETED).exclude(
+            total_ms=None
+        )
+        families.append(
+            histogram_from_rows(
+                name="mistudio_generation_duration_seconds",
+                documentation="Duration of completed generations, worker start to last token.",
+                rows=completed_generations,
+                field="total_ms",
+                bounds=GENERATION_BUCKETS,
+                scale=0.001,
+            )
+        )
+        usage = completed_generations.order_by().aggregate(
+            prompt=Sum("prompt_tokens"), completion=Sum("completion_tokens")
+        )
+        generation_tokens = GaugeMetricFamily(
+            "mistudio_generation_tokens", "Tokens of completed generations.", labels=["kind"]
+        )
+        generation_tokens.add_metric(["prompt"], usage["prompt"] or 0)
+        generation_tokens.add_metric(["completion"], usage["completion"] or 0)
+        families.append(generation_tokens)
+
+        caches = GaugeMetricFamily(
+            "mistudio_activation_caches", "Activation caches by status.", labels=["status"]
+        )
+        cache_bytes = GaugeMetricFamily(
+            "mistudio_activation_cache_bytes", "Bytes on disk of the activation caches, by status.",
+            labels=["status"],
+        )  # fmt: skip
+        rows = dict.fromkeys(ActivationCache.Status.values, (0, 0))
+        for status, count, size in (
+            ActivationCache.objects.order_by()
+            .values_list("status")
+            .annotate(count=Count("pk"), size=Sum("file_size_bytes"))
+        ):
+            rows[status] = (count, size or 0)
+        for status, (count, size) in rows.items():
+            caches.add_metric([status], count)
+            cache_bytes.add_metric([status], size)
+        budget = GaugeMetricFamily(
+            "mistudio_activation_cache_budget_bytes",
+            "ACTIVATION_CACHE_MAX_BYTES: the size eviction keeps the caches under.",
+            value=settings.ACTIVATION_CACHE_MAX_BYTES,
+        )
+        families += [caches, cache_bytes, budget]
+        # Yielded only once every query has answered, so a database error leaves no half set.
+        yield from families
+
+
+REGISTRY = CollectorRegistry(auto_describe=False)
+REGISTRY.register(MiStudioCollector())
+
+# The ``auth`` of a request that presented METRICS_TOKEN (it has no user).
+METRICS_SCRAPER = "metrics-token"
+
+
+class MetricsTokenAuthentication(BaseAuthentication):
+    """``Authorization: Bearer $METRICS_TOKEN``; any other credential is left to the API's own."""
+
+    def authenticate(self, request):
+        expected = settings.METRICS_TOKEN
+        scheme, _, credential = get_authorization_header(request).decode("latin-1").partition(" ")
+        if not expected or scheme.lower() != "bearer":
+            return None
+        if not hmac.compare_digest(credential.strip().encode(), expected.encode()):
+            return None  # perhaps an API token sent as Bearer: the next authenticator decides
+        return AnonymousUser(), METRICS_SCRAPER
+
+    def authenticate_header(self, request) -> str:
+        return 'Bearer realm="metrics"'  # makes a missing credential a 401, not a 403
+
+
+class CanReadMetrics(BasePermission):
+    """The metrics token, or a staff / ``model:admin`` user (the numbers cover every user's work)."""
+
+    def has_permission(self, request, view) -> bool:
+        if request.auth == METRICS_SCRAPER:
+            return True
+        user = request.user
+        return bool(user and user.is_authenticated and (user.is_staff or user.has_perm(roles.ADMIN)))
+
+
+class JsonErrorsWhateverIsAccepted(BaseContentNegotiation):
+    """A scraper's ``Accept`` names Prometheus' formats; errors are still the documented JSON body."""
+
+    def select_parser(self, request, parsers):
+        return parsers[0] if parsers else None
+
+    def select_renderer(self, request, renderers, format_suffix=None):
+        return renderers[0], renderers[0].media_type
+
+
+@extend_schema(exclude=True)  # not part of the REST API's schema
+@api_view(["GET"])
+@authentication_classes([MetricsTokenAuthentication, *api_settings.DEFAULT_AUTHENTICATION_CLASSES])
+@permission_classes([CanReadMetrics])
+@renderer_classes([JSONRenderer])
+@content_negotiation_class(JsonErrorsWhateverIsAccepted)
+def metrics(request):
+    """The Prometheus exposition of ``MiStudioCollector``."""
+    # Text format 0.0.4: what every Prometheus version reads; our names need none of 1.0.0's escaping.
+    response = HttpResponse(generate_latest(REGISTRY), content_type=CONTENT_TYPE_PLAIN_0_0_4)
+    response["Cache-Control"] = "no-store"
+    return response
