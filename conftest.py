@@ -39,6 +39,18 @@ def no_models_left_loaded():
         release(LOADED_MODELS.remove(entry.model_id))
 
 
+@pytest.fixture(autouse=True)
+def fresh_rate_limits(redis_for_tests):
+    """Each test starts with nothing counted against a rate limit (mistudio.throttling).
+
+    The counts live in Redis, not in the database, so a rolled-back test would otherwise leave
+    them to the next one (on SQLite even under the same user id).
+    """
+    pattern = f"{settings.REDIS_KEY_PREFIX}:cache:*throttle:*"
+    for key in redis_for_tests.scan_iter(match=pattern, count=500):
+        redis_for_tests.delete(key)
+
+
 def make_user(username: str, role: str | None):
     user = get_user_model().objects.create_user(username=username, password=f"{username}-password")
     if role:

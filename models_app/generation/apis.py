@@ -16,12 +16,14 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from django.http import HttpRequest, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
+from drf_spectacular.utils import extend_schema
 from rest_framework import serializers
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from mistudio.async_api import authenticated_user, json_body, validated
-from mistudio.errors import ApplicationError, error_body
+from mistudio.errors import ApplicationError, error_body, with_retry_after
+from mistudio.throttling import GenerationThrottle, throttle_check
 from models_app.apis import StrictSerializer
 from models_app.generation.services import (
     CAPTURE_DTYPES,
@@ -30,6 +32,7 @@ from models_app.generation.services import (
     MAX_STOP_SEQUENCES,
     MAX_TOKENS_LIMIT,
     SamplingRequest,
+    check_may_generate,
     generation_cancel,
     generation_check,
     generation_model,
@@ -151,7 +154,9 @@ class GenerateInputSerializer(SamplingSerializer):
 
 
 def error_response(error: ApplicationError) -> JsonResponse:
-    return JsonResponse(error_body(error.code, error.message, error.details), status=error.status)
+    return with_retry_after(
+        JsonResponse(error_body(error.code, error.message, error.details), status=error.status), error
+    )
 
 
 def cancelled_meanwhile() -> bool:
@@ -312,6 +317,8 @@ async def generate(request: HttpRequest) -> JsonResponse | StreamingHttpResponse
         return error_response(ApplicationError("METHOD_NOT_ALLOWED", "Use POST.", status=405))
     try:
         user = await authenticated_user(request)
+        await sync_to_async(check_may_generate)(user)
+        await throttle_check(request=request, user=user, throttle_class=GenerationThrottle)
         data = validated(GenerateInputSerializer, json_body(request))
         capture = data.get("mistudio") or {}
         model = await sync_to_async(generation_model)(user=user, model_ref=data["model_id"])
@@ -354,6 +361,7 @@ class GenerationListApi(APIView):
 
     permission_classes = [CanRead]
 
+    @extend_schema(responses={200: dict}, operation_id="api_generations_list")
     def get(self, request):
         rows = generation_list(user=request.user)[:200]
         return Response({"results": [generation_state(row) for row in rows]})
@@ -364,6 +372,7 @@ class GenerationDetailApi(APIView):
 
     permission_classes = [CanRead]
 
+    @extend_schema(responses={200: dict})
     def get(self, request, generation_id: str):
         return Response(generation_state(generation_get(user=request.user, generation_id=generation_id)))
 
@@ -373,6 +382,7 @@ class GenerationCancelApi(APIView):
 
     permission_classes = [CanWrite]
 
+    @extend_schema(request=None, responses={202: dict})
     def post(self, request, generation_id: str):
         generation = generation_cancel(user=request.user, generation_id=generation_id)
         return Response(generation_state(generation), status=202)

@@ -47,7 +47,8 @@ from django.views.decorators.csrf import csrf_exempt
 from rest_framework import serializers
 
 from mistudio.async_api import authenticated_user, json_body, validated
-from mistudio.errors import ApplicationError
+from mistudio.errors import ApplicationError, with_retry_after
+from mistudio.throttling import GenerationThrottle, throttle_check
 from models_app.generation.apis import (
     SamplingSerializer,
     event_stream,
@@ -63,6 +64,7 @@ from models_app.generation.services import (
     MAX_PROMPT_CHARACTERS,
     MAX_TOKENS_LIMIT,
     SamplingRequest,
+    check_may_generate,
     generation_model,
     generation_request,
 )
@@ -126,7 +128,7 @@ def openai_error_body(error: ApplicationError) -> dict[str, Any]:
 
 
 def openai_error_response(error: ApplicationError) -> JsonResponse:
-    return JsonResponse({"error": openai_error_body(error)}, status=error.status)
+    return with_retry_after(JsonResponse({"error": openai_error_body(error)}, status=error.status), error)
 
 
 def invalid(field: str, message: str) -> serializers.ValidationError:
@@ -307,6 +309,8 @@ async def start_generation(
     ``inputs`` maps the validated data to the endpoint's own arguments of ``generation_request``.
     """
     user = await authenticated_user(request, session=False)
+    await sync_to_async(check_may_generate)(user)
+    await throttle_check(request=request, user=user, throttle_class=GenerationThrottle)
     data = request_data(request, serializer_class)
     model = await sync_to_async(generation_model)(user=user, model_ref=data["model"])
     capture = data.get("mistudio") or {}

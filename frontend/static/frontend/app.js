@@ -168,9 +168,13 @@
   // and then each event ({type: "snapshot"|"event", group, event, data}). While the socket is down
   // every poller registered with live.poll(fn) runs every 5 s (the pages refetch over REST) and the
   // indicator in the top bar says "Polling"; the socket reconnects with exponential backoff.
+  // Each group's messages carry `seq` (1, 2, 3, … per group; a snapshot carries the current one):
+  // an event that skips a number means some were missed, so the pollers refetch over REST once;
+  // an event not newer than what the page has (already in its snapshot) is dropped.
 
   const live = {
     handlers: new Map(),
+    lastSeq: new Map(),
     pollers: [],
     socket: null,
     state: "connecting",
@@ -251,11 +255,24 @@
         let payload;
         try { payload = JSON.parse(message.data); } catch (_) { return; }
         if (payload.type === "error") { console.warn("live:", payload.code, payload.message); return; }
+        // "skip": an event of this group the user may not see (another user's private row); it only
+        // moves the group's seq on, so that it does not read as a missed event.
+        if (!this.inSequence(payload) || payload.type === "skip") return;
         for (const handler of this.handlers.get(payload.group) || []) {
           try { handler(payload); } catch (error) { console.error(error); }
         }
       };
       socket.onclose = () => { if (this.socket === socket) this.onDown(); };
+    },
+
+    // Whether to hand the message to the page; refetches over REST when events were missed.
+    inSequence(payload) {
+      if (typeof payload.seq !== "number") return true;
+      const last = this.lastSeq.get(payload.group);
+      if (payload.type !== "snapshot" && last !== undefined && payload.seq <= last) return false;
+      this.lastSeq.set(payload.group, payload.seq);
+      if (payload.type !== "snapshot" && last !== undefined && payload.seq > last + 1) this.runPollers();
+      return true;
     },
 
     onDown() {

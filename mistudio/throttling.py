@@ -1,0 +1,103 @@
+"""Request rate limits: DRF throttles whose counts live in Redis, shared by every web process.
+
+The rates are ``REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"]`` (set from the environment in
+``settings.py``; a scope set to ``None`` is off). A signed-in client is counted by user id, so
+no header can reset its limit; an anonymous one by its address as DRF's ``get_ident`` finds it,
+which with ``NUM_PROXIES`` set ignores the ``X-Forwarded-For`` entries a client can write itself.
+
+Two doors use the same classes: DRF views list them in ``throttle_classes``, and the async
+generation views (not DRF views) call :func:`throttle_check`. Either way a refusal is
+``mistudio.errors.rate_limited``: 429 ``RATE_LIMITED`` with ``details.retry_after_seconds``
+and a ``Retry-After`` header.
+
+The extraction caps are not request rates but counts of jobs in flight, checked where jobs are
+created (``activations.services.extraction_request``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.http import HttpRequest
+from rest_framework import serializers
+from rest_framework.request import Request
+from rest_framework.settings import api_settings
+from rest_framework.throttling import SimpleRateThrottle
+
+from mistudio.errors import rate_limited
+
+PERIOD_WORDS = {1: "second", 60: "minute", 3600: "hour", 86400: "day"}
+
+
+class UserRateThrottle(SimpleRateThrottle):
+    """A rate per user (per client address for anonymous requests) for one ``scope``.
+
+    Unlike DRF's own classes, the rate is read when the throttle is made rather than when the
+    module is imported, so a changed setting (tests, ``override_settings``) takes effect.
+    """
+
+    scope: str
+    what: str  # for the message: "model loads"
+    cache_format = "throttle:%(scope)s:%(ident)s"
+
+    def get_rate(self) -> str | None:
+        return api_settings.DEFAULT_THROTTLE_RATES.get(self.scope)
+
+    def get_cache_key(self, request: Request, view: Any) -> str:
+        user = getattr(request, "user", None)
+        if user is not None and user.is_authenticated:
+            ident = f"user:{user.pk}"
+        else:
+            ident = f"address:{self.get_ident(request)}"
+        return self.cache_format % {"scope": self.scope, "ident": ident}
+
+    def throttle_failure(self) -> bool:
+        """Refuse with the documented error instead of DRF's bare ``Throttled``: it names the limit."""
+        period = PERIOD_WORDS.get(self.duration, f"{self.duration} s")
+        raise rate_limited(
+            f"Too many {self.what}: at most {self.num_requests} per {period}.",
+            retry_after_seconds=self.wait(),
+            details={"scope": self.scope, "limit": self.num_requests, "period_seconds": self.duration},
+        )
+
+
+class ModelLoadThrottle(UserRateThrottle):
+    """``POST /api/models/{id}/load``: loads are slow and can evict other users' models."""
+
+    scope = "model_load"
+    what = "model loads"
+
+
+class ModelRegisterThrottle(ModelLoadThrottle):
+    """``POST /api/models`` counts against the load limit only when it asks for ``auto_load``."""
+
+    def allow_request(self, request: Request, view: Any) -> bool:
+        if request.method != "POST" or not isinstance(request.data, dict):
+            return True
+        try:
+            auto_load = serializers.BooleanField().to_internal_value(request.data.get("auto_load", False))
+        except serializers.ValidationError:
+            return True  # the view's serializer names the bad field; nothing is loaded
+        return super().allow_request(request, view) if auto_load else True
+
+
+class GenerationThrottle(UserRateThrottle):
+    """``POST /api/generate``, ``/v1/completions``, ``/v1/chat/completions`` (one shared count)."""
+
+    scope = "generation"
+    what = "generation requests"
+
+
+def _check(request: HttpRequest, user: Any, throttle_class: type[UserRateThrottle]) -> None:
+    drf_request = Request(request)
+    drf_request.user = user  # already authenticated by the caller
+    throttle_class().allow_request(drf_request, None)  # raises rate_limited when over the limit
+
+
+async def throttle_check(*, request: HttpRequest, user: Any, throttle_class: type[UserRateThrottle]) -> None:
+    """The check a DRF view makes with ``throttle_classes``, for the async views.
+
+    Call it after authentication; raises ``ApplicationError`` 429 ``RATE_LIMITED``.
+    """
+    await sync_to_async(_check)(request, user, throttle_class)
