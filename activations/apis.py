@@ -5,7 +5,7 @@ import io
 import numpy as np
 from django.conf import settings
 from django.http import FileResponse, StreamingHttpResponse
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import serializers, status
 from rest_framework.parsers import JSONParser, MultiPartParser
 from rest_framework.response import Response
@@ -22,6 +22,8 @@ MAX_SLICE_VALUES = 4_000_000  # rows x width per slice request (16 MB of float32
 
 
 class DatasetOutputSerializer(serializers.ModelSerializer):
+    owner = serializers.CharField(source="owner.username", read_only=True, default=None)
+
     class Meta:
         model = Dataset
         fields = [
@@ -35,6 +37,8 @@ class DatasetOutputSerializer(serializers.ModelSerializer):
             "size_bytes",
             "content_hash",
             "preview",
+            "shared",
+            "owner",
             "created_at",
         ]
 
@@ -63,13 +67,20 @@ class DatasetListApi(APIView):
             choices=["text_lines", "text_paragraphs", "jsonl", "csv", "hf_disk"], required=False
         )
         field = serializers.CharField(max_length=200, required=False)
+        shared = serializers.BooleanField(default=False, help_text="Visible to every reader")
 
         def validate(self, attrs):
             if bool(attrs.get("file")) == bool(attrs.get("local_path")):
                 raise serializers.ValidationError("Send either a file or a local_path.")
             return attrs
 
-    @extend_schema(responses=DatasetOutputSerializer(many=True))
+    @extend_schema(
+        operation_id="api_datasets_list",
+        responses=inline_serializer(
+            "DatasetList",
+            {"datasets": DatasetOutputSerializer(many=True), "total": serializers.IntegerField()},
+        ),
+    )
     def get(self, request):
         datasets = selectors.dataset_list(user=request.user)
         return Response(
@@ -95,6 +106,7 @@ class DatasetListApi(APIView):
                 owner=request.user,
                 format=values.get("format"),
                 field=values.get("field"),
+                shared=values["shared"],
             )
         else:
             dataset = services.dataset_create_from_local(
@@ -103,12 +115,19 @@ class DatasetListApi(APIView):
                 owner=request.user,
                 format=values.get("format"),
                 field=values.get("field"),
+                shared=values["shared"],
             )
         return Response(DatasetOutputSerializer(dataset).data, status=status.HTTP_201_CREATED)
 
 
 class DatasetDetailApi(APIView):
+    """One dataset; its owner (or an admin) may rename, share or delete it."""
+
     permission_classes = [CanWrite]
+
+    class UpdateSerializer(StrictSerializer):
+        name = serializers.CharField(required=False, max_length=500)
+        shared = serializers.BooleanField(required=False)
 
     @extend_schema(responses=DatasetOutputSerializer)
     def get(self, request, dataset_id: str):
@@ -116,9 +135,17 @@ class DatasetDetailApi(APIView):
             DatasetOutputSerializer(selectors.dataset_get(user=request.user, dataset_id=dataset_id)).data
         )
 
+    @extend_schema(request=UpdateSerializer, responses=DatasetOutputSerializer)
+    def patch(self, request, dataset_id: str):
+        selectors.dataset_get_to_change(user=request.user, dataset_id=dataset_id)
+        data = self.UpdateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        dataset = services.dataset_update(dataset_id=dataset_id, **data.validated_data)
+        return Response(DatasetOutputSerializer(dataset).data)
+
     @extend_schema(responses={204: None})
     def delete(self, request, dataset_id: str):
-        selectors.dataset_get(user=request.user, dataset_id=dataset_id)
+        selectors.dataset_get_to_change(user=request.user, dataset_id=dataset_id)
         services.dataset_delete(dataset_id=dataset_id)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
@@ -247,7 +274,10 @@ class ExtractionDetailApi(APIView):
 class ExtractionListApi(APIView):
     permission_classes = [CanRead]
 
-    @extend_schema(responses=ExtractionOutputSerializer(many=True))
+    @extend_schema(
+        operation_id="api_extractions_list",
+        responses=inline_serializer("ExtractionList", {"extractions": ExtractionOutputSerializer(many=True)}),
+    )
     def get(self, request):
         jobs = selectors.extraction_list(user=request.user)[:200]
         return Response({"extractions": ExtractionOutputSerializer(jobs, many=True).data})
@@ -258,7 +288,7 @@ class ExtractionCancelApi(APIView):
 
     @extend_schema(request=None, responses={202: ExtractionOutputSerializer})
     def post(self, request, extraction_id: str):
-        selectors.extraction_get(user=request.user, extraction_id=extraction_id)
+        selectors.extraction_get_to_change(user=request.user, extraction_id=extraction_id)
         job = services.extraction_cancel(job_id=extraction_id)
         return Response(ExtractionOutputSerializer(job).data, status=status.HTTP_202_ACCEPTED)
 
@@ -299,7 +329,13 @@ class CacheListApi(APIView):
         dataset = serializers.CharField(required=False, max_length=64)
         status = serializers.ChoiceField(choices=ActivationCache.Status.choices, required=False)
 
-    @extend_schema(parameters=[FilterSerializer], responses=CacheOutputSerializer(many=True))
+    @extend_schema(
+        operation_id="api_activation_caches_list",
+        parameters=[FilterSerializer],
+        responses=inline_serializer(
+            "CacheList", {"caches": CacheOutputSerializer(many=True), "total": serializers.IntegerField()}
+        ),
+    )
     def get(self, request):
         filters = self.FilterSerializer(data=request.query_params)
         filters.is_valid(raise_exception=True)
@@ -317,7 +353,7 @@ class CacheDetailApi(APIView):
 
     @extend_schema(responses={204: None})
     def delete(self, request, cache_id: str):
-        selectors.cache_get(user=request.user, cache_id=cache_id)
+        selectors.cache_get_to_change(user=request.user, cache_id=cache_id)
         services.cache_delete(cache_id=cache_id)
         return Response(status=status.HTTP_204_NO_CONTENT)
 

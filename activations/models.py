@@ -28,6 +28,9 @@ class Dataset(models.Model):
     content_hash = models.CharField(max_length=64, db_index=True, help_text="sha256 of the stored samples")
     preview = models.JSONField(default=list, blank=True, help_text="The first samples, shortened")
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+    shared = models.BooleanField(
+        default=False, help_text="Visible to every reader (changes stay the owner's)"
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

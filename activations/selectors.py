@@ -8,26 +8,33 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 
 from activations.models import ActivationCache, Dataset, ExtractionJob
 from mistudio.errors import ApplicationError
 from models_app import roles
+from models_app.access import check_may_change, is_admin, visible_rows
 from models_app.models import LanguageModel
 
 TAR_CHUNK_BYTES = 1 << 20
 
 
 def dataset_list(*, user) -> QuerySet[Dataset]:
-    if not user.has_perm(roles.READ):
-        return Dataset.objects.none()
-    return Dataset.objects.all()
+    """Datasets the user may see: own, shared and system ones (all for ``model:admin``)."""
+    return visible_rows(Dataset.objects.select_related("owner"), user, shareable=True)
 
 
 def dataset_get(*, user, dataset_id: str) -> Dataset:
     dataset = dataset_list(user=user).filter(pk=dataset_id).first()
     if dataset is None:
         raise ApplicationError("DATASET_NOT_FOUND", "No such dataset.", status=404)
+    return dataset
+
+
+def dataset_get_to_change(*, user, dataset_id: str) -> Dataset:
+    """The dataset, if the user may change it (404 when invisible, 403 ``NOT_OWNER`` when not theirs)."""
+    dataset = dataset_get(user=user, dataset_id=dataset_id)
+    check_may_change(dataset, user, what="dataset")
     return dataset
 
 
@@ -52,9 +59,8 @@ def hook_points(model: LanguageModel) -> dict[str, Any]:
 
 
 def extraction_list(*, user) -> QuerySet[ExtractionJob]:
-    if not user.has_perm(roles.READ):
-        return ExtractionJob.objects.none()
-    return ExtractionJob.objects.all()
+    """The user's own extraction jobs (all for ``model:admin``)."""
+    return visible_rows(ExtractionJob.objects.all(), user, shareable=False)
 
 
 def extraction_get(*, user, extraction_id: str, model_id: str | None = None) -> ExtractionJob:
@@ -64,6 +70,12 @@ def extraction_get(*, user, extraction_id: str, model_id: str | None = None) -> 
     job = jobs.first()
     if job is None:
         raise ApplicationError("EXTRACTION_NOT_FOUND", "No such extraction.", status=404)
+    return job
+
+
+def extraction_get_to_change(*, user, extraction_id: str) -> ExtractionJob:
+    job = extraction_get(user=user, extraction_id=extraction_id)
+    check_may_change(job, user, what="extraction")
     return job
 
 
@@ -83,9 +95,11 @@ def extraction_estimate_seconds(job: ExtractionJob) -> float:
 
 
 def cache_list(*, user, filters: dict[str, str] | None = None) -> QuerySet[ActivationCache]:
-    if not user.has_perm(roles.READ):
-        return ActivationCache.objects.none()
-    caches = ActivationCache.objects.all()
+    """Caches the user made, or that their own extractions reused (all for ``model:admin``)."""
+    caches = visible_rows(ActivationCache.objects.all(), user, shareable=False)
+    if not is_admin(user) and user.is_authenticated and user.has_perm(roles.READ):
+        reused = ExtractionJob.objects.filter(owner=user, cache__isnull=False).values("cache_id")
+        caches = ActivationCache.objects.filter(Q(pk__in=caches.values("pk")) | Q(pk__in=reused))
     filters = filters or {}
     if "model" in filters:
         caches = caches.filter(model_id=filters["model"])
@@ -100,6 +114,13 @@ def cache_get(*, user, cache_id: str) -> ActivationCache:
     cache = cache_list(user=user).filter(pk=cache_id).first()
     if cache is None:
         raise ApplicationError("CACHE_NOT_FOUND", "No such activation cache.", status=404)
+    return cache
+
+
+def cache_get_to_change(*, user, cache_id: str) -> ActivationCache:
+    """The cache, if the user made it (a reused cache is read-only for its other users)."""
+    cache = cache_get(user=user, cache_id=cache_id)
+    check_may_change(cache, user, what="activation cache")
     return cache
 
 

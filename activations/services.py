@@ -13,12 +13,12 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from activations.models import ActivationCache, Dataset, ExtractionJob
 from activations.store import write_durably
-from mistudio.errors import ApplicationError
+from mistudio.errors import ApplicationError, rate_limited
 from mistudio.events import publish
 from mistudio.local_paths import path_inside_roots
 from mistudio.redis_client import get_redis
@@ -55,6 +55,7 @@ def dataset_create_from_texts(
     original_name: str = "",
     format: str = "",
     field: str = "",
+    shared: bool = False,
 ) -> Dataset:
     """Store the non-empty samples as JSON Lines and register them as a dataset."""
     from activations.engine.datasets import content_hash, preview
@@ -76,6 +77,7 @@ def dataset_create_from_texts(
             content_hash=content_hash(samples),
             preview=preview(samples),
             owner=owner,
+            shared=shared,
         )
         write_durably(dataset.storage_path, [payload])
         dataset.save()
@@ -83,7 +85,14 @@ def dataset_create_from_texts(
 
 
 def dataset_create_from_upload(
-    *, name: str, data: bytes, filename: str, owner, format: str | None = None, field: str | None = None
+    *,
+    name: str,
+    data: bytes,
+    filename: str,
+    owner,
+    format: str | None = None,
+    field: str | None = None,
+    shared: bool = False,
 ) -> Dataset:
     """Parse an uploaded file (plain text, JSONL, CSV) into a dataset."""
     from activations.engine.datasets import GUESS_HEAD_BYTES, guess_format, parse_bytes
@@ -101,11 +110,18 @@ def dataset_create_from_upload(
         original_name=filename,
         format=parsed.format,
         field=parsed.field or "",
+        shared=shared,
     )
 
 
 def dataset_create_from_local(
-    *, name: str, path: str, owner, format: str | None = None, field: str | None = None
+    *,
+    name: str,
+    path: str,
+    owner,
+    format: str | None = None,
+    field: str | None = None,
+    shared: bool = False,
 ) -> Dataset:
     """A file or folder under LOCAL_DATA_ROOTS: text / JSONL / CSV files or a ``save_to_disk`` folder."""
     from activations.engine.datasets import parse_path
@@ -123,6 +139,7 @@ def dataset_create_from_local(
         original_name=str(resolved),
         format=parsed.format,
         field=parsed.field or "",
+        shared=shared,
     )
 
 
@@ -134,6 +151,16 @@ def dataset_samples(dataset: Dataset, *, limit: int | None = None) -> list[str]:
             if limit is not None and len(samples) >= limit:
                 break
     return samples
+
+
+def dataset_update(*, dataset_id: str, **changes: Any) -> Dataset:
+    """Rename or share / unshare a dataset (``name``, ``shared``)."""
+    dataset = Dataset.objects.get(pk=dataset_id)
+    fields = [field for field in ("name", "shared") if field in changes]
+    for field in fields:
+        setattr(dataset, field, changes[field])
+    dataset.save(update_fields=fields)
+    return dataset
 
 
 def dataset_delete(*, dataset_id: str) -> None:
@@ -270,7 +297,7 @@ def extraction_request(
         if cache is not None:
             running = cache.jobs.filter(status__in=ExtractionJob.ACTIVE).first()
             if running is not None:
-                return running  # an identical request is in flight: one job
+                return joined(running, owner=owner)  # an identical request is in flight: one job
             cache.status, cache.error_code, cache.error_message = ActivationCache.Status.WRITING, "", ""
             cache.save(update_fields=["status", "error_code", "error_message"])
         else:
@@ -291,13 +318,75 @@ def extraction_request(
                 cache = ActivationCache.objects.get(key_hash=digest)
                 running = cache.jobs.filter(status__in=ExtractionJob.ACTIVE).first()
                 if running is not None:
-                    return running
+                    return joined(running, owner=owner)
+        extraction_capacity_check(owner=owner)  # only a new job counts against the caps
         job = ExtractionJob.objects.create(**job_fields, cache=cache, total_samples=key["sample_count"])
         job.rq_job_id = f"extract-{job.id}"
         job.save(update_fields=["rq_job_id"])
         job_publish(job, "extraction:queued", [])
         transaction.on_commit(lambda: extraction_enqueue(job))
     return job
+
+
+def joined(running: ExtractionJob, *, owner) -> ExtractionJob:
+    """The identical job in flight, if it is the requester's own; another user's job stays private
+    (409: its cache is reused by the same request once it completes)."""
+    if running.owner_id == getattr(owner, "pk", None):
+        return running
+    raise ApplicationError(
+        "EXTRACTION_IN_PROGRESS",
+        "Another user's identical extraction is running; send the request again when it completes "
+        "and its cached activations will be reused.",
+        status=409,
+    )
+
+
+# Any fixed 64-bit number: the PostgreSQL advisory lock that new extraction jobs take turns on.
+EXTRACTION_ADMISSION_LOCK = 0x6D69_5374_7564_696F  # "miStudio"
+EXTRACTION_RETRY_AFTER_SECONDS = 30  # when no job holding a slot has an ETA yet
+
+
+def extraction_capacity_check(*, owner) -> None:
+    """Refuse a new job (429 ``RATE_LIMITED``) while too many are queued or running.
+
+    Caps: ``MAX_ACTIVE_EXTRACTIONS_PER_USER`` for the owner, ``MAX_ACTIVE_EXTRACTIONS`` for
+    everyone (0: no cap). Called inside ``extraction_request``'s transaction just before the
+    job row is created, so a request answered from the cache or joining an identical job in
+    flight never counts, and a refusal rolls back the cache row it may have started. Requests
+    take turns here (an advisory lock on PostgreSQL; SQLite transactions are already
+    ``IMMEDIATE``), so two cannot both take the last slot.
+    """
+    per_user, system = settings.MAX_ACTIVE_EXTRACTIONS_PER_USER, settings.MAX_ACTIVE_EXTRACTIONS
+    if not per_user and not system:
+        return
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [EXTRACTION_ADMISSION_LOCK])
+    active = ExtractionJob.objects.filter(status__in=ExtractionJob.ACTIVE).order_by("created_at")
+    if per_user and owner is not None:
+        mine = list(active.filter(owner=owner))
+        if len(mine) >= per_user:
+            raise rate_limited(
+                f"You have {len(mine)} extractions queued or running, the most allowed per user "
+                f"({per_user}); send this one again when one of them ends.",
+                retry_after_seconds=extraction_retry_after(mine),
+                details={"scope": "user", "limit": per_user, "active_extractions": [job.id for job in mine]},
+            )
+    if system:
+        everyone = list(active)
+        if len(everyone) >= system:
+            raise rate_limited(
+                f"{len(everyone)} extractions are queued or running, the most allowed at once "
+                f"({system}); send this one again when one of them ends.",
+                retry_after_seconds=extraction_retry_after(everyone),
+                details={"scope": "system", "limit": system},  # other users' job ids stay private
+            )
+
+
+def extraction_retry_after(jobs: list[ExtractionJob]) -> float:
+    """When a slot is likely to free: the soonest ETA among the running jobs (at most an hour)."""
+    etas = [job.eta_seconds for job in jobs if job.status == ExtractionJob.Status.RUNNING and job.eta_seconds]
+    return min(*etas, 3600) if etas else EXTRACTION_RETRY_AFTER_SECONDS
 
 
 def extraction_enqueue(job: ExtractionJob, *, queue_name: str | None = None) -> None:

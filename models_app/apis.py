@@ -1,10 +1,11 @@
 """REST API for models: thin views over selectors and services."""
 
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import serializers, status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from mistudio.throttling import ModelLoadThrottle, ModelRegisterThrottle
 from models_app import selectors, services
 from models_app.models import LanguageModel
 from models_app.permissions import CanRead, CanWrite
@@ -33,6 +34,8 @@ class StrictSerializer(serializers.Serializer):
 
 
 class ModelOutputSerializer(serializers.ModelSerializer):
+    owner = serializers.CharField(source="owner.username", read_only=True, default=None)
+
     class Meta:
         model = LanguageModel
         fields = [
@@ -40,9 +43,9 @@ class ModelOutputSerializer(serializers.ModelSerializer):
             "config", "quantization", "status", "progress", "stage", "status_message",
             "download_bytes_done", "download_bytes_total", "memory_usage_bytes", "memory_estimates",
             "load_time_seconds", "parameter_count", "hidden_size", "num_layers", "vocab_size",
-            "context_length", "pinned", "keep_alive_seconds", "host_worker", "unload_reason", "rq_job_id",
-            "error_code", "error_message", "error_details", "created_at", "loaded_at", "last_used_at",
-            "updated_at",
+            "context_length", "pinned", "shared", "owner", "keep_alive_seconds", "host_worker",
+            "unload_reason", "rq_job_id", "error_code", "error_message", "error_details", "created_at",
+            "loaded_at", "last_used_at", "updated_at",
         ]  # fmt: skip
 
 
@@ -50,6 +53,7 @@ class ModelListApi(APIView):
     """List models (filters, search, pagination) or register one."""
 
     permission_classes = [CanWrite]
+    throttle_classes = [ModelRegisterThrottle]  # only a registration with auto_load counts
 
     class FilterSerializer(serializers.Serializer):
         status = serializers.ChoiceField(choices=LanguageModel.Status.choices, required=False)
@@ -73,11 +77,24 @@ class ModelListApi(APIView):
         )
         auto_load = serializers.BooleanField(default=False)
         pinned = serializers.BooleanField(default=False)
+        shared = serializers.BooleanField(default=False, help_text="Visible to every reader")
         keep_alive_seconds = serializers.IntegerField(
             required=False, allow_null=True, min_value=1, max_value=MAX_KEEP_ALIVE_SECONDS, default=None
         )
 
-    @extend_schema(parameters=[FilterSerializer], responses=ModelOutputSerializer(many=True))
+    @extend_schema(
+        operation_id="api_models_list",
+        parameters=[FilterSerializer],
+        responses=inline_serializer(
+            "ModelPage",
+            {
+                "models": ModelOutputSerializer(many=True),
+                "total": serializers.IntegerField(),
+                "limit": serializers.IntegerField(),
+                "offset": serializers.IntegerField(),
+            },
+        ),
+    )
     def get(self, request):
         filters = self.FilterSerializer(data=request.query_params)
         filters.is_valid(raise_exception=True)
@@ -109,6 +126,7 @@ class ModelDetailApi(APIView):
     class UpdateSerializer(StrictSerializer):
         name = serializers.CharField(required=False, max_length=500)
         pinned = serializers.BooleanField(required=False)
+        shared = serializers.BooleanField(required=False)
         keep_alive_seconds = serializers.IntegerField(
             required=False, allow_null=True, min_value=1, max_value=MAX_KEEP_ALIVE_SECONDS
         )
@@ -120,7 +138,7 @@ class ModelDetailApi(APIView):
 
     @extend_schema(request=UpdateSerializer, responses=ModelOutputSerializer)
     def patch(self, request, model_id: str):
-        selectors.model_get(user=request.user, model_id=model_id)
+        selectors.model_get_to_change(user=request.user, model_id=model_id)
         data = self.UpdateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         model = services.model_update(model_id=model_id, **data.validated_data)
@@ -128,7 +146,7 @@ class ModelDetailApi(APIView):
 
     @extend_schema(responses={204: None})
     def delete(self, request, model_id: str):
-        selectors.model_get(user=request.user, model_id=model_id)
+        selectors.model_get_to_change(user=request.user, model_id=model_id)
         services.model_delete(model_id=model_id)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
@@ -136,10 +154,12 @@ class ModelDetailApi(APIView):
 class ModelLoadApi(APIView):
     """Queue a load: 202 with the job id; progress follows as ``model:loading`` events on ``model.<id>``.
 
-    A second request while one is in flight gets 409 ``ALREADY_LOADING``.
+    A second request while one is in flight gets 409 ``ALREADY_LOADING``; more than
+    ``RATE_LIMIT_MODEL_LOADS_PER_HOUR`` requests by one user in an hour get 429 ``RATE_LIMITED``.
     """
 
     permission_classes = [CanWrite]
+    throttle_classes = [ModelLoadThrottle]
 
     class InputSerializer(StrictSerializer):
         quantization = serializers.ChoiceField(choices=LanguageModel.Quantization.choices, required=False)
@@ -165,7 +185,7 @@ class ModelUnloadApi(APIView):
 
     @extend_schema(request=None, responses={202: ModelOutputSerializer})
     def post(self, request, model_id: str):
-        selectors.model_get(user=request.user, model_id=model_id)
+        selectors.model_get_to_change(user=request.user, model_id=model_id)
         model = services.model_unload_request(model_id=model_id)
         return Response(ModelOutputSerializer(model).data, status=status.HTTP_202_ACCEPTED)
 
@@ -177,7 +197,7 @@ class ModelCancelLoadApi(APIView):
 
     @extend_schema(request=None, responses={202: ModelOutputSerializer})
     def post(self, request, model_id: str):
-        selectors.model_get(user=request.user, model_id=model_id)
+        selectors.model_get_to_change(user=request.user, model_id=model_id)
         model = services.model_cancel_load(model_id=model_id)
         return Response(ModelOutputSerializer(model).data, status=status.HTTP_202_ACCEPTED)
 

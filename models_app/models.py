@@ -76,6 +76,9 @@ class LanguageModel(models.Model):
     error_details = models.JSONField(default=dict, blank=True)
 
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+    shared = models.BooleanField(
+        default=False, help_text="Visible to every reader (changes stay the owner's)"
+    )
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
     loaded_at = models.DateTimeField(null=True, blank=True)
     last_used_at = models.DateTimeField(null=True, blank=True)

@@ -7,7 +7,7 @@ from django.db.models import Q, QuerySet
 
 from mistudio.errors import ApplicationError
 from mistudio.events import register_group_kind
-from models_app import roles
+from models_app.access import check_may_change, visible_rows
 from models_app.models import Generation, LanguageModel
 
 
@@ -25,10 +25,8 @@ class ModelFilter(django_filters.FilterSet):
 
 
 def model_list(*, user, filters: dict[str, Any] | None = None) -> QuerySet[LanguageModel]:
-    """Models the user may read, filtered. (Per-owner visibility arrives with the ownership work.)"""
-    if not user.has_perm(roles.READ):
-        return LanguageModel.objects.none()
-    query = LanguageModel.objects.all()
+    """Models the user may see (own, shared, system; all for ``model:admin``), filtered."""
+    query = visible_rows(LanguageModel.objects.select_related("owner"), user, shareable=True)
     if filters:
         query = ModelFilter(filters, queryset=query).qs
     return query
@@ -47,6 +45,13 @@ def model_get(*, user, model_id: str) -> LanguageModel:
     model = model_list(user=user).filter(pk=model_id).first()
     if model is None:
         raise ApplicationError("MODEL_NOT_FOUND", "No such model.", status=404)
+    return model
+
+
+def model_get_to_change(*, user, model_id: str) -> LanguageModel:
+    """The model, if the user may change it (404 when invisible, 403 ``NOT_OWNER`` when not theirs)."""
+    model = model_get(user=user, model_id=model_id)
+    check_may_change(model, user, what="model")
     return model
 
 
@@ -111,10 +116,7 @@ def model_snapshot(user, key: str | None) -> dict[str, Any] | None:
 
 def generation_list(*, user) -> QuerySet[Generation]:
     """Generations the user may see: their own; every one for ``model:admin``."""
-    if not user.has_perm(roles.READ):
-        return Generation.objects.none()
-    query = Generation.objects.select_related("model")
-    return query if user.has_perm(roles.ADMIN) else query.filter(owner=user)
+    return visible_rows(Generation.objects.select_related("model"), user, shareable=False)
 
 
 def generation_get(*, user, generation_id: str) -> Generation:
@@ -160,14 +162,17 @@ def register_event_groups() -> None:
     register_group_kind("generation", keyed=True, snapshot=generation_snapshot)
 
 
-def queue_lengths(*, worker_names: list[str]) -> list[dict[str, Any]]:
+def queue_lengths(*, heartbeats: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Jobs waiting, running and failed in miStudio's queues: the shared one, each live worker's own,
     and the own queue of a worker that is gone but left jobs behind (they wait for it to return).
 
-    Counts are read without RQ's registry cleanup, so looking at them changes nothing.
+    ``heartbeats`` are the live workers'. Counts are read without RQ's registry cleanup, so looking
+    at them changes nothing; "running" counts only jobs a live worker process holds (RQ's started
+    registry keeps a killed worker's job until the job's timeout, which can be hours).
     """
     from django.conf import settings
     from rq import Queue
+    from rq.job import Job
 
     from mistudio.redis_client import get_redis
     from models_app.workers import worker_queue_name
@@ -175,7 +180,14 @@ def queue_lengths(*, worker_names: list[str]) -> list[dict[str, Any]]:
     connection = get_redis()
     own_prefix = worker_queue_name("")
     by_name: dict[str, str | None] = {settings.SHARED_QUEUE: None}
-    by_name.update({worker_queue_name(name): name for name in worker_names})
+    by_name.update({worker_queue_name(beat["name"]): beat["name"] for beat in heartbeats})
+    live_processes = {f"{beat['name']}.{beat.get('pid')}" for beat in heartbeats}  # RQ's worker names
+
+    def running(queue: Queue) -> int:
+        started = queue.started_job_registry.get_job_ids(cleanup=False)
+        jobs = Job.fetch_many(started, connection=connection) if started else []
+        return sum(1 for job in jobs if job is not None and job.worker_name in live_processes)
+
     known = [Queue(name, connection=connection) for name in by_name]
     # Queues RQ has seen (it records a queue on its first job), for the ones of departed workers.
     departed = [
@@ -191,7 +203,7 @@ def queue_lengths(*, worker_names: list[str]) -> list[dict[str, Any]]:
             "kind": "shared" if queue.name == settings.SHARED_QUEUE else "worker",
             "worker_alive": queue.name in by_name,
             "queued": queue.count,
-            "running": queue.started_job_registry.get_job_count(cleanup=False),
+            "running": running(queue),
             "failed": queue.failed_job_registry.get_job_count(cleanup=False),
         }
         if row["worker_alive"] or row["queued"]:
@@ -215,7 +227,7 @@ def worker_overview() -> dict[str, Any]:
     queues: list[dict[str, Any]] = []
     if redis_status["ok"]:
         try:
-            queues = queue_lengths(worker_names=[beat["name"] for beat in workers])
+            queues = queue_lengths(heartbeats=workers)
         except (redis.RedisError, OSError):
             redis_status, workers = {"ok": False, "error": "unreachable"}, []
     model_ids = [entry["model_id"] for beat in workers for entry in beat.get("loaded_models", [])]

@@ -16,6 +16,7 @@ from mistudio.errors import ApplicationError
 from mistudio.events import ProgressThrottle, publish
 from mistudio.local_paths import path_inside_roots
 from mistudio.redis_client import get_redis
+from models_app.access import audience, visible_rows
 from models_app.engine.errors import EngineError
 from models_app.models import LanguageModel
 
@@ -59,7 +60,14 @@ def model_publish(model: LanguageModel, event: str, fields: list[str], **extra: 
     """Save the changed fields of ``model``, then publish ``event`` with its current state."""
     from models_app.selectors import model_state
 
-    publish(event, {**model_state(model), **extra}, groups=model_groups(model), instance=model, fields=fields)
+    publish(
+        event,
+        {**model_state(model), **extra},
+        groups=model_groups(model),
+        instance=model,
+        fields=fields,
+        audience=audience(model, shareable=True),
+    )
 
 
 # --- Registering -------------------------------------------------------------------------------
@@ -101,6 +109,7 @@ def model_register(
     model_type: str = "",
     auto_load: bool = False,
     pinned: bool = False,
+    shared: bool = False,
     keep_alive_seconds: int | None = None,
 ) -> LanguageModel:
     """Inspect the model (config and safetensors headers only) and create its row, ``pending``.
@@ -140,17 +149,23 @@ def model_register(
                 parameter_count=info.parameter_count,
                 memory_estimates=memory_estimates(info),
                 pinned=pinned,
+                shared=shared,
                 keep_alive_seconds=keep_alive_seconds,
             )
     except IntegrityError:
         existing = LanguageModel.objects.filter(
             source=source, identifier=identifier, revision=revision, quantization=quantization
         ).first()
+        # The id only for a row the registering user may see: another user's private model stays hidden.
+        visible = existing is not None and (
+            owner is None
+            or visible_rows(LanguageModel.objects.filter(pk=existing.pk), owner, shareable=True).exists()
+        )
         raise ApplicationError(
             "MODEL_ALREADY_REGISTERED",
             "This model is already registered with that revision and quantization.",
             status=409,
-            details={"model_id": existing.id if existing else None},
+            details={"model_id": existing.id if visible else None},
         ) from None
     model_publish(model, "model:registered", [])
     if auto_load:
@@ -171,7 +186,7 @@ def check_quantization(info, quantization: str) -> None:
 
 
 def model_update(*, model_id: str, **changes: Any) -> LanguageModel:
-    """Change name, pinned, keep_alive_seconds, or quantization (only while not loaded or loading)."""
+    """Change name, pinned, shared, keep_alive_seconds, or quantization (only while not loaded or loading)."""
     with transaction.atomic():
         model = LanguageModel.objects.select_for_update().get(pk=model_id)
         quantization = changes.get("quantization")
@@ -184,7 +199,7 @@ def model_update(*, model_id: str, **changes: Any) -> LanguageModel:
                 "MODEL_BUSY", "Unload the model before changing its quantization.", status=409
             )
         fields = []
-        for field in ("name", "pinned", "keep_alive_seconds", "quantization"):
+        for field in ("name", "pinned", "shared", "keep_alive_seconds", "quantization"):
             if field in changes and getattr(model, field) != changes[field]:
                 setattr(model, field, changes[field])
                 fields.append(field)
@@ -214,6 +229,7 @@ def model_delete(*, model_id: str) -> None:
             set_cancel_flag(model.id)
         host = model.host_worker if model.status == LanguageModel.Status.READY else ""
         groups = model_groups(model)
+        receivers = audience(model, shareable=True)
         if model.extractions.filter(status__in=["queued", "running"]).exists():
             raise ApplicationError(
                 "MODEL_BUSY", "An extraction with this model is running; cancel it first.", status=409
@@ -231,7 +247,7 @@ def model_delete(*, model_id: str) -> None:
                     job_timeout=UNLOAD_JOB_TIMEOUT_SECONDS,
                 )
             )
-    publish("model:deleted", {"model_id": model_id}, groups=groups)
+    publish("model:deleted", {"model_id": model_id}, groups=groups, audience=receivers)
 
 
 # --- Loading and unloading --------------------------------------------------------------------

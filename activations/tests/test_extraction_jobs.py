@@ -39,7 +39,7 @@ def burst() -> None:
 
 @pytest.fixture
 def setup(tiny_gpt2_folder, writer, client_for):
-    model = model_register(source="local", identifier=str(tiny_gpt2_folder), name="tiny", owner=None)
+    model = model_register(source="local", identifier=str(tiny_gpt2_folder), name="tiny", owner=writer)
     dataset = dataset_create_from_texts(name="texts", texts=TEXTS, owner=None, source=Dataset.Source.BUILTIN)
     return model, dataset, client_for(writer)
 

@@ -258,7 +258,7 @@ def test_unknown_and_unreadable_caches(extracted, writer):
     assert 'id="writing"' not in page  # no job is writing it
     job = ExtractionJob.objects.create(
         model=cache.model, dataset=cache.dataset, cache=cache, hooks=HOOKS, status="running",
-        progress=37.5, samples_processed=3, total_samples=8,
+        progress=37.5, samples_processed=3, total_samples=8, owner=writer,
     )  # fmt: skip
     page = browser.get(f"/activations/{cache.id}/").content.decode()
     assert f'id="writing" data-extraction-id="{job.id}"' in page

@@ -4,6 +4,7 @@ and what a reader (no model:write) is not offered."""
 import pytest
 from django.test import Client
 
+from activations.models import Dataset
 from activations.services import dataset_create_from_texts
 from frontend.views.datasets import PREVIEW_PAGE_SIZE
 
@@ -57,6 +58,7 @@ def test_no_datasets_shows_how_to_add_one(writer):
 
 def test_a_reader_sees_the_datasets_but_no_upload_or_delete(reader, writer):
     dataset = make_dataset(writer)
+    Dataset.objects.filter(pk=dataset.pk).update(shared=True)  # another user's: visible once shared
     browser = signed_in(reader)
     listing = browser.get("/datasets/").content.decode()
     assert dataset.name in listing

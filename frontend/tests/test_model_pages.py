@@ -90,11 +90,11 @@ def test_detail_shows_configuration_memory_hook_points_caches_and_jobs(writer, t
     cache = ActivationCache.objects.create(
         key_hash="k" * 64, key={}, model=tiny_model, dataset=dataset, hooks=["blocks.1.hook_resid_post"],
         max_length=128, dtype="float32", status="completed", num_samples=2, num_tokens=9,
-        file_size_bytes=4096,
+        file_size_bytes=4096, owner=writer,
     )  # fmt: skip
     job = ExtractionJob.objects.create(
         model=tiny_model, dataset=dataset, cache=cache, hooks=cache.hooks, status="completed",
-        samples_processed=2, total_samples=2, progress=100,
+        samples_processed=2, total_samples=2, progress=100, owner=writer,
     )  # fmt: skip
     page = browser_for(writer).get(f"/models/{tiny_model.id}/").content.decode()
 

@@ -58,7 +58,12 @@ async def test_subscribe_sends_a_snapshot_then_published_events(reader, tiny_gpt
     second = await communicator.receive_json_from(timeout=5)
     assert first["type"] == "snapshot" and first["group"] == "models"
     assert [state["model_id"] for state in first["data"]["models"]] == [model.id]
-    assert second == {"type": "snapshot", "group": f"model.{model.id}", "data": second["data"]}
+    assert second == {
+        "type": "snapshot",
+        "group": f"model.{model.id}",
+        "seq": second["seq"],  # the group's event count (mistudio/tests/test_websocket_limits.py)
+        "data": second["data"],
+    }
     assert second["data"]["status"] == "pending"
 
     def change_state():
@@ -96,3 +101,34 @@ def test_progress_throttle_lets_through_one_percent_steps_and_the_final_event():
     passed = [progress for progress in [0, 0.2, 0.5, 1.0, 1.4, 2.1, 2.2] if throttle.ready(progress)]
     assert passed == [0, 1.0, 2.1]
     assert throttle.ready(2.3, final=True)
+
+
+async def test_the_shared_models_group_carries_a_private_model_to_its_owner_only(
+    writer, reader, tiny_gpt2_folder
+):
+    from models_app.services import model_register, model_update
+
+    sockets = {}
+    for user in (writer, reader):
+        communicator, connected, _ = await connect(ORIGIN, token_header(user))
+        assert connected
+        await communicator.send_json_to({"action": "subscribe", "groups": ["models"]})
+        assert (await communicator.receive_json_from(timeout=5))["type"] == "snapshot"
+        sockets[user.username] = communicator
+
+    model = await sync_to_async(model_register)(
+        source="local", identifier=str(tiny_gpt2_folder), name="private-one", owner=writer
+    )
+    owners = await sockets[writer.username].receive_json_from(timeout=5)
+    others = await sockets[reader.username].receive_json_from(timeout=5)
+    assert owners["event"] == "model:registered" and owners["data"]["model_id"] == model.id
+    # The reader learns only that the group moved on: no event name, no id, no data.
+    assert others == {"type": "skip", "group": "models", "seq": owners["seq"]}
+
+    await sync_to_async(model_update)(model_id=model.id, shared=True)  # now it is everyone's to see
+    owners = await sockets[writer.username].receive_json_from(timeout=5)
+    others = await sockets[reader.username].receive_json_from(timeout=5)
+    assert others["event"] == owners["event"] == "model:updated"
+    assert others["data"]["model_id"] == model.id and others["seq"] == owners["seq"]
+    for communicator in sockets.values():
+        await communicator.disconnect()

@@ -51,6 +51,13 @@ class SamplingRequest:
     max_tokens_explicit: bool = False
 
 
+def check_may_generate(user) -> None:
+    """403 ``PERMISSION_DENIED`` without the model:write role: checked before the body is read, so a
+    reader learns nothing from validation messages."""
+    if not user.has_perm(roles.WRITE):
+        raise ApplicationError("PERMISSION_DENIED", "Generating needs the model:write role.", status=403)
+
+
 def generation_model(*, user, model_ref: str) -> LanguageModel:
     """The model an API request names, by id (``m_…``) or by name, if the user may generate with it.
 
@@ -59,8 +66,7 @@ def generation_model(*, user, model_ref: str) -> LanguageModel:
     """
     from models_app.selectors import model_list, models_named
 
-    if not user.has_perm(roles.WRITE):
-        raise ApplicationError("PERMISSION_DENIED", "Generating needs the model:write role.", status=403)
+    check_may_generate(user)
     matches = models_named(model_list(user=user), model_ref)
     if len(matches) > 1:
         raise ApplicationError(

@@ -31,8 +31,8 @@ async def events_until(communicator, final_events: set[str]) -> list[dict]:
 
 
 @pytest.fixture
-def tiny_model(tiny_gpt2_folder):
-    model = model_register(source="local", identifier=str(tiny_gpt2_folder), name="tiny-gpt2", owner=None)
+def tiny_model(tiny_gpt2_folder, writer):
+    model = model_register(source="local", identifier=str(tiny_gpt2_folder), name="tiny-gpt2", owner=writer)
     yield model
     LOADED_MODELS.remove(model.id)
 

@@ -31,7 +31,8 @@ def reader_api(reader, client_for):
 def registered(writer_api, tiny_gpt2_folder):
     response = writer_api.post(
         "/api/models",
-        {"source": "local", "model_identifier": str(tiny_gpt2_folder), "name": "tiny"},
+        # Shared, so that the reader in these tests sees it (ownership: mistudio/tests/test_permissions.py).
+        {"source": "local", "model_identifier": str(tiny_gpt2_folder), "name": "tiny", "shared": True},
         format="json",
     )
     assert response.status_code == 201, response.content

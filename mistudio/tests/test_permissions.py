@@ -1,0 +1,292 @@
+"""The permission matrix: every route, method and role ({anonymous, reader, writer (the owner), admin, other
+user}), against private rows the writer owns; and sharing, where a visible row is still not another
+writer's to change.
+
+``OK`` means the request got past authentication, role and ownership (any answer but 401, 403, 404
+or 405: a 400 for an empty body, a 409 for a model that is not loaded are fine here). The test fails
+when a route exists that the matrix does not list, so a new route cannot arrive unprotected.
+"""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.auth.models import AnonymousUser
+from django.test import Client
+from django.urls import URLPattern, URLResolver, get_resolver
+from rest_framework.test import APIClient
+
+from activations.models import ActivationCache, Dataset, ExtractionJob
+from activations.services import dataset_create_from_texts
+from conftest import make_user
+from models_app.models import Generation, LanguageModel
+from models_app.services import model_register
+
+pytestmark = pytest.mark.django_db
+
+OK = "ok"
+ROLES = ("anonymous", "reader", "writer", "admin", "other")
+
+# Outcomes per role, in ROLES order.
+PUBLIC = (OK, OK, OK, OK, OK)
+ANY_READER = (401, OK, OK, OK, OK)  # lists and reads that show each user only what they may see
+WRITERS = (401, 403, OK, OK, OK)  # creating: the result is the caller's own
+OWNER_READS = (401, 404, OK, OK, 404)  # reading the writer's private row
+OWNER_CHANGES = (401, 403, OK, OK, 404)  # changing it (readers are refused by role before the lookup)
+PAGE = (302, OK, OK, OK, OK)  # pages send anonymous visitors to sign in
+OWNER_PAGE = (302, 404, OK, OK, 404)
+# The OpenAI-compatible routes: a reader may list models but not generate.
+OPENAI_READ = ANY_READER
+OPENAI_GENERATE = WRITERS
+NO_SUCH_ROUTE = (404, 404, 404, 404, 404)  # the documented 404 body, for everyone
+
+MATRIX: dict[str, dict[str, tuple]] = {
+    "api/": {"GET": ANY_READER},
+    "api/models": {"GET": ANY_READER, "POST": WRITERS},
+    "api/models/{model}": {"GET": OWNER_READS, "PATCH": OWNER_CHANGES, "DELETE": OWNER_CHANGES},
+    "api/models/{model}/load": {"POST": OWNER_CHANGES},
+    "api/models/{model}/unload": {"POST": OWNER_CHANGES},
+    "api/models/{model}/cancel": {"POST": OWNER_CHANGES},
+    "api/models/{model}/memory-estimate": {"GET": OWNER_READS},
+    "api/models/{model}/hook-points": {"GET": OWNER_READS},
+    "api/models/{model}/extract-activations": {"POST": OWNER_CHANGES},
+    "api/models/{model}/activations/{extraction}": {"GET": OWNER_READS},
+    "api/workers": {"GET": ANY_READER},
+    "api/generate": {"POST": WRITERS},
+    "api/generate/{generation}/cancel": {"POST": OWNER_CHANGES},
+    "api/generations": {"GET": ANY_READER},
+    "api/generations/{generation}": {"GET": OWNER_READS},
+    "api/datasets": {"GET": ANY_READER, "POST": WRITERS},
+    "api/datasets/{dataset}": {"GET": OWNER_READS, "PATCH": OWNER_CHANGES, "DELETE": OWNER_CHANGES},
+    "api/datasets/{dataset}/samples": {"GET": OWNER_READS},
+    "api/extractions": {"GET": ANY_READER},
+    "api/extractions/{extraction}": {"GET": OWNER_READS},
+    "api/extractions/{extraction}/cancel": {"POST": OWNER_CHANGES},
+    "api/activation-caches": {"GET": ANY_READER},
+    "api/activation-caches/{cache}": {"GET": OWNER_READS, "DELETE": OWNER_CHANGES},
+    "api/activation-caches/{cache}/download": {"GET": OWNER_READS},
+    "api/activation-caches/{cache}/slice": {"GET": OWNER_READS},
+    "api/activation-caches/{cache}/stats": {"GET": OWNER_READS},
+    "api/activation-caches/{cache}/top-k": {"GET": OWNER_READS},
+    "api/schema/": {"GET": ANY_READER},
+    "api/{unmatched}": {"GET": NO_SUCH_ROUTE},
+    "v1/models": {"GET": OPENAI_READ},
+    "v1/models/{model}": {"GET": OWNER_READS},
+    "v1/chat/completions": {"POST": OPENAI_GENERATE},
+    "v1/completions": {"POST": OPENAI_GENERATE},
+    "v1/": {"GET": NO_SUCH_ROUTE},
+    "v1/{unmatched}": {"GET": NO_SUCH_ROUTE},
+    "healthz": {"GET": PUBLIC},
+    "metrics": {"GET": (401, 403, 403, OK, 403)},  # staff / model:admin, or the METRICS_TOKEN
+    "docs/api/": {"GET": PAGE},
+    "": {"GET": PAGE},
+    "models/{model}/": {"GET": OWNER_PAGE},
+    "datasets/": {"GET": PAGE},
+    "datasets/{dataset}/": {"GET": OWNER_PAGE},
+    "activations/": {"GET": PAGE},
+    "activations/{cache}/": {"GET": OWNER_PAGE},
+    "playground/": {"GET": PAGE},
+    "workers/": {"GET": PAGE},
+    "login/": {"GET": (OK, 302, 302, 302, 302)},  # the signed-in are sent on to the models page
+    "logout/": {"POST": (302, 302, 302, 302, 302)},
+}
+# Django's admin and the queue dashboard under it have their own staff checks (tested in the apps'
+# admin tests); the matrix covers everything else.
+STAFF_ONLY_PREFIXES = ("admin/",)
+
+# What a route's <converter:name> stands for.
+PLACEHOLDERS = {
+    "model_id": "{model}",
+    "model_ref": "{model}",
+    "dataset_id": "{dataset}",
+    "extraction_id": "{extraction}",
+    "cache_id": "{cache}",
+    "generation_id": "{generation}",
+    "unmatched": "{unmatched}",
+}
+
+
+def routes() -> set[str]:
+    """Every URL pattern of the project as a matrix key (``api/models/{model}/load``)."""
+    import re
+
+    found: set[str] = set()
+
+    def walk(patterns, prefix: str) -> None:
+        for pattern in patterns:
+            route = prefix + str(pattern.pattern)
+            if isinstance(pattern, URLResolver):
+                if not route.startswith(STAFF_ONLY_PREFIXES):
+                    walk(pattern.url_patterns, route)
+            elif isinstance(pattern, URLPattern):
+                found.add(re.sub(r"<(?:\w+:)?(\w+)>", lambda match: PLACEHOLDERS[match.group(1)], route))
+
+    walk(get_resolver().url_patterns, "")
+    return found
+
+
+def test_every_route_is_in_the_matrix():
+    assert routes() - set(MATRIX) == set(), "add the new routes to MATRIX with who may call them"
+    assert set(MATRIX) - routes() == set(), "the matrix names routes that no longer exist"
+
+
+@pytest.fixture
+def users(db):
+    return {
+        "anonymous": AnonymousUser(),
+        "reader": make_user("rita-reader", "model:read"),
+        "writer": make_user("walt-writer", "model:write"),
+        "admin": make_user("ada-admin", "model:admin"),
+        "other": make_user("olga-other", "model:write"),
+    }
+
+
+def owned_rows(owner, folder) -> dict[str, str]:
+    """A fresh private model, dataset, extraction, cache and generation of ``owner``: their ids."""
+    LanguageModel.objects.all().delete()
+    Dataset.objects.all().delete()
+    model = model_register(source="local", identifier=str(folder), name="private-gpt2", owner=owner)
+    dataset = dataset_create_from_texts(
+        name="private texts", texts=["one", "two"], owner=owner, source="upload"
+    )
+    cache = ActivationCache.objects.create(
+        key_hash="p" * 64, key={}, model=model, dataset=dataset, hooks=["blocks.0.hook_resid_post"],
+        max_length=16, dtype="float32", status="completed", num_samples=2, num_tokens=2, owner=owner,
+    )  # fmt: skip
+    job = ExtractionJob.objects.create(
+        model=model, dataset=dataset, cache=cache, hooks=cache.hooks, status="completed", owner=owner
+    )
+    generation = Generation.objects.create(model=model, owner=owner, prompt="hi", parameters={})
+    return {
+        "{model}": model.id,
+        "{dataset}": dataset.id,
+        "{extraction}": job.id,
+        "{cache}": cache.id,
+        "{generation}": generation.id,
+        "{unmatched}": "no/such/endpoint",
+    }
+
+
+def call(user, method: str, path: str):
+    if isinstance(user, AnonymousUser):
+        client = Client()
+    elif path.startswith("/api/") or path.startswith("/v1/"):
+        client = APIClient()
+        client.credentials(HTTP_AUTHORIZATION=f"Token {user.auth_token.key}")
+    else:
+        client = Client()
+        client.force_login(user)
+    send = getattr(client, method.lower())
+    if method in ("POST", "PATCH"):
+        return send(path, data="{}", content_type="application/json")
+    return send(path)
+
+
+def outcome(status: int):
+    return status if status in (302, 401, 403, 404, 405) else OK
+
+
+def test_every_route_answers_each_role_as_the_matrix_says(users, tiny_gpt2_folder):
+    rows = owned_rows(users["writer"], tiny_gpt2_folder)
+    mismatches = []
+    for route, methods in MATRIX.items():
+        for method, expected in methods.items():
+            for role, wanted in zip(ROLES, expected, strict=True):
+                if method != "GET":  # a change may have used up the rows: every change gets fresh ones
+                    rows = owned_rows(users["writer"], tiny_gpt2_folder)
+                path = "/" + route
+                for placeholder, value in rows.items():
+                    path = path.replace(placeholder, value)
+                response = call(users[role], method, path)
+                got = outcome(response.status_code)
+                if got != wanted:
+                    mismatches.append(
+                        f"{method} /{route} as {role}: {response.status_code}, expected {wanted}"
+                    )
+                if response.status_code >= 500:
+                    mismatches.append(f"{method} /{route} as {role}: server error {response.status_code}")
+    assert not mismatches, "\n".join(mismatches)
+
+
+def test_a_shared_model_is_visible_to_all_and_still_changed_only_by_its_owner(
+    users, client_for, tiny_gpt2_folder
+):
+    owner, other, reader = users["writer"], users["other"], users["reader"]
+    model = model_register(source="local", identifier=str(tiny_gpt2_folder), name="team-gpt2", owner=owner)
+    assert client_for(other).get(f"/api/models/{model.id}").status_code == 404
+    assert client_for(other).get("/api/models").json()["total"] == 0
+
+    shared = client_for(owner).patch(f"/api/models/{model.id}", {"shared": True}, format="json")
+    assert (
+        shared.status_code == 200
+        and shared.json()["shared"] is True
+        and shared.json()["owner"] == owner.username
+    )
+    for user in (other, reader):
+        listing = client_for(user).get("/api/models").json()
+        assert [entry["id"] for entry in listing["models"]] == [model.id]
+    # Using it is open to any writer; changing it is not.
+    assert client_for(other).post(f"/api/models/{model.id}/load", {}, format="json").status_code not in (
+        403,
+        404,
+    )
+    for method, suffix, body in [
+        ("patch", "", {"name": "mine-now"}),
+        ("delete", "", None),
+        ("post", "/unload", None),
+        ("post", "/cancel", None),
+    ]:
+        response = getattr(client_for(other), method)(f"/api/models/{model.id}{suffix}", body, format="json")
+        assert response.status_code == 403, (method, suffix, response.content)
+        assert response.json()["error"]["code"] == "NOT_OWNER"
+    model.refresh_from_db()
+    assert model.name == "team-gpt2"
+    # The owner can take it back: it is gone for the others again.
+    client_for(owner).patch(f"/api/models/{model.id}", {"shared": False}, format="json")
+    assert client_for(other).get(f"/api/models/{model.id}").status_code == 404
+    # A second registration of the same folder by another user does not reveal the private row's id.
+    again = client_for(other).post(
+        "/api/models", {"source": "local", "model_identifier": str(tiny_gpt2_folder)}, format="json"
+    )
+    assert again.status_code == 409 and again.json()["error"]["details"]["model_id"] is None
+
+
+def test_a_shared_dataset_can_be_used_but_not_changed_by_another_writer(users, client_for):
+    owner, other = users["writer"], users["other"]
+    dataset = dataset_create_from_texts(
+        name="team texts", texts=["a", "b"], owner=owner, source="upload", shared=True
+    )
+    assert client_for(other).get(f"/api/datasets/{dataset.id}/samples").status_code == 200
+    refused = client_for(other).delete(f"/api/datasets/{dataset.id}")
+    assert refused.status_code == 403 and refused.json()["error"]["code"] == "NOT_OWNER"
+    assert Dataset.objects.filter(pk=dataset.pk).exists()
+    assert (
+        client_for(owner).patch(f"/api/datasets/{dataset.id}", {"shared": False}, format="json").status_code
+        == 200
+    )
+    assert client_for(other).get(f"/api/datasets/{dataset.id}").status_code == 404
+    assert client_for(owner).delete(f"/api/datasets/{dataset.id}").status_code == 204
+
+
+def test_read_only_fields_cannot_be_written(users, client_for, tiny_gpt2_folder):
+    owner = users["writer"]
+    model = model_register(source="local", identifier=str(tiny_gpt2_folder), name="guarded", owner=owner)
+    for field, value in [
+        ("status", "ready"),
+        ("owner", users["other"].pk),
+        ("host_worker", "evil"),
+        ("memory_usage_bytes", 1),
+        ("identifier", "/etc"),
+        ("error_code", "X"),
+    ]:
+        response = client_for(owner).patch(f"/api/models/{model.id}", {field: value}, format="json")
+        assert response.status_code == 400, (field, response.content)
+        assert field in response.json()["error"]["details"]["fields"]
+    created = client_for(owner).post(
+        "/api/models",
+        {"source": "local", "model_identifier": str(tiny_gpt2_folder), "status": "ready", "owner": 99},
+        format="json",
+    )
+    assert created.status_code == 400
+    assert set(created.json()["error"]["details"]["fields"]) == {"status", "owner"}
+    model.refresh_from_db()
+    assert (model.status, model.owner_id, model.host_worker) == ("pending", owner.pk, "")
