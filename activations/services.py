@@ -20,7 +20,7 @@ from activations.models import ActivationCache, Dataset, ExtractionJob
 from activations.store import write_durably
 from mistudio.errors import ApplicationError, rate_limited
 from mistudio.events import publish
-from mistudio.local_paths import path_inside_roots
+from mistudio.local_paths import path_inside_roots, path_shown
 from mistudio.redis_client import get_redis
 from models_app.engine.errors import EngineError
 from models_app.models import LanguageModel
@@ -136,7 +136,7 @@ def dataset_create_from_local(
         texts=parsed.samples,
         owner=owner,
         source=Dataset.Source.LOCAL,
-        original_name=str(resolved),
+        original_name=path_shown(resolved, settings.LOCAL_DATA_ROOTS),
         format=parsed.format,
         field=parsed.field or "",
         shared=shared,

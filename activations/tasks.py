@@ -112,7 +112,7 @@ def run_extraction(job_id: str) -> None:
             cache.directory,
             key=cache.key,
             provenance={
-                "cache_id": cache.id, "model_id": job.model_id, "model": job.model.identifier,
+                "cache_id": cache.id, "model_id": job.model_id, "model": job.model.display_identifier,
                 "quantization": job.model.quantization, "dataset_id": job.dataset_id,
                 "dataset_name": job.dataset.name, "batch_size": job.batch_size,
             },

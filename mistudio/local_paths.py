@@ -22,3 +22,13 @@ def path_inside_roots(raw_path: str, roots: list[Path], *, setting: str) -> Path
     if not path.exists():
         raise ApplicationError("INVALID_LOCAL_PATH", "The local path does not exist.")
     return path
+
+
+def path_shown(path: Path | str, roots: list[Path]) -> str:
+    """How a path under a configured root is shown to clients: relative to its root, never the
+    server's absolute path (a folder outside every root shows as its name alone)."""
+    path = Path(path)
+    for root in roots:
+        if path.is_relative_to(root):
+            return str(path.relative_to(root))
+    return path.name

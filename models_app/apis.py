@@ -35,6 +35,7 @@ class StrictSerializer(serializers.Serializer):
 
 class ModelOutputSerializer(serializers.ModelSerializer):
     owner = serializers.CharField(source="owner.username", read_only=True, default=None)
+    identifier = serializers.CharField(source="display_identifier", read_only=True)
 
     class Meta:
         model = LanguageModel

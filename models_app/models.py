@@ -105,6 +105,16 @@ class LanguageModel(models.Model):
     def __str__(self) -> str:
         return f"{self.name} ({self.id})"
 
+    @property
+    def display_identifier(self) -> str:
+        """What clients see as the identifier: the hub id, or a local folder relative to its
+        ``LOCAL_MODEL_ROOTS`` root (the absolute server path stays on the server)."""
+        if self.source != self.Source.LOCAL:
+            return self.identifier
+        from mistudio.local_paths import path_shown
+
+        return path_shown(self.identifier, settings.LOCAL_MODEL_ROOTS)
+
     # State transitions. Each sets fields and returns their names; the caller saves and
     # publishes through ``mistudio.events.publish`` so the row always changes before the event.
 

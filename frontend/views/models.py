@@ -136,7 +136,9 @@ def model_list_page(request):
     for model in models:
         model.memory_estimate = model.memory_estimates.get(model.quantization)
         model.estimates_json = json.dumps(model.memory_estimates)
-        model.search_text = " ".join([model.name, model.identifier, model.id, model.model_type]).lower()
+        model.search_text = " ".join(
+            [model.name, model.display_identifier, model.id, model.model_type]
+        ).lower()
     filters = {
         "status": request.GET.get("status", ""),
         "family": request.GET.get("family", ""),

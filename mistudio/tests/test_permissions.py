@@ -10,6 +10,7 @@ when a route exists that the matrix does not list, so a new route cannot arrive 
 from __future__ import annotations
 
 import pytest
+from django.conf import settings
 from django.contrib.auth.models import AnonymousUser
 from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver
@@ -186,7 +187,10 @@ def outcome(status: int):
 
 
 def test_every_route_answers_each_role_as_the_matrix_says(users, tiny_gpt2_folder):
+    """Also: no answer shows a server path (the data directory, where the local model lives, or the
+    code's)."""
     rows = owned_rows(users["writer"], tiny_gpt2_folder)
+    server_paths = [str(settings.DATA_DIR).encode(), str(settings.BASE_DIR).encode()]
     mismatches = []
     for route, methods in MATRIX.items():
         for method, expected in methods.items():
@@ -204,6 +208,10 @@ def test_every_route_answers_each_role_as_the_matrix_says(users, tiny_gpt2_folde
                     )
                 if response.status_code >= 500:
                     mismatches.append(f"{method} /{route} as {role}: server error {response.status_code}")
+                body = b"".join(response.streaming_content) if response.streaming else response.content
+                for place in server_paths:
+                    if place in body:
+                        mismatches.append(f"{method} /{route} as {role}: shows the server path {place!r}")
     assert not mismatches, "\n".join(mismatches)
 
 

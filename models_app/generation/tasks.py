@@ -264,7 +264,7 @@ def store_capture(generation: Generation, result) -> Any:
                 "cache_id": cache.id,
                 "generation_id": generation.id,
                 "model_id": generation.model_id,
-                "model": generation.model.identifier,
+                "model": generation.model.display_identifier,
                 "quantization": generation.model.quantization,
                 "prompt_tokens": prompt_tokens,
                 "generated_tokens": len(result.token_ids),
