@@ -66,14 +66,13 @@ def test_an_oversize_upload_is_refused_before_anything_is_stored(api, settings):
     settings.DATASET_MAX_UPLOAD_BYTES = 1024
     from django.core.files.uploadedfile import SimpleUploadedFile
 
+    files_before = set(settings.DATASET_DIR.glob("*")) if settings.DATASET_DIR.exists() else set()
     upload = SimpleUploadedFile("big.txt", b"a line of text\n" * 200, content_type="text/plain")
-    refused(
-        api.post("/api/datasets", {"file": upload, "name": "big"}, format="multipart"),
-        413,
-        "DATASET_TOO_LARGE",
-    )
+    response = api.post("/api/datasets", {"file": upload, "name": "big"}, format="multipart")
+    refused(response, 413, "DATASET_TOO_LARGE")
     assert not Dataset.objects.exists()
-    assert not any(settings.DATASET_DIR.glob("*")) if settings.DATASET_DIR.exists() else True
+    files_after = set(settings.DATASET_DIR.glob("*")) if settings.DATASET_DIR.exists() else set()
+    assert files_after == files_before  # no partial file either
 
 
 @pytest.mark.parametrize(

@@ -285,7 +285,11 @@ def test_play_chats_with_a_model(worker, tiny_gpt2_folder, tiny_llama_folder):
         time.sleep(0.5)
         child.send("half a thought")
         child.sendcontrol("c")
-        session.expect(session.PROMPT)
+        if child.expect([session.PROMPT, pexpect.TIMEOUT], timeout=15) == 1:
+            # On a loaded machine the Ctrl-C can land before input() reads the terminal (seen once
+            # in a full CI run: nothing at all came back); a person would press it again.
+            child.sendcontrol("c")
+            session.expect(session.PROMPT)
         shown = session.command("/show")
         assert "history" in shown and "max_tokens   2000" in shown
         assert Generation.objects.filter(model=cold).count() == before + 1
