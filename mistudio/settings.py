@@ -233,7 +233,7 @@ MIDDLEWARE = [
     "mistudio.structured_logging.RequestIdMiddleware",  # first: its id covers every response
     "corsheaders.middleware.CorsMiddleware",  # before anything that may answer on its own
     "django.middleware.security.SecurityMiddleware",
-    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "mistudio.static_files.StaticFilesMiddleware",  # WhiteNoise, async-capable
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -266,6 +266,12 @@ DATABASE_URL = os.environ.get("DATABASE_URL", "")
 EMBEDDED_DATABASE = not DATABASE_URL
 if EMBEDDED_DATABASE:
     DATABASE_URL = f"sqlite:///{DATA_DIR / 'mistudio.sqlite3'}"
+# PostgreSQL connections come from a pool per process (psycopg_pool): under ASGI every request
+# runs its sync code in a thread of its own, so Django's persistent connections would not be
+# reused, and opening a connection costs more than the rest of a small API call. A connection is
+# checked as it leaves the pool (CONN_HEALTH_CHECKS), so one broken by a database restart is
+# replaced, not handed out. DATABASE_POOL_SIZE=0 turns the pool off.
+DATABASE_POOL_SIZE = env_number("DATABASE_POOL_SIZE", 10, integer=True)
 try:
     DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=0, conn_health_checks=True)}
 except ValueError as error:
@@ -277,6 +283,17 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     )
 else:
     DATABASES["default"].setdefault("OPTIONS", {}).setdefault("connect_timeout", 5)
+    if DATABASE_POOL_SIZE:
+        DATABASES["default"]["OPTIONS"]["pool"] = {
+            "min_size": 1,
+            "max_size": DATABASE_POOL_SIZE,
+            # While PostgreSQL is down a request waits this long for a connection, then gets 503.
+            "timeout": 3,
+            # psycopg_pool retries a lost connection with a backoff that doubles without bound (1, 2,
+            # 4, … s); giving up after 5 s lets the next request start a fresh, immediate attempt,
+            # so the API is back within seconds of the database rather than after the backoff.
+            "reconnect_timeout": 5,
+        }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- Redis: queues, channel layer, cache ----------------------------------------------------
