@@ -11,6 +11,7 @@ os.environ.setdefault("MISTUDIO_DATA_DIR", tempfile.mkdtemp(prefix="mistudio-tes
 os.environ.setdefault("MISTUDIO_REDIS_PREFIX", f"mistudio-test-{os.getpid()}")
 os.environ.setdefault("WORKER_HEARTBEAT_SECONDS", "0.5")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("WATCH_WORKERS", "0")  # tests that want the web's worker watch turn it on
 os.environ.setdefault("SECRET_KEY", "test-only-secret-key-not-for-production")
 
 from mistudio.settings import *  # noqa: F403

@@ -210,6 +210,53 @@ class HeartbeatThread(threading.Thread):
             get_redis().delete(heartbeat_key(self.identity.name))
 
 
+def watch_key() -> str:
+    return f"{settings.REDIS_KEY_PREFIX}:worker-watch"
+
+
+class WorkerWatchThread(threading.Thread):
+    """In a web process: looks for workers that died, in case none is left alive to notice.
+
+    Workers check each other's heartbeats (every sixth beat, ``worker_lost_reconcile``); when the
+    last one dies, nothing would, and its models would stay ``loading`` or ``ready``. This thread
+    runs the same reconcile every half ``WORKER_LOST_AFTER_SECONDS``; a Redis key taken with
+    ``SET NX EX`` lets one web process in the deployment do it per period.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(name="worker-watch", daemon=True)
+        self.interval = max(float(settings.WORKER_LOST_AFTER_SECONDS) / 2, 1.0)
+
+    def run(self) -> None:
+        from models_app.services import worker_lost_reconcile
+
+        while True:
+            time.sleep(self.interval)
+            try:
+                my_turn = get_redis().set(watch_key(), os.getpid(), nx=True, ex=max(int(self.interval), 1))
+                if my_turn and not redis_restarted_recently():
+                    lost = worker_lost_reconcile()
+                    if lost:
+                        logger.warning("worker watch: %d model(s) of lost workers unloaded", len(lost))
+            except (redis.RedisError, OSError, OperationalError, InterfaceError) as error:
+                logger.warning("worker watch: %s; retrying", error)
+            except Exception:
+                logger.exception("worker watch error")
+            finally:
+                connections.close_all()  # this thread's connection goes back to the pool
+
+
+_WORKER_WATCH: WorkerWatchThread | None = None
+
+
+def start_worker_watch() -> None:
+    """Start the web process's :class:`WorkerWatchThread` once (``WATCH_WORKERS``)."""
+    global _WORKER_WATCH
+    if _WORKER_WATCH is None:
+        _WORKER_WATCH = WorkerWatchThread()
+        _WORKER_WATCH.start()
+
+
 def run_worker(*, name: str, device: str, burst: bool = False, max_jobs: int | None = None) -> None:
     """Run a named SimpleWorker on its own queue and the shared queue until stopped."""
     global CURRENT_WORKER

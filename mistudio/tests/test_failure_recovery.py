@@ -339,6 +339,62 @@ def test_a_worker_killed_mid_load_leaves_the_model_unloaded_with_worker_lost(
     print(f"\nWORKER_LOST {noticed_after:.1f} s after the SIGKILL (heartbeat 5 s, lost after 30 s)")
 
 
+@pytest.mark.django_db(transaction=True)
+def test_the_last_worker_killed_mid_load_is_noticed_by_the_web(tmp_path, tiny_gpt2_folder, monkeypatch):
+    """One worker only, killed while downloading: no worker is left to compare heartbeats, so the
+    web process's worker watch must mark the model WORKER_LOST (production timings)."""
+    import huggingface_hub.constants as hub_constants
+
+    from models_app.models import LanguageModel
+    from models_app.services import model_load_request, model_register
+    from models_app.tests.hub_standin import LocalHub
+    from models_app.workers import read_heartbeats
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(hub_constants, "HF_HUB_OFFLINE", False)
+    with LocalHub(tmp_path / "hub", throttle_bytes_per_second=20_000) as hub:
+        hub.add_repo("acme/slow-alone", tiny_gpt2_folder)
+        monkeypatch.setenv("HF_ENDPOINT", hub.url)
+        model = model_register(source="huggingface", identifier="acme/slow-alone", owner=None)
+        environment = process_environment(
+            HF_HUB_OFFLINE="0", HF_ENDPOINT=hub.url, MODEL_CACHE_DIR=str(tmp_path / "model-cache"),
+            WORKER_HEARTBEAT_SECONDS="5", WORKER_LOST_AFTER_SECONDS="30", WATCH_WORKERS="1",
+        )  # fmt: skip
+        port = free_port()
+        name = f"alone-{port}"
+        web = start_process(
+            environment, ["-m", "daphne", "-b", "127.0.0.1", "-p", str(port), ASGI_APPLICATION], f"web-{port}"
+        )
+        worker = start_process(environment, ["manage.py", "worker", "--name", name], name)
+        try:
+            wait_until(
+                lambda: name in {beat["name"] for beat in read_heartbeats()},
+                timeout=60, interval=0.2, what="the worker's heartbeat",
+            )  # fmt: skip
+            model_load_request(model_id=model.id)
+
+            def downloading():
+                model.refresh_from_db()
+                return model.status == "loading" and (model.download_bytes_done or 0) > 0
+
+            wait_until(downloading, timeout=60, interval=0.1, what="the download to start")
+            worker.send_signal(signal.SIGKILL)
+            worker.wait(timeout=10)
+            killed = time.monotonic()
+
+            def no_longer_loading():
+                model.refresh_from_db()
+                return model.status != LanguageModel.Status.LOADING
+
+            wait_until(no_longer_loading, timeout=120, interval=0.25, what="the model to leave 'loading'")
+            noticed_after = time.monotonic() - killed
+            assert model.status == "unloaded" and model.error_code == "WORKER_LOST", model.error_code
+            assert web.poll() is None  # the web noticed it, and kept serving
+        finally:
+            stop_processes([worker, web])
+    print(f"\nlast worker lost: WORKER_LOST {noticed_after:.1f} s after the SIGKILL, noticed by the web")
+
+
 @pytest.fixture
 def small_disk():
     """A real 512 KiB file system (tmpfs): writes beyond it fail with ENOSPC, as on a full disk."""
