@@ -6,6 +6,7 @@ from importlib import metadata
 import redis
 from django.db import DatabaseError, InterfaceError, connection
 from django.http import JsonResponse
+from django.views.decorators.http import require_safe
 
 import mistudio
 
@@ -50,6 +51,7 @@ def redis_and_workers_status() -> tuple[dict, list[dict]]:
         return {"ok": False, "error": "unreachable"}, []
 
 
+@require_safe
 def healthz(request):
     database = database_status()
     redis_status, workers = redis_and_workers_status()

@@ -24,6 +24,7 @@ from django.shortcuts import render
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html
+from django.views.decorators.http import require_safe
 
 from activations import selectors, services
 from activations.models import ActivationCache, ExtractionJob
@@ -348,6 +349,7 @@ def _provenance(cache: ActivationCache, manifest: dict | None) -> dict[str, Any]
 
 
 @login_required
+@require_safe
 def cache_list_page(request):
     """Every activation cache the user may read, newest first, filterable by model and status."""
     filters = {}
@@ -383,6 +385,7 @@ def cache_list_page(request):
 
 
 @login_required
+@require_safe
 def cache_browser_page(request, cache_id: str):
     """One cache: provenance and downloads; for a completed cache, per hook a value histogram, the
     norm across hooks, a neuron's top tokens in context and a per-sample heatmap.

@@ -4,6 +4,7 @@ from django.conf import settings
 from django.contrib.auth.decorators import login_required
 from django.http import Http404
 from django.shortcuts import render
+from django.views.decorators.http import require_safe
 
 from activations import selectors, services
 from mistudio.errors import ApplicationError
@@ -20,6 +21,7 @@ UPLOAD_FORMATS = [
 
 
 @login_required
+@require_safe
 def dataset_list_page(request):
     """Every dataset the user may read, with the upload panel for writers.
 
@@ -38,6 +40,7 @@ def dataset_list_page(request):
 
 
 @login_required
+@require_safe
 def dataset_detail_page(request, dataset_id: str):
     """A dataset's metadata, the first samples (more through the samples API) and its caches."""
     try:

@@ -11,6 +11,7 @@ from typing import Any
 from django.contrib.auth.decorators import login_required
 from django.http import Http404
 from django.shortcuts import render
+from django.views.decorators.http import require_safe
 
 from activations import selectors as activation_selectors
 from activations.services import STORAGE_DTYPES
@@ -129,6 +130,7 @@ def memory_rows(model: LanguageModel) -> tuple[list[dict[str, Any]], list[dict[s
 
 
 @login_required
+@require_safe
 def model_list_page(request):
     """Every model as a card, with filters (status, family, search) that ``models.js`` applies
     instantly; ``?status=&family=&q=`` pre-set them. Live updates over the ``models`` group."""
@@ -167,6 +169,7 @@ def model_list_page(request):
 
 
 @login_required
+@require_safe
 def model_detail_page(request, model_id: str):
     """One model: status and actions (live over ``model.<id>``), configuration, memory estimate per
     quantization, hook points, its caches and extractions, and the extraction form."""

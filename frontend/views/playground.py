@@ -5,6 +5,7 @@ from django.http import HttpResponse
 from django.shortcuts import render
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
+from django.views.decorators.http import require_safe
 
 from activations import selectors as activation_selectors
 from activations import services as activation_services
@@ -25,6 +26,7 @@ BOUNDARY = mark_safe(
 
 
 @login_required
+@require_safe
 def playground_page(request):
     """The playground: pick a ready model, set sampling parameters, and watch the output stream.
 

@@ -3,6 +3,7 @@
 from django.conf import settings
 from django.contrib.auth.decorators import login_required
 from django.shortcuts import render
+from django.views.decorators.http import require_safe
 
 from models_app.selectors import worker_overview
 
@@ -62,6 +63,7 @@ def worker_view(beat: dict, *, now: float, own_queue: dict | None) -> dict:
 
 
 @login_required
+@require_safe
 def workers_page(request):
     """Each live worker (device, memory, loaded models), the queues, Redis and the database.
 

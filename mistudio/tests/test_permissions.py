@@ -298,3 +298,26 @@ def test_read_only_fields_cannot_be_written(users, client_for, tiny_gpt2_folder)
     assert set(created.json()["error"]["details"]["fields"]) == {"status", "owner"}
     model.refresh_from_db()
     assert (model.status, model.owner_id, model.host_worker) == ("pending", owner.pk, "")
+
+
+ALL_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
+
+
+def test_every_method_a_route_does_not_serve_is_a_405(users, tiny_gpt2_folder):
+    """The other half of "every route and method": what the matrix does not list is refused (asked
+    by an admin, so that no role or ownership check answers first)."""
+    rows = owned_rows(users["writer"], tiny_gpt2_folder)
+    wrong = []
+    for route, methods in MATRIX.items():
+        if route in ("api/{unmatched}", "v1/", "v1/{unmatched}", "login/", "logout/"):
+            continue  # no such endpoint whatever the method (404); Django's own sign-in views
+        path = "/" + route
+        for placeholder, value in rows.items():
+            path = path.replace(placeholder, value)
+        for method in ALL_METHODS:
+            if method in methods:
+                continue
+            response = call(users["admin"], method, path)
+            if response.status_code != 405:
+                wrong.append(f"{method} /{route}: {response.status_code}")
+    assert not wrong, "\n".join(wrong)

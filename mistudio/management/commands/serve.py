@@ -34,6 +34,8 @@ class Command(BaseCommand):
                 sys.executable,
                 "-m",
                 "daphne",
+                "-v",  # our access line (mistudio.requests, with the request id) replaces Daphne's
+                "0",
                 "-b",
                 options["host"],
                 "-p",
