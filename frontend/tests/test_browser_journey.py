@@ -84,7 +84,7 @@ def test_sign_in_add_load_extract_browse_and_generate(page, site, tiny_gpt2_fold
     page.wait_for_url(site.url("/playground/"))
     page.fill("#prompt", "The residual stream")
     page.fill("#temperature", "0")
-    page.fill("#max_tokens", "24")
+    page.fill("#max_tokens", "80")
     page.check("#ignore_eos")
     page.evaluate("""() => {
       window.outputLengths = [];
@@ -96,7 +96,7 @@ def test_sign_in_add_load_extract_browse_and_generate(page, site, tiny_gpt2_fold
     expect(page.locator("#run-state")).to_have_text("Done", timeout=LIVE_TIMEOUT_MS)
     assert len({length for length in page.evaluate("window.outputLengths") if length > 0}) > 1
     row = Generation.objects.get(pk=page.locator("#request-link").text_content())
-    assert row.model_id == model.id and row.completion_tokens == 24 and row.status == "completed"
+    assert row.model_id == model.id and row.completion_tokens == 80 and row.status == "completed"
 
     # Signing out ends the session: the pages ask to sign in again.
     page.get_by_role("button", name="Sign out").click()
