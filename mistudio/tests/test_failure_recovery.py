@@ -268,130 +268,128 @@ def test_postgres_stopped_gives_clean_503s_then_everything_works_again(private_s
     )
 
 
-@pytest.mark.django_db(transaction=True)
-def test_a_worker_killed_mid_load_leaves_the_model_unloaded_with_worker_lost(
-    tmp_path, tiny_gpt2_folder, monkeypatch
-):
-    """Two workers with the production heartbeat (5 s, lost after 30 s); the one loading is killed."""
+@dataclass
+class SlowDownload:
+    hub: object
+    model: object
+    environment: dict
+
+    def load_until_downloading(self) -> None:
+        """Request the load; return once the worker is downloading (its host is on the row)."""
+        from models_app.services import model_load_request
+
+        model_load_request(model_id=self.model.id)
+
+        def downloading():
+            self.model.refresh_from_db()
+            return (
+                self.model.status == "loading"
+                and self.model.host_worker
+                and (self.model.download_bytes_done or 0) > 0
+            )
+
+        wait_until(downloading, timeout=60, interval=0.1, what="the download to start")
+
+    def seconds_until_not_loading(self, since: float) -> float:
+        """Wait (2 minutes at most) until the model leaves ``loading``; the seconds since ``since``."""
+
+        def no_longer_loading():
+            self.model.refresh_from_db()
+            return self.model.status != "loading"
+
+        wait_until(no_longer_loading, timeout=120, interval=0.25, what="the model to leave 'loading'")
+        return time.monotonic() - since
+
+
+@pytest.fixture
+def slow_download(tmp_path, tiny_gpt2_folder, monkeypatch):
+    """A hub model whose download takes about 35 s (0.7 MB at 20 kB/s), so a load is surely still
+    downloading when its worker is killed; and the environment of processes that use that hub,
+    with the production heartbeat (every 5 s, lost after 30 s) and the web's worker watch on."""
     import huggingface_hub.constants as hub_constants
 
-    from models_app.models import LanguageModel
-    from models_app.services import model_load_request, model_register
+    from models_app.services import model_register
     from models_app.tests.hub_standin import LocalHub
-    from models_app.workers import read_heartbeats
 
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.setattr(hub_constants, "HF_HUB_OFFLINE", False)
-    # About 35 s for the 0.7 MB of weights: the load is surely still downloading when it is killed.
     with LocalHub(tmp_path / "hub", throttle_bytes_per_second=20_000) as hub:
         hub.add_repo("acme/slow", tiny_gpt2_folder)
         monkeypatch.setenv("HF_ENDPOINT", hub.url)
-        model = model_register(source="huggingface", identifier="acme/slow", owner=None)
-        environment = process_environment(
-            HF_HUB_OFFLINE="0", HF_ENDPOINT=hub.url, MODEL_CACHE_DIR=str(tmp_path / "model-cache"),
-            WORKER_HEARTBEAT_SECONDS="5", WORKER_LOST_AFTER_SECONDS="30",
-        )  # fmt: skip
-        suffix = free_port()
-        workers = {
-            name: start_process(environment, ["manage.py", "worker", "--name", name], name)
-            for name in (f"kill-a-{suffix}", f"kill-b-{suffix}")
-        }
-        try:
-            wait_until(
-                lambda: set(workers) <= {beat["name"] for beat in read_heartbeats()},
-                timeout=60, interval=0.2, what="both workers' heartbeats",
-            )  # fmt: skip
-            model_load_request(model_id=model.id)
-
-            def downloading():
-                model.refresh_from_db()
-                return (
-                    model.status == "loading" and model.host_worker and (model.download_bytes_done or 0) > 0
-                )
-
-            wait_until(downloading, timeout=60, interval=0.1, what="the download to start")
-            host = model.host_worker
-            workers[host].send_signal(signal.SIGKILL)
-            workers[host].wait(timeout=10)
-            killed = time.monotonic()
-
-            def no_longer_loading():
-                model.refresh_from_db()
-                return model.status != LanguageModel.Status.LOADING
-
-            wait_until(no_longer_loading, timeout=120, interval=0.25, what="the model to leave 'loading'")
-            noticed_after = time.monotonic() - killed
-            assert model.status == "unloaded" and model.error_code == "WORKER_LOST", model.error_code
-            assert model.host_worker == "" and noticed_after < 120
-
-            # The surviving worker takes the next load of the same model.
-            (survivor,) = set(workers) - {host}
-            hub.throttle_bytes_per_second = None
-            model_load_request(model_id=model.id)
-            wait_until(
-                lambda: LanguageModel.objects.filter(pk=model.id, status="ready").exists(),
-                timeout=60, interval=0.2, what="the reload on the surviving worker",
-            )  # fmt: skip
-            model.refresh_from_db()
-            assert model.host_worker == survivor
-        finally:
-            stop_processes(list(workers.values()))
-    print(f"\nWORKER_LOST {noticed_after:.1f} s after the SIGKILL (heartbeat 5 s, lost after 30 s)")
-
-
-@pytest.mark.django_db(transaction=True)
-def test_the_last_worker_killed_mid_load_is_noticed_by_the_web(tmp_path, tiny_gpt2_folder, monkeypatch):
-    """One worker only, killed while downloading: no worker is left to compare heartbeats, so the
-    web process's worker watch must mark the model WORKER_LOST (production timings)."""
-    import huggingface_hub.constants as hub_constants
-
-    from models_app.models import LanguageModel
-    from models_app.services import model_load_request, model_register
-    from models_app.tests.hub_standin import LocalHub
-    from models_app.workers import read_heartbeats
-
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    monkeypatch.setattr(hub_constants, "HF_HUB_OFFLINE", False)
-    with LocalHub(tmp_path / "hub", throttle_bytes_per_second=20_000) as hub:
-        hub.add_repo("acme/slow-alone", tiny_gpt2_folder)
-        monkeypatch.setenv("HF_ENDPOINT", hub.url)
-        model = model_register(source="huggingface", identifier="acme/slow-alone", owner=None)
         environment = process_environment(
             HF_HUB_OFFLINE="0", HF_ENDPOINT=hub.url, MODEL_CACHE_DIR=str(tmp_path / "model-cache"),
             WORKER_HEARTBEAT_SECONDS="5", WORKER_LOST_AFTER_SECONDS="30", WATCH_WORKERS="1",
         )  # fmt: skip
-        port = free_port()
-        name = f"alone-{port}"
-        web = start_process(
-            environment, ["-m", "daphne", "-b", "127.0.0.1", "-p", str(port), ASGI_APPLICATION], f"web-{port}"
-        )
-        worker = start_process(environment, ["manage.py", "worker", "--name", name], name)
-        try:
-            wait_until(
-                lambda: name in {beat["name"] for beat in read_heartbeats()},
-                timeout=60, interval=0.2, what="the worker's heartbeat",
-            )  # fmt: skip
-            model_load_request(model_id=model.id)
+        model = model_register(source="huggingface", identifier="acme/slow", owner=None)
+        yield SlowDownload(hub=hub, model=model, environment=environment)
 
-            def downloading():
-                model.refresh_from_db()
-                return model.status == "loading" and (model.download_bytes_done or 0) > 0
 
-            wait_until(downloading, timeout=60, interval=0.1, what="the download to start")
-            worker.send_signal(signal.SIGKILL)
-            worker.wait(timeout=10)
-            killed = time.monotonic()
+def wait_for_heartbeats(names) -> None:
+    from models_app.workers import read_heartbeats
 
-            def no_longer_loading():
-                model.refresh_from_db()
-                return model.status != LanguageModel.Status.LOADING
+    wait_until(
+        lambda: set(names) <= {beat["name"] for beat in read_heartbeats()},
+        timeout=60, interval=0.2, what=f"the heartbeats of {sorted(names)}",
+    )  # fmt: skip
 
-            wait_until(no_longer_loading, timeout=120, interval=0.25, what="the model to leave 'loading'")
-            noticed_after = time.monotonic() - killed
-            assert model.status == "unloaded" and model.error_code == "WORKER_LOST", model.error_code
-            assert web.poll() is None  # the web noticed it, and kept serving
-        finally:
-            stop_processes([worker, web])
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_killed_mid_load_leaves_the_model_unloaded_with_worker_lost(slow_download):
+    """Two workers; the one loading is killed; the other notices and later takes the model."""
+    model = slow_download.model
+    suffix = free_port()
+    workers = {
+        name: start_process(slow_download.environment, ["manage.py", "worker", "--name", name], name)
+        for name in (f"kill-a-{suffix}", f"kill-b-{suffix}")
+    }
+    try:
+        wait_for_heartbeats(workers)
+        slow_download.load_until_downloading()
+        host = model.host_worker
+        workers[host].send_signal(signal.SIGKILL)
+        workers[host].wait(timeout=10)
+        noticed_after = slow_download.seconds_until_not_loading(time.monotonic())
+        assert model.status == "unloaded" and model.error_code == "WORKER_LOST", model.error_code
+        assert model.host_worker == "" and noticed_after < 120
+
+        # The surviving worker takes the next load of the same model.
+        from models_app.models import LanguageModel
+        from models_app.services import model_load_request
+
+        (survivor,) = set(workers) - {host}
+        slow_download.hub.throttle_bytes_per_second = None
+        model_load_request(model_id=model.id)
+        wait_until(
+            lambda: LanguageModel.objects.filter(pk=model.id, status="ready").exists(),
+            timeout=60, interval=0.2, what="the reload on the surviving worker",
+        )  # fmt: skip
+        model.refresh_from_db()
+        assert model.host_worker == survivor
+    finally:
+        stop_processes(list(workers.values()))
+    print(f"\nWORKER_LOST {noticed_after:.1f} s after the SIGKILL (heartbeat 5 s, lost after 30 s)")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_last_worker_killed_mid_load_is_noticed_by_the_web(slow_download):
+    """One worker only, killed while downloading: no worker is left to compare heartbeats, so the
+    web process's worker watch must mark the model WORKER_LOST (production timings)."""
+    model = slow_download.model
+    port = free_port()
+    name = f"alone-{port}"
+    daphne = ["-m", "daphne", "-b", "127.0.0.1", "-p", str(port), ASGI_APPLICATION]
+    web = start_process(slow_download.environment, daphne, f"web-{port}")
+    worker = start_process(slow_download.environment, ["manage.py", "worker", "--name", name], name)
+    try:
+        wait_for_heartbeats([name])
+        slow_download.load_until_downloading()
+        worker.send_signal(signal.SIGKILL)
+        worker.wait(timeout=10)
+        noticed_after = slow_download.seconds_until_not_loading(time.monotonic())
+        assert model.status == "unloaded" and model.error_code == "WORKER_LOST", model.error_code
+        assert web.poll() is None  # the web noticed it, and kept serving
+    finally:
+        stop_processes([worker, web])
     print(f"\nlast worker lost: WORKER_LOST {noticed_after:.1f} s after the SIGKILL, noticed by the web")
 
 
