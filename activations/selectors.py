@@ -12,8 +12,7 @@ from django.db.models import Q, QuerySet
 
 from activations.models import ActivationCache, Dataset, ExtractionJob
 from mistudio.errors import ApplicationError
-from models_app import roles
-from models_app.access import check_may_change, is_admin, visible_rows
+from models_app.access import check_may_change, visible_rows
 from models_app.models import LanguageModel
 
 TAR_CHUNK_BYTES = 1 << 20
@@ -96,10 +95,8 @@ def extraction_estimate_seconds(job: ExtractionJob) -> float:
 
 def cache_list(*, user, filters: dict[str, str] | None = None) -> QuerySet[ActivationCache]:
     """Caches the user made, or that their own extractions reused (all for ``model:admin``)."""
-    caches = visible_rows(ActivationCache.objects.all(), user, shareable=False)
-    if not is_admin(user) and user.is_authenticated and user.has_perm(roles.READ):
-        reused = ExtractionJob.objects.filter(owner=user, cache__isnull=False).values("cache_id")
-        caches = ActivationCache.objects.filter(Q(pk__in=caches.values("pk")) | Q(pk__in=reused))
+    reused = ExtractionJob.objects.filter(owner_id=user.pk, cache__isnull=False).values("cache_id")
+    caches = visible_rows(ActivationCache.objects.all(), user, shareable=False, also=Q(pk__in=reused))
     filters = filters or {}
     if "model" in filters:
         caches = caches.filter(model_id=filters["model"])

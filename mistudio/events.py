@@ -96,6 +96,16 @@ def timestamp() -> str:
     return timezone.now().isoformat().replace("+00:00", "Z")
 
 
+def event_message(event: str, data: dict[str, Any], *, audience: dict[str, Any] | None = None) -> dict:
+    """The channel-layer message of one event (both publishers send this shape; the consumer reads it)."""
+    return {
+        "type": "event.message",
+        "event": event,
+        "data": {**data, "timestamp": timestamp()},
+        "audience": audience,
+    }
+
+
 def publish(
     event: str,
     data: dict[str, Any],
@@ -119,12 +129,7 @@ def publish(
         if any(field.name == "updated_at" for field in instance._meta.fields):
             update_fields.append("updated_at")
         instance.save(update_fields=update_fields)
-    message = {
-        "type": "event.message",
-        "event": event,
-        "data": {**data, "timestamp": timestamp()},
-        "audience": audience,
-    }
+    message = event_message(event, data, audience=audience)
     layer = get_channel_layer()
     for group in groups:
         try:
@@ -172,7 +177,7 @@ class BackgroundPublisher:
         self._idle = threading.Condition(self._lock)
 
     def send(self, event: str, data: dict[str, Any], *, groups: Iterable[str]) -> None:
-        message = {"type": "event.message", "event": event, "data": {**data, "timestamp": timestamp()}}
+        message = event_message(event, data)
         with self._lock:
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="event-publisher", daemon=True)

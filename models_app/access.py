@@ -31,15 +31,15 @@ def is_admin(user) -> bool:
     return bool(user is not None and user.is_authenticated and user.has_perm(roles.ADMIN))
 
 
-def visible_rows(query: QuerySet, user, *, shareable: bool) -> QuerySet:
-    """The rows of ``query`` that ``user`` may see (see the module docstring)."""
+def visible_rows(query: QuerySet, user, *, shareable: bool, also: Q | None = None) -> QuerySet:
+    """The rows of ``query`` that ``user`` may see (see the module docstring); ``also`` names more
+    rows a non-admin reader may see (the caches their own extractions reused)."""
     if user is None or not user.is_authenticated or not user.has_perm(roles.READ):
         return query.none()
     if is_admin(user):
         return query
-    if not shareable:
-        return query.filter(owner=user)
-    return query.filter(Q(owner=user) | Q(owner__isnull=True) | Q(shared=True))
+    visible = Q(owner=user) if not shareable else Q(owner=user) | Q(owner__isnull=True) | Q(shared=True)
+    return query.filter(visible if also is None else visible | also)
 
 
 def may_change(row: Model, user) -> bool:
