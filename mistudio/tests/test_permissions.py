@@ -321,3 +321,24 @@ def test_every_method_a_route_does_not_serve_is_a_405(users, tiny_gpt2_folder):
             if response.status_code != 405:
                 wrong.append(f"{method} /{route}: {response.status_code}")
     assert not wrong, "\n".join(wrong)
+
+
+def test_a_cache_another_users_extraction_reused_is_visible_to_them_read_only(
+    users, client_for, tiny_gpt2_folder
+):
+    rows = owned_rows(users["writer"], tiny_gpt2_folder)
+    other = users["other"]
+    cache_path = f"/api/activation-caches/{rows['{cache}']}"
+    assert client_for(other).get(cache_path).status_code == 404
+    cache = ActivationCache.objects.get(pk=rows["{cache}"])
+    ExtractionJob.objects.create(  # what a request answered from the cache leaves behind
+        model=cache.model, dataset=cache.dataset, cache=cache, hooks=cache.hooks, status="completed",
+        cached=True, owner=other,
+    )  # fmt: skip
+    assert client_for(other).get(cache_path).status_code == 200
+    assert [entry["id"] for entry in client_for(other).get("/api/activation-caches").json()["caches"]] == [
+        cache.id
+    ]
+    refused = client_for(other).delete(cache_path)
+    assert refused.status_code == 403 and refused.json()["error"]["code"] == "NOT_OWNER"
+    assert client_for(users["reader"]).get(cache_path).status_code == 404
