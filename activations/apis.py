@@ -7,13 +7,15 @@ from django.conf import settings
 from django.http import FileResponse, StreamingHttpResponse
 from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import serializers, status
-from rest_framework.parsers import JSONParser, MultiPartParser
+from rest_framework.parsers import MultiPartParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from activations import selectors, services
 from activations.models import ActivationCache, Dataset, ExtractionJob
+from mistudio.api_inputs import ARRAY_INDEX_MAX, DATABASE_INT_MAX
 from mistudio.errors import ApplicationError
+from mistudio.json_input import JSONParser
 from models_app.apis import StrictSerializer
 from models_app.permissions import CanRead, CanWrite
 from models_app.selectors import model_get
@@ -140,7 +142,7 @@ class DatasetDetailApi(APIView):
         selectors.dataset_get_to_change(user=request.user, dataset_id=dataset_id)
         data = self.UpdateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        dataset = services.dataset_update(dataset_id=dataset_id, **data.validated_data)
+        dataset = services.dataset_update(dataset_id=dataset_id, actor=request.user, **data.validated_data)
         return Response(DatasetOutputSerializer(dataset).data)
 
     @extend_schema(responses={204: None})
@@ -156,7 +158,7 @@ class DatasetSamplesApi(APIView):
     permission_classes = [CanRead]
 
     class FilterSerializer(serializers.Serializer):
-        offset = serializers.IntegerField(min_value=0, default=0)
+        offset = serializers.IntegerField(min_value=0, max_value=DATABASE_INT_MAX, default=0)
         limit = serializers.IntegerField(min_value=1, max_value=100, default=20)
 
     @extend_schema(parameters=[FilterSerializer], responses={200: dict})
@@ -234,7 +236,7 @@ class ExtractActivationsApi(APIView):
         layer_indices = serializers.ListField(
             child=serializers.IntegerField(min_value=0, max_value=100_000), required=False, max_length=1024
         )
-        sample_count = serializers.IntegerField(min_value=1, required=False)
+        sample_count = serializers.IntegerField(min_value=1, max_value=DATABASE_INT_MAX, required=False)
         batch_size = serializers.IntegerField(min_value=1, max_value=1024, default=16)
         max_length = serializers.IntegerField(min_value=1, max_value=131072, default=512)
         dtype = serializers.ChoiceField(choices=services.STORAGE_DTYPES, default="float32")
@@ -383,8 +385,8 @@ class CacheSliceApi(APIView):
 
     class QuerySerializer(serializers.Serializer):
         hook = serializers.CharField(max_length=300)
-        start = serializers.IntegerField(min_value=0, default=0)
-        stop = serializers.IntegerField(min_value=1, required=False)
+        start = serializers.IntegerField(min_value=0, max_value=ARRAY_INDEX_MAX, default=0)
+        stop = serializers.IntegerField(min_value=1, max_value=ARRAY_INDEX_MAX, required=False)
         # Not "format": DRF reserves that query parameter for choosing a renderer.
         output = serializers.ChoiceField(choices=["json", "npy", "safetensors"], default="json")
 
@@ -450,7 +452,7 @@ class CacheTopKApi(APIView):
 
     class QuerySerializer(serializers.Serializer):
         hook = serializers.CharField(max_length=300)
-        neuron = serializers.IntegerField(min_value=0)
+        neuron = serializers.IntegerField(min_value=0, max_value=DATABASE_INT_MAX)
         k = serializers.IntegerField(min_value=1, max_value=200, default=20)
         context = serializers.IntegerField(min_value=0, max_value=64, default=8)
 

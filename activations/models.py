@@ -10,6 +10,9 @@ from mistudio.identifiers import new_cache_id, new_dataset_id, new_extraction_id
 class Dataset(models.Model):
     """A text dataset stored as one JSON Lines file of ``{"text": …}`` samples under DATASET_DIR."""
 
+    # What only the owner (or an admin) may change, through whichever route (``dataset_update``).
+    OWNER_FIELDS = ("name", "shared")
+
     class Source(models.TextChoices):
         UPLOAD = "upload"
         LOCAL = "local"

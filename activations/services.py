@@ -22,6 +22,7 @@ from mistudio.errors import ApplicationError, rate_limited
 from mistudio.events import publish
 from mistudio.local_paths import path_inside_roots, path_shown
 from mistudio.redis_client import get_redis
+from models_app.access import check_may_change
 from models_app.engine.errors import EngineError
 from models_app.models import LanguageModel
 
@@ -153,10 +154,12 @@ def dataset_samples(dataset: Dataset, *, limit: int | None = None) -> list[str]:
     return samples
 
 
-def dataset_update(*, dataset_id: str, **changes: Any) -> Dataset:
-    """Rename or share / unshare a dataset (``name``, ``shared``)."""
+def dataset_update(*, dataset_id: str, actor, **changes: Any) -> Dataset:
+    """Rename or share / unshare a dataset (``Dataset.OWNER_FIELDS``): ``actor`` must own it (or be
+    an admin or the ``OPERATOR``), else 403 ``NOT_OWNER``."""
     dataset = Dataset.objects.get(pk=dataset_id)
-    fields = [field for field in ("name", "shared") if field in changes]
+    check_may_change(dataset, actor, what="dataset")
+    fields = [field for field in Dataset.OWNER_FIELDS if field in changes]
     for field in fields:
         setattr(dataset, field, changes[field])
     dataset.save(update_fields=fields)

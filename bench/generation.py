@@ -179,6 +179,7 @@ def main() -> None:
     from django.contrib.auth import get_user_model
     from rest_framework.authtoken.models import Token
 
+    from models_app.access import OPERATOR
     from models_app.engine.loading import load_weights
     from models_app.engine.tiny_models import build_tiny_model
     from models_app.models import Generation, LanguageModel
@@ -214,7 +215,7 @@ def main() -> None:
                 time.sleep(0.2)
         LanguageModel.objects.filter(identifier=str(folder)).delete()
         model = model_register(source="local", identifier=str(folder), name="bench-gpt2-small", owner=user)
-        model_load_request(model_id=model.id)
+        model_load_request(model_id=model.id, actor=OPERATOR)
         while model.status != "ready":
             time.sleep(0.1)
             model.refresh_from_db()

@@ -48,7 +48,7 @@ def main() -> None:
         while True:
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as response:
-                    if json.loads(response.read())["workers"]:
+                    if json.loads(response.read())["dependencies"]["workers"] == "up":
                         break
             except OSError:
                 pass

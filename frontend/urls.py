@@ -1,6 +1,8 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
+from drf_spectacular.views import SpectacularSwaggerSplitView
 
+from frontend.access import reader_required
 from frontend.views import activations, datasets, models, playground, workers
 
 app_name = "frontend"
@@ -13,6 +15,10 @@ urlpatterns = [
     path("activations/<str:cache_id>/", activations.cache_browser_page, name="cache"),
     path("playground/", playground.playground_page, name="playground"),
     path("workers/", workers.workers_page, name="workers"),
+    # The interactive API documentation is a page (sign-in, role), the schema it reads is API.
+    path(
+        "docs/api/", reader_required(SpectacularSwaggerSplitView.as_view(url_name="schema")), name="api-docs"
+    ),
     path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
 ]

@@ -9,7 +9,6 @@ the helpers below, so the rules are the same as everywhere else in the API.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from asgiref.sync import sync_to_async
@@ -20,6 +19,7 @@ from rest_framework.request import Request
 
 from mistudio.authentication import BearerTokenAuthentication
 from mistudio.errors import DRF_CODES, ApplicationError
+from mistudio.json_input import MalformedJSON, parse_json
 
 
 class _SessionAuthentication(SessionAuthentication):
@@ -49,12 +49,22 @@ def _authenticate(request: HttpRequest, session: bool) -> Any:
     return user
 
 
-async def authenticated_user(request: HttpRequest, *, session: bool = True) -> Any:
-    """The request's user by API token (``Token`` or ``Bearer``) or, with ``session``, by session + CSRF.
+def _authorize(request: HttpRequest, session: bool, permission: str) -> Any:
+    user = _authenticate(request, session)
+    if not user.has_perm(permission):
+        role = permission.rpartition(".")[2].replace("_", ":")  # models_app.model_read -> model:read
+        raise ApplicationError("PERMISSION_DENIED", f"This needs the {role} role.", status=403)
+    return user
 
-    Raises ``ApplicationError`` 401 ``UNAUTHENTICATED`` (or 403 for a failed CSRF check).
+
+async def authenticated_user(request: HttpRequest, *, permission: str, session: bool = True) -> Any:
+    """The request's user by API token (``Token`` or ``Bearer``) or, with ``session``, by session + CSRF,
+    if they hold ``permission`` (the route's role, as DRF's permission classes check it elsewhere).
+
+    Raises ``ApplicationError`` 401 ``UNAUTHENTICATED`` (or 403 for a failed CSRF check), 403
+    ``PERMISSION_DENIED`` without the permission.
     """
-    return await sync_to_async(_authenticate)(request, session)
+    return await sync_to_async(_authorize)(request, session, permission)
 
 
 def as_application_error(error: exceptions.APIException) -> ApplicationError:
@@ -76,8 +86,8 @@ def json_body(request: HttpRequest) -> dict[str, Any]:
             status=415,
         )
     try:
-        body = json.loads(request.body or b"null")
-    except (ValueError, UnicodeDecodeError) as error:
+        body = parse_json(request.body or b"null")
+    except MalformedJSON as error:
         raise ApplicationError(
             "MALFORMED_REQUEST", f"The body is not valid JSON: {error}.", status=400
         ) from None

@@ -129,6 +129,13 @@ def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response:
     return Response(error_body("INTERNAL_ERROR", "An unexpected error occurred."), status=500)
 
 
+def error_response(error: ApplicationError) -> JsonResponse:
+    """``error`` as the documented body, outside DRF views (async views, middleware)."""
+    return with_retry_after(
+        JsonResponse(error_body(error.code, error.message, error.details), status=error.status), error
+    )
+
+
 def json_error_response(status: int, code: str | None = None, message: str | None = None) -> JsonResponse:
     """The same body for errors raised outside DRF views (unknown /api/ URLs, 500 pages)."""
     phrase = HTTPStatus(status).phrase

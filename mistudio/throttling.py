@@ -16,14 +16,17 @@ created (``activations.services.extraction_request``).
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from asgiref.sync import sync_to_async
-from django.http import HttpRequest
+from django.conf import settings
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import render
 from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.settings import api_settings
-from rest_framework.throttling import SimpleRateThrottle
+from rest_framework.throttling import BaseThrottle, SimpleRateThrottle
 
 from mistudio.errors import rate_limited
 
@@ -60,6 +63,27 @@ class UserRateThrottle(SimpleRateThrottle):
             retry_after_seconds=self.wait(),
             details={"scope": self.scope, "limit": self.num_requests, "period_seconds": self.duration},
         )
+
+
+def client_address(request: HttpRequest) -> str | None:
+    """The client's address as every limit counts it (DRF's rule: ``REMOTE_ADDR``, or with
+    ``NUM_PROXIES`` the entry of ``X-Forwarded-For`` that many from the right). Also the address
+    sign-in attempts are counted under (``AXES_CLIENT_IP_CALLABLE``)."""
+    return BaseThrottle().get_ident(request)
+
+
+def sign_in_locked_out(request: HttpRequest, credentials: Any, *args: Any, **kwargs: Any) -> HttpResponse:
+    """django-axes' answer to a sign-in while the account or address is locked out: 429 with
+    ``Retry-After`` and a page that says what happened (``AXES_LOCKOUT_CALLABLE``)."""
+    minutes = settings.LOGIN_LOCKOUT_MINUTES
+    response = render(
+        request,
+        "registration/locked_out.html",
+        {"minutes": round(minutes), "limit": settings.LOGIN_FAILURE_LIMIT},
+        status=429,
+    )
+    response["Retry-After"] = str(math.ceil(minutes * 60))
+    return response
 
 
 class ModelLoadThrottle(UserRateThrottle):

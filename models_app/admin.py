@@ -1,7 +1,10 @@
+from functools import partial
+
 from django.contrib import admin, messages
 
 from mistudio.errors import ApplicationError
 from models_app import services
+from models_app.access import OPERATOR
 from models_app.models import LanguageModel
 
 
@@ -36,7 +39,9 @@ class LanguageModelAdmin(admin.ModelAdmin):
 
     def save_model(self, request, obj, form, change) -> None:
         services.model_update(
-            model_id=obj.pk, **{field: form.cleaned_data[field] for field in form.changed_data}
+            model_id=obj.pk,
+            actor=OPERATOR,
+            **{field: form.cleaned_data[field] for field in form.changed_data},
         )
 
     def delete_model(self, request, obj) -> None:
@@ -52,7 +57,7 @@ class LanguageModelAdmin(admin.ModelAdmin):
 
     @admin.action(description="Load selected models")
     def load_models(self, request, queryset):
-        self._run(request, queryset, services.model_load_request, "load queued")
+        self._run(request, queryset, partial(services.model_load_request, actor=OPERATOR), "load queued")
 
     @admin.action(description="Unload selected models")
     def unload_models(self, request, queryset):

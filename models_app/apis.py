@@ -5,6 +5,7 @@ from rest_framework import serializers, status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from mistudio.api_inputs import DATABASE_INT_MAX
 from mistudio.throttling import ModelLoadThrottle, ModelRegisterThrottle
 from models_app import selectors, services
 from models_app.models import LanguageModel
@@ -63,7 +64,7 @@ class ModelListApi(APIView):
         quantization = serializers.ChoiceField(choices=LanguageModel.Quantization.choices, required=False)
         search = serializers.CharField(required=False, max_length=200)
         limit = serializers.IntegerField(required=False, min_value=1, max_value=500, default=50)
-        offset = serializers.IntegerField(required=False, min_value=0, default=0)
+        offset = serializers.IntegerField(required=False, min_value=0, max_value=DATABASE_INT_MAX, default=0)
 
     class InputSerializer(StrictSerializer):
         name = serializers.CharField(required=False, max_length=500, allow_blank=True, default="")
@@ -142,7 +143,7 @@ class ModelDetailApi(APIView):
         selectors.model_get_to_change(user=request.user, model_id=model_id)
         data = self.UpdateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        model = services.model_update(model_id=model_id, **data.validated_data)
+        model = services.model_update(model_id=model_id, actor=request.user, **data.validated_data)
         return Response(ModelOutputSerializer(model).data)
 
     @extend_schema(responses={204: None})
@@ -171,7 +172,7 @@ class ModelLoadApi(APIView):
         data = self.InputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         model = services.model_load_request(
-            model_id=model_id, quantization=data.validated_data.get("quantization")
+            model_id=model_id, actor=request.user, quantization=data.validated_data.get("quantization")
         )
         body = {
             **ModelOutputSerializer(model).data,
@@ -220,4 +221,4 @@ class WorkerListApi(APIView):
 
     @extend_schema(responses={200: dict})
     def get(self, request):
-        return Response(selectors.worker_overview())
+        return Response(selectors.worker_overview(user=request.user))

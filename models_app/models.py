@@ -14,6 +14,9 @@ class LanguageModel(models.Model):
     The worker that loaded it is its *host*; every later job for it goes to that worker's queue.
     """
 
+    # What only the owner (or an admin) may change, through whichever route (``model_update``).
+    OWNER_FIELDS = ("name", "pinned", "shared", "keep_alive_seconds", "quantization")
+
     class Source(models.TextChoices):
         HUGGINGFACE = "huggingface"
         LOCAL = "local"

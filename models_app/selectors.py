@@ -7,7 +7,7 @@ from django.db.models import Q, QuerySet
 
 from mistudio.errors import ApplicationError
 from mistudio.events import register_group_kind
-from models_app.access import check_may_change, visible_rows
+from models_app.access import check_may_change, is_admin, visible_rows
 from models_app.models import Generation, LanguageModel
 
 
@@ -211,11 +211,14 @@ def queue_lengths(*, heartbeats: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-def worker_overview() -> dict[str, Any]:
-    """What the workers page and ``GET /api/workers`` show: Redis and database status, each live
-    worker's heartbeat (its loaded models named), and the queue lengths.
+def worker_overview(*, user) -> dict[str, Any]:
+    """What the workers page and ``GET /api/workers`` show ``user``: Redis and database status, each
+    live worker's heartbeat, and the queue lengths.
 
-    Never raises for an unreachable Redis: it says so (``redis.ok`` false, no workers, no queues).
+    A worker lists only the loaded models ``user`` may see (named); the memory of the others is one
+    sum, ``other_models_bytes``, so the worker's arithmetic stays whole without naming them. Host
+    names and process ids are for admins and staff. Never raises for an unreachable Redis: it says
+    so (``redis.ok`` false, no workers, no queues).
     """
     import time
 
@@ -231,10 +234,19 @@ def worker_overview() -> dict[str, Any]:
         except (redis.RedisError, OSError):
             redis_status, workers = {"ok": False, "error": "unreachable"}, []
     model_ids = [entry["model_id"] for beat in workers for entry in beat.get("loaded_models", [])]
-    names = dict(LanguageModel.objects.filter(pk__in=model_ids).values_list("pk", "name"))
+    names = dict(model_list(user=user).filter(pk__in=model_ids).values_list("pk", "name"))
+    operator = is_admin(user) or bool(getattr(user, "is_staff", False))
     for beat in workers:
-        for entry in beat.get("loaded_models", []):
-            entry["name"] = names.get(entry["model_id"], "")
+        loaded = beat.get("loaded_models", [])
+        beat["loaded_models"] = [
+            {**entry, "name": names[entry["model_id"]]} for entry in loaded if entry["model_id"] in names
+        ]
+        beat["other_models_bytes"] = sum(
+            entry.get("memory_usage_bytes") or 0 for entry in loaded if entry["model_id"] not in names
+        )
+        if not operator:
+            beat.pop("hostname", None)
+            beat.pop("pid", None)
     return {
         "redis": redis_status,
         "database": database_status(),

@@ -16,7 +16,7 @@ from mistudio.errors import ApplicationError
 from mistudio.events import ProgressThrottle, publish
 from mistudio.local_paths import path_inside_roots
 from mistudio.redis_client import get_redis
-from models_app.access import audience, visible_rows
+from models_app.access import OPERATOR, audience, check_may_change, visible_rows
 from models_app.engine.errors import EngineError
 from models_app.models import LanguageModel
 
@@ -169,7 +169,7 @@ def model_register(
         ) from None
     model_publish(model, "model:registered", [])
     if auto_load:
-        model = model_load_request(model_id=model.id)
+        model = model_load_request(model_id=model.id, actor=owner or OPERATOR)
     return model
 
 
@@ -185,10 +185,16 @@ def check_quantization(info, quantization: str) -> None:
         )
 
 
-def model_update(*, model_id: str, **changes: Any) -> LanguageModel:
-    """Change name, pinned, shared, keep_alive_seconds, or quantization (only while not loaded or loading)."""
+def model_update(*, model_id: str, actor, **changes: Any) -> LanguageModel:
+    """Change the owner's fields (``LanguageModel.OWNER_FIELDS``: name, pinned, shared,
+    keep_alive_seconds, quantization — the last only while not loaded or loading).
+
+    Every route that changes one of them comes here, so the ownership rule is the same whatever
+    the route: ``actor`` must own the model (or be an admin or the ``OPERATOR``), else 403 ``NOT_OWNER``.
+    """
     with transaction.atomic():
         model = LanguageModel.objects.select_for_update().get(pk=model_id)
+        check_may_change(model, actor, what="model")
         quantization = changes.get("quantization")
         changing_quantization = quantization is not None and quantization != model.quantization
         if changing_quantization and model.status in {
@@ -199,7 +205,7 @@ def model_update(*, model_id: str, **changes: Any) -> LanguageModel:
                 "MODEL_BUSY", "Unload the model before changing its quantization.", status=409
             )
         fields = []
-        for field in ("name", "pinned", "shared", "keep_alive_seconds", "quantization"):
+        for field in LanguageModel.OWNER_FIELDS:
             if field in changes and getattr(model, field) != changes[field]:
                 setattr(model, field, changes[field])
                 fields.append(field)
@@ -292,12 +298,15 @@ def insufficient_memory(required: int, available: int) -> ApplicationError:
     )
 
 
-def model_load_request(*, model_id: str, quantization: str | None = None) -> LanguageModel:
+def model_load_request(*, model_id: str, actor, quantization: str | None = None) -> LanguageModel:
     """Mark the model ``loading`` and queue its load on the shared queue; return the row (with rq_job_id).
 
     A model that is already loading or ready answers 409 (``ALREADY_LOADING`` / ``ALREADY_LOADED``):
     two concurrent requests give exactly one load. When workers are alive and none could make
     room for the estimate, 409 ``INSUFFICIENT_MEMORY`` at once (the worker checks again).
+
+    Loading a visible model is using it, open to any writer; choosing another ``quantization``
+    changes the row, which only its owner may (``model_update`` checks ``actor``).
     """
     from models_app.workers import read_heartbeats, shared_queue
 
@@ -308,7 +317,7 @@ def model_load_request(*, model_id: str, quantization: str | None = None) -> Lan
         if model.status == LanguageModel.Status.READY:
             raise ApplicationError("ALREADY_LOADED", "The model is already loaded.", status=409)
         if quantization is not None and quantization != model.quantization:
-            model_update(model_id=model.id, quantization=quantization)
+            model_update(model_id=model.id, actor=actor, quantization=quantization)
             model.refresh_from_db()
         required = model.memory_estimates.get(model.quantization)
         beats = read_heartbeats()

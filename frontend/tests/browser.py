@@ -97,11 +97,19 @@ def page(chromium, site):
     context.set_default_timeout(20_000)
     browser_page = context.new_page()
     errors: list[str] = []
+    refused: list[str] = []
     browser_page.on("pageerror", lambda error: errors.append(str(error)))
+    # Chromium reports what the Content-Security-Policy refused (an inline script or style, a
+    # foreign origin) as a console error: every page any browser test visits must cause none.
+    browser_page.on(
+        "console",
+        lambda message: "Content Security Policy" in message.text and refused.append(message.text),
+    )
     sign_in(browser_page, site)
     yield browser_page
     context.close()
     assert not errors, f"JavaScript errors on the page: {errors}"
+    assert not refused, f"refused by the Content-Security-Policy: {refused}"
 
 
 def screenshot(page, name: str) -> None:

@@ -67,7 +67,7 @@ def section(page: str, element_id: str) -> str:
 def token_spans(markup: str) -> list[tuple[str, float, str]]:
     """(classes, data-value, text) of each token span."""
     spans = re.findall(
-        r'<span class="(tok[^"]*)" style="--a:[0-9.]+" title="[^"]*" data-value="([^"]+)">(.*?)</span>',
+        r'<span class="(tok[^"]*)" data-alpha="[0-9.]+" title="[^"]*" data-value="([^"]+)">(.*?)</span>',
         markup,
     )
     return [(classes, float(value), unescape(text)) for classes, value, text in spans]
@@ -216,12 +216,13 @@ def test_the_python_snippet_reads_the_cache(extracted, writer, tmp_path):
 
 
 def test_a_generation_cache_marks_generated_tokens(tiny_gpt2_folder, writer):
+    from models_app.access import OPERATOR
     from models_app.generation.services import SamplingRequest, generation_request
     from models_app.models import Generation
     from models_app.services import model_load_request
 
     model = model_register(source="local", identifier=str(tiny_gpt2_folder), name="tiny-gen", owner=writer)
-    model_load_request(model_id=model.id)
+    model_load_request(model_id=model.id, actor=OPERATOR)
     run_worker(name="pages-gen-worker", device="cpu", burst=True)
     generation_request(
         model_id=model.id,

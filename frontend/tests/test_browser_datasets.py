@@ -150,3 +150,12 @@ def test_the_workers_page_shows_the_live_worker(page, site, tiny_gpt2_folder):
     assert link.get_attribute("href") == f"/models/{model_id}/"
     page.mouse.move(0, 0)
     screenshot(page, "workers")
+
+
+def test_the_api_documentation_renders_under_the_content_security_policy(page, site):
+    """Swagger UI from the vendored sidecar, its initializer from ``?script`` (no inline code)."""
+    response = page.goto(site.url("/docs/api/"))
+    policy = response.headers["content-security-policy"]
+    assert "script-src 'self'" in policy and "style-src 'self'" in policy and "unsafe-inline" not in policy
+    expect(page.locator(".opblock").first).to_be_visible(timeout=LIVE_TIMEOUT_MS)
+    expect(page.locator(".opblock-summary-path", has_text="/api/models").first).to_be_visible()

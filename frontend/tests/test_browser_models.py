@@ -8,6 +8,7 @@ from playwright.sync_api import expect
 from activations.models import ActivationCache, ExtractionJob
 from activations.services import dataset_create_from_texts
 from frontend.tests.browser import LIVE_TIMEOUT_MS, screenshot
+from models_app.access import OPERATOR
 from models_app.models import LanguageModel
 from models_app.services import model_load_request, model_register
 from models_app.tests.live_stack import register_and_load
@@ -104,7 +105,7 @@ def test_the_models_page_polls_when_the_websocket_is_down(page, site, tiny_gpt2_
 
     # Registered and loaded behind the page's back: only the REST polling can bring it in.
     model = model_register(source="local", identifier=str(tiny_gpt2_folder), name="polled-gpt2", owner=None)
-    model_load_request(model_id=model.id)
+    model_load_request(model_id=model.id, actor=OPERATOR)
     badge = page.locator(f'.model-card[data-model-id="{model.id}"] [data-field="status"]')
     expect(badge).to_have_text("ready", timeout=LIVE_TIMEOUT_MS)
     expect(indicator).to_have_text("Polling")

@@ -92,11 +92,13 @@ def test_a_missing_samples_file_is_said_not_raised(writer):
     assert response.status_code == 200 and "missing on disk" in response.content.decode()
 
 
-def test_unknown_or_unreadable_datasets_are_404(writer, django_user_model):
+def test_unknown_datasets_are_404_and_a_user_without_a_role_is_told_so(writer, django_user_model):
     dataset = make_dataset(writer)
     assert signed_in(writer).get("/datasets/ds_nope/").status_code == 404
     no_role = django_user_model.objects.create_user(username="no-role", password="x")
-    assert signed_in(no_role).get(f"/datasets/{dataset.id}/").status_code == 404
+    refused = signed_in(no_role).get(f"/datasets/{dataset.id}/")
+    assert refused.status_code == 403 and "Your account has no role yet" in refused.content.decode()
+    assert dataset.name not in refused.content.decode()
 
 
 def test_anonymous_visitors_are_sent_to_sign_in():

@@ -30,3 +30,37 @@ def test_sign_out_ends_the_session(reader):
     assert browser.get("/").status_code == 200
     assert browser.post("/logout/").status_code == 302
     assert browser.get("/").status_code == 302
+
+
+def test_every_page_carries_a_strict_content_security_policy_and_no_inline_code(writer, tiny_gpt2_folder):
+    """The policy refuses inline scripts and styles; so no page may contain any (the browser tests
+    also fail on any refusal Chromium reports while they drive the pages)."""
+    import re
+
+    from mistudio.tests.test_permissions import MATRIX, owned_rows
+
+    rows = owned_rows(writer, tiny_gpt2_folder)
+    browser = Client()
+    browser.force_login(writer)
+    pages = [
+        route
+        for route, methods in MATRIX.items()
+        if "GET" in methods and not route.startswith(("api/", "v1/"))
+    ]
+    checked = 0
+    for route in pages:
+        path = "/" + route
+        for placeholder, value in rows.items():
+            path = path.replace(placeholder, value)
+        response = browser.get(path)
+        policy = response.get("Content-Security-Policy", "")
+        assert "default-src 'self'" in policy and "unsafe-inline" not in policy, (path, policy)
+        assert "frame-ancestors 'none'" in policy
+        if response.status_code != 200 or not response["Content-Type"].startswith("text/html"):
+            continue
+        html = response.content.decode()
+        assert not re.search(r"<script(?![^>]*\bsrc=)[^>]*>", html), (path, "inline script")
+        assert "<style" not in html and not re.search(r"\sstyle=", html), (path, "inline style")
+        assert not re.search(r"\son[a-z]+=", html), (path, "inline event handler")
+        checked += 1
+    assert checked >= 9

@@ -8,6 +8,7 @@ import pytest
 from django.test import Client
 
 from activations.store import ActivationStore
+from models_app.access import OPERATOR
 from models_app.generation.services import SamplingRequest, generation_request
 from models_app.models import Generation, LanguageModel
 from models_app.services import model_load_request, model_register
@@ -72,7 +73,7 @@ def test_the_heatmap_fragment_shows_one_neuron_over_prompt_and_generated_tokens(
     from django.conf import settings
 
     model = model_register(source="local", identifier=str(tiny_gpt2_folder), name="heat-gpt2", owner=None)
-    model_load_request(model_id=model.id)
+    model_load_request(model_id=model.id, actor=OPERATOR)
     run_worker(name=WORKER, device="cpu", burst=True)
     hook = "blocks.1.mlp.hook_post"
     [row] = generation_request(
@@ -91,12 +92,13 @@ def test_the_heatmap_fragment_shows_one_neuron_over_prompt_and_generated_tokens(
     response = browser.get("/playground/", {"heatmap": row.cache_id, "hook": hook, "neuron": neuron})
     assert response.status_code == 200
     html = response.content.decode()
-    span = r'<span class="tok (prompt|generated)" data-row="\d+" data-value="([^"]+)"'
+    span = r'<span class="tok (prompt|generated) (?:pos|neg)" data-row="\d+" data-value="([^"]+)"'
+    span += r' data-alpha="[0-9.]+"'
     spans = re.findall(span + r'[^>]*title="([^"]*)">(.*?)</span>', html, flags=re.S)
     assert [span[0] for span in spans] == ["prompt"] * row.prompt_tokens + ["generated"] * 6
     expected = ActivationStore.open(settings.ACTIVATION_CACHE_DIR / row.cache_id).get(hook)[:, neuron]
     np.testing.assert_allclose([float(span[1]) for span in spans], expected, rtol=1e-6)
-    assert "rgba(var(--heat-pos)" in html and "rgba(var(--heat-neg)" in html
+    assert re.search(r'class="tok \w+ pos"', html) and re.search(r'class="tok \w+ neg"', html)
     # The prompt tokens' texts spell the prompt (a newline token shows its mark, then breaks the line).
     prompt_text = "".join(unescape(span[3]) for span in spans if span[0] == "prompt")
     assert prompt_text.replace("↵\n", "\n") == row.prompt

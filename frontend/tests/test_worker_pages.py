@@ -107,3 +107,55 @@ def test_a_reader_may_see_the_workers_and_visitors_must_sign_in(reader):
     assert signed_in(reader).get("/workers/").status_code == 200
     response = Client().get("/workers/")
     assert response.status_code == 302 and response["Location"].startswith("/login/")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_another_users_private_model_on_a_worker_is_not_named_to_anyone_else(
+    writer, reader, model_admin, client_for, tiny_gpt2_folder, clean_queues
+):
+    """Issue 12, item 4: the workers API and page, and anonymous /healthz, named other users'
+    private models (and showed hosts, pids, versions to anyone)."""
+    from conftest import make_user
+    from models_app.access import OPERATOR
+    from models_app.services import model_load_request
+
+    other = make_user("olga-other", "model:write")
+    no_role = make_user("nora-norole", None)
+    model = model_register(
+        source="local", identifier=str(tiny_gpt2_folder), name="walts-secret", owner=writer
+    )
+    model_load_request(model_id=model.id, actor=OPERATOR)
+    run_worker(name=WORKER, device="cpu", burst=True)
+    write_heartbeat(WorkerIdentity(name=WORKER, device="cpu"), started_at=time.time() - 5)
+    loaded_bytes = LOADED_MODELS.get(model.id).memory_usage_bytes
+
+    for user in (other, reader):
+        body = client_for(user).get("/api/workers")
+        page = signed_in(user).get("/workers/")
+        for answer in (body.content.decode(), page.content.decode()):
+            assert model.id not in answer and "walts-secret" not in answer
+        beat = next(beat for beat in body.json()["workers"] if beat["name"] == WORKER)
+        assert beat["loaded_models"] == [] and beat["other_models_bytes"] == loaded_bytes
+        assert "hostname" not in beat and "pid" not in beat
+        assert "Other users' private models" in page.content.decode()
+    assert client_for(no_role).get("/api/workers").status_code == 403
+
+    for user in (writer, model_admin):  # the owner, and an admin, see it named
+        beat = next(b for b in client_for(user).get("/api/workers").json()["workers"] if b["name"] == WORKER)
+        assert [entry["name"] for entry in beat["loaded_models"]] == ["walts-secret"]
+        assert beat["other_models_bytes"] == 0
+    assert "hostname" in next(
+        b for b in client_for(model_admin).get("/api/workers").json()["workers"] if b["name"] == WORKER
+    )
+
+    anonymous = Client().get("/healthz")
+    assert anonymous.status_code == 200
+    assert anonymous.json() == {
+        "status": "ok",
+        "dependencies": {"database": "up", "redis": "up", "workers": "up"},
+    }
+    detailed = client_for(model_admin).get("/healthz").json()
+    beat = next(beat for beat in detailed["details"]["workers"] if beat["name"] == WORKER)
+    assert beat["loaded_models"][0]["model_id"] == model.id and beat["pid"] > 0
+    assert "torch" in detailed["details"]["versions"]
+    assert "details" not in client_for(writer).get("/healthz").json()  # a writer is not an operator

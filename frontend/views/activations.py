@@ -18,7 +18,6 @@ from typing import Any
 from urllib.parse import urlencode
 
 import numpy as np
-from django.contrib.auth.decorators import login_required
 from django.http import Http404
 from django.shortcuts import render
 from django.urls import reverse
@@ -28,6 +27,7 @@ from django.views.decorators.http import require_safe
 
 from activations import selectors, services
 from activations.models import ActivationCache, ExtractionJob
+from frontend.access import reader_required
 from frontend.charts import histogram_svg, hook_sort_key, norm_chart_svg, short_hook_name
 from mistudio.errors import ApplicationError
 
@@ -184,7 +184,7 @@ def heat_tokens(
             classes.append("generated")
         # Built here, not in a template, so nothing (not even a newline) comes between two tokens.
         html = format_html(
-            '<span class="{}" style="--a:{}" title="{}" data-value="{}">{}</span>',
+            '<span class="{}" data-alpha="{}" title="{}" data-value="{}">{}</span>',
             " ".join(classes),
             f"{alpha:.3f}",
             f"{value:+.4f} · {raw!r} (id {token_id}) · position {position}",
@@ -348,7 +348,7 @@ def _provenance(cache: ActivationCache, manifest: dict | None) -> dict[str, Any]
 # --- views ------------------------------------------------------------------------------------------
 
 
-@login_required
+@reader_required
 @require_safe
 def cache_list_page(request):
     """Every activation cache the user may read, newest first, filterable by model and status."""
@@ -384,7 +384,7 @@ def cache_list_page(request):
     )
 
 
-@login_required
+@reader_required
 @require_safe
 def cache_browser_page(request, cache_id: str):
     """One cache: provenance and downloads; for a completed cache, per hook a value histogram, the

@@ -1,12 +1,12 @@
 """Pages: datasets (upload, list, preview, delete)."""
 
 from django.conf import settings
-from django.contrib.auth.decorators import login_required
 from django.http import Http404
 from django.shortcuts import render
 from django.views.decorators.http import require_safe
 
 from activations import selectors, services
+from frontend.access import reader_required
 from mistudio.errors import ApplicationError
 
 # Samples the detail page renders at once; "Load more" pages on through the samples API (≤ 100).
@@ -20,7 +20,7 @@ UPLOAD_FORMATS = [
 ]
 
 
-@login_required
+@reader_required
 @require_safe
 def dataset_list_page(request):
     """Every dataset the user may read, with the upload panel for writers.
@@ -39,7 +39,7 @@ def dataset_list_page(request):
     )
 
 
-@login_required
+@reader_required
 @require_safe
 def dataset_detail_page(request, dataset_id: str):
     """A dataset's metadata, the first samples (more through the samples API) and its caches."""

@@ -8,13 +8,13 @@ import json
 import logging
 from typing import Any
 
-from django.contrib.auth.decorators import login_required
 from django.http import Http404
 from django.shortcuts import render
 from django.views.decorators.http import require_safe
 
 from activations import selectors as activation_selectors
 from activations.services import STORAGE_DTYPES
+from frontend.access import reader_required
 from mistudio.errors import ApplicationError
 from models_app import selectors
 from models_app.models import LanguageModel
@@ -129,7 +129,7 @@ def memory_rows(model: LanguageModel) -> tuple[list[dict[str, Any]], list[dict[s
     return rows, report["workers"]
 
 
-@login_required
+@reader_required
 @require_safe
 def model_list_page(request):
     """Every model as a card, with filters (status, family, search) that ``models.js`` applies
@@ -168,7 +168,7 @@ def model_list_page(request):
     )
 
 
-@login_required
+@reader_required
 @require_safe
 def model_detail_page(request, model_id: str):
     """One model: status and actions (live over ``model.<id>``), configuration, memory estimate per

@@ -1,6 +1,5 @@
 """Pages: the playground (generate with a loaded model, streamed; optional capture and heatmap)."""
 
-from django.contrib.auth.decorators import login_required
 from django.http import HttpResponse
 from django.shortcuts import render
 from django.utils.html import format_html, format_html_join
@@ -9,6 +8,7 @@ from django.views.decorators.http import require_safe
 
 from activations import selectors as activation_selectors
 from activations import services as activation_services
+from frontend.access import reader_required
 from mistudio.errors import ApplicationError
 from models_app.generation.apis import GenerateInputSerializer
 from models_app.generation.services import (
@@ -25,7 +25,7 @@ BOUNDARY = mark_safe(
 )
 
 
-@login_required
+@reader_required
 @require_safe
 def playground_page(request):
     """The playground: pick a ready model, set sampling parameters, and watch the output stream.
@@ -121,12 +121,11 @@ def heatmap_html(tokens: list[dict], *, hook: str, neuron: int):
 def token_span(token: dict, *, after_prompt: bool, scale: float, label: str):
     """One token: red above zero, blue below, more opaque the larger; the exact value in its title."""
     span = format_html(
-        '<span class="tok {}" data-row="{}" data-value="{}" style="background: rgba(var({}), {})" '
-        'title="{}">{}</span>',
+        '<span class="tok {} {}" data-row="{}" data-value="{}" data-alpha="{}" title="{}">{}</span>',
         token["kind"],
+        "pos" if token["value"] >= 0 else "neg",
         token["row"],
         repr(token["value"]),
-        "--heat-pos" if token["value"] >= 0 else "--heat-neg",
         f"{min(1.0, abs(token['value']) / scale) * 0.85:.3f}",
         f"{token['text']!r} · token {token['token_id']} · {token['kind']} · {label} = {token['value']:.6g}",
         token["display"],

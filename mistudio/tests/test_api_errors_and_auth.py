@@ -123,7 +123,8 @@ def test_malformed_json_is_400(writer, client_for, tiny_gpt2_folder):
 
 def test_session_authentication_works_for_pages_and_api(reader):
     client = APIClient()
-    assert client.login(username="rita-reader", password="rita-reader-password")
+    signed_in = client.post("/login/", {"username": "rita-reader", "password": "rita-reader-password"})
+    assert signed_in.status_code == 302
     assert client.get("/api/models").status_code == 200
 
 

@@ -21,8 +21,11 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def get(url: str, token: str | None = None) -> tuple[int, bytes]:
-    request = urllib.request.Request(url, headers={"Authorization": f"Token {token}"} if token else {})
+METRICS_TOKEN = "embedded-default-metrics-token"  # /healthz shows its details to this scraper
+
+
+def get(url: str, token: str | None = None, *, scheme: str = "Token") -> tuple[int, bytes]:
+    request = urllib.request.Request(url, headers={"Authorization": f"{scheme} {token}"} if token else {})
     try:
         with urllib.request.urlopen(request, timeout=5) as response:
             return response.status, response.read()
@@ -35,6 +38,7 @@ def test_serve_runs_web_and_worker_on_sqlite_and_an_embedded_redis(tmp_path):
     env.update(
         DJANGO_SETTINGS_MODULE="mistudio.settings", MISTUDIO_DATA_DIR=str(tmp_path),
         MISTUDIO_STATIC_ROOT=str(tmp_path / "static"), WORKER_HEARTBEAT_SECONDS="0.5",
+        METRICS_TOKEN=METRICS_TOKEN,
     )  # fmt: skip
     port = free_port()
     base = f"http://127.0.0.1:{port}"
@@ -48,8 +52,8 @@ def test_serve_runs_web_and_worker_on_sqlite_and_an_embedded_redis(tmp_path):
         while time.monotonic() < deadline:
             assert server.poll() is None, server.stdout.read().decode()[-3000:]
             try:
-                status, body = get(f"{base}/healthz")
-                health = json.loads(body)
+                status, body = get(f"{base}/healthz", METRICS_TOKEN, scheme="Bearer")
+                health = json.loads(body)["details"]
                 if status == 200 and health["workers"]:
                     break
             except OSError:

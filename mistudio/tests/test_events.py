@@ -125,7 +125,7 @@ async def test_the_shared_models_group_carries_a_private_model_to_its_owner_only
     # The reader learns only that the group moved on: no event name, no id, no data.
     assert others == {"type": "skip", "group": "models", "seq": owners["seq"]}
 
-    await sync_to_async(model_update)(model_id=model.id, shared=True)  # now it is everyone's to see
+    await sync_to_async(model_update)(model_id=model.id, actor=writer, shared=True)  # now everyone may see it
     owners = await sockets[writer.username].receive_json_from(timeout=5)
     others = await sockets[reader.username].receive_json_from(timeout=5)
     assert others["event"] == owners["event"] == "model:updated"

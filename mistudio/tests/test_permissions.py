@@ -25,20 +25,22 @@ from models_app.services import model_register
 pytestmark = pytest.mark.django_db
 
 OK = "ok"
-ROLES = ("anonymous", "reader", "writer", "admin", "other")
+ROLES = ("anonymous", "reader", "writer", "admin", "other", "norole")
 
 # Outcomes per role, in ROLES order.
-PUBLIC = (OK, OK, OK, OK, OK)
-ANY_READER = (401, OK, OK, OK, OK)  # lists and reads that show each user only what they may see
-WRITERS = (401, 403, OK, OK, OK)  # creating: the result is the caller's own
-OWNER_READS = (401, 404, OK, OK, 404)  # reading the writer's private row
-OWNER_CHANGES = (401, 403, OK, OK, 404)  # changing it (readers are refused by role before the lookup)
-PAGE = (302, OK, OK, OK, OK)  # pages send anonymous visitors to sign in
-OWNER_PAGE = (302, 404, OK, OK, 404)
+# A signed-in user with no role is refused everything but the health check and signing out: 403 from
+# the API and the pages alike (before any lookup, so nothing is learnt about rows).
+PUBLIC = (OK, OK, OK, OK, OK, OK)
+ANY_READER = (401, OK, OK, OK, OK, 403)  # lists and reads that show each user only what they may see
+WRITERS = (401, 403, OK, OK, OK, 403)  # creating: the result is the caller's own
+OWNER_READS = (401, 404, OK, OK, 404, 403)  # reading the writer's private row
+OWNER_CHANGES = (401, 403, OK, OK, 404, 403)  # changing it (readers are refused by role before the lookup)
+PAGE = (302, OK, OK, OK, OK, 403)  # pages send anonymous visitors to sign in
+OWNER_PAGE = (302, 404, OK, OK, 404, 403)
 # The OpenAI-compatible routes: a reader may list models but not generate.
 OPENAI_READ = ANY_READER
 OPENAI_GENERATE = WRITERS
-NO_SUCH_ROUTE = (404, 404, 404, 404, 404)  # the documented 404 body, for everyone
+NO_SUCH_ROUTE = (404, 404, 404, 404, 404, 404)  # the documented 404 body, for everyone
 
 MATRIX: dict[str, dict[str, tuple]] = {
     "api/": {"GET": ANY_READER},
@@ -77,7 +79,7 @@ MATRIX: dict[str, dict[str, tuple]] = {
     "v1/": {"GET": NO_SUCH_ROUTE},
     "v1/{unmatched}": {"GET": NO_SUCH_ROUTE},
     "healthz": {"GET": PUBLIC},
-    "metrics": {"GET": (401, 403, 403, OK, 403)},  # staff / model:admin, or the METRICS_TOKEN
+    "metrics": {"GET": (401, 403, 403, OK, 403, 403)},  # staff / model:admin, or the METRICS_TOKEN
     "docs/api/": {"GET": PAGE},
     "": {"GET": PAGE},
     "models/{model}/": {"GET": OWNER_PAGE},
@@ -87,8 +89,8 @@ MATRIX: dict[str, dict[str, tuple]] = {
     "activations/{cache}/": {"GET": OWNER_PAGE},
     "playground/": {"GET": PAGE},
     "workers/": {"GET": PAGE},
-    "login/": {"GET": (OK, 302, 302, 302, 302)},  # the signed-in are sent on to the models page
-    "logout/": {"POST": (302, 302, 302, 302, 302)},
+    "login/": {"GET": (OK, 302, 302, 302, 302, 302)},  # the signed-in are sent on to the models page
+    "logout/": {"POST": (302, 302, 302, 302, 302, 302)},
 }
 # Django's admin and the queue dashboard under it have their own staff checks (tested in the apps'
 # admin tests); the matrix covers everything else.
@@ -138,6 +140,7 @@ def users(db):
         "writer": make_user("walt-writer", "model:write"),
         "admin": make_user("ada-admin", "model:admin"),
         "other": make_user("olga-other", "model:write"),
+        "norole": make_user("nora-norole", None),
     }
 
 
@@ -342,3 +345,75 @@ def test_a_cache_another_users_extraction_reused_is_visible_to_them_read_only(
     refused = client_for(other).delete(cache_path)
     assert refused.status_code == 403 and refused.json()["error"]["code"] == "NOT_OWNER"
     assert client_for(users["reader"]).get(cache_path).status_code == 404
+
+
+def owner_field_routes() -> list[tuple[str, str, str, str]]:
+    """(kind, method, route, field) for every API route on an existing model or dataset whose request
+    body can name one of the row's ``OWNER_FIELDS``, found from the views' own serializers."""
+    from django.urls import resolve
+    from rest_framework import serializers
+
+    owner_fields = {"{model}": LanguageModel.OWNER_FIELDS, "{dataset}": Dataset.OWNER_FIELDS}
+    found = []
+    for route, methods in MATRIX.items():
+        kind = next((placeholder for placeholder in owner_fields if placeholder in route), None)
+        if kind is None or not route.startswith("api/"):
+            continue
+        view = resolve("/" + route.replace(kind, "x_id")).func
+        view_class = getattr(view, "view_class", None) or getattr(view, "cls", None)
+        bodies = [
+            value
+            for value in vars(view_class).values()
+            if isinstance(value, type) and issubclass(value, serializers.Serializer)
+        ]
+        for method in methods:
+            if method in ("POST", "PATCH") and hasattr(view_class, method.lower()):
+                for field in sorted(
+                    {name for body in bodies for name in body().fields} & set(owner_fields[kind])
+                ):
+                    found.append((kind, method, route, field))
+    return found
+
+
+def test_every_owner_field_any_route_can_change_is_the_owners_alone(users, client_for, tiny_gpt2_folder):
+    """Issue 12, item 3, as a class: ``POST …/load {"quantization"}`` changed a shared model for a
+    non-owner while PATCH said 403. Every (route, field) pair that can change a row's owner field is
+    found from the views, and each must refuse another writer (403 ``NOT_OWNER``, nothing changed)
+    and work for the owner (so the pair is real)."""
+    owner, other = users["writer"], users["other"]
+    routes = owner_field_routes()
+    assert {(method, route, field) for _, method, route, field in routes} >= {
+        ("PATCH", "api/models/{model}", "quantization"),
+        ("POST", "api/models/{model}/load", "quantization"),
+        ("PATCH", "api/datasets/{dataset}", "shared"),
+    }
+    failures = []
+    for kind, method, route, field in routes:
+        for actor, wanted in ((other, 403), (owner, None)):
+            LanguageModel.objects.all().delete()
+            model = model_register(
+                source="local", identifier=str(tiny_gpt2_folder), name="team", owner=owner, shared=True
+            )
+            dataset = dataset_create_from_texts(
+                name="team texts", texts=["a"], owner=owner, source="upload", shared=True
+            )
+            row = model if kind == "{model}" else dataset
+            before = {name: getattr(row, name) for name in row.OWNER_FIELDS}
+            value = {
+                "name": "renamed",
+                "pinned": True,
+                "shared": False,
+                "keep_alive_seconds": 60,
+                "quantization": next(q for q in model.memory_estimates if q != model.quantization),
+            }[field]
+            path = "/" + route.replace("{model}", model.id).replace("{dataset}", dataset.id)
+            response = getattr(client_for(actor), method.lower())(path, {field: value}, format="json")
+            row.refresh_from_db()
+            after = {name: getattr(row, name) for name in row.OWNER_FIELDS}
+            if wanted == 403:
+                code = response.json().get("error", {}).get("code") if response.status_code == 403 else None
+                if code != "NOT_OWNER" or after != before:
+                    failures.append(f"{method} /{route} {field} by another writer: {response.status_code}")
+            elif response.status_code >= 400 or after[field] != value:
+                failures.append(f"{method} /{route} {field} by the owner: {response.status_code} {after}")
+    assert not failures, "\n".join(failures)

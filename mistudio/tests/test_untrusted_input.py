@@ -134,3 +134,146 @@ def test_unicode_names_are_kept_exactly(api, tiny_gpt2_folder):
     )
     assert response.status_code == 201 and response.json()["name"] == name
     assert LanguageModel.objects.get().name == name
+
+
+# --- Hostile JSON and numbers, on every route that takes them (issue 12, item 8) -------------------
+
+DEEP = "[" * 5000 + "]" * 5000  # Python's json recurses per level: RecursionError, not ValueError
+JUST_TOO_DEEP = '{"a": ' * 40 + "1" + "}" * 40
+BODILESS_ACTIONS = ("/unload", "/cancel")
+NOT_JSON_CONSTANTS = ['{"temperature": NaN}', '{"name": Infinity}', '{"name": -Infinity}']
+
+
+def json_routes(rows: dict[str, str]) -> list[tuple[str, str]]:
+    """(method, path) of every route that reads a JSON body, the writer's rows filled in."""
+    from mistudio.tests.test_permissions import MATRIX
+
+    found = []
+    for route, methods in MATRIX.items():
+        for method in methods:
+            if method in ("POST", "PATCH") and route.startswith(("api/", "v1/")):
+                path = "/" + route
+                for placeholder, value in rows.items():
+                    path = path.replace(placeholder, value)
+                found.append((method, path))
+    return found
+
+
+def malformed(response) -> str:
+    """The error code of a refused hostile body, in the shape of the route (OpenAI's on /v1)."""
+    assert response.status_code == 400, (response.status_code, response.content[:300])
+    assert response["Content-Type"].startswith("application/json")
+    body = response.json()["error"]
+    assert "Traceback" not in response.content.decode()
+    return body["code"]
+
+
+def test_deeply_nested_or_non_standard_json_is_a_400_on_every_json_route(
+    writer, client_for, tiny_gpt2_folder
+):
+    from mistudio.tests.test_permissions import owned_rows
+
+    api = client_for(writer)
+    routes = json_routes(owned_rows(writer, tiny_gpt2_folder))
+    assert len(routes) >= 12
+    for method, path in routes:
+        for body in [DEEP, JUST_TOO_DEEP, *NOT_JSON_CONSTANTS]:
+            response = api.generic(method, path, body, content_type="application/json")
+            if path.endswith(BODILESS_ACTIONS):  # they read no body: any JSON answer but a 5xx
+                assert response.status_code < 500 and response["Content-Type"] == "application/json"
+                continue
+            assert malformed(response) == "MALFORMED_REQUEST", (method, path, body[:20])
+
+
+def test_absurdly_large_numbers_in_queries_and_bodies_are_400s_naming_the_field(
+    writer, client_for, tiny_gpt2_folder
+):
+    from mistudio.tests.test_permissions import owned_rows
+
+    rows = owned_rows(writer, tiny_gpt2_folder)
+    api = client_for(writer)
+    huge = 10**20
+    cases = [
+        (api.get("/api/models", {"offset": huge}), "offset"),
+        (api.get(f"/api/datasets/{rows['{dataset}']}/samples", {"offset": huge}), "offset"),
+        (api.get(f"/api/activation-caches/{rows['{cache}']}/slice", {"start": huge}), "start"),
+        (api.get(f"/api/activation-caches/{rows['{cache}']}/top-k", {"neuron": huge}), "neuron"),
+        (
+            api.post(
+                f"/api/models/{rows['{model}']}/extract-activations",
+                {"dataset_id": rows["{dataset}"], "layers": [0], "sample_count": huge},
+                format="json",
+            ),
+            "sample_count",
+        ),
+    ]
+    for response, field in cases:
+        error = refused(response, 400)
+        assert field in error["details"]["fields"], (field, error)
+    response = api.post(
+        "/v1/completions", {"model": rows["{model}"], "prompt": "hi", "best_of": huge}, format="json"
+    )
+    assert response.status_code == 400 and response.json()["error"]["param"] == "best_of"
+
+
+def input_serializers():
+    """Every request serializer of the project (output ``ModelSerializer``s excluded)."""
+    import importlib
+
+    from rest_framework import serializers
+
+    for module in ("models_app.apis", "activations.apis", "models_app.generation.openai_api"):
+        importlib.import_module(module)
+
+    def subclasses(cls):
+        for sub in cls.__subclasses__():
+            yield sub
+            yield from subclasses(sub)
+
+    project = {"mistudio", "models_app", "activations", "frontend"}
+    for cls in set(subclasses(serializers.Serializer)):
+        if cls.__module__.split(".")[0] in project and not issubclass(cls, serializers.ModelSerializer):
+            yield cls
+
+
+def test_every_number_string_and_list_a_client_sends_is_bounded():
+    """The class behind ``?offset=10**20`` → 500: an unbounded field lets a value through that the
+    database or numpy cannot hold. JSON fields are checked by their own validators (and the depth
+    limit of every JSON body)."""
+    from rest_framework import serializers
+
+    unbounded = []
+    checked = 0
+    for cls in input_serializers():
+        for name, field in cls().fields.items():
+            if field.read_only:
+                continue
+            checked += 1
+            where = f"{cls.__module__}.{cls.__qualname__}.{name}"
+            if isinstance(field, serializers.IntegerField | serializers.FloatField):
+                bounded = field.min_value is not None and field.max_value is not None
+            elif isinstance(field, serializers.CharField | serializers.ListField):
+                bounded = field.max_length is not None
+            else:
+                bounded = True  # choices, booleans, JSON (validated by their own code)
+            if not bounded:
+                unbounded.append(where)
+    assert checked > 50
+    assert not unbounded, unbounded
+
+
+def test_an_unexpected_error_in_an_api_or_openai_view_is_json_never_an_html_page(rf, caplog):
+    from mistudio.error_middleware import ErrorResponseMiddleware
+
+    middleware = ErrorResponseMiddleware(lambda request: None)
+    failure = ZeroDivisionError("secret detail /srv/path")
+    api = middleware.process_exception(rf.post("/api/generate"), failure)
+    assert api.status_code == 500 and api["Content-Type"] == "application/json"
+    assert json.loads(api.content)["error"]["code"] == "INTERNAL_ERROR"
+    openai = middleware.process_exception(rf.post("/v1/chat/completions"), failure)
+    body = json.loads(openai.content)["error"]
+    assert openai.status_code == 500 and body["type"] == "server_error" and body["code"] == "INTERNAL_ERROR"
+    for response in (api, openai):
+        assert b"secret detail" not in response.content and b"/srv/path" not in response.content
+    assert "secret detail" in caplog.text  # the operator still gets the traceback
+    assert middleware.process_exception(rf.get("/models/"), failure) is None  # pages: Django's own

@@ -22,8 +22,9 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from mistudio.async_api import authenticated_user, json_body, validated
-from mistudio.errors import ApplicationError, error_body, with_retry_after
+from mistudio.errors import ApplicationError, error_body, error_response
 from mistudio.throttling import GenerationThrottle, throttle_check
+from models_app import roles
 from models_app.apis import StrictSerializer
 from models_app.generation.services import (
     CAPTURE_DTYPES,
@@ -32,7 +33,6 @@ from models_app.generation.services import (
     MAX_STOP_SEQUENCES,
     MAX_TOKENS_LIMIT,
     SamplingRequest,
-    check_may_generate,
     generation_cancel,
     generation_check,
     generation_model,
@@ -151,12 +151,6 @@ class GenerateInputSerializer(SamplingSerializer):
                     {"prompt": ["A stream takes one prompt (or messages); send a batch without stream."]}
                 )
         return attrs
-
-
-def error_response(error: ApplicationError) -> JsonResponse:
-    return with_retry_after(
-        JsonResponse(error_body(error.code, error.message, error.details), status=error.status), error
-    )
 
 
 def cancelled_meanwhile() -> bool:
@@ -316,8 +310,7 @@ async def generate(request: HttpRequest) -> JsonResponse | StreamingHttpResponse
     if request.method != "POST":
         return error_response(ApplicationError("METHOD_NOT_ALLOWED", "Use POST.", status=405))
     try:
-        user = await authenticated_user(request)
-        await sync_to_async(check_may_generate)(user)
+        user = await authenticated_user(request, permission=roles.WRITE)
         await throttle_check(request=request, user=user, throttle_class=GenerationThrottle)
         data = validated(GenerateInputSerializer, json_body(request))
         capture = data.get("mistudio") or {}

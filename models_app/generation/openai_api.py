@@ -47,8 +47,10 @@ from django.views.decorators.csrf import csrf_exempt
 from rest_framework import serializers
 
 from mistudio.async_api import authenticated_user, json_body, validated
-from mistudio.errors import ApplicationError, with_retry_after
+from mistudio.errors import ApplicationError
+from mistudio.openai_errors import openai_error_body, openai_error_response
 from mistudio.throttling import GenerationThrottle, throttle_check
+from models_app import roles
 from models_app.generation.apis import (
     SamplingSerializer,
     event_stream,
@@ -64,7 +66,6 @@ from models_app.generation.services import (
     MAX_PROMPT_CHARACTERS,
     MAX_TOKENS_LIMIT,
     SamplingRequest,
-    check_may_generate,
     generation_model,
     generation_request,
 )
@@ -79,56 +80,6 @@ CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assist
 
 
 # --- errors -------------------------------------------------------------------------------------
-
-
-def error_type(status: int) -> str:
-    if status == 401:
-        return "authentication_error"
-    if status == 403:
-        return "permission_error"
-    if status == 429:
-        return "rate_limit_error"
-    if status >= 500:
-        return "server_error"
-    return "invalid_request_error"
-
-
-def first_field_error(errors: Any, path: str = "") -> tuple[str | None, str | None]:
-    """The first (field path, message) in DRF's nested error structure, e.g. ``messages[0].role``."""
-    if isinstance(errors, dict):
-        for key, value in errors.items():
-            if key == "non_field_errors":
-                return first_field_error(value, path)
-            name = f"{path}.{key}" if path else str(key)
-            found = first_field_error(value, name)
-            if found != (None, None):
-                return found
-        return None, None
-    if isinstance(errors, list):
-        for index, value in enumerate(errors):
-            if isinstance(value, (dict, list)):
-                found = first_field_error(value, f"{path}[{index}]")
-                if found != (None, None):
-                    return found
-            elif value:
-                return path or None, str(value)
-        return None, None
-    return path or None, str(errors)
-
-
-def openai_error_body(error: ApplicationError) -> dict[str, Any]:
-    """OpenAI's error object; our code stays in ``code``, the first invalid field goes to ``param``."""
-    param, detail = first_field_error(error.details.get("fields") or {})
-    message = error.message
-    if detail:
-        message = f"{param}: {detail}" if param else detail
-    if param is None and error.code in ("MODEL_NOT_FOUND", "MODEL_NOT_LOADED", "AMBIGUOUS_MODEL"):
-        param = "model"
-    return {"message": message, "type": error_type(error.status), "param": param, "code": error.code}
-
-
-def openai_error_response(error: ApplicationError) -> JsonResponse:
-    return with_retry_after(JsonResponse({"error": openai_error_body(error)}, status=error.status), error)
 
 
 def invalid(field: str, message: str) -> serializers.ValidationError:
@@ -153,9 +104,9 @@ class OpenAIRequestSerializer(SamplingSerializer):
     model = serializers.CharField(max_length=500)
     stream = serializers.BooleanField(default=False)
     stream_options = StreamOptionsSerializer(required=False)
-    n = serializers.IntegerField(required=False)
-    presence_penalty = serializers.FloatField(required=False)
-    frequency_penalty = serializers.FloatField(required=False)
+    n = serializers.IntegerField(required=False, min_value=1, max_value=128)
+    presence_penalty = serializers.FloatField(required=False, min_value=-2.0, max_value=2.0)
+    frequency_penalty = serializers.FloatField(required=False, min_value=-2.0, max_value=2.0)
     logit_bias = serializers.DictField(required=False)
 
     default_temperature = 1.0
@@ -257,8 +208,8 @@ class CompletionSerializer(OpenAIRequestSerializer):
     logprobs = serializers.IntegerField(min_value=0, max_value=MAX_COMPLETION_LOGPROBS, required=False)
     top_logprobs = None  # a chat field
     echo = serializers.BooleanField(default=False)
-    best_of = serializers.IntegerField(required=False)
-    suffix = serializers.CharField(required=False, allow_blank=True)
+    best_of = serializers.IntegerField(required=False, min_value=1, max_value=20)
+    suffix = serializers.CharField(required=False, allow_blank=True, max_length=MAX_PROMPT_CHARACTERS)
 
     default_max_tokens = COMPLETIONS_DEFAULT_MAX_TOKENS
 
@@ -308,8 +259,7 @@ async def start_generation(
 
     ``inputs`` maps the validated data to the endpoint's own arguments of ``generation_request``.
     """
-    user = await authenticated_user(request, session=False)
-    await sync_to_async(check_may_generate)(user)
+    user = await authenticated_user(request, permission=roles.WRITE, session=False)
     await throttle_check(request=request, user=user, throttle_class=GenerationThrottle)
     data = request_data(request, serializer_class)
     model = await sync_to_async(generation_model)(user=user, model_ref=data["model"])
@@ -579,7 +529,7 @@ async def list_models(request: HttpRequest) -> JsonResponse:
     if request.method != "GET":
         return method_not_allowed("GET")
     try:
-        user = await authenticated_user(request, session=False)
+        user = await authenticated_user(request, permission=roles.READ, session=False)
     except ApplicationError as error:
         return openai_error_response(error)
     return JsonResponse({"object": "list", "data": await sync_to_async(visible_models)(user)})
@@ -591,7 +541,7 @@ async def retrieve_model(request: HttpRequest, model_ref: str) -> JsonResponse:
     if request.method != "GET":
         return method_not_allowed("GET")
     try:
-        user = await authenticated_user(request, session=False)
+        user = await authenticated_user(request, permission=roles.READ, session=False)
         found = await sync_to_async(visible_models)(user, model_ref)
         if len(found) != 1:
             raise ApplicationError(

@@ -95,11 +95,12 @@ def load_and_wait(model: LanguageModel, *, progress, timeout: float = LOAD_TIMEO
     Raises CommandError when the load cannot be queued or ends any other way than ``ready``.
     """
     from models_app import services
+    from models_app.access import OPERATOR
 
     model.refresh_from_db()
     if model.status != LanguageModel.Status.LOADING:
         try:
-            model = services.model_load_request(model_id=model.id)
+            model = services.model_load_request(model_id=model.id, actor=OPERATOR)
         except ApplicationError as error:
             if error.code != "ALREADY_LOADED":
                 raise CommandError(f"{error.code}: {error.message}") from None

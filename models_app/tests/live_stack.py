@@ -70,11 +70,12 @@ def process_environment(**extra: str) -> dict[str, str]:
 
 
 def register_and_load(folder, *, name: str, timeout: float = 120.0) -> str:
+    from models_app.access import OPERATOR
     from models_app.models import LanguageModel
     from models_app.services import model_load_request, model_register
 
     model = model_register(source="local", identifier=str(folder), name=name, owner=None)
-    model_load_request(model_id=model.id)
+    model_load_request(model_id=model.id, actor=OPERATOR)
 
     def ready():
         model.refresh_from_db()

@@ -20,6 +20,7 @@ import pytest
 from django.conf import settings
 from django.core.management import CommandError, call_command
 
+from models_app.access import OPERATOR
 from models_app.models import Generation, LanguageModel, storable_text
 from models_app.services import model_load_request, model_register
 from models_app.tests.live_stack import process_environment, wait_until
@@ -58,7 +59,7 @@ def register(folder, name: str) -> LanguageModel:
 def loaded(folder, name: str, *, timeout: float = 120.0) -> LanguageModel:
     """Register the model in ``folder`` and load it in the worker."""
     model = register(folder, name)
-    model_load_request(model_id=model.id)
+    model_load_request(model_id=model.id, actor=OPERATOR)
 
     def ready() -> bool:
         model.refresh_from_db()

@@ -6,6 +6,7 @@ from channels.testing import WebsocketCommunicator
 
 from mistudio.asgi import application
 from mistudio.events import BACKGROUND_PUBLISHER
+from models_app.access import OPERATOR
 from models_app.generation.services import SamplingRequest, generation_request, generation_stop
 from models_app.generation.streams import iter_events
 from models_app.models import Generation, LanguageModel, storable_text
@@ -31,7 +32,7 @@ def burst() -> None:
 @pytest.fixture
 def loaded_llama(tiny_llama_folder, writer):
     model = model_register(source="local", identifier=str(tiny_llama_folder), name="tiny-llama", owner=writer)
-    model_load_request(model_id=model.id)
+    model_load_request(model_id=model.id, actor=OPERATOR)
     burst()
     model.refresh_from_db()
     assert model.status == LanguageModel.Status.READY

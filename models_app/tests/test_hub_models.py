@@ -14,6 +14,7 @@ from channels.layers import get_channel_layer
 from django.core.management import call_command
 from huggingface_hub import constants as hub_constants
 
+from models_app.access import OPERATOR
 from models_app.engine.registry import LOADED_MODELS
 from models_app.engine.tiny_models import build_tiny_model
 from models_app.models import LanguageModel
@@ -106,7 +107,7 @@ def test_register_reads_metadata_only_then_load_downloads_with_byte_progress(
 def test_cancel_during_the_download_then_a_new_load_resumes(hub, sources):
     hub.throttle_bytes_per_second = 6 * 2**20
     model = model_register(source="huggingface", identifier="acme/small", owner=None)
-    model_load_request(model_id=model.id)
+    model_load_request(model_id=model.id, actor=OPERATOR)
     worker = threading.Thread(target=burst)
     worker.start()
     deadline = time.monotonic() + 60
@@ -121,7 +122,7 @@ def test_cancel_during_the_download_then_a_new_load_resumes(hub, sources):
     # Cancellation lands between download chunks (10 MiB) or stages; what was fetched is kept.
 
     hub.throttle_bytes_per_second = None
-    model_load_request(model_id=model.id)
+    model_load_request(model_id=model.id, actor=OPERATOR)
     burst()
     model.refresh_from_db()
     assert model.status == "ready"
@@ -133,7 +134,7 @@ def test_an_unreachable_hub_is_retried_three_times_then_fails(hub):
     model = model_register(source="huggingface", identifier="acme/tiny", owner=None)
     hub.stop()
     events = EventRecorder(f"model.{model.id}")
-    model_load_request(model_id=model.id)
+    model_load_request(model_id=model.id, actor=OPERATOR)
     burst()
     model.refresh_from_db()
     assert model.status == "failed" and model.error_code == "HUB_UNREACHABLE"
@@ -150,7 +151,7 @@ def test_gated_models_need_the_token_which_is_never_shown(hub, writer, client_fo
     response = api.post("/api/models", {"model_identifier": "acme/gated"}, format="json")
     assert response.status_code == 201
     model_id = response.json()["id"]
-    model_load_request(model_id=model_id)
+    model_load_request(model_id=model_id, actor=OPERATOR)
     burst()
     model = LanguageModel.objects.get(pk=model_id)
     assert model.status == "ready"

@@ -5,6 +5,7 @@ import time
 import pytest
 from django.conf import settings as django_settings
 
+from models_app.access import OPERATOR
 from models_app.engine.registry import LOADED_MODELS
 from models_app.engine.tiny_models import build_tiny_model
 from models_app.models import LanguageModel
@@ -29,7 +30,7 @@ def three_models():
 
 
 def load(model: LanguageModel) -> LanguageModel:
-    model_load_request(model_id=model.id)
+    model_load_request(model_id=model.id, actor=OPERATOR)
     run_worker(name=WORKER, device="cpu", burst=True)
     model.refresh_from_db()
     return model

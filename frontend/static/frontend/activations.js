@@ -58,13 +58,9 @@
       inFlight[fragment] = controller;
       panel.setAttribute("aria-busy", "true");
       try {
-        const response = await fetch(fragmentUrl(fragment), {
-          credentials: "same-origin", signal: controller.signal, headers: { Accept: "text/html" },
-        });
-        const html = await response.text();
-        if (response.status >= 500 || !html.trim()) throw new Error(`The server answered ${response.status}.`);
+        const { html, ok } = await mi.fragment(fragmentUrl(fragment), { signal: controller.signal });
         panel.innerHTML = html;
-        return response.ok;
+        return ok;
       } catch (error) {
         if (error.name === "AbortError") return false;
         panel.innerHTML = `<p class="notice error" role="alert">${mi.escapeHtml(error.message || "The server cannot be reached.")}</p>`;

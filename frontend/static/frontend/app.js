@@ -46,6 +46,41 @@
     return data;
   }
 
+  // An HTML fragment the server renders for a page (the same template as the page's first render):
+  // its text, or an Error with the server's status. 4xx fragments are notices meant to be shown.
+  async function fragment(url, options = {}) {
+    let response;
+    try {
+      response = await fetch(url, { credentials: "same-origin", signal: options.signal, headers: { Accept: "text/html" } });
+    } catch (error) {
+      if (error.name === "AbortError") throw error;
+      throw new Error("The server cannot be reached.");
+    }
+    const html = await response.text();
+    if (response.status >= 500 || !html.trim()) throw new Error(`The server answered ${response.status}.`);
+    return { html, ok: response.ok };
+  }
+
+  // --- styles a strict Content-Security-Policy allows ------------------------------------------------
+  // Markup never carries style="" (the policy refuses inline styles); numbers a style needs travel as
+  // data attributes and are applied here, through the CSSOM, which the policy allows:
+  // data-width="42.5" → width: 42.5%;  data-alpha="0.8" → --a: 0.8 (a heat colour's strength).
+  function applyDataStyles(root) {
+    const nodes = root.querySelectorAll ? [...root.querySelectorAll("[data-width], [data-alpha]")] : [];
+    if (root.dataset && (root.dataset.width !== undefined || root.dataset.alpha !== undefined)) nodes.push(root);
+    for (const node of nodes) {
+      if (node.dataset.width !== undefined) node.style.width = `${Number(node.dataset.width) || 0}%`;
+      if (node.dataset.alpha !== undefined) node.style.setProperty("--a", String(Number(node.dataset.alpha) || 0));
+    }
+  }
+  applyDataStyles(document);
+  new MutationObserver((records) => {
+    for (const record of records) {
+      if (record.type === "attributes") applyDataStyles(record.target);
+      else record.addedNodes.forEach((node) => node.nodeType === 1 && applyDataStyles(node));
+    }
+  }).observe(document.documentElement, { childList: true, subtree: true, attributes: true, attributeFilter: ["data-width", "data-alpha"] });
+
   // --- forms --------------------------------------------------------------------------------------
 
   function clearErrors(form) {
@@ -285,7 +320,7 @@
   };
 
   window.mi = {
-    api, ApiError, showErrors, clearErrors, toast, confirm: confirmAction,
+    api, fragment, ApiError, showErrors, clearErrors, toast, confirm: confirmAction,
     bytes, duration, escapeHtml, setProgress, live, toggleTheme,
   };
 

@@ -4,6 +4,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from mistudio.errors import ApplicationError
 from models_app import services
+from models_app.access import OPERATOR
 from models_app.management.commandline import find_model, gigabytes, wait_for_load
 from models_app.models import LanguageModel
 
@@ -20,7 +21,9 @@ class Command(BaseCommand):
     def handle(self, *args, **options):
         model = find_model(options["model"])
         try:
-            model = services.model_load_request(model_id=model.id, quantization=options["quantization"])
+            model = services.model_load_request(
+                model_id=model.id, actor=OPERATOR, quantization=options["quantization"]
+            )
         except ApplicationError as error:
             raise CommandError(f"{error.code}: {error.message}") from None
         if options["no_wait"]:
