@@ -9,4 +9,4 @@ RUN pip install --index-url https://download.pytorch.org/whl/cpu torch==2.13.0 \
 COPY . .
 RUN MISTUDIO_DATA_DIR=/tmp/build-data python manage.py collectstatic --noinput
 EXPOSE 8000
-CMD ["daphne", "-v", "0", "-b", "0.0.0.0", "-p", "8000", "mistudio.asgi:application"]
+CMD ["python", "-m", "mistudio.web_server", "-v", "0", "-b", "0.0.0.0", "-p", "8000", "mistudio.asgi:application"]

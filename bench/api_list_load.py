@@ -85,7 +85,16 @@ def make_user(username: str, role: str):
 
 def start_daphne(port: int) -> subprocess.Popen:
     process = subprocess.Popen(
-        [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "mistudio.asgi:application"],
+        [
+            sys.executable,
+            "-m",
+            "mistudio.web_server",
+            "-b",
+            "127.0.0.1",
+            "-p",
+            str(port),
+            "mistudio.asgi:application",
+        ],
         cwd=ROOT,
         env={**os.environ, "LOG_LEVEL": "WARNING"},
         stdout=subprocess.DEVNULL,

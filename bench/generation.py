@@ -51,6 +51,9 @@ CAPTURE = ["blocks.3.hook_resid_post", "blocks.3.mlp.hook_post", "blocks.6.hook_
 CLIENTS = 4
 
 
+ASGI = "mistudio.asgi:application"
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -200,7 +203,7 @@ def main() -> None:
             cwd=ROOT, env=environment, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         ),
         subprocess.Popen(
-            [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "mistudio.asgi:application"],
+            [sys.executable, "-m", "mistudio.web_server", "-b", "127.0.0.1", "-p", str(port), ASGI],
             cwd=ROOT, env=environment, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         ),
     ]  # fmt: skip

@@ -151,6 +151,15 @@ ACTIVATION_SHARD_MAX_BYTES = int(
     env_number("ACTIVATION_SHARD_MAX_BYTES", 64 * 2**20, minimum=1, integer=True)
 )
 DATASET_MAX_UPLOAD_BYTES = int(env_number("DATASET_MAX_UPLOAD_BYTES", 100 * 2**20, minimum=1, integer=True))
+# Request bodies (enforced by mistudio.web_server before a body is read, see docs/reliability.md):
+# a request without valid credentials may send ANONYMOUS_MAX_BODY_BYTES (a sign-in form is far
+# smaller); a signed-in one DATA_UPLOAD_MAX_MEMORY_SIZE (Django's own limit on non-file data), or
+# on an upload DATASET_MAX_UPLOAD_BYTES plus the multipart form around the file.
+ANONYMOUS_MAX_BODY_BYTES = int(env_number("ANONYMOUS_MAX_BODY_BYTES", 64 * 2**10, minimum=1024, integer=True))
+DATA_UPLOAD_MAX_MEMORY_SIZE = int(
+    env_number("DATA_UPLOAD_MAX_MEMORY_SIZE", 2_621_440, minimum=ANONYMOUS_MAX_BODY_BYTES, integer=True)
+)
+UPLOAD_FORM_OVERHEAD_BYTES = 64 * 2**10
 DATASET_MAX_LOCAL_BYTES = int(env_number("DATASET_MAX_LOCAL_BYTES", 2 * 2**30, minimum=1, integer=True))
 MODEL_MEMORY_LIMIT_GB = env_number("MODEL_MEMORY_LIMIT_GB", 0.0)  # 0: no limit beyond the device's own
 MAX_LOADED_MODELS = int(env_number("MAX_LOADED_MODELS", 4, integer=True))  # per worker; 0: no limit

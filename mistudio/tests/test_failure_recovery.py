@@ -141,7 +141,7 @@ def private_stack(tiny_gpt2_folder):
         token = manage(environment, "create_user", "rhea-recovery", "--role", "model:admin").strip()
         processes: list[subprocess.Popen] = []
         try:
-            daphne = ["-m", "daphne", "-b", "127.0.0.1", "-p", str(port), ASGI_APPLICATION]
+            daphne = ["-m", "mistudio.web_server", "-b", "127.0.0.1", "-p", str(port), ASGI_APPLICATION]
             worker = start_process(
                 environment, ["manage.py", "worker", "--name", worker_name], f"worker-{port}"
             )
@@ -382,7 +382,7 @@ def test_the_last_worker_killed_mid_load_is_noticed_by_the_web(slow_download):
     model = slow_download.model
     port = free_port()
     name = f"alone-{port}"
-    daphne = ["-m", "daphne", "-b", "127.0.0.1", "-p", str(port), ASGI_APPLICATION]
+    daphne = ["-m", "mistudio.web_server", "-b", "127.0.0.1", "-p", str(port), ASGI_APPLICATION]
     web = start_process(slow_download.environment, daphne, f"web-{port}")
     worker = start_process(slow_download.environment, ["manage.py", "worker", "--name", name], name)
     try:

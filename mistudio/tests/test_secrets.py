@@ -21,7 +21,13 @@ from activations.services import dataset_create_from_texts
 from conftest import make_user
 from models_app.engine.tiny_models import build_tiny_model
 from models_app.tests.hub_standin import LocalHub
-from models_app.tests.live_stack import ASGI_APPLICATION, free_port, process_environment, wait_until
+from models_app.tests.live_stack import (
+    ASGI_APPLICATION,
+    WEB_SERVER,
+    free_port,
+    process_environment,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -50,7 +56,7 @@ def stack_with_token(gated_hub, tmp_path):
     logs = {name: tmp_path / f"{name}.log" for name in ("worker", "web")}
     commands = {
         "worker": [sys.executable, "manage.py", "worker", "--name", f"canary-{port}"],
-        "web": [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), ASGI_APPLICATION],
+        "web": [*WEB_SERVER, "-b", "127.0.0.1", "-p", str(port), ASGI_APPLICATION],
     }
     processes = []
     try:

@@ -34,6 +34,8 @@ def wait_until(condition, *, timeout: float = 120.0, interval: float = 0.05, wha
 
 
 ASGI_APPLICATION = "mistudio.asgi:application"
+# The web process as production starts it (Daphne with bounded request bodies), plus -b/-p and the app.
+WEB_SERVER = [sys.executable, "-m", "mistudio.web_server"]
 
 
 @dataclass
@@ -96,7 +98,7 @@ def live_processes(django_db_setup, django_db_blocker):
     processes: list[subprocess.Popen] = []
     commands = [
         [sys.executable, "manage.py", "worker", "--name", worker_name],
-        [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), ASGI_APPLICATION],
+        [*WEB_SERVER, "-b", "127.0.0.1", "-p", str(port), ASGI_APPLICATION],
     ]
     try:
         for command, log_name in zip(commands, ("worker", "web"), strict=True):

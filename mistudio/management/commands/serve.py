@@ -33,7 +33,7 @@ class Command(BaseCommand):
             [
                 sys.executable,
                 "-m",
-                "daphne",
+                "mistudio.web_server",  # Daphne, with request bodies bounded before they are read
                 "-v",  # our access line (mistudio.requests, with the request id) replaces Daphne's
                 "0",
                 "-b",
