@@ -4,7 +4,6 @@ import io
 
 import numpy as np
 from django.conf import settings
-from django.http import FileResponse, StreamingHttpResponse
 from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import serializers, status
 from rest_framework.parsers import MultiPartParser
@@ -16,6 +15,7 @@ from activations.models import ActivationCache, Dataset, ExtractionJob
 from mistudio.api_inputs import ARRAY_INDEX_MAX, DATABASE_INT_MAX
 from mistudio.errors import ApplicationError
 from mistudio.json_input import JSONParser
+from mistudio.streaming import ChunkedFileResponse, ChunkedStreamingResponse
 from models_app.apis import StrictSerializer
 from models_app.permissions import CanRead, CanWrite
 from models_app.selectors import model_get
@@ -372,8 +372,10 @@ class CacheDownloadApi(APIView):
         wanted = request.query_params.get("file")
         if wanted:
             path = selectors.cache_file(cache, wanted)
-            return FileResponse(open(path, "rb"), as_attachment=True, filename=f"{cache.id}-{path.name}")
-        response = StreamingHttpResponse(selectors.cache_tar_stream(cache), content_type="application/x-tar")
+            filename = f"{cache.id}-{path.name}"
+            return ChunkedFileResponse(open(path, "rb"), as_attachment=True, filename=filename)
+        archive = selectors.cache_tar_stream(cache)
+        response = ChunkedStreamingResponse(archive, content_type="application/x-tar")
         response["Content-Disposition"] = f'attachment; filename="{cache.id}.tar"'
         return response
 
@@ -408,15 +410,10 @@ class CacheSliceApi(APIView):
         array = store.get(values["hook"], values["start"], stop)
         services.cache_touch(cache)
         if values["output"] == "json":
-            return Response(
-                {
-                    "hook": values["hook"],
-                    "start": values["start"],
-                    "stop": stop,
-                    "shape": list(array.shape),
-                    "values": array.astype(np.float32).tolist(),
-                }
-            )
+            # Streamed, a block of rows at a time encoded off the thread other views share.
+            header = {"hook": values["hook"], "start": values["start"], "stop": stop}
+            rows = selectors.json_rows({**header, "shape": list(array.shape)}, array)
+            return ChunkedStreamingResponse(rows, content_type="application/json")
         buffer = io.BytesIO()
         if values["output"] == "npy":
             np.save(buffer, np.ascontiguousarray(array), allow_pickle=False)
@@ -426,7 +423,8 @@ class CacheSliceApi(APIView):
 
             buffer.write(save({"activations": np.ascontiguousarray(array)}))
             content_type = "application/octet-stream"
-        response = FileResponse(io.BytesIO(buffer.getvalue()), content_type=content_type, as_attachment=True)
+        content = io.BytesIO(buffer.getvalue())
+        response = ChunkedFileResponse(content, content_type=content_type, as_attachment=True)
         response["Content-Disposition"] = (
             f'attachment; filename="{cache.id}-{values["start"]}-{stop}.{values["output"]}"'
         )

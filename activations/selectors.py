@@ -2,11 +2,13 @@
 
 import functools
 import json
+import math
 import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from django.conf import settings
 from django.db.models import Q, QuerySet
 
@@ -165,6 +167,23 @@ def cache_file(cache: ActivationCache, relative: str) -> Path:
             "FILE_NOT_FOUND", "No such file in this cache.", status=404, details={"files": sorted(files)}
         )
     return files[relative]
+
+
+JSON_ROWS_VALUES_PER_CHUNK = 8_192  # ~4 ms of encoding: other threads get the GIL between chunks
+
+
+def json_rows(header: dict[str, Any], array: np.ndarray) -> Iterator[bytes]:
+    """``{**header, "values": [[…], …]}`` for a ``[rows, width]`` array as JSON, a block of rows per
+    chunk (float32 values; NaN and ±inf, which JSON cannot say, as null)."""
+    yield json.dumps(header)[:-1].encode() + b', "values": ['
+    step = max(1, JSON_ROWS_VALUES_PER_CHUNK // max(1, array.shape[1]))
+    for first in range(0, len(array), step):
+        block = array[first : first + step].astype(np.float32)
+        rows = block.tolist()
+        if not np.isfinite(block).all():
+            rows = [[value if math.isfinite(value) else None for value in row] for row in rows]
+        yield (b"," if first else b"") + json.dumps(rows, allow_nan=False)[1:-1].encode()
+    yield b"]}"
 
 
 def cache_tar_stream(cache: ActivationCache) -> Iterator[bytes]:

@@ -151,7 +151,8 @@ def test_read_back_slice_stats_top_k_download_and_delete(setup):
     detail = api.get(f"/api/activation-caches/{cache.id}").json()
     assert detail["activation_shapes"][hook] == list(full.shape) and detail["manifest"]["hooks"]
 
-    sliced = api.get(f"/api/activation-caches/{cache.id}/slice", {"hook": hook, "start": 3, "stop": 9}).json()
+    response = api.get(f"/api/activation-caches/{cache.id}/slice", {"hook": hook, "start": 3, "stop": 9})
+    sliced = json.loads(b"".join(response.streaming_content))
     np.testing.assert_array_equal(np.array(sliced["values"], dtype=np.float32), full[3:9])
     raw = api.get(
         f"/api/activation-caches/{cache.id}/slice", {"hook": hook, "start": 0, "stop": 5, "output": "npy"}

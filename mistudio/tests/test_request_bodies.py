@@ -5,7 +5,6 @@ Content-Length. Meanwhile /healthz keeps answering fast and the server's memory 
 from __future__ import annotations
 
 import json
-import subprocess
 import threading
 import time
 import urllib.request
@@ -16,13 +15,7 @@ from django.conf import settings
 
 from conftest import make_user
 from mistudio.tests.raw_http import HealthProbe, send_body
-from models_app.tests.live_stack import (
-    ASGI_APPLICATION,
-    WEB_SERVER,
-    free_port,
-    process_environment,
-    wait_until,
-)
+from models_app.tests.live_stack import running_web
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -34,28 +27,8 @@ UPLOAD_LIMIT = 8 * MiB  # the web process's DATASET_MAX_UPLOAD_BYTES here, to ke
 @pytest.fixture
 def web(transactional_db, tmp_path):
     """The web server alone (no worker is needed to refuse a body), with a small upload limit."""
-    port = free_port()
-    environment = process_environment(DATASET_MAX_UPLOAD_BYTES=str(UPLOAD_LIMIT))
-    command = [*WEB_SERVER, "-b", "127.0.0.1", "-p", str(port), ASGI_APPLICATION]
-    with open(tmp_path / "web.log", "wb") as log:
-        process = subprocess.Popen(
-            command, cwd=settings.BASE_DIR, env=environment, stdout=log, stderr=subprocess.STDOUT
-        )
-    base_url = f"http://127.0.0.1:{port}"
-
-    def up():
-        try:
-            with urllib.request.urlopen(f"{base_url}/healthz", timeout=2):
-                return True
-        except OSError as error:
-            return getattr(error, "code", None) == 503
-
-    try:
-        wait_until(up, timeout=60, what="the web server")
-        yield base_url, psutil.Process(process.pid)
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
+    with running_web(tmp_path / "web.log", DATASET_MAX_UPLOAD_BYTES=str(UPLOAD_LIMIT)) as (base_url, pid):
+        yield base_url, psutil.Process(pid)
 
 
 class PeakMemory:

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import pytest
@@ -69,6 +70,33 @@ def process_environment(**extra: str) -> dict[str, str]:
         **os.environ, "DJANGO_SETTINGS_MODULE": "mistudio.settings", "DATABASE_URL": url,
         "REDIS_URL": settings.REDIS_URL, "HF_HUB_OFFLINE": "1", **extra,
     }  # fmt: skip
+
+
+@contextmanager
+def running_web(log_path, **environment: str):
+    """The web server process alone on a free port: ``(base_url, pid)``, stopped on exit."""
+    port = free_port()
+    command = [*WEB_SERVER, "-b", "127.0.0.1", "-p", str(port), ASGI_APPLICATION]
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(
+            command, cwd=settings.BASE_DIR, env=process_environment(**environment), stdout=log,
+            stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    base_url = f"http://127.0.0.1:{port}"
+
+    def up():
+        try:
+            with urllib.request.urlopen(f"{base_url}/healthz", timeout=2):
+                return True
+        except OSError as error:
+            return getattr(error, "code", None) == 503
+
+    try:
+        wait_until(up, timeout=60, what="the web server")
+        yield base_url, process.pid
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
 
 
 def register_and_load(folder, *, name: str, timeout: float = 120.0) -> str:
