@@ -202,6 +202,13 @@ class BoundedServer(Server):
         application = self.connections[protocol]["application_instance"]
         return BodyFeeder(queue, body_file, application=application, chunk_size=self.request_buffer_size)
 
+    def kill_all_applications(self):
+        # Daphne assumes every connection has an application; a refused body never got one.
+        for protocol, details in list(self.connections.items()):
+            if "application_instance" not in details:
+                del self.connections[protocol]
+        return super().kill_all_applications()
+
     @property
     def http_factory(self):
         return self._http_factory

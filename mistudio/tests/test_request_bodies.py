@@ -12,6 +12,7 @@ import urllib.request
 import psutil
 import pytest
 from django.conf import settings
+from django.test import Client
 
 from conftest import make_user
 from mistudio.tests.raw_http import HealthProbe, send_body
@@ -98,27 +99,34 @@ def test_oversize_bodies_are_refused_before_they_are_read_and_others_keep_answer
     assert memory.peak - baseline < 50 * MiB, (baseline, memory.peak)
 
 
-def test_a_signed_in_upload_within_its_limit_streams_through(web):
+def signed_in_headers(user, how: str) -> dict[str, str]:
+    if how == "token":
+        return {"Authorization": f"Token {user.auth_token.key}"}
+    client = Client()
+    client.force_login(user)
+    csrf = "c" * 32  # the session route needs the CSRF cookie and header to agree
+    session = client.cookies[settings.SESSION_COOKIE_NAME].value
+    return {"Cookie": f"{settings.SESSION_COOKIE_NAME}={session}; csrftoken={csrf}", "X-CSRFToken": csrf}
+
+
+@pytest.mark.parametrize("how", ["token", "session"])
+def test_a_signed_in_upload_within_its_limit_streams_through(web, how):
     """What is allowed still arrives whole (through the server's temporary file, not its memory)."""
     base_url, _ = web
     writer = make_user("walt-writer", "model:write")
     lines = b"".join(b"sample %d of the upload\n" % number for number in range(250_000))  # ~6 MiB
     assert settings.ANONYMOUS_MAX_BODY_BYTES < len(lines) < UPLOAD_LIMIT
     boundary = "b0undary"
-    body = (
-        (
-            f'--{boundary}\r\nContent-Disposition: form-data; name="format"\r\n\r\ntext_lines\r\n'
-            f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="lines.txt"\r\n'
-            "Content-Type: text/plain\r\n\r\n"
-        ).encode()
-        + lines
-        + f"\r\n--{boundary}--\r\n".encode()
+    form = (
+        f'--{boundary}\r\nContent-Disposition: form-data; name="format"\r\n\r\ntext_lines\r\n'
+        f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="lines.txt"\r\n'
+        "Content-Type: text/plain\r\n\r\n"
     )
     request = urllib.request.Request(
         f"{base_url}/api/datasets",
-        data=body,
+        data=form.encode() + lines + f"\r\n--{boundary}--\r\n".encode(),
         headers={
-            "Authorization": f"Token {writer.auth_token.key}",
+            **signed_in_headers(writer, how),
             "Content-Type": f"multipart/form-data; boundary={boundary}",
         },
     )
