@@ -261,7 +261,12 @@ def extraction_snapshot(user, key: str | None) -> dict[str, Any] | None:
 def register_event_groups() -> None:
     from mistudio.events import register_group_kind
 
-    register_group_kind("extraction", keyed=True, snapshot=extraction_snapshot)
+    register_group_kind(
+        "extraction",
+        keyed=True,
+        snapshot=extraction_snapshot,
+        visible=lambda user, key: extraction_list(user=user).filter(pk=key).exists(),
+    )
 
 
 # --- Activation browser reads (per-sample views and highlighted contexts) --------------------------

@@ -19,7 +19,7 @@ from django.utils import timezone
 from activations.models import ActivationCache, Dataset, ExtractionJob
 from activations.store import write_durably
 from mistudio.errors import ApplicationError, rate_limited
-from mistudio.events import publish
+from mistudio.events import publish, rows_audience
 from mistudio.local_paths import path_inside_roots, path_shown
 from mistudio.redis_client import get_redis
 from models_app.access import check_may_change
@@ -229,7 +229,15 @@ def job_state(job: ExtractionJob) -> dict[str, Any]:
 
 
 def job_publish(job: ExtractionJob, event: str, fields: list[str], **extra: Any) -> None:
-    publish(event, {**job_state(job), **extra}, groups=extraction_groups(job), instance=job, fields=fields)
+    publish(
+        event,
+        {**job_state(job), **extra},
+        groups=extraction_groups(job),
+        instance=job,
+        fields=fields,
+        # Also sent to model.<id>: only to those who may see the job (its owner, admins).
+        audience=rows_audience(("extraction", job.id)),
+    )
 
 
 def hook_names_for(model: LanguageModel, *, hooks: list[str] | None, layers: list[int] | None) -> list[str]:

@@ -10,12 +10,20 @@ least as new as, so a client that sees ``seq`` jump by more than one knows it mi
 (the channel layer drops messages to a full channel, and group membership expires) and
 re-reads that state over the REST API.
 
-Groups: ``models``, ``model.<id>`` (and later ``extraction.<id>``, ``generation.<id>``).
+Groups: ``models``, ``model.<id>``, ``extraction.<id>``, ``generation.<id>``.
+
+Every event names its audience: the rows it is about (``rows_audience``), besides the row of the
+keyed group it is sent to. The consumer relays an event only to a user who may see every one of
+those rows *when it is sent* (checked against the database, at most a second old), so unsharing
+or deleting a row, or removing a user, takes effect on sockets already open. An event about a row
+that no longer exists (a deletion) carries the audience frozen at publish time instead
+(``{"owner_id", "shared"}``).
 """
 
 import asyncio
 import logging
 import queue
+import re
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -35,6 +43,8 @@ logger = logging.getLogger(__name__)
 # A snapshot function gets (user, key) — key is the part after "<kind>." or None — and returns the
 # current state as JSON-ready data, or None when the group does not exist or the user may not see it.
 SnapshotFunction = Callable[[Any, str | None], dict[str, Any] | None]
+# Whether the user may see the row ``key`` of a keyed kind (an event about it may reach them).
+VisibleFunction = Callable[[Any, str], bool]
 
 
 @dataclass(frozen=True)
@@ -42,22 +52,35 @@ class GroupKind:
     name: str
     keyed: bool
     snapshot: SnapshotFunction
+    visible: VisibleFunction | None = None
 
 
 GROUP_KINDS: dict[str, GroupKind] = {}
+# A row id as miStudio makes them (``m_…``, ``ext_…``): also what the channel layer accepts in a name.
+GROUP_KEY = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
-def register_group_kind(name: str, *, keyed: bool, snapshot: SnapshotFunction) -> None:
-    """Declare a group family (``models`` unkeyed, ``model`` keyed by id) and its snapshot."""
-    GROUP_KINDS[name] = GroupKind(name=name, keyed=keyed, snapshot=snapshot)
+def register_group_kind(
+    name: str, *, keyed: bool, snapshot: SnapshotFunction, visible: VisibleFunction | None = None
+) -> None:
+    """Declare a group family (``models`` unkeyed; ``model`` keyed by id, with who may see a row)."""
+    if keyed and visible is None:
+        raise ValueError(f"The keyed group kind {name!r} needs a visibility rule.")
+    GROUP_KINDS[name] = GroupKind(name=name, keyed=keyed, snapshot=snapshot, visible=visible)
 
 
 def parse_group(group: str) -> tuple[GroupKind, str | None] | None:
+    """The kind and key of a group name, or None for anything that is not one of ours."""
     kind_name, _, key = group.partition(".")
     kind = GROUP_KINDS.get(kind_name)
-    if kind is None or kind.keyed != bool(key):
+    if kind is None or kind.keyed != bool(key) or (key and not GROUP_KEY.fullmatch(key)):
         return None
     return kind, key or None
+
+
+def rows_audience(*rows: tuple[str, str]) -> dict[str, Any]:
+    """The audience of an event about these rows (``("model", id)``, ``("extraction", id)``, …)."""
+    return {"rows": [[kind, key] for kind, key in rows]}
 
 
 # A group's counter outlives any page that could still be watching it; every event renews it.
@@ -96,7 +119,7 @@ def timestamp() -> str:
     return timezone.now().isoformat().replace("+00:00", "Z")
 
 
-def event_message(event: str, data: dict[str, Any], *, audience: dict[str, Any] | None = None) -> dict:
+def event_message(event: str, data: dict[str, Any], *, audience: dict[str, Any]) -> dict:
     """The channel-layer message of one event (both publishers send this shape; the consumer reads it)."""
     return {
         "type": "event.message",
@@ -113,13 +136,14 @@ def publish(
     groups: Iterable[str],
     instance: models.Model | None = None,
     fields: Iterable[str] = (),
-    audience: dict[str, Any] | None = None,
+    audience: dict[str, Any],
 ) -> None:
     """Save ``fields`` of ``instance`` (the row is the truth), then send ``event`` to ``groups``.
 
-    With no ``fields`` nothing is saved (e.g. the event of a row just created). ``audience``
-    (``models_app.access.audience``) says who may receive it: the consumer relays the event only to
-    those users, so a group many users share (``models``) never carries another user's private row.
+    With no ``fields`` nothing is saved (e.g. the event of a row just created). ``audience`` says
+    which rows the event is about (``rows_audience``; see the module docstring): the consumer relays
+    it only to users who may see them when it is sent, so a group many users share (``models``,
+    ``model.<id>`` of a shared model) never carries another user's private row.
 
     Call from synchronous code only. A channel-layer failure is logged, never raised: the row
     already holds the state, and pages recover it by polling the REST API.
@@ -176,8 +200,10 @@ class BackgroundPublisher:
         self._pending = 0
         self._idle = threading.Condition(self._lock)
 
-    def send(self, event: str, data: dict[str, Any], *, groups: Iterable[str]) -> None:
-        message = event_message(event, data)
+    def send(
+        self, event: str, data: dict[str, Any], *, groups: Iterable[str], audience: dict[str, Any]
+    ) -> None:
+        message = event_message(event, data, audience=audience)
         with self._lock:
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="event-publisher", daemon=True)

@@ -333,10 +333,17 @@ WORKER_LOST_AFTER_SECONDS = env_number("WORKER_LOST_AFTER_SECONDS", 30, minimum=
 WATCH_WORKERS = env_bool("WATCH_WORKERS", True)
 
 RQ_QUEUES = {SHARED_QUEUE: {"URL": REDIS_URL, "DEFAULT_TIMEOUT": 3600}}
+CHANNEL_LAYER_READ_TIMEOUT_SECONDS = 30
 CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
-        "CONFIG": {"hosts": [REDIS_URL], "prefix": f"{REDIS_KEY_PREFIX}:channels", "capacity": 1000},
+        "CONFIG": {
+            # redis-py's default read timeout (5 s) equals channels_redis' blocking receive (BZPOPMIN,
+            # 5 s): an idle socket's read then timed out (1011) on a unix socket. Reads get longer.
+            "hosts": [{"address": REDIS_URL, "socket_timeout": CHANNEL_LAYER_READ_TIMEOUT_SECONDS}],
+            "prefix": f"{REDIS_KEY_PREFIX}:channels",
+            "capacity": 1000,
+        },
     }
 }
 CACHES = {

@@ -156,10 +156,18 @@ def generation_snapshot(user, key: str | None) -> dict[str, Any] | None:
     return None if generation is None else generation_state(generation)
 
 
+def model_visible(user, key: str) -> bool:
+    return model_list(user=user).filter(pk=key).exists()
+
+
+def generation_visible(user, key: str) -> bool:
+    return generation_list(user=user).filter(pk=key).exists()
+
+
 def register_event_groups() -> None:
     register_group_kind("models", keyed=False, snapshot=models_snapshot)
-    register_group_kind("model", keyed=True, snapshot=model_snapshot)
-    register_group_kind("generation", keyed=True, snapshot=generation_snapshot)
+    register_group_kind("model", keyed=True, snapshot=model_snapshot, visible=model_visible)
+    register_group_kind("generation", keyed=True, snapshot=generation_snapshot, visible=generation_visible)
 
 
 def queue_lengths(*, heartbeats: list[dict[str, Any]]) -> list[dict[str, Any]]:

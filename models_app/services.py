@@ -13,7 +13,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 
 from mistudio.errors import ApplicationError
-from mistudio.events import ProgressThrottle, publish
+from mistudio.events import ProgressThrottle, publish, rows_audience
 from mistudio.local_paths import path_inside_roots
 from mistudio.redis_client import get_redis
 from models_app.access import OPERATOR, audience, check_may_change, visible_rows
@@ -66,7 +66,7 @@ def model_publish(model: LanguageModel, event: str, fields: list[str], **extra: 
         groups=model_groups(model),
         instance=model,
         fields=fields,
-        audience=audience(model, shareable=True),
+        audience=rows_audience(("model", model.id)),
     )
 
 

@@ -212,18 +212,13 @@ def test_cli_extract_list_and_export(setup, tmp_path):
 
 async def test_extraction_events_reach_a_websocket_subscriber(setup):
     from asgiref.sync import sync_to_async
-    from channels.testing import WebsocketCommunicator
 
-    from mistudio.asgi import application
+    from mistudio.tests.websocket import events_socket
 
     model, dataset, api = setup
     token = await sync_to_async(lambda: api._credentials["HTTP_AUTHORIZATION"])()
     job_id = (await sync_to_async(extract)(api, model, dataset)).json()["extraction_id"]
-    communicator = WebsocketCommunicator(
-        application,
-        "/ws/events/",
-        headers=[(b"origin", b"http://127.0.0.1"), (b"authorization", token.encode())],
-    )
+    communicator = events_socket((b"authorization", token.encode()))
     assert (await communicator.connect())[0]
     await communicator.send_json_to({"action": "subscribe", "groups": [f"extraction.{job_id}"]})
     snapshot = await communicator.receive_json_from(timeout=5)

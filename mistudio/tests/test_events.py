@@ -5,10 +5,11 @@ from asgiref.sync import sync_to_async
 from channels.testing import WebsocketCommunicator
 
 from mistudio.asgi import application
-from mistudio.events import ProgressThrottle, publish
+from mistudio.events import ProgressThrottle, publish, rows_audience
 
 pytestmark = pytest.mark.django_db(transaction=True)
 ORIGIN = (b"origin", b"http://127.0.0.1:8000")
+HOST = (b"host", b"127.0.0.1:8000")
 
 
 def token_header(user) -> tuple[bytes, bytes]:
@@ -16,7 +17,7 @@ def token_header(user) -> tuple[bytes, bytes]:
 
 
 async def connect(*headers) -> tuple[WebsocketCommunicator, bool, int | None]:
-    communicator = WebsocketCommunicator(application, "/ws/events/", headers=list(headers))
+    communicator = WebsocketCommunicator(application, "/ws/events/", headers=[HOST, *headers])
     connected, code = await communicator.connect()
     return communicator, connected, code
 
@@ -89,7 +90,12 @@ async def test_unknown_or_invisible_groups_are_refused(reader):
     )
     replies = [await communicator.receive_json_from(timeout=5) for _ in range(3)]
     assert [reply["code"] for reply in replies] == ["UNKNOWN_GROUP"] * 3
-    await sync_to_async(publish)("model:ready", {"model_id": "m_nosuchmodel"}, groups=["model.m_nosuchmodel"])
+    await sync_to_async(publish)(
+        "model:ready",
+        {"model_id": "m_nosuchmodel"},
+        groups=["model.m_nosuchmodel"],
+        audience=rows_audience(("model", "m_nosuchmodel")),
+    )
     assert await communicator.receive_nothing(timeout=0.5)
     await communicator.send_json_to({"action": "dance"})
     assert (await communicator.receive_json_from(timeout=5))["code"] == "BAD_MESSAGE"

@@ -5,13 +5,12 @@ from asgiref.sync import sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.conf import settings
 
-from mistudio.asgi import application
 from mistudio.consumers import CLOSE_MESSAGE_TOO_BIG, MAX_MESSAGE_BYTES
-from mistudio.events import current_sequence, publish
+from mistudio.events import current_sequence, publish, rows_audience
 from mistudio.redis_client import get_redis
+from mistudio.tests.websocket import events_socket, token_header
 
 pytestmark = pytest.mark.django_db(transaction=True)
-ORIGIN = (b"origin", b"http://127.0.0.1:8000")
 
 
 @pytest.fixture
@@ -22,8 +21,7 @@ def model(tiny_gpt2_folder):
 
 
 async def connect(user) -> WebsocketCommunicator:
-    headers = [ORIGIN, (b"authorization", f"Token {user.auth_token.key}".encode())]
-    communicator = WebsocketCommunicator(application, "/ws/events/", headers=headers)
+    communicator = events_socket(token_header(user))
     connected, _ = await communicator.connect()
     assert connected
     return communicator
@@ -134,7 +132,12 @@ async def test_a_client_that_misses_an_event_sees_the_gap(model_admin, model):
 
 async def test_an_event_to_a_group_nobody_may_see_still_counts_without_leaking(reader):
     """Sequence numbers are per group; subscribing to an invisible group is still refused."""
-    await sync_to_async(publish)("model:ready", {"model_id": "m_nosuch"}, groups=["model.m_nosuch"])
+    await sync_to_async(publish)(
+        "model:ready",
+        {"model_id": "m_nosuch"},
+        groups=["model.m_nosuch"],
+        audience=rows_audience(("model", "m_nosuch")),
+    )
     assert await sync_to_async(current_sequence)("model.m_nosuch") >= 1
     communicator = await connect(reader)
     await communicator.send_json_to({"action": "subscribe", "groups": ["model.m_nosuch"]})

@@ -18,7 +18,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from mistudio.errors import ApplicationError
-from mistudio.events import BACKGROUND_PUBLISHER
+from mistudio.events import BACKGROUND_PUBLISHER, rows_audience
 from models_app.engine.errors import EngineError
 from models_app.engine.registry import LOADED_MODELS
 from models_app.generation.streams import GenerationStream, cancel_requested
@@ -105,7 +105,10 @@ def finish_cancelled(generation: Generation) -> None:
     """Tell the readers of a generation cancelled before it ran."""
     GenerationStream(generation.id).emit_event(final_event(generation))
     BACKGROUND_PUBLISHER.send(
-        "generation:cancelled", group_event_data(generation), groups=generation_groups(generation)
+        "generation:cancelled",
+        group_event_data(generation),
+        groups=generation_groups(generation),
+        audience=rows_audience(("generation", generation.id)),
     )
 
 
@@ -116,6 +119,7 @@ def fail(generation: Generation, code: str, message: str) -> None:
         "generation:failed",
         {**group_event_data(generation), "code": code, "message": message},
         groups=generation_groups(generation),
+        audience=rows_audience(("generation", generation.id)),
     )
 
 
@@ -205,6 +209,7 @@ class TokenRelay:
             "generation:tokens",
             {"request_id": generation.id, "text": self.pending_text[row], "completion_tokens": tokens},
             groups=generation_groups(generation),
+            audience=rows_audience(("generation", generation.id)),
         )
         self.pending_text[row], self.sent_tokens[row] = "", tokens
         self.last_group_send[row] = now if now is not None else time.monotonic()
@@ -373,6 +378,7 @@ def run_batch(rows: list[Generation]) -> None:
             "generation:started",
             {**group_event_data(row), "prompt_tokens": row.prompt_tokens},
             groups=generation_groups(row),
+            audience=rows_audience(("generation", row.id)),
         )
     relay = TokenRelay(ready, streams)
     capture = ready[0].capture_hooks if len(ready) == 1 else []
@@ -440,4 +446,5 @@ def run_batch(rows: list[Generation]) -> None:
             f"generation:{'cancelled' if row.status == Generation.Status.CANCELLED else 'completed'}",
             group_event_data(row),
             groups=generation_groups(row),
+            audience=rows_audience(("generation", row.id)),
         )

@@ -4,8 +4,8 @@ import pytest
 from asgiref.sync import sync_to_async
 from channels.testing import WebsocketCommunicator
 
-from mistudio.asgi import application
 from mistudio.events import BACKGROUND_PUBLISHER
+from mistudio.tests.websocket import events_socket, token_header
 from models_app.access import OPERATOR
 from models_app.generation.services import SamplingRequest, generation_request, generation_stop
 from models_app.generation.streams import iter_events
@@ -18,11 +18,7 @@ WORKER = "generation-worker"
 
 
 def browser(user) -> WebsocketCommunicator:
-    headers = [
-        (b"origin", b"http://127.0.0.1:8000"),
-        (b"authorization", f"Token {user.auth_token.key}".encode()),
-    ]
-    return WebsocketCommunicator(application, "/ws/events/", headers=headers)
+    return events_socket(token_header(user))
 
 
 def burst() -> None:

@@ -3,10 +3,9 @@
 import pytest
 import torch
 from asgiref.sync import sync_to_async
-from channels.testing import WebsocketCommunicator
 from transformers import AutoModelForCausalLM
 
-from mistudio.asgi import application
+from mistudio.tests.websocket import events_socket, token_header
 from models_app.engine.registry import LOADED_MODELS
 from models_app.models import LanguageModel
 from models_app.services import model_register
@@ -38,14 +37,7 @@ def tiny_model(tiny_gpt2_folder, writer):
 
 
 async def test_load_and_unload_through_the_api_a_worker_and_the_websocket(writer, client_for, tiny_model):
-    communicator = WebsocketCommunicator(
-        application,
-        "/ws/events/",
-        headers=[
-            (b"origin", b"http://127.0.0.1"),
-            (b"authorization", f"Token {writer.auth_token.key}".encode()),
-        ],
-    )
+    communicator = events_socket(token_header(writer))
     assert (await communicator.connect())[0]
     await communicator.send_json_to({"action": "subscribe", "groups": [f"model.{tiny_model.id}"]})
     assert (await communicator.receive_json_from(timeout=5))["data"]["status"] == "pending"
