@@ -100,7 +100,13 @@ def dataset_create_from_upload(
 
     try:
         chosen = format or guess_format(filename, data[:GUESS_HEAD_BYTES])
-        parsed = parse_bytes(data, format=chosen, field=field, max_bytes=settings.DATASET_MAX_UPLOAD_BYTES)
+        parsed = parse_bytes(
+            data,
+            format=chosen,
+            field=field,
+            max_bytes=settings.DATASET_MAX_UPLOAD_BYTES,
+            max_sample_bytes=settings.DATASET_MAX_SAMPLE_BYTES,
+        )
     except EngineError as error:
         raise dataset_error(error) from None
     return dataset_create_from_texts(
@@ -129,7 +135,13 @@ def dataset_create_from_local(
 
     resolved = local_data_path(path)
     try:
-        parsed = parse_path(resolved, format=format, field=field, max_bytes=settings.DATASET_MAX_LOCAL_BYTES)
+        parsed = parse_path(
+            resolved,
+            format=format,
+            field=field,
+            max_bytes=settings.DATASET_MAX_LOCAL_BYTES,
+            max_sample_bytes=settings.DATASET_MAX_SAMPLE_BYTES,
+        )
     except EngineError as error:
         raise dataset_error(error) from None
     return dataset_create_from_texts(
