@@ -28,11 +28,12 @@ Size is checked before anything is parsed: :func:`parse_bytes` checks ``len(data
 
 Error codes: ``EMPTY_DATASET``, ``BAD_ENCODING`` (details: ``byte_offset``, ``line``, ``byte``),
 ``INVALID_FORMAT`` (details name the ``line`` where one applies), ``FIELD_NOT_FOUND`` (details:
-``available_fields``), ``DATASET_TOO_LARGE`` (details: ``max_bytes``, ``size_bytes``),
-``TOO_MANY_SAMPLES`` (details: ``max_samples``), ``SAMPLE_TOO_LARGE`` (details: ``sample``, its
-number among the samples kept; ``line`` where it starts, or ``row`` of an Arrow column;
-``size_bytes``, ``max_bytes``), ``SPLIT_NOT_FOUND`` (details: ``available_splits``),
-``UNSAFE_PATH`` (a link whose target leaves the folder), ``NOT_FOUND`` and ``UNREADABLE``. Errors
+``available_fields``, the first 50, and ``available_fields_count``), ``DATASET_TOO_LARGE``
+(details: ``max_bytes``, ``size_bytes``), ``TOO_MANY_SAMPLES`` (details: ``max_samples``),
+``SAMPLE_TOO_LARGE`` (details: ``sample``, its number among the samples kept; ``line`` where it
+starts, or ``row`` of an Arrow column; ``size_bytes``, ``max_bytes``), ``SPLIT_NOT_FOUND``
+(details: ``available_splits``, the first 50, and ``available_splits_count``), ``UNSAFE_PATH`` (a
+link whose target leaves the folder), ``NOT_FOUND`` and ``UNREADABLE``. Errors
 raised while reading a file of a folder carry its name in ``details["file"]``.
 """
 
@@ -79,6 +80,9 @@ _ARROW_STRING_TYPES = frozenset({"string", "large_string"})
 # A paragraph guess needs short paragraphs: a long list of one-line prompts with a stray blank
 # line in it is still a list of lines.
 _MAX_GUESSED_PARAGRAPH_LINES = 40
+# An error listing the fields, columns or splits a file has shows this many, each this long at most.
+_LISTED_NAMES = 50
+_LISTED_NAME_CHARS = 200
 
 
 class DatasetError(EngineError):
@@ -427,11 +431,11 @@ def _parse_jsonl(text: str, field: str, collector: _Collector) -> None:
                 {"line": number},
             )
         if field not in record:
-            available = sorted(record)[:50]
+            listed, details = _listing("fields", sorted(record))
             raise DatasetError(
                 "FIELD_NOT_FOUND",
-                f"Line {number} has no field {field!r}; it has {_quoted_list(available)}.",
-                {"line": number, "field": field, "available_fields": available},
+                f"Line {number} has no field {field!r}; it has {listed}.",
+                {"line": number, "field": field, **details},
             )
         value = record[field]
         if not isinstance(value, str):
@@ -466,10 +470,11 @@ def _parse_csv(text: str, field: str, collector: _Collector) -> None:
                 {"line": reader.line_num, "field": field},
             )
         if field not in header:
+            listed, details = _listing("fields", header)
             raise DatasetError(
                 "FIELD_NOT_FOUND",
-                f"The CSV has no column {field!r}; it has {_quoted_list(header)}.",
-                {"field": field, "available_fields": header},
+                f"The CSV has no column {field!r}; it has {listed}.",
+                {"field": field, **details},
             )
         column = header.index(field)
         row_start = reader.line_num + 1
@@ -497,8 +502,18 @@ def _json_type(value: Any) -> str:
     return "null" if value is None else names.get(type(value), type(value).__name__)
 
 
-def _quoted_list(names: list[str]) -> str:
-    return ", ".join(repr(name) for name in names) if names else "nothing"
+def _listing(kind: str, names: list[str]) -> tuple[str, dict[str, Any]]:
+    """The names an error offers instead (columns, fields, splits), kept short whatever the file:
+    the first :data:`_LISTED_NAMES`, each cut to :data:`_LISTED_NAME_CHARS` characters, and how
+    many there are. Returns the text for the message and the ``available_<kind>`` details."""
+    shown = [
+        name if len(name) <= _LISTED_NAME_CHARS else name[: _LISTED_NAME_CHARS - 1] + "…"
+        for name in names[:_LISTED_NAMES]
+    ]
+    text = ", ".join(repr(name) for name in shown) if shown else "nothing"
+    if len(names) > len(shown):
+        text += f" and {len(names) - len(shown)} more"
+    return text, {f"available_{kind}": shown, f"available_{kind}_count": len(names)}
 
 
 def _is_encodable(value: str) -> bool:
@@ -686,10 +701,11 @@ def _choose_split(root: Path, split: str | None) -> tuple[Path, str | None]:
     if split is None:
         split = "train" if "train" in splits else splits[0]
     elif split not in splits:
+        listed, details = _listing("splits", splits)
         raise DatasetError(
             "SPLIT_NOT_FOUND",
-            f"The saved DatasetDict has no split {split!r}; it has {_quoted_list(splits)}.",
-            {"split": split, "available_splits": splits},
+            f"The saved DatasetDict has no split {split!r}; it has {listed}.",
+            {"split": split, **details},
         )
     folder = _inside(root, root / split, split)
     if not folder.is_dir():
@@ -745,16 +761,16 @@ def _parse_saved_dataset(
     field = field or DEFAULT_FIELD
     columns = {name: _feature_type(feature) for name, feature in dataset.features.items()}
     if field not in columns:
+        listed, details = _listing("fields", list(columns))
+        shown_types = {name: columns[name] for name in list(columns)[:_LISTED_NAMES]}
         raise DatasetError(
             "FIELD_NOT_FOUND",
-            f"The dataset has no column {field!r}; it has {_quoted_list(list(columns))}.",
-            {"field": field, "available_fields": list(columns), "column_types": columns},
+            f"The dataset has no column {field!r}; it has {listed}.",
+            {"field": field, **details, "column_types": shown_types},
         )
     if columns[field] not in _ARROW_STRING_TYPES:
         raise DatasetError(
-            "INVALID_FORMAT",
-            f"Column {field!r} holds {columns[field]}, not text.",
-            {"field": field, "column_types": columns},
+            "INVALID_FORMAT", f"Column {field!r} holds {columns[field]}, not text.", {"field": field}
         )
     # A loaded dataset has no indices mapping, so its Arrow table is exactly its rows.
     for row, value in enumerate(dataset.data.column(field).to_pylist()):

@@ -59,6 +59,23 @@ def test_bad_files_are_400_with_the_reason(api, content, filename, code):
     assert Dataset.objects.count() == 0
 
 
+def test_a_missing_field_error_lists_a_bounded_number_of_names(api):
+    header = ",".join(f"column_{index}" for index in range(1_000_000)).encode()
+    response = upload(api, header + b"\n" + b"x," * 999_999 + b"x\n", "wide.csv")
+    assert response.status_code == 400 and len(response.content) < 8 * 1024, len(response.content)
+    error = response.json()["error"]
+    assert error["code"] == "FIELD_NOT_FOUND" and error["details"]["available_fields_count"] == 1_000_000
+    assert error["details"]["available_fields"] == [f"column_{index}" for index in range(50)]
+    assert error["message"].endswith("'column_49' and 999950 more.")
+
+    record = {f"{index:06d}" + "k" * 5000: 1 for index in range(2000)}
+    response = upload(api, json.dumps(record).encode() + b"\n", "wide.jsonl")
+    assert response.status_code == 400 and len(response.content) < 32 * 1024, len(response.content)
+    details = response.json()["error"]["details"]
+    assert details["available_fields_count"] == 2000 and len(details["available_fields"]) == 50
+    assert all(len(name) == 200 and name.endswith("…") for name in details["available_fields"])
+
+
 def test_too_large_is_413(api, settings):
     settings.DATASET_MAX_UPLOAD_BYTES = 100
     response = upload(api, b"x" * 500 + b"\n", "big.txt")
