@@ -61,7 +61,7 @@ class DatasetListApi(APIView):
     permission_classes = [CanWrite]
     parser_classes = [JSONParser, MultiPartParser]
 
-    class InputSerializer(serializers.Serializer):
+    class InputSerializer(StrictSerializer):
         name = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")
         file = serializers.FileField(required=False)
         local_path = serializers.CharField(max_length=4096, required=False)

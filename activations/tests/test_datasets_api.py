@@ -122,6 +122,25 @@ def test_the_sample_limit_holds_for_local_paths_and_defaults_to_one_mebibyte(api
     }
 
 
+def test_unknown_fields_are_refused_by_name(api):
+    root = settings.LOCAL_DATA_ROOTS[0]
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "typo.txt").write_text("a sample\n")
+    response = api.post(
+        "/api/datasets", {"local_path": str(root / "typo.txt"), "share": True, "feild": "x"}, format="json"
+    )
+    assert response.status_code == 400, response.content
+    error = response.json()["error"]
+    assert error["code"] == "VALIDATION_ERROR"
+    assert error["details"]["fields"] == {
+        "feild": ["Unknown or read-only field."],
+        "share": ["Unknown or read-only field."],
+    }
+    response = upload(api, b"a sample\n", "typo.txt", colum="text")
+    assert response.status_code == 400 and list(response.json()["error"]["details"]["fields"]) == ["colum"]
+    assert Dataset.objects.count() == 0
+
+
 def test_neither_or_both_sources_is_a_validation_error(api):
     response = api.post("/api/datasets", {"name": "nothing"}, format="json")
     assert response.status_code == 400 and response.json()["error"]["code"] == "VALIDATION_ERROR"
