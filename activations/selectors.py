@@ -14,6 +14,7 @@ from activations.models import ActivationCache, Dataset, ExtractionJob
 from mistudio.errors import ApplicationError
 from models_app.access import check_may_change, is_admin, visible_rows
 from models_app.models import LanguageModel
+from models_app.services import local_model_folder
 
 TAR_CHUNK_BYTES = 1 << 20
 MANIFEST_FILE = "manifest.json"
@@ -269,9 +270,13 @@ def tokenizer_for(folder: str):
 
 
 def model_folder(model: LanguageModel) -> Path | None:
-    """Where the model's files are on this machine (for its tokenizer), if they are."""
+    """Where the model's files are on this machine (for its tokenizer), if they are: a local
+    folder only while it and every entry of it stay inside ``LOCAL_MODEL_ROOTS``."""
     if model.source == LanguageModel.Source.LOCAL:
-        return Path(model.identifier)
+        try:
+            return local_model_folder(model.identifier)
+        except ApplicationError:
+            return None
     from huggingface_hub.file_download import repo_folder_name
 
     snapshot = settings.MODEL_CACHE_DIR / repo_folder_name(repo_id=model.identifier, repo_type="model")
