@@ -1,5 +1,7 @@
 """Shared fixtures: named users with roles and tokens, API clients, Redis, tiny models, workers."""
 
+import shutil
+
 import pytest
 from django.conf import settings
 from django.contrib.auth import get_user_model
@@ -148,3 +150,31 @@ def process_env():
     from models_app.tests.live_stack import process_environment
 
     return process_environment
+
+
+@pytest.fixture
+def model_copy(tiny_gpt2_folder, tmp_path):
+    """``model_copy(name, links)``: a copy of the tiny GPT-2 inside the root whose files in
+    ``links`` are links to copies kept outside the roots (``"outside"``) or elsewhere inside
+    the root (``"inside"``)."""
+    made = []
+
+    def build(name: str, links: dict[str, str]):
+        folder = settings.LOCAL_MODEL_ROOTS[0] / name
+        shutil.rmtree(folder, ignore_errors=True)
+        shutil.copytree(tiny_gpt2_folder, folder)
+        elsewhere = {
+            "outside": tmp_path / "outside",
+            "inside": settings.LOCAL_MODEL_ROOTS[0] / f"{name}-files",
+        }
+        for file_name, where in links.items():
+            elsewhere[where].mkdir(parents=True, exist_ok=True)
+            target = elsewhere[where] / file_name
+            shutil.move(folder / file_name, target)
+            (folder / file_name).symlink_to(target)
+        made.extend([folder, elsewhere["inside"]])
+        return folder
+
+    yield build
+    for path in made:
+        shutil.rmtree(path, ignore_errors=True)

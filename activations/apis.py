@@ -61,7 +61,7 @@ class DatasetListApi(APIView):
     permission_classes = [CanWrite]
     parser_classes = [JSONParser, MultiPartParser]
 
-    class InputSerializer(serializers.Serializer):
+    class InputSerializer(StrictSerializer):
         name = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")
         file = serializers.FileField(required=False)
         local_path = serializers.CharField(max_length=4096, required=False)
@@ -299,6 +299,10 @@ class ExtractionCancelApi(APIView):
 
 
 class CacheOutputSerializer(serializers.ModelSerializer):
+    """A cache from ``selectors.cache_list``: its dataset is the one shown to the requesting user."""
+
+    dataset_id = serializers.CharField(source="shown_dataset_id", allow_null=True, read_only=True)
+
     class Meta:
         model = ActivationCache
         fields = [
@@ -351,7 +355,12 @@ class CacheDetailApi(APIView):
     @extend_schema(responses=CacheOutputSerializer)
     def get(self, request, cache_id: str):
         cache = selectors.cache_get(user=request.user, cache_id=cache_id)
-        return Response({**CacheOutputSerializer(cache).data, "manifest": selectors.cache_manifest(cache)})
+        return Response(
+            {
+                **CacheOutputSerializer(cache).data,
+                "manifest": selectors.cache_manifest(cache, user=request.user),
+            }
+        )
 
     @extend_schema(responses={204: None})
     def delete(self, request, cache_id: str):
@@ -370,11 +379,14 @@ class CacheDownloadApi(APIView):
         cache = selectors.completed_cache(user=request.user, cache_id=cache_id)
         services.cache_touch(cache, lease_seconds=3600)
         wanted = request.query_params.get("file")
+        manifest = selectors.cache_manifest_bytes(cache, user=request.user)
         if wanted:
             path = selectors.cache_file(cache, wanted)
-            filename = f"{cache.id}-{path.name}"
-            return ChunkedFileResponse(open(path, "rb"), as_attachment=True, filename=filename)
-        archive = selectors.cache_tar_stream(cache)
+            name = f"{cache.id}-{path.name}"
+            if wanted == selectors.MANIFEST_FILE:
+                return ChunkedFileResponse(io.BytesIO(manifest), as_attachment=True, filename=name)
+            return ChunkedFileResponse(open(path, "rb"), as_attachment=True, filename=name)
+        archive = selectors.cache_tar_stream(cache, manifest=manifest)
         response = ChunkedStreamingResponse(archive, content_type="application/x-tar")
         response["Content-Disposition"] = f'attachment; filename="{cache.id}.tar"'
         return response

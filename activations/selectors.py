@@ -10,14 +10,16 @@ from typing import Any
 
 import numpy as np
 from django.conf import settings
-from django.db.models import Q, QuerySet
+from django.db.models import Case, CharField, F, OuterRef, Q, QuerySet, Subquery, When
 
 from activations.models import ActivationCache, Dataset, ExtractionJob
 from mistudio.errors import ApplicationError
-from models_app.access import check_may_change, visible_rows
+from models_app.access import check_may_change, is_admin, visible_rows
 from models_app.models import LanguageModel
+from models_app.services import local_model_folder
 
 TAR_CHUNK_BYTES = 1 << 20
+MANIFEST_FILE = "manifest.json"
 
 
 def dataset_list(*, user) -> QuerySet[Dataset]:
@@ -96,17 +98,48 @@ def extraction_estimate_seconds(job: ExtractionJob) -> float:
 
 
 def cache_list(*, user, filters: dict[str, str] | None = None) -> QuerySet[ActivationCache]:
-    """Caches the user made, or that their own extractions reused (all for ``model:admin``)."""
+    """Caches the user made, or that their own extractions reused (all for ``model:admin``), each
+    with the dataset this user is shown for it (see :func:`with_shown_dataset`); the ``dataset``
+    filter matches that one."""
     reused = ExtractionJob.objects.filter(owner_id=user.pk, cache__isnull=False).values("cache_id")
     caches = visible_rows(ActivationCache.objects.all(), user, shareable=False, also=Q(pk__in=reused))
+    caches = with_shown_dataset(caches, user=user)
     filters = filters or {}
     if "model" in filters:
         caches = caches.filter(model_id=filters["model"])
     if "dataset" in filters:
-        caches = caches.filter(dataset_id=filters["dataset"])
+        caches = caches.filter(shown_dataset_id=filters["dataset"])
     if "status" in filters:
         caches = caches.filter(status=filters["status"])
     return caches
+
+
+def with_shown_dataset(caches: QuerySet[ActivationCache], *, user) -> QuerySet[ActivationCache]:
+    """Annotates ``shown_dataset_id`` and ``shown_dataset_name``: the dataset ``user`` is told a
+    cache was made over.
+
+    A cache is reused by everyone who asks for its key, and its key holds the content hash of
+    the samples, not a dataset: so a user is shown the cache's own dataset only if they may see
+    that dataset (theirs, shared, a system one; every one for an admin), else the dataset of
+    their own latest extraction that reused the cache (the same samples, under their name),
+    else none. A reuse therefore never names, nor identifies, another user's private dataset.
+    """
+    readable = Q(dataset_id__in=dataset_list(user=user).values("pk"))
+    own_reuse = ExtractionJob.objects.filter(
+        cache_id=OuterRef("pk"), owner_id=user.pk, dataset__isnull=False
+    ).order_by("-created_at")
+    return caches.annotate(
+        shown_dataset_id=Case(
+            When(readable, then=F("dataset_id")),
+            default=Subquery(own_reuse.values("dataset_id")[:1]),
+            output_field=CharField(),
+        ),
+        shown_dataset_name=Case(
+            When(readable, then=F("dataset__name")),
+            default=Subquery(own_reuse.values("dataset__name")[:1]),
+            output_field=CharField(),
+        ),
+    )
 
 
 def cache_get(*, user, cache_id: str) -> ActivationCache:
@@ -130,9 +163,33 @@ def completed_cache(*, user, cache_id: str) -> ActivationCache:
     return cache
 
 
-def cache_manifest(cache: ActivationCache) -> dict[str, Any] | None:
-    manifest = cache.directory / "manifest.json"
-    return json.loads(manifest.read_text()) if manifest.exists() else None
+def cache_manifest(cache: ActivationCache, *, user) -> dict[str, Any] | None:
+    """The cache's manifest as ``user`` may read it (``cache`` comes from :func:`cache_list`).
+
+    Its provenance names the dataset this user is shown (:func:`with_shown_dataset`); the dataset
+    recorded by the extraction that wrote the cache stays only for that extraction's owner (or an
+    admin) once the dataset is deleted, and is blanked for anyone else. A local model in its key
+    is named relative to its root, also in caches written before keys went path-free.
+    """
+    path = cache.directory / MANIFEST_FILE
+    if not path.exists():
+        return None
+    manifest = json.loads(path.read_text())
+    provenance = manifest.get("provenance")
+    if isinstance(provenance, dict) and "dataset_id" in provenance:
+        if cache.shown_dataset_id is not None:
+            provenance.update(dataset_id=cache.shown_dataset_id, dataset_name=cache.shown_dataset_name)
+        elif cache.dataset_id is not None or not (is_admin(user) or cache.owner_id == user.pk):
+            provenance.update(dataset_id=None, dataset_name=None)
+    model_key = manifest.get("key", {}).get("model") if isinstance(manifest.get("key"), dict) else None
+    if isinstance(model_key, dict) and model_key.get("source") == LanguageModel.Source.LOCAL:
+        model_key["identifier"] = cache.model.display_identifier
+    return manifest
+
+
+def cache_manifest_bytes(cache: ActivationCache, *, user) -> bytes:
+    """:func:`cache_manifest` as the ``manifest.json`` file a download gives ``user``."""
+    return (json.dumps(cache_manifest(cache, user=user), indent=2) + "\n").encode()
 
 
 def open_store(cache: ActivationCache):
@@ -186,18 +243,27 @@ def json_rows(header: dict[str, Any], array: np.ndarray) -> Iterator[bytes]:
     yield b"]}"
 
 
-def cache_tar_stream(cache: ActivationCache) -> Iterator[bytes]:
-    """A tar archive of the cache, produced chunk by chunk (memory flat whatever the shard size)."""
+def cache_tar_stream(cache: ActivationCache, *, manifest: bytes | None = None) -> Iterator[bytes]:
+    """A tar archive of the cache, produced chunk by chunk (memory flat whatever the shard size).
+
+    ``manifest`` replaces the ``manifest.json`` on disk (a user's download holds the manifest as
+    :func:`cache_manifest_bytes` gives it to them); without it, every file is as on disk.
+    """
     from activations.store import iter_files
 
     for path in iter_files(cache.directory):
-        info = tarfile.TarInfo(f"{cache.id}/{path.relative_to(cache.directory)}")
-        info.size = path.stat().st_size
+        relative = path.relative_to(cache.directory)
+        replaced = manifest if manifest is not None and str(relative) == MANIFEST_FILE else None
+        info = tarfile.TarInfo(f"{cache.id}/{relative}")
+        info.size = len(replaced) if replaced is not None else path.stat().st_size
         info.mtime = int(path.stat().st_mtime)
         yield info.tobuf(format=tarfile.PAX_FORMAT)
-        with open(path, "rb") as handle:
-            while chunk := handle.read(TAR_CHUNK_BYTES):
-                yield chunk
+        if replaced is not None:
+            yield replaced
+        else:
+            with open(path, "rb") as handle:
+                while chunk := handle.read(TAR_CHUNK_BYTES):
+                    yield chunk
         if remainder := info.size % tarfile.BLOCKSIZE:
             yield b"\0" * (tarfile.BLOCKSIZE - remainder)
     yield b"\0" * (2 * tarfile.BLOCKSIZE)
@@ -223,9 +289,13 @@ def tokenizer_for(folder: str):
 
 
 def model_folder(model: LanguageModel) -> Path | None:
-    """Where the model's files are on this machine (for its tokenizer), if they are."""
+    """Where the model's files are on this machine (for its tokenizer), if they are: a local
+    folder only while it and every entry of it stay inside ``LOCAL_MODEL_ROOTS``."""
     if model.source == LanguageModel.Source.LOCAL:
-        return Path(model.identifier)
+        try:
+            return local_model_folder(model.identifier)
+        except ApplicationError:
+            return None
     from huggingface_hub.file_download import repo_folder_name
 
     snapshot = settings.MODEL_CACHE_DIR / repo_folder_name(repo_id=model.identifier, repo_type="model")

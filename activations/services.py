@@ -100,7 +100,13 @@ def dataset_create_from_upload(
 
     try:
         chosen = format or guess_format(filename, data[:GUESS_HEAD_BYTES])
-        parsed = parse_bytes(data, format=chosen, field=field, max_bytes=settings.DATASET_MAX_UPLOAD_BYTES)
+        parsed = parse_bytes(
+            data,
+            format=chosen,
+            field=field,
+            max_bytes=settings.DATASET_MAX_UPLOAD_BYTES,
+            max_sample_bytes=settings.DATASET_MAX_SAMPLE_BYTES,
+        )
     except EngineError as error:
         raise dataset_error(error) from None
     return dataset_create_from_texts(
@@ -129,7 +135,13 @@ def dataset_create_from_local(
 
     resolved = local_data_path(path)
     try:
-        parsed = parse_path(resolved, format=format, field=field, max_bytes=settings.DATASET_MAX_LOCAL_BYTES)
+        parsed = parse_path(
+            resolved,
+            format=format,
+            field=field,
+            max_bytes=settings.DATASET_MAX_LOCAL_BYTES,
+            max_sample_bytes=settings.DATASET_MAX_SAMPLE_BYTES,
+        )
     except EngineError as error:
         raise dataset_error(error) from None
     return dataset_create_from_texts(
@@ -187,11 +199,16 @@ def cache_key(
     dtype: str,
     sample_count: int | None,
 ) -> dict[str, Any]:
-    """What makes two extractions give the same activations (batch size and padding do not)."""
+    """What makes two extractions give the same activations (batch size and padding do not).
+
+    This is what the cache row and its manifest keep, and users may download: a local model is
+    named as users see it (relative to its root), never by its server path. A cache is found by
+    :func:`cache_key_hash`, which puts the full path back.
+    """
     return {
         "model": {
             "source": model.source,
-            "identifier": model.identifier,
+            "identifier": model.display_identifier,
             "revision": model.commit_sha or model.revision,
             "quantization": model.quantization,
         },
@@ -205,6 +222,13 @@ def cache_key(
 
 def key_hash(key: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
+
+
+def cache_key_hash(key: dict[str, Any], *, model: LanguageModel) -> str:
+    """The hash a cache is found by: of ``key`` with the model's full identifier, so that two local
+    folders shown alike (one name under two roots) never share a cache, and caches made before
+    keys went path-free are found again (their hash is computed just as it was)."""
+    return key_hash({**key, "model": {**key["model"], "identifier": model.identifier}})
 
 
 def extraction_groups(job: ExtractionJob) -> list[str]:
@@ -280,7 +304,7 @@ def extraction_request(
         dtype=dtype,
         sample_count=sample_count,
     )
-    digest = key_hash(key)
+    digest = cache_key_hash(key, model=model)
     job_fields = {
         "model": model,
         "dataset": dataset,

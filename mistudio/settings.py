@@ -161,6 +161,8 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = int(
 )
 UPLOAD_FORM_OVERHEAD_BYTES = 64 * 2**10
 DATASET_MAX_LOCAL_BYTES = int(env_number("DATASET_MAX_LOCAL_BYTES", 2 * 2**30, minimum=1, integer=True))
+# One sample (UTF-8 bytes): extraction reads at most max_length tokens of it, so more is waste.
+DATASET_MAX_SAMPLE_BYTES = int(env_number("DATASET_MAX_SAMPLE_BYTES", 2**20, minimum=1, integer=True))
 MODEL_MEMORY_LIMIT_GB = env_number("MODEL_MEMORY_LIMIT_GB", 0.0)  # 0: no limit beyond the device's own
 MAX_LOADED_MODELS = int(env_number("MAX_LOADED_MODELS", 4, integer=True))  # per worker; 0: no limit
 # Queued generation requests for one model that the worker decodes together as one batch.

@@ -33,6 +33,7 @@ ENGINE_ERROR_STATUS = {
     "UNSUPPORTED_ARCHITECTURE": 400,
     "UNSAFE_WEIGHTS": 400,
     "REMOTE_CODE_NOT_ALLOWED": 400,
+    "UNSAFE_PATH": 400,
     "MODEL_NOT_FOUND_ON_HUB": 400,
     "GATED_MODEL": 403,
     "INSUFFICIENT_DISK": 507,
@@ -74,11 +75,27 @@ def model_publish(model: LanguageModel, event: str, fields: list[str], **extra: 
 
 
 def local_model_folder(raw_path: str) -> Path:
-    """The real folder behind ``raw_path`` if it lies inside ``LOCAL_MODEL_ROOTS``."""
+    """The real folder behind ``raw_path`` if it lies inside ``LOCAL_MODEL_ROOTS``, and so does
+    every entry of it, links resolved (400 ``UNSAFE_PATH`` naming the entry otherwise). Checked
+    at registration, before every load, and before the web process reads its tokenizer."""
+    from models_app.engine.inspection import confined_folder_entries
+
     folder = path_inside_roots(raw_path, settings.LOCAL_MODEL_ROOTS, setting="LOCAL_MODEL_ROOTS")
     if not folder.is_dir():
         raise ApplicationError("INVALID_LOCAL_PATH", "The local path is not a folder.")
+    try:
+        confined_folder_entries(folder, settings.LOCAL_MODEL_ROOTS)
+    except EngineError as error:
+        raise application_error(error) from None
     return folder
+
+
+def model_file_roots(model: LanguageModel) -> list[Path]:
+    """Where the files of the model's folder may lie, links resolved: its local roots, or the
+    model cache for a hub model (whose snapshot files link to the cache's blobs)."""
+    if model.source == LanguageModel.Source.LOCAL:
+        return list(settings.LOCAL_MODEL_ROOTS)
+    return [settings.MODEL_CACHE_DIR]
 
 
 def model_inspect_source(*, source: str, identifier: str, revision: str = "") -> tuple[Any, str, str]:
@@ -89,7 +106,7 @@ def model_inspect_source(*, source: str, identifier: str, revision: str = "") ->
     try:
         if source == LanguageModel.Source.LOCAL:
             folder = local_model_folder(identifier)
-            return inspect_folder(folder), str(folder), ""
+            return inspect_folder(folder, roots=settings.LOCAL_MODEL_ROOTS), str(folder), ""
         repo_id = validate_hub_id(identifier)
         metadata = hub_metadata(repo_id, revision=revision or None, token=settings.HF_TOKEN)
         info = describe(metadata.config, metadata.tensor_shapes, [file.path for file in metadata.files])

@@ -15,6 +15,7 @@ from models_app.services import (
     insufficient_memory,
     load_cancel_requested,
     model_download,
+    model_file_roots,
     model_publish,
 )
 
@@ -98,7 +99,7 @@ def load_once(model: LanguageModel, identity) -> LoadedModel:
 
     weights = load_weights(
         folder, model_type=model.model_type, quantization=model.quantization, device=identity.device,
-        on_stage=on_stage,
+        on_stage=on_stage, roots=model_file_roots(model),
     )  # fmt: skip
     warm_up(weights, on_stage=on_stage)
     return LoadedModel(

@@ -28,9 +28,12 @@ Size is checked before anything is parsed: :func:`parse_bytes` checks ``len(data
 
 Error codes: ``EMPTY_DATASET``, ``BAD_ENCODING`` (details: ``byte_offset``, ``line``, ``byte``),
 ``INVALID_FORMAT`` (details name the ``line`` where one applies), ``FIELD_NOT_FOUND`` (details:
-``available_fields``), ``DATASET_TOO_LARGE`` (details: ``max_bytes``, ``size_bytes``),
-``TOO_MANY_SAMPLES`` (details: ``max_samples``), ``SPLIT_NOT_FOUND`` (details: ``available_splits``),
-``UNSAFE_PATH`` (a link whose target leaves the folder), ``NOT_FOUND`` and ``UNREADABLE``. Errors
+``available_fields``, the first 50, and ``available_fields_count``), ``DATASET_TOO_LARGE``
+(details: ``max_bytes``, ``size_bytes``), ``TOO_MANY_SAMPLES`` (details: ``max_samples``),
+``SAMPLE_TOO_LARGE`` (details: ``sample``, its number among the samples kept; ``line`` where it
+starts, or ``row`` of an Arrow column; ``size_bytes``, ``max_bytes``), ``SPLIT_NOT_FOUND``
+(details: ``available_splits``, the first 50, and ``available_splits_count``), ``UNSAFE_PATH`` (a
+link whose target leaves the folder), ``NOT_FOUND`` and ``UNREADABLE``. Errors
 raised while reading a file of a folder carry its name in ``details["file"]``.
 """
 
@@ -77,6 +80,9 @@ _ARROW_STRING_TYPES = frozenset({"string", "large_string"})
 # A paragraph guess needs short paragraphs: a long list of one-line prompts with a stray blank
 # line in it is still a list of lines.
 _MAX_GUESSED_PARAGRAPH_LINES = 40
+# An error listing the fields, columns or splits a file has shows this many, each this long at most.
+_LISTED_NAMES = 50
+_LISTED_NAME_CHARS = 200
 
 
 class DatasetError(EngineError):
@@ -100,17 +106,22 @@ class ParsedDataset:
 
 
 class _Collector:
-    """Accumulates samples across files and enforces ``max_samples`` as soon as it is passed."""
+    """Accumulates samples across files; enforces ``max_samples`` as soon as it is passed and
+    ``max_sample_bytes`` (the UTF-8 size of one sample) on every sample."""
 
-    def __init__(self, max_samples: int | None) -> None:
+    def __init__(self, max_samples: int | None, max_sample_bytes: int | None = None) -> None:
         self.samples: list[str] = []
         self.skipped_empty = 0
         self.max_samples = max_samples
+        self.max_sample_bytes = max_sample_bytes
 
-    def add(self, value: str) -> None:
+    def add(self, value: str, *, line: int | None = None, row: int | None = None) -> None:
+        """Add one sample; ``line`` (where it starts in its file) or ``row`` (of an Arrow column)
+        locate it in a refusal."""
         if not value.strip():
             self.skipped_empty += 1
             return
+        self._check_sample_size(value, line=line, row=row)
         if self.max_samples is not None and len(self.samples) >= self.max_samples:
             raise DatasetError(
                 "TOO_MANY_SAMPLES",
@@ -119,17 +130,45 @@ class _Collector:
             )
         self.samples.append(value)
 
+    def _check_sample_size(self, value: str, *, line: int | None, row: int | None) -> None:
+        limit = self.max_sample_bytes
+        # A character is 1 to 4 bytes in UTF-8: most samples need no encoding to be measured.
+        if limit is None or len(value) * 4 <= limit:
+            return
+        size = len(value.encode("utf-8", errors="surrogatepass"))
+        if size <= limit:
+            return
+        number = len(self.samples) + 1
+        details: dict[str, Any] = {"sample": number, "size_bytes": size, "max_bytes": limit}
+        where = ""
+        if line is not None:
+            details["line"], where = line, f" (line {line})"
+        elif row is not None:
+            details["row"], where = row, f" (row {row})"
+        raise DatasetError(
+            "SAMPLE_TOO_LARGE",
+            f"Sample {number}{where} is {size} bytes; one sample may hold at most {limit} bytes.",
+            details,
+        )
+
 
 # --- public API ----------------------------------------------------------------------------------
 
 
 def parse_bytes(
-    data: bytes, *, format: str, field: str | None = None, max_bytes: int, max_samples: int | None = None
+    data: bytes,
+    *,
+    format: str,
+    field: str | None = None,
+    max_bytes: int,
+    max_samples: int | None = None,
+    max_sample_bytes: int | None = None,
 ) -> ParsedDataset:
     """Parse the bytes of one file in ``format`` (any format but ``hf_disk``, which is a folder).
 
     ``field`` is the JSON key or CSV column (default ``"text"``) and is ignored for text formats.
-    Raises :class:`DatasetError`.
+    ``max_sample_bytes`` bounds the UTF-8 size of each sample (``SAMPLE_TOO_LARGE``). Raises
+    :class:`DatasetError`.
     """
     _check_format(format)
     if format == "hf_disk":
@@ -139,7 +178,7 @@ def parse_bytes(
             {"format": format},
         )
     _check_size(len(data), max_bytes)
-    collector = _Collector(max_samples)
+    collector = _Collector(max_samples, max_sample_bytes)
     used_field = _parse_text(_decode(data), format, field, collector)
     return _finish(collector, format=format, field=used_field, size_bytes=len(data))
 
@@ -178,6 +217,7 @@ def parse_path(
     field: str | None,
     max_bytes: int,
     max_samples: int | None = None,
+    max_sample_bytes: int | None = None,
     split: str | None = None,
 ) -> ParsedDataset:
     """Parse a file, or a folder: a ``save_to_disk`` folder or a folder of text files.
@@ -192,8 +232,8 @@ def parse_path(
 
     Links are followed only while they stay inside the folder: a file or split whose real path
     leaves it raises ``UNSAFE_PATH`` before anything is read. ``path`` itself is the caller's to
-    check. ``max_bytes`` bounds the total size of what is read; ``split`` picks a ``DatasetDict``
-    split.
+    check. ``max_bytes`` bounds the total size of what is read, ``max_sample_bytes`` the size of
+    one sample; ``split`` picks a ``DatasetDict`` split.
     """
     if format is not None:
         _check_format(format)
@@ -207,10 +247,18 @@ def parse_path(
         root = Path(os.path.realpath(path))
         if format == "hf_disk" or (format is None and _is_saved_dataset(root)):
             return _parse_saved_dataset(
-                root, field=field, split=split, max_bytes=max_bytes, max_samples=max_samples
+                root,
+                field=field,
+                split=split,
+                max_bytes=max_bytes,
+                collector=_Collector(max_samples, max_sample_bytes),
             )
         return _parse_text_folder(
-            root, format=format, field=field, max_bytes=max_bytes, max_samples=max_samples
+            root,
+            format=format,
+            field=field,
+            max_bytes=max_bytes,
+            collector=_Collector(max_samples, max_sample_bytes),
         )
     if not stat.S_ISREG(path_stat.st_mode):
         raise DatasetError("NOT_FOUND", "The dataset path is neither a regular file nor a folder.")
@@ -226,6 +274,7 @@ def parse_path(
         field=field,
         max_bytes=max_bytes,
         max_samples=max_samples,
+        max_sample_bytes=max_sample_bytes,
     )
 
 
@@ -317,12 +366,12 @@ def _lines(text: str) -> Iterator[tuple[int, str]]:
 def _parse_text(text: str, format: str, field: str | None, collector: _Collector) -> str | None:
     """Add the samples of ``text`` to ``collector``; returns the field used (None for text formats)."""
     if format == "text_lines":
-        for _, line in _lines(text):
-            collector.add(line.strip())
+        for number, line in _lines(text):
+            collector.add(line.strip(), line=number)
         return None
     if format == "text_paragraphs":
-        for paragraph in _paragraphs(text):
-            collector.add("\n".join(paragraph).strip())
+        for first_line, paragraph in _paragraphs(text):
+            collector.add("\n".join(paragraph).strip(), line=first_line)
         return None
     field = field or DEFAULT_FIELD
     if format == "jsonl":
@@ -332,21 +381,24 @@ def _parse_text(text: str, format: str, field: str | None, collector: _Collector
     return field
 
 
-def _paragraphs(text: str) -> Iterator[list[str]]:
-    """The runs of non-blank lines of ``text``."""
+def _paragraphs(text: str) -> Iterator[tuple[int, list[str]]]:
+    """The runs of non-blank lines of ``text``, each with the number of its first line."""
     paragraph: list[str] = []
-    for _, line in _lines(text):
+    first_line = 0
+    for number, line in _lines(text):
         if line.strip():
+            if not paragraph:
+                first_line = number
             paragraph.append(line)
         elif paragraph:
-            yield paragraph
+            yield first_line, paragraph
             paragraph = []
     if paragraph:
-        yield paragraph
+        yield first_line, paragraph
 
 
 def _paragraphs_dominate(head: bytes) -> bool:
-    paragraphs = list(_paragraphs(head.decode("utf-8", errors="replace")))
+    paragraphs = [lines for _, lines in _paragraphs(head.decode("utf-8", errors="replace"))]
     if len(paragraphs) < 2:
         return False
     multi_line = sum(1 for paragraph in paragraphs if len(paragraph) > 1)
@@ -379,11 +431,11 @@ def _parse_jsonl(text: str, field: str, collector: _Collector) -> None:
                 {"line": number},
             )
         if field not in record:
-            available = sorted(record)[:50]
+            listed, details = _listing("fields", sorted(record))
             raise DatasetError(
                 "FIELD_NOT_FOUND",
-                f"Line {number} has no field {field!r}; it has {_quoted_list(available)}.",
-                {"line": number, "field": field, "available_fields": available},
+                f"Line {number} has no field {field!r}; it has {listed}.",
+                {"line": number, "field": field, **details},
             )
         value = record[field]
         if not isinstance(value, str):
@@ -398,7 +450,7 @@ def _parse_jsonl(text: str, field: str, collector: _Collector) -> None:
                 f"Field {field!r} on line {number} holds an unpaired surrogate escape (\\ud800-\\udfff).",
                 {"line": number, "field": field},
             )
-        collector.add(value)
+        collector.add(value, line=number)
 
 
 def _parse_csv(text: str, field: str, collector: _Collector) -> None:
@@ -418,16 +470,17 @@ def _parse_csv(text: str, field: str, collector: _Collector) -> None:
                 {"line": reader.line_num, "field": field},
             )
         if field not in header:
+            listed, details = _listing("fields", header)
             raise DatasetError(
                 "FIELD_NOT_FOUND",
-                f"The CSV has no column {field!r}; it has {_quoted_list(header)}.",
-                {"field": field, "available_fields": header},
+                f"The CSV has no column {field!r}; it has {listed}.",
+                {"field": field, **details},
             )
         column = header.index(field)
         row_start = reader.line_num + 1
         for row in reader:
             if len(row) == len(header):
-                collector.add(row[column])
+                collector.add(row[column], line=row_start)
             elif any(cell.strip() for cell in row):  # (a blank line is no record)
                 raise DatasetError(
                     "INVALID_FORMAT",
@@ -449,8 +502,18 @@ def _json_type(value: Any) -> str:
     return "null" if value is None else names.get(type(value), type(value).__name__)
 
 
-def _quoted_list(names: list[str]) -> str:
-    return ", ".join(repr(name) for name in names) if names else "nothing"
+def _listing(kind: str, names: list[str]) -> tuple[str, dict[str, Any]]:
+    """The names an error offers instead (columns, fields, splits), kept short whatever the file:
+    the first :data:`_LISTED_NAMES`, each cut to :data:`_LISTED_NAME_CHARS` characters, and how
+    many there are. Returns the text for the message and the ``available_<kind>`` details."""
+    shown = [
+        name if len(name) <= _LISTED_NAME_CHARS else name[: _LISTED_NAME_CHARS - 1] + "…"
+        for name in names[:_LISTED_NAMES]
+    ]
+    text = ", ".join(repr(name) for name in shown) if shown else "nothing"
+    if len(names) > len(shown):
+        text += f" and {len(names) - len(shown)} more"
+    return text, {f"available_{kind}": shown, f"available_{kind}_count": len(names)}
 
 
 def _is_encodable(value: str) -> bool:
@@ -546,7 +609,7 @@ def _text_files(root: Path) -> list[tuple[str, Path, int]]:
 
 
 def _parse_text_folder(
-    root: Path, *, format: str | None, field: str | None, max_bytes: int, max_samples: int | None
+    root: Path, *, format: str | None, field: str | None, max_bytes: int, collector: _Collector
 ) -> ParsedDataset:
     files = _text_files(root)
     if not files:
@@ -569,7 +632,6 @@ def _parse_text_folder(
         guess_text_layout = format == "text_lines"
     else:
         guess_text_layout = False
-    collector = _Collector(max_samples)
     used_field: str | None = None
     remaining = max_bytes
     for index, (name, real, _) in enumerate(files):
@@ -639,10 +701,11 @@ def _choose_split(root: Path, split: str | None) -> tuple[Path, str | None]:
     if split is None:
         split = "train" if "train" in splits else splits[0]
     elif split not in splits:
+        listed, details = _listing("splits", splits)
         raise DatasetError(
             "SPLIT_NOT_FOUND",
-            f"The saved DatasetDict has no split {split!r}; it has {_quoted_list(splits)}.",
-            {"split": split, "available_splits": splits},
+            f"The saved DatasetDict has no split {split!r}; it has {listed}.",
+            {"split": split, **details},
         )
     folder = _inside(root, root / split, split)
     if not folder.is_dir():
@@ -651,7 +714,7 @@ def _choose_split(root: Path, split: str | None) -> tuple[Path, str | None]:
 
 
 def _parse_saved_dataset(
-    root: Path, *, field: str | None, split: str | None, max_bytes: int, max_samples: int | None
+    root: Path, *, field: str | None, split: str | None, max_bytes: int, collector: _Collector
 ) -> ParsedDataset:
     """Read one column of a ``save_to_disk`` folder with ``datasets.load_from_disk``.
 
@@ -698,21 +761,20 @@ def _parse_saved_dataset(
     field = field or DEFAULT_FIELD
     columns = {name: _feature_type(feature) for name, feature in dataset.features.items()}
     if field not in columns:
+        listed, details = _listing("fields", list(columns))
+        shown_types = {name: columns[name] for name in list(columns)[:_LISTED_NAMES]}
         raise DatasetError(
             "FIELD_NOT_FOUND",
-            f"The dataset has no column {field!r}; it has {_quoted_list(list(columns))}.",
-            {"field": field, "available_fields": list(columns), "column_types": columns},
+            f"The dataset has no column {field!r}; it has {listed}.",
+            {"field": field, **details, "column_types": shown_types},
         )
     if columns[field] not in _ARROW_STRING_TYPES:
         raise DatasetError(
-            "INVALID_FORMAT",
-            f"Column {field!r} holds {columns[field]}, not text.",
-            {"field": field, "column_types": columns},
+            "INVALID_FORMAT", f"Column {field!r} holds {columns[field]}, not text.", {"field": field}
         )
-    collector = _Collector(max_samples)
     # A loaded dataset has no indices mapping, so its Arrow table is exactly its rows.
-    for value in dataset.data.column(field).to_pylist():
-        collector.add(value if value is not None else "")
+    for row, value in enumerate(dataset.data.column(field).to_pylist()):
+        collector.add(value if value is not None else "", row=row)
     return _finish(collector, format="hf_disk", field=field, size_bytes=size_bytes, split=split)
 
 

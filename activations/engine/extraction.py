@@ -25,6 +25,7 @@ Importable without Django or torch (torch is imported inside the functions).
 from __future__ import annotations
 
 import inspect
+import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -53,6 +54,16 @@ DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
 PADDING_SIDES: tuple[str, ...] = ("right", "left")
 # Config keys that bound the sequence length a model can embed.
 _CONTEXT_KEYS: tuple[str, ...] = ("max_position_embeddings", "n_positions")
+# A first guess of how many characters a token covers at most (English averages about 4); a
+# text longer than this many characters per allowed token is tokenized a prefix at a time.
+PREFIX_CHARS_PER_TOKEN = 8
+# Tokens a prefix must yield beyond the kept ones: cutting a text changes only the tokens near
+# the cut (the last word's pieces, a whitespace run, a normalized character sequence), and these
+# must all lie past the kept ones.
+_CUT_MARGIN_TOKENS = 16
+# A cut inside a word longer than this is allowed (past WordPiece's 100-character word limit).
+_LONG_WORD_CHARS = 1024
+_NON_SPACE_RUN = re.compile(r"\S*")
 
 
 class ExtractionError(EngineError):
@@ -116,15 +127,44 @@ def tokenize_samples(tokenizer: Any, texts: Sequence[str], max_length: int) -> l
 
     Special tokens are added as the model's tokenizer normally does (a BOS for Llama-style
     tokenizers that add one, ``[CLS] ... [SEP]`` for BERT; none for GPT-2); truncation keeps them.
+
+    The result is exactly what tokenizing each whole text and truncating gives, but the work is
+    bounded by ``max_length``, not by the text: a text longer than ``max_length`` times
+    :data:`PREFIX_CHARS_PER_TOKEN` characters is tokenized a prefix at a time (see
+    :func:`_long_text_ids`), so one huge sample cannot tie up a worker.
     """
     if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1:
         raise ExtractionError(
             "INVALID_MAX_LENGTH", f"max_length must be a positive integer, got {max_length!r}."
         )
+    special = tokenizer.num_special_tokens_to_add(pair=False)
+    if max_length < special:
+        # The tokenizer would not truncate at all (it warns and returns whole texts).
+        raise ExtractionError(
+            "INVALID_MAX_LENGTH",
+            f"max_length must be at least {special}, the special tokens this tokenizer adds.",
+            {"minimum": special},
+        )
+    if not texts:
+        return []
+    window = max_length * PREFIX_CHARS_PER_TOKEN
+    short = [index for index, text in enumerate(texts) if len(text) <= window]
+    ids: list[list[int]] = [[] for _ in texts]
+    for index, row in zip(
+        short, _truncated_ids(tokenizer, [texts[index] for index in short], max_length), strict=True
+    ):
+        ids[index] = row
+    for index, text in enumerate(texts):
+        if len(text) > window:
+            ids[index] = _long_text_ids(tokenizer, text, max_length, window)
+    return ids
+
+
+def _truncated_ids(tokenizer: Any, texts: list[str], max_length: int) -> list[list[int]]:
     if not texts:
         return []
     encoded = tokenizer(
-        list(texts),
+        texts,
         add_special_tokens=True,
         truncation=True,
         max_length=max_length,
@@ -132,6 +172,50 @@ def tokenize_samples(tokenizer: Any, texts: Sequence[str], max_length: int) -> l
         return_attention_mask=False,
     )
     return [list(ids) for ids in encoded["input_ids"]]
+
+
+def _long_text_ids(tokenizer: Any, text: str, max_length: int, window: int) -> list[int]:
+    """The truncated token ids of a long text, from a prefix of it no longer than needed.
+
+    Two effects of cutting a text are guarded against. A cut inside a word can change the whole
+    word (WordPiece turns a word over 100 characters into one ``[UNK]``), so a prefix stops
+    before the word it would split, unless :data:`_LONG_WORD_CHARS` characters of that word are
+    in it. A cut also changes the tokens right before it (a whitespace run, punctuation that
+    absorbs a following newline, a combining accent), so a prefix must yield
+    :data:`_CUT_MARGIN_TOKENS` tokens beyond the kept ones. The prefix doubles from ``window``
+    characters until two consecutive prefixes both pass and agree on the kept tokens; the smaller
+    one is then tokenized as usual, so special tokens come out exactly as for the whole text. If
+    the text ends first, the whole text is tokenized. A tokenizer that truncates on the left is
+    given suffixes instead.
+    """
+    from_left = getattr(tokenizer, "truncation_side", "right") == "left"
+    kept = max(max_length - tokenizer.num_special_tokens_to_add(pair=False), 0)
+    enough = kept + _CUT_MARGIN_TOKENS
+    earlier: tuple[str, list[int]] | None = None
+    size = window
+    while size < len(text):
+        piece = _cut_between_words(text, size, from_left=from_left)
+        content = tokenizer(
+            piece, add_special_tokens=False, truncation=True, max_length=enough, return_attention_mask=False
+        )["input_ids"]
+        if len(content) >= enough:
+            kept_ids = list(content[len(content) - kept :] if from_left else content[:kept])
+            if earlier is not None and earlier[1] == kept_ids:
+                return _truncated_ids(tokenizer, [earlier[0]], max_length)[0]
+            earlier = (piece, kept_ids)
+        size *= 2
+    return _truncated_ids(tokenizer, [text], max_length)[0]
+
+
+def _cut_between_words(text: str, size: int, *, from_left: bool) -> str:
+    """The first ``size`` characters of ``text`` (its last ones when ``from_left``), less the part
+    of a word the cut would split, unless that part is already long."""
+    if from_left:
+        start = len(text) - size
+        split = _NON_SPACE_RUN.match(text[start - 1 : start + _LONG_WORD_CHARS]).end() - 1
+        return text[start + split :] if 0 < split < _LONG_WORD_CHARS else text[start:]
+    split = _NON_SPACE_RUN.match(text[max(size - _LONG_WORD_CHARS, 0) : size + 1][::-1]).end() - 1
+    return text[: size - split] if 0 < split < _LONG_WORD_CHARS else text[:size]
 
 
 def extract(

@@ -396,6 +396,23 @@ def test_a_saved_dataset_dict_reads_train_or_the_first_split(saved):
     assert error.details["available_splits"] == ["test", "train"]
 
 
+def test_a_saved_dataset_sample_over_the_sample_limit_names_its_row(saved):
+    longest = max(len(sample.encode()) for sample in SAMPLES)
+    parse_path(saved / "single", format=None, field=None, max_bytes=MAX, max_sample_bytes=longest)
+    error = refusal(
+        "SAMPLE_TOO_LARGE",
+        parse_path,
+        saved / "single",
+        format=None,
+        field=None,
+        max_bytes=MAX,
+        max_sample_bytes=longest - 1,
+    )
+    index = next(i for i, sample in enumerate(SAMPLES) if len(sample.encode()) == longest)
+    row = [0, 2, 4][index]  # the column is SAMPLES with a null and a blank between them
+    assert error.details == {"sample": index + 1, "row": row, "size_bytes": longest, "max_bytes": longest - 1}
+
+
 def test_a_saved_dataset_over_the_size_limit_is_refused_before_loading(saved):
     error = refusal("DATASET_TOO_LARGE", parse_path, saved / "single", format=None, field=None, max_bytes=10)
     assert error.details["size_bytes"] > 10

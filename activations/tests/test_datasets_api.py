@@ -59,10 +59,86 @@ def test_bad_files_are_400_with_the_reason(api, content, filename, code):
     assert Dataset.objects.count() == 0
 
 
+def test_a_missing_field_error_lists_a_bounded_number_of_names(api):
+    header = ",".join(f"column_{index}" for index in range(1_000_000)).encode()
+    response = upload(api, header + b"\n" + b"x," * 999_999 + b"x\n", "wide.csv")
+    assert response.status_code == 400 and len(response.content) < 8 * 1024, len(response.content)
+    error = response.json()["error"]
+    assert error["code"] == "FIELD_NOT_FOUND" and error["details"]["available_fields_count"] == 1_000_000
+    assert error["details"]["available_fields"] == [f"column_{index}" for index in range(50)]
+    assert error["message"].endswith("'column_49' and 999950 more.")
+
+    record = {f"{index:06d}" + "k" * 5000: 1 for index in range(2000)}
+    response = upload(api, json.dumps(record).encode() + b"\n", "wide.jsonl")
+    assert response.status_code == 400 and len(response.content) < 32 * 1024, len(response.content)
+    details = response.json()["error"]["details"]
+    assert details["available_fields_count"] == 2000 and len(details["available_fields"]) == 50
+    assert all(len(name) == 200 and name.endswith("…") for name in details["available_fields"])
+
+
 def test_too_large_is_413(api, settings):
     settings.DATASET_MAX_UPLOAD_BYTES = 100
     response = upload(api, b"x" * 500 + b"\n", "big.txt")
     assert response.status_code == 413 and response.json()["error"]["code"] == "DATASET_TOO_LARGE"
+
+
+@pytest.mark.parametrize(
+    ("content", "filename", "where"),
+    [
+        (b"short\n" + b"y" * 3000 + b"\nshort\n", "long.txt", {"sample": 2, "line": 2}),
+        (b"a\n\nb\nc" + b"\xc3\xa9" * 1100 + b"\n\nd\n", "paragraphs.txt", {"sample": 2, "line": 3}),
+        (b'{"text": "a"}\n\n{"text": "' + b"z" * 3000 + b'"}\n', "long.jsonl", {"sample": 2, "line": 3}),
+        (b'text\nok\n"' + b"w" * 3000 + b'"\n', "long.csv", {"sample": 2, "line": 3}),
+    ],
+)
+def test_a_sample_over_the_sample_limit_is_400_naming_it(api, settings, content, filename, where):
+    settings.DATASET_MAX_SAMPLE_BYTES = 2048
+    response = upload(
+        api, content, filename, **({"format": "text_paragraphs"} if "paragraphs" in filename else {})
+    )
+    assert response.status_code == 400, response.content
+    error = response.json()["error"]
+    assert error["code"] == "SAMPLE_TOO_LARGE" and error["details"]["max_bytes"] == 2048
+    assert {key: error["details"][key] for key in where} == where and error["details"]["size_bytes"] > 2048
+    assert f"Sample {where['sample']} (line {where['line']})" in error["message"]
+    assert Dataset.objects.count() == 0
+
+
+def test_the_sample_limit_holds_for_local_paths_and_defaults_to_one_mebibyte(api, settings):
+    assert settings.DATASET_MAX_SAMPLE_BYTES == 2**20
+    root = settings.LOCAL_DATA_ROOTS[0]
+    (root / "folder").mkdir(parents=True, exist_ok=True)
+    (root / "folder" / "a.txt").write_text("fine\n")
+    (root / "folder" / "b.txt").write_text("fine\n" + "é" * (2**19 + 1) + "\n")  # 1 MiB + 2 bytes
+    response = api.post("/api/datasets", {"local_path": str(root / "folder")}, format="json")
+    assert response.status_code == 400, response.content
+    details = response.json()["error"]["details"]
+    assert details == {
+        "sample": 3,
+        "line": 2,
+        "file": "b.txt",
+        "size_bytes": 2**20 + 2,
+        "max_bytes": 2**20,
+    }
+
+
+def test_unknown_fields_are_refused_by_name(api):
+    root = settings.LOCAL_DATA_ROOTS[0]
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "typo.txt").write_text("a sample\n")
+    response = api.post(
+        "/api/datasets", {"local_path": str(root / "typo.txt"), "share": True, "feild": "x"}, format="json"
+    )
+    assert response.status_code == 400, response.content
+    error = response.json()["error"]
+    assert error["code"] == "VALIDATION_ERROR"
+    assert error["details"]["fields"] == {
+        "feild": ["Unknown or read-only field."],
+        "share": ["Unknown or read-only field."],
+    }
+    response = upload(api, b"a sample\n", "typo.txt", colum="text")
+    assert response.status_code == 400 and list(response.json()["error"]["details"]["fields"]) == ["colum"]
+    assert Dataset.objects.count() == 0
 
 
 def test_neither_or_both_sources_is_a_validation_error(api):

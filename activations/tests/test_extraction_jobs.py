@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 from django.core.management import call_command
+from django.test import Client
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from activations.models import ActivationCache, Dataset, ExtractionJob
@@ -274,3 +275,129 @@ def test_deleting_a_model_removes_its_caches_files_and_all(setup):
     assert directory.exists()
     assert api.delete(f"/api/models/{model.id}").status_code == 204
     assert not directory.exists() and ActivationCache.objects.count() == 0
+
+
+def served_bytes(user, cache_id: str, *, pages: list[str] = ()) -> dict[str, bytes]:
+    """Everything ``user`` is served about a cache: its API JSON, every file it can download one by
+    one and as a tar, and the pages that show it."""
+    from django.test import Client
+    from rest_framework.test import APIClient
+
+    api = APIClient()
+    api.credentials(HTTP_AUTHORIZATION=f"Token {user.auth_token.key}")
+    browser = Client()
+    browser.force_login(user)
+
+    def body(response) -> bytes:
+        assert response.status_code == 200, response.status_code
+        return b"".join(response.streaming_content) if response.streaming else response.content
+
+    served = {
+        "detail": body(api.get(f"/api/activation-caches/{cache_id}")),
+        "list": body(api.get("/api/activation-caches")),
+        "extractions": body(api.get("/api/extractions")),
+        "tar": body(api.get(f"/api/activation-caches/{cache_id}/download")),
+        "page": body(browser.get(f"/activations/{cache_id}/")),
+        "list page": body(browser.get("/activations/")),
+    }
+    cache = ActivationCache.objects.get(pk=cache_id)
+    for path in sorted(cache.directory.rglob("*")):
+        if path.is_file():
+            relative = str(path.relative_to(cache.directory))
+            download = api.get(f"/api/activation-caches/{cache_id}/download", {"file": relative})
+            served[relative] = body(download)
+    for page in pages:
+        served[page] = body(browser.get(page))
+    return served
+
+
+def test_no_served_byte_names_a_local_root(setup, writer, settings):
+    model, dataset, api = setup
+    job_id = extract(api, model, dataset).json()["extraction_id"]
+    burst()
+    cache = ExtractionJob.objects.get(pk=job_id).cache
+    assert cache.status == "completed"
+    # Stored path-free: the row, and the manifest on disk (which a researcher may copy anywhere).
+    assert cache.key["model"]["identifier"] == "tiny-gpt2"
+    manifest_path = cache.directory / "manifest.json"
+    assert json.loads(manifest_path.read_text())["key"]["model"]["identifier"] == "tiny-gpt2"
+    # Still found by the same request (and by the one before this change: the hash is unchanged).
+    assert extract(api, model, dataset).json()["cached"] is True
+
+    roots = [str(root).encode() for root in [*settings.LOCAL_MODEL_ROOTS, *settings.LOCAL_DATA_ROOTS]]
+    pages = [f"/models/{model.id}/", f"/datasets/{dataset.id}/"]
+    for name, content in served_bytes(writer, cache.id, pages=pages).items():
+        assert not any(root in content for root in roots), name
+
+    # A cache written before keys went path-free holds the absolute path: it is never served.
+    manifest = json.loads(manifest_path.read_text())
+    manifest["key"]["model"]["identifier"] = str(settings.LOCAL_MODEL_ROOTS[0] / "tiny-gpt2")
+    manifest_path.write_text(json.dumps(manifest, indent=2) + "\n")
+    served = served_bytes(writer, cache.id)
+    for name, content in served.items():
+        assert not any(root in content for root in roots), name
+    assert json.loads(served["manifest.json"])["key"]["model"]["identifier"] == "tiny-gpt2"
+    assert json.loads(served["detail"])["manifest"]["key"]["model"]["identifier"] == "tiny-gpt2"
+
+
+def test_a_reused_cache_names_each_users_own_dataset(tiny_gpt2_folder, writer, client_for):
+    from conftest import make_user
+
+    alice, bob = writer, make_user("bob-writer", "model:write")
+    model = model_register(
+        source="local", identifier=str(tiny_gpt2_folder), name="tiny", owner=alice, shared=True
+    )
+    content = "".join(f"{text}\n" for text in TEXTS).encode()
+
+    def private_upload(user, name):
+        handle = io.BytesIO(content)
+        handle.name = "notes.txt"
+        response = client_for(user).post("/api/datasets", {"file": handle, "name": name}, format="multipart")
+        assert response.status_code == 201 and response.json()["shared"] is False
+        return Dataset.objects.get(pk=response.json()["id"])
+
+    alices = private_upload(alice, "alice-confidential-corpus")
+    first = extract(client_for(alice), model, alices).json()
+    burst()
+    cache = ExtractionJob.objects.get(pk=first["extraction_id"]).cache
+    assert cache.status == "completed" and cache.dataset == alices
+
+    bobs = private_upload(bob, "bob-notes")
+    assert bobs.content_hash == alices.content_hash
+    reused = extract(client_for(bob), model, bobs)
+    assert reused.status_code == 200, reused.content
+    assert reused.json()["cached"] is True and reused.json()["cache_id"] == cache.id
+    assert reused.json()["dataset_id"] == bobs.id
+
+    def assert_shown(user, dataset, hidden):
+        served = served_bytes(user, cache.id, pages=[f"/models/{model.id}/"])
+        for name, content in served.items():
+            assert not any(secret.encode() in content for secret in hidden), (user.username, name)
+        detail = json.loads(served["detail"])
+        provenance = detail["manifest"]["provenance"]
+        assert detail["dataset_id"] == provenance["dataset_id"] == (dataset.id if dataset else None)
+        assert provenance["dataset_name"] == (dataset.name if dataset else None)
+        assert json.loads(served["manifest.json"])["provenance"] == provenance
+        with tarfile.open(fileobj=io.BytesIO(served["tar"])) as tar:
+            assert json.loads(tar.extractfile(f"{cache.id}/manifest.json").read())["provenance"] == provenance
+
+    assert_shown(bob, bobs, hidden=[alices.id, alices.name])
+    assert_shown(alice, alices, hidden=[bobs.id, bobs.name])
+    bob_api = client_for(bob)
+    by_dataset = bob_api.get("/api/activation-caches", {"dataset": bobs.id}).json()["caches"]
+    assert [entry["id"] for entry in by_dataset] == [cache.id]
+    assert bob_api.get("/api/activation-caches", {"dataset": alices.id}).json()["caches"] == []
+    page = Client()
+    page.force_login(bob)
+    assert cache.id.encode() in page.get(f"/datasets/{bobs.id}/").content
+
+    # Bob deletes his dataset: his view names no dataset, and never falls back to Alice's.
+    assert bob_api.delete(f"/api/datasets/{bobs.id}").status_code == 204
+    assert_shown(bob, None, hidden=[alices.id, alices.name])
+    assert_shown(alice, alices, hidden=[bobs.id, bobs.name])
+    # Alice deletes hers: she still sees the name her extraction recorded; Bob still sees nothing.
+    assert client_for(alice).delete(f"/api/datasets/{alices.id}").status_code == 204
+    served = json.loads(served_bytes(alice, cache.id)["detail"])
+    assert served["dataset_id"] is None
+    assert served["manifest"]["provenance"]["dataset_name"] == "alice-confidential-corpus"
+    assert_shown(bob, None, hidden=[alices.id, alices.name])

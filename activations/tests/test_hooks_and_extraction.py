@@ -487,6 +487,9 @@ def test_tokenization_truncates_and_keeps_special_tokens(load_tiny, texts):
     )
     with pytest.raises(ExtractionError):
         tokenize_samples(gpt2.tokenizer, texts, 0)
+    # Below its special tokens, a tokenizer would return whole texts: refused instead.
+    with pytest.raises(ExtractionError, match="at least 2"):
+        tokenize_samples(bert, texts, 1)
 
 
 def test_plan_batches_covers_every_sample_once_grouped_by_length():
@@ -522,3 +525,81 @@ def test_the_engine_imports_without_django_or_torch():
     )
     root = Path(__file__).resolve().parents[2]
     subprocess.run([sys.executable, "-c", code], cwd=root, check=True)
+
+
+def _tokenizers_of_every_kind() -> dict[str, object]:
+    """Real trained tokenizers: byte-level BPE, Qwen2's (NFC, digits split), BERT's WordPiece
+    (``[CLS] ... [SEP]``), a BPE that adds a BOS, and one that truncates on the left."""
+    import copy
+
+    from tokenizers import processors
+
+    from models_app.engine.tiny_models import END_OF_TEXT, build_tokenizer
+
+    kinds = {kind: build_tokenizer(kind=kind) for kind in ("bpe", "qwen2", "wordpiece")}
+    with_bos = build_tokenizer(kind="bpe")
+    bos_id = with_bos.convert_tokens_to_ids(END_OF_TEXT)
+    with_bos.backend_tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{END_OF_TEXT} $A", special_tokens=[(END_OF_TEXT, bos_id)]
+    )
+    assert with_bos("a b")["input_ids"][0] == bos_id and with_bos.num_special_tokens_to_add() == 1
+    kinds["bpe_with_bos"] = with_bos
+    from_left = copy.deepcopy(kinds["wordpiece"])
+    from_left.truncation_side = "left"
+    kinds["wordpiece_left"] = from_left
+    return kinds
+
+
+def _awkward_long_texts() -> list[str]:
+    """Long texts whose characters at every prefix size fall inside words, digit runs, whitespace
+    runs and combining sequences (the shifts move each cut through them)."""
+    prose = " ".join(local_corpus(12_000))
+    odd = (
+        "e\u0301t\u0301e\u0301 caf\u00e9  \t\r\n 1234567890123 unbelievably"
+        "antidisestablishmentarianism ---=== \u4e2d\u6587\u5b57 "
+    ) * 60
+    texts = [prose[shift:] for shift in range(0, 9)]
+    texts += [odd[shift:] for shift in range(0, 7)]
+    texts += ["ab" * 6000, "a" * 9000, " " * 5000 + prose[:3000], "x\u0301" * 4000]
+    return texts
+
+
+@pytest.mark.parametrize("kind", ["bpe", "qwen2", "wordpiece", "bpe_with_bos", "wordpiece_left"])
+def test_long_texts_tokenize_exactly_as_whole_texts_truncated(kind):
+    tokenizer = _tokenizers_of_every_kind()[kind]
+    texts = _awkward_long_texts()
+    for max_length in (2, 3, 4, 7, 16, 33, 64, 200):
+        expected = tokenizer(texts, add_special_tokens=True, truncation=True, max_length=max_length)
+        assert tokenize_samples(tokenizer, texts, max_length) == [
+            list(ids) for ids in expected["input_ids"]
+        ], (
+            kind,
+            max_length,
+        )
+
+
+class _InputRecorder:
+    """A real tokenizer that records the length of every text it is given."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.lengths: list[int] = []
+
+    def __call__(self, text, **options):
+        self.lengths += [len(text)] if isinstance(text, str) else [len(item) for item in text]
+        return self.tokenizer(text, **options)
+
+    def __getattr__(self, name):
+        return getattr(self.tokenizer, name)
+
+
+def test_a_huge_sample_is_tokenized_from_a_bounded_prefix():
+    from models_app.engine.tiny_models import build_tokenizer
+
+    tokenizer = build_tokenizer(kind="bpe")
+    prose = " ".join(local_corpus(50_000))
+    huge = (prose * (20_000_000 // len(prose) + 1))[:20_000_000]  # 20 MB, one line
+    recorder = _InputRecorder(tokenizer)
+    (ids,) = tokenize_samples(recorder, [huge], 64)
+    assert max(recorder.lengths) <= 64 * 8 * 4 and sum(recorder.lengths) <= 64 * 8 * 8
+    assert ids == tokenizer(prose[:5000], truncation=True, max_length=64)["input_ids"]

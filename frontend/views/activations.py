@@ -316,7 +316,8 @@ first_sample = store.sample("{hook}", 0)
 """
 
 
-def _files(cache: ActivationCache) -> list[dict[str, Any]]:
+def _files(cache: ActivationCache, *, manifest_size: int) -> list[dict[str, Any]]:
+    """The cache's files, with the size each download has (the manifest is the user's own)."""
     from activations.store import iter_files
 
     download = reverse("cache-download", args=[cache.id])
@@ -326,7 +327,7 @@ def _files(cache: ActivationCache) -> list[dict[str, Any]]:
         files.append(
             {
                 "name": relative,
-                "size": path.stat().st_size,
+                "size": manifest_size if relative == selectors.MANIFEST_FILE else path.stat().st_size,
                 "url": f"{download}?{urlencode({'file': relative})}",
             }
         )
@@ -357,7 +358,7 @@ def cache_list_page(request):
         value = request.GET.get(name, "").strip()
         if value and (allowed is None or value in allowed):
             filters[name] = value
-    caches = list(selectors.cache_list(user=request.user, filters=filters).select_related("model", "dataset"))
+    caches = list(selectors.cache_list(user=request.user, filters=filters).select_related("model"))
     now = timezone.now()
     for cache in caches:
         hooks = sorted(cache.hooks, key=hook_sort_key)
@@ -395,7 +396,7 @@ def cache_browser_page(request, cache_id: str):
     """
     cache = _cache_or_404(request.user, cache_id)
     fragment = request.GET.get("fragment")
-    manifest = selectors.cache_manifest(cache) if cache.directory.exists() else None
+    manifest = selectors.cache_manifest(cache, user=request.user) if cache.directory.exists() else None
     context: dict[str, Any] = {
         "cache": cache,
         "provenance": _provenance(cache, manifest),
@@ -477,7 +478,9 @@ def cache_browser_page(request, cache_id: str):
             "snippet": python_snippet(cache, hook),
             "top_k": TOP_K,
             "context_tokens": CONTEXT_TOKENS,
-            "files": _files(cache),
+            "files": _files(
+                cache, manifest_size=len(selectors.cache_manifest_bytes(cache, user=request.user))
+            ),
             "shape": store.shape(hook),
         }
     )

@@ -204,9 +204,7 @@ def model_detail_page(request, model_id: str):
             "hooks_error": hooks_error,
             "memory_rows": estimates,
             "workers": workers,
-            "caches": activation_selectors.cache_list(
-                user=request.user, filters={"model": model.id}
-            ).select_related("dataset"),
+            "caches": activation_selectors.cache_list(user=request.user, filters={"model": model.id}),
             "extractions": extractions,
             "active_extraction": active,
             "datasets": activation_selectors.dataset_list(user=request.user),

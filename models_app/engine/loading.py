@@ -26,7 +26,7 @@ import gc
 import logging
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,6 +37,7 @@ from models_app.engine.inspection import (
     ENCODER_MODEL_TYPES,
     QUANTIZATIONS,
     SUPPORTED_MODEL_TYPES,
+    confined_folder_entries,
 )
 
 __all__ = [
@@ -196,8 +197,13 @@ def load_weights(
     quantization: str,
     device: str,
     on_stage: StageCallback | None = None,
+    roots: Sequence[Path | str] | None = None,
 ) -> LoadedWeights:
     """Load the model and tokenizer in ``folder`` onto ``device`` in eval mode.
+
+    transformers follows links in the folder, so every entry of it must lie, links resolved,
+    inside ``roots`` (default: the folder itself; a Hugging Face cache's snapshot links to its
+    blobs, so its callers pass the cache): else ``UNSAFE_PATH``, before anything is read.
 
     The weights are read straight onto ``device`` (``device_map``), never staged on the CPU
     and then copied. ``on_stage(name, fraction)`` is called at the start (0.0) and end (1.0)
@@ -207,6 +213,7 @@ def load_weights(
     """
     report = on_stage or (lambda name, fraction: None)
     _check_request(model_type, quantization)
+    confined_folder_entries(folder, roots)
     from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer
 
     timings: dict[str, float] = {}

@@ -148,3 +148,38 @@ def test_a_worker_process_that_stops_leaves_its_models_unloaded(writer, client_f
         assert worker.wait(timeout=30) == 0, worker.stderr.read().decode()[-2000:]
     tiny_model.refresh_from_db()
     assert tiny_model.status == "unloaded" and tiny_model.error_code == ""
+
+
+def test_a_link_out_of_the_roots_added_after_registration_is_refused_at_load(
+    writer, client_for, model_copy, tmp_path
+):
+    import shutil
+
+    from activations.selectors import model_folder
+    from models_app.engine.inspection import InspectionError
+    from models_app.engine.loading import load_weights
+
+    folder = model_copy("linked-later", {})
+    model = model_register(source="local", identifier=str(folder), name="linked-later", owner=writer)
+    assert model_folder(model) == folder  # its tokenizer may be read by the web process
+    # Later, a tokenizer file becomes a link to a file outside the roots.
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    shutil.move(folder / "tokenizer.json", outside / "tokenizer.json")
+    (folder / "tokenizer.json").symlink_to(outside / "tokenizer.json")
+
+    response = client_for(writer).post(f"/api/models/{model.id}/load", {}, format="json")
+    assert response.status_code == 202, response.content
+    run_burst_worker()
+    model.refresh_from_db()
+    assert (model.status, model.error_code, model.error_details) == (
+        "failed",
+        "UNSAFE_PATH",
+        {"file": "tokenizer.json"},
+    )
+    assert LOADED_MODELS.get(model.id) is None
+    assert model_folder(model) is None  # nor does the web process read its tokenizer
+    # The engine refuses too, whoever calls it.
+    with pytest.raises(InspectionError) as refused:
+        load_weights(folder, model_type="gpt2", quantization="none", device="cpu", roots=[folder.parent])
+    assert refused.value.code == "UNSAFE_PATH"

@@ -104,6 +104,33 @@ def test_a_symlink_out_of_the_roots_is_400(writer_api, tmp_path, tiny_gpt2_folde
     assert response.status_code == 400 and error_code(response) == "INVALID_LOCAL_PATH"
 
 
+@pytest.mark.parametrize(
+    "linked",
+    ["config.json", "tokenizer.json", "tokenizer_config.json", "model.safetensors", "generation_config.json"],
+)
+def test_a_file_linked_out_of_the_roots_is_400_at_registration(writer_api, model_copy, linked, tmp_path):
+    folder = model_copy("linked-out", {linked: "outside"})
+    response = writer_api.post(
+        "/api/models", {"source": "local", "model_identifier": str(folder)}, format="json"
+    )
+    assert response.status_code == 400 and error_code(response) == "UNSAFE_PATH", response.content
+    assert response.json()["error"]["details"] == {"file": linked}
+    assert linked in response.json()["error"]["message"]
+    assert (
+        str(folder.parent) not in response.content.decode() and str(tmp_path) not in response.content.decode()
+    )
+    assert not LanguageModel.objects.exists()
+
+
+def test_files_linked_inside_the_root_are_fine(writer_api, model_copy):
+    folder = model_copy("linked-in", {"config.json": "inside", "model.safetensors": "inside"})
+    response = writer_api.post(
+        "/api/models", {"source": "local", "model_identifier": str(folder)}, format="json"
+    )
+    assert response.status_code == 201, response.content
+    assert response.json()["model_type"] == "gpt2" and response.json()["parameter_count"] > 0
+
+
 def test_a_hub_id_that_matches_a_local_folder_is_still_a_hub_id(writer_api, tiny_gpt2_folder, monkeypatch):
     monkeypatch.chdir(settings.LOCAL_MODEL_ROOTS[0])  # "tiny-gpt2" now also names a local folder
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

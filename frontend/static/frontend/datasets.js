@@ -59,7 +59,9 @@
   function showUploadError(form, error) {
     const available = error.details?.available_fields;
     if (error.code === "FIELD_NOT_FOUND" && Array.isArray(available) && form.elements.field) {
-      mi.showErrors(form, { message: error.message, fields: { field: [`The file has: ${available.join(", ")}`] } });
+      const more = (error.details.available_fields_count ?? available.length) - available.length;
+      const listed = available.join(", ") + (more > 0 ? ` and ${more} more` : "");
+      mi.showErrors(form, { message: error.message, fields: { field: [`The file has: ${listed}`] } });
       form.elements.field.focus();
       return;
     }
