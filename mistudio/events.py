@@ -33,7 +33,7 @@ from typing import Any
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.conf import settings
-from django.db import models
+from django.db import models, transaction
 from django.utils import timezone
 
 from mistudio.redis_client import get_redis
@@ -145,8 +145,10 @@ def publish(
     it only to users who may see them when it is sent, so a group many users share (``models``,
     ``model.<id>`` of a shared model) never carries another user's private row.
 
-    Call from synchronous code only. A channel-layer failure is logged, never raised: the row
-    already holds the state, and pages recover it by polling the REST API.
+    The event is sent once the surrounding transaction commits (at once outside one), so a client
+    that re-reads the row over REST on an event always sees the state the event announced; a rolled
+    back change announces nothing. Call from synchronous code only. A channel-layer failure is
+    logged, never raised: the row already holds the state, and pages recover it over REST.
     """
     update_fields = list(fields)
     if instance is not None and update_fields:
@@ -154,13 +156,18 @@ def publish(
             update_fields.append("updated_at")
         instance.save(update_fields=update_fields)
     message = event_message(event, data, audience=audience)
+    groups = list(groups)
+    transaction.on_commit(lambda: send_now(message, groups))
+
+
+def send_now(message: dict[str, Any], groups: list[str]) -> None:
     layer = get_channel_layer()
     for group in groups:
         try:
             message_for_group = {**message, "group": group, "seq": next_sequence(group)}
             async_to_sync(layer.group_send)(group, message_for_group)
         except Exception:
-            logger.warning("could not publish %s to %s", event, group, exc_info=True)
+            logger.warning("could not publish %s to %s", message["event"], group, exc_info=True)
 
 
 class ProgressThrottle:

@@ -1,5 +1,7 @@
 """The WebSocket consumer on the full ASGI application, with the real Redis channel layer."""
 
+import asyncio
+
 import pytest
 from asgiref.sync import sync_to_async
 from channels.testing import WebsocketCommunicator
@@ -138,3 +140,45 @@ async def test_the_shared_models_group_carries_a_private_model_to_its_owner_only
     assert others["data"]["model_id"] == model.id and others["seq"] == owners["seq"]
     for communicator in sockets.values():
         await communicator.disconnect()
+
+
+async def test_an_event_is_sent_after_its_transaction_commits_so_a_rest_reread_sees_it(
+    reader, client_for, tiny_gpt2_folder
+):
+    """A page re-reads the row over REST on each event: it must find the state the event announced."""
+    import time
+
+    from django.db import transaction
+
+    from models_app.models import LanguageModel
+    from models_app.services import model_publish, model_register
+
+    model = await sync_to_async(model_register)(
+        source="local", identifier=str(tiny_gpt2_folder), name="tiny", owner=None
+    )
+    communicator, connected, _ = await connect(ORIGIN, token_header(reader))
+    assert connected
+    await communicator.send_json_to({"action": "subscribe", "groups": [f"model.{model.id}"]})
+    assert (await communicator.receive_json_from(timeout=5))["type"] == "snapshot"
+
+    def change_slowly(progress: float, *, fail: bool = False):
+        try:
+            with transaction.atomic():
+                row = LanguageModel.objects.select_for_update().get(pk=model.id)
+                model_publish(row, "model:loading", row.mark_loading(progress=progress, message="Loading"))
+                time.sleep(0.5)  # the transaction is still open: nobody else sees the change yet
+                if fail:
+                    raise RuntimeError("rolled back")
+        except RuntimeError:
+            pass
+
+    api = await sync_to_async(client_for)(reader)
+    for progress in (25.0, 75.0):
+        changing = asyncio.ensure_future(sync_to_async(change_slowly, thread_sensitive=False)(progress))
+        event = await communicator.receive_json_from(timeout=5)
+        state = (await sync_to_async(api.get)(f"/api/models/{model.id}")).json()
+        assert event["data"]["progress"] == state["progress"] == progress, (event["data"], state)
+        await changing
+    await sync_to_async(change_slowly, thread_sensitive=False)(99.0, fail=True)
+    assert await communicator.receive_nothing(timeout=0.5)  # a rolled-back change announces nothing
+    await communicator.disconnect()
