@@ -25,7 +25,7 @@ worker: $(VENV)/.installed
 	$(PY) manage.py worker --name $(or $(NAME),worker-2) $(if $(DEVICE),--device $(DEVICE))
 
 lint: $(VENV)/.installed
-	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
+	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check . && $(VENV)/bin/lint-imports --no-cache
 
 format: $(VENV)/.installed
 	$(VENV)/bin/ruff check --fix . && $(VENV)/bin/ruff format .
