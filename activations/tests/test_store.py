@@ -18,7 +18,6 @@ import pytest
 import torch
 from safetensors.numpy import load_file
 
-from activations import store
 from activations.store import (
     ActivationStore,
     CacheError,
@@ -27,6 +26,7 @@ from activations.store import (
     iter_files,
     verify,
 )
+from activations.store import format as cache_format
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 HOOKS = {"blocks.0.hook_resid_post": 8, "module:transformer.h.0.mlp": 12, "blocks.1.attn.hook_z": 5}
@@ -587,12 +587,12 @@ def test_resume_of_a_complete_cache_with_a_damaged_token_table(reference, tmp_pa
 
 CRASH_SCRIPT = """
 import os, signal, sys
-from activations import store
+from activations.store import format as cache_format
 assert "django" not in sys.modules, "activations.store must not import Django"
 from activations.tests.test_store import NUM_BATCHES, make_batch, open_writer
 
 mode, directory = sys.argv[1], sys.argv[2]
-real_write = store._write_bytes
+real_write = cache_format._write_bytes
 
 def dying_write(handle, data):
     name = os.path.basename(handle.name)
@@ -604,7 +604,7 @@ def dying_write(handle, data):
         os.kill(os.getpid(), signal.SIGKILL)
     real_write(handle, data)
 
-store._write_bytes = dying_write
+cache_format._write_bytes = dying_write
 writer = open_writer(directory, dtype="bfloat16")
 for index in range(NUM_BATCHES):
     writer.add_batch(index, **make_batch(index))
@@ -650,7 +650,7 @@ def test_resume_after_a_real_crash(tmp_path, reference, mode, returncode):
 def fill_disk_when_writing(monkeypatch, target: str) -> dict:
     """The first write into a temp file whose path contains ``target`` puts half its bytes down, then
     hits ENOSPC, and so does every write after it (the disk stays full). Returns the hit counter."""
-    real_write = store._write_bytes
+    real_write = cache_format._write_bytes
     state = {"full": False, "hits": 0}
 
     def write(handle, data):
@@ -661,7 +661,7 @@ def fill_disk_when_writing(monkeypatch, target: str) -> dict:
             raise OSError(errno.ENOSPC, "No space left on device")
         real_write(handle, data)
 
-    monkeypatch.setattr(store, "_write_bytes", write)
+    monkeypatch.setattr(cache_format, "_write_bytes", write)
     return state
 
 
