@@ -28,7 +28,6 @@ from models_app.models import LanguageModel
 
 logger = logging.getLogger(__name__)
 
-EXTRACTION_JOB_TIMEOUT_SECONDS = 24 * 3600
 DATASET_ERROR_STATUS = {"DATASET_TOO_LARGE": 413}
 STORAGE_DTYPES = ("float32", "bfloat16", "float16")
 
@@ -359,7 +358,7 @@ def extraction_request(
         job.rq_job_id = f"extract-{job.id}"
         job.save(update_fields=["rq_job_id"])
         job_publish(job, "extraction:queued", [])
-        transaction.on_commit(lambda: extraction_enqueue(job))
+        extraction_enqueue(job)  # queued once this transaction commits
     return job
 
 
@@ -428,7 +427,7 @@ def extraction_enqueue(job: ExtractionJob, *, queue_name: str | None = None) -> 
     """To the model's host worker if it is loaded, else to the shared queue (the taker loads it)."""
     from rq import Queue
 
-    from models_app.workers import shared_queue, worker_queue
+    from models_app.workers import enqueue, shared_queue, worker_queue
 
     model = LanguageModel.objects.get(pk=job.model_id)
     if queue_name:
@@ -437,12 +436,7 @@ def extraction_enqueue(job: ExtractionJob, *, queue_name: str | None = None) -> 
         queue = worker_queue(model.host_worker)
     else:
         queue = shared_queue()
-    queue.enqueue(
-        "activations.tasks.run_extraction",
-        job.id,
-        job_id=job.rq_job_id,
-        job_timeout=EXTRACTION_JOB_TIMEOUT_SECONDS,
-    )
+    enqueue(queue, "activations.tasks.run_extraction", job.id, job_id=job.rq_job_id)
 
 
 def extraction_cancel_key(job_id: str) -> str:

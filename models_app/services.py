@@ -22,8 +22,6 @@ from models_app.models import LanguageModel
 
 logger = logging.getLogger(__name__)
 
-LOAD_JOB_TIMEOUT_SECONDS = 6 * 3600  # a large hub download is part of the load
-UNLOAD_JOB_TIMEOUT_SECONDS = 300
 CANCEL_FLAG_TTL_SECONDS = 3600
 
 # HTTP status for the codes the engine modules (inspection, hub) raise.
@@ -244,7 +242,7 @@ def model_delete(*, model_id: str) -> None:
     The model's activation caches go with it, files included.
     """
     from activations.services import cache_delete_files
-    from models_app.workers import worker_queue
+    from models_app.workers import enqueue, worker_queue
 
     with transaction.atomic():
         model = LanguageModel.objects.select_for_update().get(pk=model_id)
@@ -262,14 +260,7 @@ def model_delete(*, model_id: str) -> None:
         for cache in caches:
             transaction.on_commit(lambda cache=cache: cache_delete_files(cache))
         if host:
-            transaction.on_commit(
-                lambda: worker_queue(host).enqueue(
-                    "models_app.tasks.unload_model",
-                    model_id,
-                    reason="deleted",
-                    job_timeout=UNLOAD_JOB_TIMEOUT_SECONDS,
-                )
-            )
+            enqueue(worker_queue(host), "models_app.tasks.unload_model", model_id, reason="deleted")
     publish("model:deleted", {"model_id": model_id}, groups=groups, audience=receivers)
 
 
@@ -325,7 +316,7 @@ def model_load_request(*, model_id: str, actor, quantization: str | None = None)
     Loading a visible model is using it, open to any writer; choosing another ``quantization``
     changes the row, which only its owner may (``model_update`` checks ``actor``).
     """
-    from models_app.workers import read_heartbeats, shared_queue
+    from models_app.workers import enqueue, read_heartbeats, shared_queue
 
     with transaction.atomic():
         model = LanguageModel.objects.select_for_update().get(pk=model_id)
@@ -347,30 +338,18 @@ def model_load_request(*, model_id: str, actor, quantization: str | None = None)
         model_publish(
             model, "model:loading", model.mark_loading(progress=0, message="Queued", rq_job_id=job_id)
         )
-        transaction.on_commit(
-            lambda: shared_queue().enqueue(
-                "models_app.tasks.load_model", model.id, job_id=job_id, job_timeout=LOAD_JOB_TIMEOUT_SECONDS
-            )
-        )
+        enqueue(shared_queue(), "models_app.tasks.load_model", model.id, job_id=job_id)
     return model
 
 
 def model_unload_request(*, model_id: str) -> LanguageModel:
     """Queue the unload on the host worker's own queue (only a ready model can be unloaded)."""
-    from models_app.workers import worker_queue
+    from models_app.workers import enqueue, worker_queue
 
     model = LanguageModel.objects.get(pk=model_id)
     if model.status != LanguageModel.Status.READY or not model.host_worker:
         raise ApplicationError("MODEL_NOT_LOADED", "The model is not loaded.", status=409)
-    host = model.host_worker
-    transaction.on_commit(
-        lambda: worker_queue(host).enqueue(
-            "models_app.tasks.unload_model",
-            model.id,
-            reason="requested",
-            job_timeout=UNLOAD_JOB_TIMEOUT_SECONDS,
-        )
-    )
+    enqueue(worker_queue(model.host_worker), "models_app.tasks.unload_model", model.id, reason="requested")
     return model
 
 

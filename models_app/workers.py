@@ -14,10 +14,11 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import redis
 from django.conf import settings
-from django.db import InterfaceError, OperationalError, connections
+from django.db import InterfaceError, OperationalError, connections, transaction
 from rq import Queue, SimpleWorker
 from rq.job import Job
 from rq.timeouts import TimerDeathPenalty
@@ -53,6 +54,23 @@ def shared_queue() -> Queue:
 
 def worker_queue(worker_name: str) -> Queue:
     return Queue(worker_queue_name(worker_name), connection=get_redis())
+
+
+# How long each task may run before RQ stops it.
+TASK_TIMEOUT_SECONDS = {
+    "models_app.tasks.load_model": 6 * 3600,  # a large hub download is part of the load
+    "models_app.tasks.unload_model": 300,
+    "activations.tasks.run_extraction": 24 * 3600,
+    "models_app.generation.tasks.run_generation": 3600,
+}
+
+
+def enqueue(queue: Queue, task: str, *args: Any, **options: Any) -> None:
+    """Put ``task`` on ``queue`` once the current transaction commits (at once outside one), so the
+    worker finds the rows the caller saved, with the task's timeout (``TASK_TIMEOUT_SECONDS``).
+    The one way any code queues a job."""
+    timeout = TASK_TIMEOUT_SECONDS[task]
+    transaction.on_commit(lambda: queue.enqueue(task, *args, job_timeout=timeout, **options))
 
 
 def device_memory(device: str) -> tuple[int, int]:
@@ -199,8 +217,8 @@ class HeartbeatThread(threading.Thread):
         for model_id, keep_alive in expiring:
             if idle[model_id] > keep_alive and model_id not in self.unloads_queued:
                 self.unloads_queued.add(model_id)
-                worker_queue(self.identity.name).enqueue(
-                    "models_app.tasks.unload_model", model_id, reason="idle", job_timeout=300
+                enqueue(
+                    worker_queue(self.identity.name), "models_app.tasks.unload_model", model_id, reason="idle"
                 )
         self.unloads_queued &= set(idle)
 

@@ -28,7 +28,6 @@ DEFAULT_MAX_TOKENS = 128
 MAX_PROMPT_CHARACTERS = 12_000
 MAX_BATCH_PROMPTS = 16
 MAX_STOP_SEQUENCES = 4
-GENERATION_JOB_TIMEOUT_SECONDS = 3600
 CAPTURE_DTYPES = ("float32", "bfloat16", "float16")
 
 
@@ -120,7 +119,7 @@ def generation_request(
     (:func:`generation_model` finds a model the way an API user may see it).
     """
     from activations.services import hook_names_for
-    from models_app.workers import worker_queue
+    from models_app.workers import enqueue, worker_queue
 
     model = LanguageModel.objects.get(pk=model_id)
     if (prompts is None) == (messages is None):
@@ -176,22 +175,17 @@ def generation_request(
             )
             for prompt in (prompts if prompts is not None else [""])
         ]
-        queue_name = model.host_worker
-
-        def enqueue() -> None:
-            queue = worker_queue(queue_name)
-            for row in rows:
-                # At the front: a chat reply should not wait behind a long extraction's queue.
-                queue.enqueue(
-                    "models_app.generation.tasks.run_generation",
-                    row.id,
-                    job_id=f"generate-{row.id}",
-                    job_timeout=GENERATION_JOB_TIMEOUT_SECONDS,
-                    at_front=True,
-                    result_ttl=0,
-                )
-
-        transaction.on_commit(enqueue)
+        queue = worker_queue(model.host_worker)
+        for row in rows:
+            # At the front: a chat reply should not wait behind a long extraction's queue.
+            enqueue(
+                queue,
+                "models_app.generation.tasks.run_generation",
+                row.id,
+                job_id=f"generate-{row.id}",
+                at_front=True,
+                result_ttl=0,
+            )
     return rows
 
 
