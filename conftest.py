@@ -34,8 +34,8 @@ def redis_for_tests():
 def no_models_left_loaded():
     """Each test starts with an empty in-process model registry (burst workers share this process)."""
     yield
-    from models_app.engine.loading import release
-    from models_app.engine.registry import LOADED_MODELS
+    from engine.loading import release
+    from engine.registry import LOADED_MODELS
 
     for entry in LOADED_MODELS.by_last_use():
         release(LOADED_MODELS.remove(entry.model_id))
@@ -94,8 +94,8 @@ def load_tiny(tmp_path_factory):
 
     Shared by the engine tests: a test that changes a model (its generation config) restores it.
     """
-    from models_app.engine.loading import load_weights
-    from models_app.engine.tiny_models import build_tiny_model
+    from engine.loading import load_weights
+    from engine.testing.tiny_models import build_tiny_model
 
     root = tmp_path_factory.mktemp("tiny-engine-models")
     loaded = {}
@@ -116,7 +116,7 @@ def load_tiny(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_gpt2_folder():
     """A tiny GPT-2 built once per session inside LOCAL_MODEL_ROOTS."""
-    from models_app.engine.tiny_models import build_tiny_model
+    from engine.testing.tiny_models import build_tiny_model
 
     folder = settings.LOCAL_MODEL_ROOTS[0] / "tiny-gpt2"
     if not (folder / "config.json").exists():
@@ -133,7 +133,7 @@ def tiny_llama_folder():
     """
     import json
 
-    from models_app.engine.tiny_models import build_tiny_model
+    from engine.testing.tiny_models import build_tiny_model
 
     folder = settings.LOCAL_MODEL_ROOTS[0] / "tiny-llama"
     if not (folder / "config.json").exists():

@@ -6,7 +6,7 @@ Built from the row's config on PyTorch's meta device: no memory for parameters, 
 import functools
 import json
 
-from models_app.engine.inspection import ENCODER_MODEL_TYPES
+from engine.inspection import ENCODER_MODEL_TYPES
 from models_app.models import LanguageModel
 
 

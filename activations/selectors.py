@@ -43,8 +43,8 @@ def dataset_get_to_change(*, user, dataset_id: str) -> Dataset:
 
 def hook_points(model: LanguageModel) -> dict[str, Any]:
     """Every canonical hook point with the shape one sample of ``n`` tokens gives it."""
-    from activations.engine.hooks import list_hook_points
     from activations.model_structure import skeleton
+    from engine.hooks import list_hook_points
 
     points = [
         {"name": info.name, "layer": info.layer, "shape": ["n_tokens", info.width]}

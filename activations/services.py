@@ -18,12 +18,12 @@ from django.utils import timezone
 
 from activations.models import ActivationCache, Dataset, ExtractionJob
 from activations.store import write_durably
+from engine.errors import EngineError
 from mistudio.errors import ApplicationError, rate_limited
 from mistudio.events import publish, rows_audience
 from mistudio.local_paths import path_inside_roots, path_shown
 from mistudio.redis_client import get_redis
 from models_app.access import check_may_change
-from models_app.engine.errors import EngineError
 from models_app.models import LanguageModel
 
 logger = logging.getLogger(__name__)
@@ -58,7 +58,7 @@ def dataset_create_from_texts(
     shared: bool = False,
 ) -> Dataset:
     """Store the non-empty samples as JSON Lines and register them as a dataset."""
-    from activations.engine.datasets import content_hash, preview
+    from engine.datasets import content_hash, preview
 
     samples = [text for text in texts if text.strip()]
     if not samples:
@@ -95,7 +95,7 @@ def dataset_create_from_upload(
     shared: bool = False,
 ) -> Dataset:
     """Parse an uploaded file (plain text, JSONL, CSV) into a dataset."""
-    from activations.engine.datasets import GUESS_HEAD_BYTES, guess_format, parse_bytes
+    from engine.datasets import GUESS_HEAD_BYTES, guess_format, parse_bytes
 
     try:
         chosen = format or guess_format(filename, data[:GUESS_HEAD_BYTES])
@@ -130,7 +130,7 @@ def dataset_create_from_local(
     shared: bool = False,
 ) -> Dataset:
     """A file or folder under LOCAL_DATA_ROOTS: text / JSONL / CSV files or a ``save_to_disk`` folder."""
-    from activations.engine.datasets import parse_path
+    from engine.datasets import parse_path
 
     resolved = local_data_path(path)
     try:
@@ -265,8 +265,8 @@ def job_publish(job: ExtractionJob, event: str, fields: list[str], **extra: Any)
 
 def hook_names_for(model: LanguageModel, *, hooks: list[str] | None, layers: list[int] | None) -> list[str]:
     """Validate hook names against the model's structure (built on the meta device: no weights)."""
-    from activations.engine.hooks import HookError, resolve_hook_names
     from activations.model_structure import skeleton
+    from engine.hooks import HookError, resolve_hook_names
 
     try:
         return resolve_hook_names(skeleton(model), hooks, layers)

@@ -17,10 +17,10 @@ from activations.services import (
     extraction_enqueue,
     job_publish,
 )
+from engine.errors import EngineError
+from engine.registry import LOADED_MODELS
 from mistudio.errors import ApplicationError
 from mistudio.events import ProgressThrottle
-from models_app.engine.errors import EngineError
-from models_app.engine.registry import LOADED_MODELS
 from models_app.models import LanguageModel
 from models_app.tasks import current_worker
 
@@ -70,8 +70,8 @@ def model_in_this_worker(job: ExtractionJob, worker_name: str):
 
 def hook_widths(model, names: list[str], tokenized: list[list[int]]) -> dict[str, int]:
     """Width of each hook: from the hook table, or by a two-token probe for ``module:`` paths."""
-    from activations.engine.extraction import extract
-    from activations.engine.hooks import list_hook_points
+    from engine.extraction import extract
+    from engine.hooks import list_hook_points
 
     widths = {info.name: info.width for info in list_hook_points(model)}
     unknown = [name for name in names if name not in widths]
@@ -87,8 +87,8 @@ def run_extraction(job_id: str) -> None:
     Idempotent: a job that is no longer queued or running does nothing, and a retried job
     continues the cache it started instead of writing anything twice.
     """
-    from activations.engine.extraction import extract, plan_batches, tokenize_samples
     from activations.store import CacheError, CacheWriter, shard_tokens_for
+    from engine.extraction import extract, plan_batches, tokenize_samples
 
     close_old_connections()
     identity = current_worker()

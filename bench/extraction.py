@@ -110,7 +110,7 @@ def timed(run, *, repeats: int) -> dict:
 
 def build_texts(tokenizer, count: int, *, lengths: tuple[int, int], seed: int) -> list[str]:
     """``count`` slices of the local corpus with token lengths drawn from ``lengths``, as text."""
-    from models_app.engine.tiny_models import local_corpus
+    from engine.testing.tiny_models import local_corpus
 
     stream: list[int] = []
     for ids in tokenizer(local_corpus(), add_special_tokens=False)["input_ids"]:
@@ -126,8 +126,8 @@ def build_texts(tokenizer, count: int, *, lengths: tuple[int, int], seed: int) -
 
 def prepare(folder: Path, count: int, *, lengths: tuple[int, int] = (MIN_LENGTH, MAX_LENGTH)):
     """The loaded model, its tokenizer, the texts and their token ids (truncated to the longest)."""
-    from activations.engine.extraction import tokenize_samples
-    from models_app.engine.loading import load_weights
+    from engine.extraction import tokenize_samples
+    from engine.loading import load_weights
 
     weights = load_weights(folder, model_type="gpt2", quantization="none", device="cpu")
     texts = build_texts(weights.tokenizer, count, lengths=lengths, seed=SEED)
@@ -148,7 +148,7 @@ def run_limit(model, tokenized: list[list[int]], deepest: int, *, repeats: int) 
     """(L): a bare forward over the planned batches, through block ``deepest`` only."""
     import torch
 
-    from activations.engine.extraction import plan_batches
+    from engine.extraction import plan_batches
 
     plan = plan_batches([len(ids) for ids in tokenized], BATCH_SIZE)
     pad = model.config.pad_token_id if model.config.pad_token_id is not None else model.config.eos_token_id
@@ -173,8 +173,8 @@ def run_limit(model, tokenized: list[list[int]], deepest: int, *, repeats: int) 
 
 def extract_to_cache(model, tokenized: list[list[int]], hooks: list[str], directory: Path) -> dict:
     """(M): the worker task's path from the token ids to a finalized cache in ``directory``."""
-    from activations.engine.extraction import extract, plan_batches
     from activations.store import CacheWriter, shard_tokens_for
+    from engine.extraction import extract, plan_batches
 
     plan = plan_batches([len(ids) for ids in tokenized], BATCH_SIZE)
     widths = dict.fromkeys(hooks, model.config.n_embd)
@@ -442,7 +442,7 @@ def main() -> None:
 
     import torch
 
-    from models_app.engine.tiny_models import build_tiny_model
+    from engine.testing.tiny_models import build_tiny_model
 
     torch.manual_seed(SEED)
     max_length = MAX_LENGTH
@@ -500,7 +500,7 @@ def main() -> None:
         target = None
         if "target" not in skip:
             print("running 1000 samples x 128 tokens ...", flush=True)
-            from activations.engine.extraction import tokenize_samples
+            from engine.extraction import tokenize_samples
 
             texts = build_texts(tokenizer, 1000, lengths=(128, 128), seed=SEED)
             directory = Path(tempfile.mkdtemp(prefix="bench-extraction-target-"))

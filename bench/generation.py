@@ -62,8 +62,8 @@ def free_port() -> int:
 
 def chat_message_of_length(tokenizer, tokens: int) -> str:
     """A user message whose chat prompt (the kit has no chat template: the fallback) is ``tokens`` long."""
-    from models_app.engine.generation import render_prompt
-    from models_app.engine.tiny_models import local_corpus
+    from engine.generation import render_prompt
+    from engine.testing.tiny_models import local_corpus
 
     words = " ".join(local_corpus(20_000)).split()
     low, high = 1, len(words)
@@ -182,9 +182,9 @@ def main() -> None:
     from django.contrib.auth import get_user_model
     from rest_framework.authtoken.models import Token
 
+    from engine.loading import load_weights
+    from engine.testing.tiny_models import build_tiny_model
     from models_app.access import OPERATOR
-    from models_app.engine.loading import load_weights
-    from models_app.engine.tiny_models import build_tiny_model
     from models_app.models import Generation, LanguageModel
     from models_app.services import model_load_request, model_register
     from models_app.workers import read_heartbeats

@@ -31,14 +31,14 @@ from types import SimpleNamespace
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from models_app.engine.loading import (  # noqa: E402  (the path is set just above)
+from engine.loading import (  # noqa: E402  (the path is set just above)
     load_weights,
     quantization_config_for,
     release,
     torch_dtype_for,
     warm_up,
 )
-from models_app.engine.tiny_models import build_tiny_model  # noqa: E402
+from engine.testing.tiny_models import build_tiny_model  # noqa: E402
 
 FOOTPRINT_GOALS = {"int8": 0.5, "int4": 0.3}
 SEQUENCE_LENGTH = 32

@@ -75,7 +75,7 @@ def bare_load(folder: Path, quantization: str) -> float:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from models_app.engine.loading import quantization_config_for, release, torch_dtype_for
+    from engine.loading import quantization_config_for, release, torch_dtype_for
 
     started = time.perf_counter()
     kwargs = {"dtype": torch_dtype_for(quantization), "use_safetensors": True, "device_map": {"": "cpu"}}
@@ -101,7 +101,7 @@ def main() -> None:
     from rest_framework.authtoken.models import Token
     from rest_framework.test import APIClient
 
-    from models_app.engine.tiny_models import build_tiny_model
+    from engine.testing.tiny_models import build_tiny_model
     from models_app.models import LanguageModel
     from models_app.services import model_register
     from models_app.workers import read_heartbeats

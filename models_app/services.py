@@ -12,12 +12,12 @@ from typing import Any
 from django.conf import settings
 from django.db import IntegrityError, transaction
 
+from engine.errors import EngineError
 from mistudio.errors import ApplicationError
 from mistudio.events import ProgressThrottle, publish, rows_audience
 from mistudio.local_paths import path_inside_roots
 from mistudio.redis_client import get_redis
 from models_app.access import OPERATOR, audience, check_may_change, visible_rows
-from models_app.engine.errors import EngineError
 from models_app.models import LanguageModel
 
 logger = logging.getLogger(__name__)
@@ -76,7 +76,7 @@ def local_model_folder(raw_path: str) -> Path:
     """The real folder behind ``raw_path`` if it lies inside ``LOCAL_MODEL_ROOTS``, and so does
     every entry of it, links resolved (400 ``UNSAFE_PATH`` naming the entry otherwise). Checked
     at registration, before every load, and before the web process reads its tokenizer."""
-    from models_app.engine.inspection import confined_folder_entries
+    from engine.inspection import confined_folder_entries
 
     folder = path_inside_roots(raw_path, settings.LOCAL_MODEL_ROOTS, setting="LOCAL_MODEL_ROOTS")
     if not folder.is_dir():
@@ -98,8 +98,8 @@ def model_file_roots(model: LanguageModel) -> list[Path]:
 
 def model_inspect_source(*, source: str, identifier: str, revision: str = "") -> tuple[Any, str, str]:
     """(ModelInfo, canonical identifier, commit sha) without loading or downloading weights."""
-    from models_app.engine.hub import hub_metadata, validate_hub_id
-    from models_app.engine.inspection import describe, inspect_folder
+    from engine.hub import hub_metadata, validate_hub_id
+    from engine.inspection import describe, inspect_folder
 
     try:
         if source == LanguageModel.Source.LOCAL:
@@ -132,7 +132,7 @@ def model_register(
     ``source`` decides how ``identifier`` is read: a hub id is a hub id even when a local folder
     of that name exists. With ``auto_load`` the load is queued at once.
     """
-    from models_app.engine.inspection import memory_estimates
+    from engine.inspection import memory_estimates
 
     info, identifier, commit_sha = model_inspect_source(
         source=source, identifier=identifier, revision=revision
@@ -189,7 +189,7 @@ def model_register(
 
 
 def check_quantization(info, quantization: str) -> None:
-    from models_app.engine.inspection import applicable_quantizations
+    from engine.inspection import applicable_quantizations
 
     options = applicable_quantizations(info)
     if quantization not in options:
@@ -385,7 +385,7 @@ def model_download(*, model: LanguageModel, on_progress: Callable[[int, int], No
 
     Raises the hub's ``EngineError`` as is: the load task needs to know whether it is transient.
     """
-    from models_app.engine.hub import download_model
+    from engine.hub import download_model
 
     if model.source == LanguageModel.Source.LOCAL:
         return local_model_folder(model.identifier)

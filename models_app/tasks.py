@@ -6,9 +6,9 @@ import time
 from django.conf import settings
 from django.db import close_old_connections
 
+from engine.errors import EngineError
+from engine.registry import LOADED_MODELS, LoadedModel
 from mistudio.errors import ApplicationError
-from models_app.engine.errors import EngineError
-from models_app.engine.registry import LOADED_MODELS, LoadedModel
 from models_app.models import LanguageModel
 from models_app.services import (
     application_error,
@@ -48,7 +48,7 @@ def is_transient(error: Exception) -> bool:
 
 def unload_loaded(model_id: str, *, reason: str) -> None:
     """Drop a model from this worker's memory and mark its row (if it still exists) ``unloaded``."""
-    from models_app.engine.loading import release
+    from engine.loading import release
 
     entry = LOADED_MODELS.remove(model_id)
     if entry is not None:
@@ -77,7 +77,7 @@ def make_room(model: LanguageModel, *, device: str) -> None:
 
 
 def load_once(model: LanguageModel, identity) -> LoadedModel:
-    from models_app.engine.loading import load_weights, warm_up
+    from engine.loading import load_weights, warm_up
 
     def stage(name: str, message: str, fraction: float = 0.0) -> None:
         if load_cancel_requested(model.id):
@@ -153,7 +153,7 @@ def load_model(model_id: str) -> None:
             model_publish(model, "model:failed", fields)
             return
     if not LanguageModel.objects.filter(pk=model_id).exists():  # deleted while loading
-        from models_app.engine.loading import release
+        from engine.loading import release
 
         release(loaded)
         return

@@ -23,9 +23,9 @@ from rq import Queue, SimpleWorker
 from rq.job import Job
 from rq.timeouts import TimerDeathPenalty
 
+from engine.registry import LOADED_MODELS
 from mistudio.redis_client import get_redis
 from mistudio.structured_logging import job_context
-from models_app.engine.registry import LOADED_MODELS
 
 logger = logging.getLogger(__name__)
 

@@ -83,7 +83,7 @@ def test_sigkill_mid_extraction_then_restart_resumes_without_duplicates(tiny_gpt
 
     from transformers import AutoTokenizer
 
-    from activations.engine.extraction import tokenize_samples
+    from engine.extraction import tokenize_samples
 
     lengths = [
         len(ids) for ids in tokenize_samples(AutoTokenizer.from_pretrained(tiny_gpt2_folder), texts, 48)

@@ -8,8 +8,8 @@ import pytest
 from django.conf import settings
 from django.test import Client
 
+from engine.registry import LOADED_MODELS
 from mistudio.redis_client import get_redis
-from models_app.engine.registry import LOADED_MODELS
 from models_app.services import model_register
 from models_app.workers import WorkerIdentity, heartbeat_key, run_worker, worker_queue, write_heartbeat
 

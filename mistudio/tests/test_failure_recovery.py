@@ -312,8 +312,8 @@ def slow_download(tmp_path, tiny_gpt2_folder, monkeypatch):
     with the production heartbeat (every 5 s, lost after 30 s) and the web's worker watch on."""
     import huggingface_hub.constants as hub_constants
 
+    from engine.testing.hub_standin import LocalHub
     from models_app.services import model_register
-    from models_app.tests.hub_standin import LocalHub
 
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.setattr(hub_constants, "HF_HUB_OFFLINE", False)

@@ -32,7 +32,7 @@ def online_hub(tmp_path, monkeypatch, settings):
     hub's real answer (no such repository) instead of the offline refusal."""
     from huggingface_hub import constants as hub_constants
 
-    from models_app.tests.hub_standin import LocalHub
+    from engine.testing.hub_standin import LocalHub
 
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.setattr(hub_constants, "HF_HUB_OFFLINE", False)

@@ -19,8 +19,8 @@ from django.conf import settings
 
 from activations.services import dataset_create_from_texts
 from conftest import make_user
-from models_app.engine.tiny_models import build_tiny_model
-from models_app.tests.hub_standin import LocalHub
+from engine.testing.hub_standin import LocalHub
+from engine.testing.tiny_models import build_tiny_model
 from models_app.tests.live_stack import (
     ASGI_APPLICATION,
     WEB_SERVER,

@@ -25,7 +25,7 @@ What differs from OpenAI, on purpose:
   response (a stream: its finish chunk) carries ``mistudio: {"request_id", "timings"}``;
   ``GET /api/generations/{request_id}`` reads the stored row.
 * Chat prompts go through the tokenizer's chat template; a tokenizer without one gets a plain
-  ``User: …\\nAssistant:`` rendering (see ``models_app.engine.generation.render_prompt``).
+  ``User: …\\nAssistant:`` rendering (see ``engine.generation.render_prompt``).
   Completions use the raw prompt.
 * Logprobs are the raw model's (before temperature and penalties), one entry per generated
   token, the end-of-sequence token included. A token's text is its own decoding where the

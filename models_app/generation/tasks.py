@@ -17,10 +17,10 @@ from django.db import close_old_connections
 from django.urls import reverse
 from django.utils import timezone
 
+from engine.errors import EngineError
+from engine.registry import LOADED_MODELS
 from mistudio.errors import ApplicationError
 from mistudio.events import BACKGROUND_PUBLISHER, rows_audience
-from models_app.engine.errors import EngineError
-from models_app.engine.registry import LOADED_MODELS
 from models_app.generation.streams import GenerationStream, cancel_requested
 from models_app.models import Generation, LanguageModel
 from models_app.tasks import current_worker
@@ -156,7 +156,7 @@ def claim_batch(first: Generation) -> list[Generation]:
 
 def sampling_params(generation: Generation, *, prompt_tokens: int, context: int | None):
     """The engine's parameters for a row; a default max_tokens shrinks to fit the context."""
-    from models_app.engine.generation import SamplingParams
+    from engine.generation import SamplingParams
 
     parameters = generation.parameters
     max_tokens = parameters["max_tokens"]
@@ -331,7 +331,7 @@ def run_generation(generation_id: str) -> None:
 
 def run_batch(rows: list[Generation]) -> None:
     """Decode ``rows`` (claimed, all for one model) as one batch and finish each of them."""
-    from models_app.engine.generation import check_context, context_length, generate, render_prompt
+    from engine.generation import check_context, context_length, generate, render_prompt
 
     if not rows:
         return

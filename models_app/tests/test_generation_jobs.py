@@ -81,8 +81,8 @@ def test_a_request_cancelled_while_queued_never_runs(loaded_llama):
 
 
 def test_a_model_unloaded_before_its_job_runs_fails_the_row(loaded_llama):
-    from models_app.engine.loading import release
-    from models_app.engine.registry import LOADED_MODELS
+    from engine.loading import release
+    from engine.registry import LOADED_MODELS
 
     [row] = request(loaded_llama, ["Too late"], max_tokens=4)
     release(LOADED_MODELS.remove(loaded_llama.id))
@@ -149,7 +149,7 @@ def test_a_generated_nul_character_reaches_the_client_and_the_row_keeps_a_placeh
     """PostgreSQL text cannot hold NUL; a model that generates one must not fail the request."""
     import torch
 
-    from models_app.engine.registry import LOADED_MODELS
+    from engine.registry import LOADED_MODELS
 
     loaded = LOADED_MODELS.get(loaded_llama.id)
     [nul_id] = loaded.tokenizer.encode("\x00", add_special_tokens=False)

@@ -14,12 +14,12 @@ from channels.layers import get_channel_layer
 from django.core.management import call_command
 from huggingface_hub import constants as hub_constants
 
+from engine.registry import LOADED_MODELS
+from engine.testing.hub_standin import LocalHub
+from engine.testing.tiny_models import build_tiny_model
 from models_app.access import OPERATOR
-from models_app.engine.registry import LOADED_MODELS
-from models_app.engine.tiny_models import build_tiny_model
 from models_app.models import LanguageModel
 from models_app.services import model_cancel_load, model_load_request, model_register
-from models_app.tests.hub_standin import LocalHub
 from models_app.workers import run_worker
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -5,8 +5,8 @@ import torch
 from asgiref.sync import sync_to_async
 from transformers import AutoModelForCausalLM
 
+from engine.registry import LOADED_MODELS
 from mistudio.tests.websocket import events_socket, token_header
-from models_app.engine.registry import LOADED_MODELS
 from models_app.models import LanguageModel
 from models_app.services import model_register
 from models_app.workers import read_heartbeats, run_worker, worker_queue
@@ -156,8 +156,8 @@ def test_a_link_out_of_the_roots_added_after_registration_is_refused_at_load(
     import shutil
 
     from activations.selectors import model_folder
-    from models_app.engine.inspection import InspectionError
-    from models_app.engine.loading import load_weights
+    from engine.inspection import InspectionError
+    from engine.loading import load_weights
 
     folder = model_copy("linked-later", {})
     model = model_register(source="local", identifier=str(folder), name="linked-later", owner=writer)

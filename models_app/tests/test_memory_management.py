@@ -5,9 +5,9 @@ import time
 import pytest
 from django.conf import settings as django_settings
 
+from engine.registry import LOADED_MODELS
+from engine.testing.tiny_models import build_tiny_model
 from models_app.access import OPERATOR
-from models_app.engine.registry import LOADED_MODELS
-from models_app.engine.tiny_models import build_tiny_model
 from models_app.models import LanguageModel
 from models_app.services import model_load_request, model_register
 from models_app.workers import HeartbeatThread, WorkerIdentity, heartbeat_key, run_worker, write_heartbeat

@@ -30,7 +30,7 @@ class Command(BaseCommand):
         parser.add_argument("--training-seconds", type=float, default=90.0, help="Training time budget.")
 
     def handle(self, *args, **options):
-        from models_app.engine.demo_training import demo_corpus, train_demo_gpt2
+        from engine.demo_training import demo_corpus, train_demo_gpt2
 
         owner = self.demo_user() if settings.EMBEDDED_DATABASE else None
         folder = settings.LOCAL_MODEL_ROOTS[0] / DEMO_MODEL_NAME

@@ -3,8 +3,8 @@
 from django.core.management.base import BaseCommand, CommandError
 from tqdm import tqdm
 
+from engine.errors import EngineError
 from models_app import services
-from models_app.engine.errors import EngineError
 from models_app.management.commandline import find_model
 
 

@@ -21,7 +21,7 @@ class Command(BaseCommand):
         parser.add_argument("--json", action="store_true", help="machine-readable output")
 
     def handle(self, *args, **options):
-        from models_app.engine.inspection import memory_estimates
+        from engine.inspection import memory_estimates
 
         if options["model"]:
             model = find_model(options["model"])

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from activations.engine.extraction import (
+from engine.extraction import (
     BatchActivations,
     ExtractionCancelled,
     ExtractionError,
@@ -21,7 +21,7 @@ from activations.engine.extraction import (
     plan_batches,
     tokenize_samples,
 )
-from activations.engine.hooks import (
+from engine.hooks import (
     HookError,
     family_of,
     hook_depth,
@@ -30,7 +30,7 @@ from activations.engine.hooks import (
     num_layers,
     resolve_hook_names,
 )
-from models_app.engine.tiny_models import FAMILIES, local_corpus
+from engine.testing.tiny_models import FAMILIES, local_corpus
 
 ATOL = 1e-5
 # Batched vs batch-of-one on a bitsandbytes model: its bf16 compute and LLM.int8()'s
@@ -520,7 +520,7 @@ def test_refusals_before_the_model_runs(load_tiny):
 
 def test_the_engine_imports_without_django_or_torch():
     code = (
-        "import sys, activations.engine.extraction, activations.engine.hooks; "
+        "import sys, engine.extraction, engine.hooks; "
         "assert not {'django', 'torch', 'transformers'} & set(sys.modules), sorted(sys.modules)"
     )
     root = Path(__file__).resolve().parents[2]
@@ -534,7 +534,7 @@ def _tokenizers_of_every_kind() -> dict[str, object]:
 
     from tokenizers import processors
 
-    from models_app.engine.tiny_models import END_OF_TEXT, build_tokenizer
+    from engine.testing.tiny_models import END_OF_TEXT, build_tokenizer
 
     kinds = {kind: build_tokenizer(kind=kind) for kind in ("bpe", "qwen2", "wordpiece")}
     with_bos = build_tokenizer(kind="bpe")
@@ -594,7 +594,7 @@ class _InputRecorder:
 
 
 def test_a_huge_sample_is_tokenized_from_a_bounded_prefix():
-    from models_app.engine.tiny_models import build_tokenizer
+    from engine.testing.tiny_models import build_tokenizer
 
     tokenizer = build_tokenizer(kind="bpe")
     prose = " ".join(local_corpus(50_000))

@@ -23,8 +23,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from models_app.engine.errors import EngineError
-from models_app.engine.inspection import SUPPORTED_MODEL_TYPES
+from engine.errors import EngineError
+from engine.inspection import SUPPORTED_MODEL_TYPES
 
 __all__ = [
     "HOOK_EMBED",

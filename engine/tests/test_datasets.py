@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from activations.engine import datasets as dataset_parsing
-from activations.engine.datasets import (
+from engine import datasets as dataset_parsing
+from engine.datasets import (
     FORMATS,
     DatasetError,
     content_hash,
@@ -520,7 +520,7 @@ def test_the_module_imports_without_django_or_datasets():
     import sys
 
     code = (
-        "import sys; import activations.engine.datasets as d; "
+        "import sys; import engine.datasets as d; "
         "assert 'django' not in sys.modules and 'datasets' not in sys.modules, sorted(sys.modules); "
         "print(d.parse_bytes(b'a\\n', format='text_lines', max_bytes=10).samples)"
     )

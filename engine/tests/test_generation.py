@@ -11,9 +11,8 @@ import dataclasses
 import pytest
 import torch
 
-from activations.engine.extraction import extract
-from activations.engine.hooks import HookError
-from models_app.engine.generation import (
+from engine.extraction import extract
+from engine.generation import (
     GenerationError,
     SamplingParams,
     TokenEvent,
@@ -21,7 +20,8 @@ from models_app.engine.generation import (
     generate,
     render_prompt,
 )
-from models_app.engine.tiny_models import default_tokenizer
+from engine.hooks import HookError
+from engine.testing.tiny_models import default_tokenizer
 
 CAUSAL_FAMILIES = ("gpt2", "gpt_neo", "gptj", "llama", "mistral", "qwen2", "gpt_neox", "falcon", "bloom")
 ATOL = 1e-4
@@ -374,7 +374,7 @@ def test_length_finish(load_tiny):
 def test_streamed_text_waits_for_whole_characters():
     # Byte-level BPE splits most non-ASCII characters over several tokens; no event may carry
     # half a character (a replacement character) and the pieces must add up to the text.
-    from models_app.engine.generation import _TextStream
+    from engine.generation.text_stream import TextStream
 
     tokenizer = default_tokenizer("gpt2")
     text = "Grüße aus Köln: 3 € für naïve Cafés, ½ ÷ ∞"
@@ -382,7 +382,7 @@ def test_streamed_text_waits_for_whole_characters():
     assert tokenizer.decode(ids) == text
     assert any("\ufffd" in tokenizer.decode([token]) for token in ids)  # really split
     for stop, expected in (((), text), (("naïve",), text[: text.index("naïve")])):
-        stream = _TextStream(tokenizer, stop)
+        stream = TextStream(tokenizer, stop)
         pieces = []
         for position, token in enumerate(ids):
             piece, stopped = stream.push(token, final=position == len(ids) - 1)

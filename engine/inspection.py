@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from models_app.engine.errors import EngineError
+from engine.errors import EngineError
 
 QUANTIZATIONS: tuple[str, ...] = ("none", "fp16", "bf16", "int8", "int4")
 BITSANDBYTES_QUANTIZATIONS: tuple[str, ...] = ("int8", "int4")

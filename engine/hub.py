@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 from urllib.parse import urlsplit
 
-from models_app.engine.errors import EngineError
+from engine.errors import EngineError
 
 if TYPE_CHECKING:
     from huggingface_hub.hf_api import ModelInfo

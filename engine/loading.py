@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from models_app.engine.errors import EngineError
-from models_app.engine.inspection import (
+from engine.errors import EngineError
+from engine.inspection import (
     BITSANDBYTES_UNSUPPORTED_FAMILIES,
     ENCODER_MODEL_TYPES,
     QUANTIZATIONS,

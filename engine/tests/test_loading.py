@@ -38,7 +38,7 @@ import pytest
 import torch
 from transformers import AutoModel, AutoModelForCausalLM
 
-from models_app.engine.inspection import (
+from engine.inspection import (
     BITSANDBYTES_UNSUPPORTED_FAMILIES,
     QUANTIZATIONS,
     SUPPORTED_MODEL_TYPES,
@@ -48,8 +48,8 @@ from models_app.engine.inspection import (
     inspect_folder,
     memory_estimates,
 )
-from models_app.engine.loading import LoadError, load_weights, release, warm_up
-from models_app.engine.tiny_models import FAMILIES, build_tiny_model
+from engine.loading import LoadError, load_weights, release, warm_up
+from engine.testing.tiny_models import FAMILIES, build_tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -369,7 +369,7 @@ def test_broken_folders_are_invalid(tiny_folders, tmp_path):
 
 def test_modules_import_without_torch_or_django():
     code = (
-        "import sys, models_app.engine.inspection, models_app.engine.loading; "
+        "import sys, engine.inspection, engine.loading; "
         "assert not {'torch', 'transformers', 'django'} & set(sys.modules), sorted(sys.modules)"
     )
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, env={"PYTHONPATH": str(ROOT)})

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from huggingface_hub import constants as hub_constants
 
-from models_app.engine import hub
-from models_app.engine.hub import HubError, download_model, files_to_download, hub_metadata, validate_hub_id
-from models_app.tests.hub_standin import LocalHub
+from engine import hub
+from engine.hub import HubError, download_model, files_to_download, hub_metadata, validate_hub_id
+from engine.testing.hub_standin import LocalHub
 
 GATED_TOKEN = "hf_gatekeeper_0123456789abcdef"
 DiskUsage = collections.namedtuple("DiskUsage", "total used free")
@@ -21,7 +21,7 @@ DiskUsage = collections.namedtuple("DiskUsage", "total used free")
 @pytest.fixture(scope="module")
 def source_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Model folders to publish: a tiny GPT-2, a 17 MB one, and a repo with pickled weights only."""
-    from models_app.engine.tiny_models import build_tiny_model
+    from engine.testing.tiny_models import build_tiny_model
 
     root = tmp_path_factory.mktemp("source-models")
     tiny = build_tiny_model("gpt2", root / "tiny", size="tiny", seed=0)

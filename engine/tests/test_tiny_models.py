@@ -13,8 +13,8 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer
 
-from models_app.engine.demo_training import REPORT_FILENAME, train_demo_gpt2
-from models_app.engine.tiny_models import (
+from engine.demo_training import REPORT_FILENAME, train_demo_gpt2
+from engine.testing.tiny_models import (
     FAMILIES,
     SIZES,
     build_config,

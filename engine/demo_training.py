@@ -4,9 +4,9 @@ The workbench's demo needs a model whose internals have *some* learned structure
 weights make every feature look like noise), but no hub downloads are available. This
 module trains one in about a minute and a half on two CPU cores: a 4-layer GPT-2 with a
 4096-token BPE vocabulary, on the standard-library text of
-:func:`~models_app.engine.tiny_models.local_corpus`.
+:func:`~engine.testing.tiny_models.local_corpus`.
 
-Like :mod:`~models_app.engine.tiny_models` it does not need Django, and imports torch and
+Like :mod:`~engine.testing.tiny_models` it does not need Django, and imports torch and
 transformers only when training starts.
 """
 
@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from models_app.engine.tiny_models import build_tokenizer, local_corpus
+from engine.testing.tiny_models import build_tokenizer, local_corpus
 
 REPORT_FILENAME = "training_report.json"
 

@@ -30,14 +30,10 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from activations.engine.hooks import (
-    READ_INPUT,
-    HookError,
-    HookSite,
-    base_model_path,
-    hook_sites,
-)
-from models_app.engine.errors import EngineError
+from engine.errors import EngineError
+from engine.hooks import HookSite, hook_sites
+from engine.runtime import HookRuntime, grad_free_mode, smallest_runner
+from engine.runtime import pad_token_id as runtime_pad_token_id
 
 __all__ = [
     "DTYPES",
@@ -75,10 +71,6 @@ class ExtractionCancelled(ExtractionError):
 
     def __init__(self) -> None:
         super().__init__("EXTRACTION_CANCELLED", "The extraction was cancelled.")
-
-
-class _StopForward(Exception):
-    """Raised from a hook once every requested hook point is captured, to skip the rest."""
 
 
 @dataclass
@@ -257,7 +249,7 @@ def extract(
     lengths = {index: len(tokenized[index]) for batch in batches for index in batch}
     _check_lengths(model, max(lengths.values(), default=0))
     capacity = max((sum(lengths[index] for index in batch) for batch in batches), default=0)
-    runner = _runner(model, sites.values())
+    runner = smallest_runner(model, sites.values())
     return _extract_batches(
         model,
         runner,
@@ -268,7 +260,7 @@ def extract(
         stored_dtype=getattr(torch, dtype),
         capacity=capacity,
         padding_side=padding_side,
-        pad_token_id=_pad_token_id(model, pad_token_id),
+        pad_token_id=runtime_pad_token_id(model, pad_token_id),
         should_cancel=should_cancel,
     )
 
@@ -283,144 +275,6 @@ def _check_lengths(model: Any, longest: int) -> None:
                 f"A sample has {longest} tokens; the model takes at most {limit}.",
                 {"longest": longest, "limit": limit},
             )
-
-
-def _pad_token_id(model: Any, pad_token_id: int | None) -> int:
-    # The pad id only fills masked positions, so any valid id does; the model's own is tidiest.
-    if pad_token_id is not None:
-        return int(pad_token_id)
-    config = model.config
-    for candidate in (getattr(config, "pad_token_id", None), getattr(config, "eos_token_id", None)):
-        if isinstance(candidate, int):
-            return candidate
-    return 0
-
-
-def _runner(model: Any, sites: Any) -> Any:
-    """The smallest module to call: the base model when every hooked module lies inside it."""
-    base = base_model_path(model)
-    if base and all(site.module_path.startswith(base + ".") for site in sites):
-        return model.get_submodule(base)
-    return model
-
-
-def grad_free_mode(model: Any) -> Callable[[], Any]:
-    import torch
-
-    # bitsandbytes repacks 4-bit weights into its CPU layout on their first forward; under
-    # inference_mode they would become inference tensors, which later gradient-based analyses
-    # of the same loaded model cannot use (see models_app.engine.loading.warm_up).
-    if any(type(module).__module__.startswith("bitsandbytes") for module in model.modules()):
-        return torch.no_grad
-    return torch.inference_mode
-
-
-def first_tensor(value: Any) -> Any:
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        return value
-    if hasattr(value, "to_tuple"):  # a transformers ModelOutput
-        value = value.to_tuple()
-    if isinstance(value, (tuple, list)):
-        return next((item for item in value if isinstance(item, torch.Tensor)), None)
-    return None
-
-
-def forward_input(args: tuple, kwargs: dict) -> Any:
-    if args:
-        return first_tensor(args[0])
-    if "hidden_states" in kwargs:
-        return first_tensor(kwargs["hidden_states"])
-    return first_tensor(tuple(kwargs.values()))
-
-
-class _BatchCapture:
-    """The hooks of one batch: copy each hook point's token rows into its buffer, stop when all are in."""
-
-    def __init__(
-        self,
-        buffers: dict[str, Any],
-        *,
-        names: list[str],
-        capacity: int,
-        stored_dtype: Any,
-        shape: tuple[int, int],
-        row_index: Any,
-        token_count: int,
-    ) -> None:
-        self.buffers = buffers
-        self.names = names
-        self.capacity = capacity
-        self.stored_dtype = stored_dtype
-        self.shape = shape
-        # Flat (row * seq_len + position) indices of the real tokens; None when there is no padding.
-        self.row_index = row_index
-        self.token_count = token_count
-        self.captured: set[str] = set()
-
-    def take(self, name: str, value: Any) -> None:
-        import torch
-
-        if name in self.captured:  # a module called twice in one pass: the first call counts
-            return
-        tensor = first_tensor(value)
-        batch_size, seq_len = self.shape
-        if tensor is None or tensor.dim() < 2 or tuple(tensor.shape[:2]) != (batch_size, seq_len):
-            raise HookError(
-                "INVALID_HOOK",
-                f"Hook point {name} does not give one vector per token, so it cannot be extracted.",
-                {"invalid": [name]},
-            )
-        flat = tensor.detach().reshape(batch_size * seq_len, -1)
-        buffer = self.buffers.get(name)
-        if buffer is None or buffer.shape[1] != flat.shape[1] or buffer.device != flat.device:
-            buffer = torch.empty((self.capacity, flat.shape[1]), dtype=self.stored_dtype, device=flat.device)
-            self.buffers[name] = buffer
-        target = buffer[: self.token_count]
-        if self.row_index is None:
-            target.copy_(flat)
-        elif flat.dtype == target.dtype:
-            torch.index_select(flat, 0, self.row_index.to(flat.device), out=target)
-        else:
-            target.copy_(flat.index_select(0, self.row_index.to(flat.device)))
-        self.captured.add(name)
-        if len(self.captured) == len(self.names):
-            raise _StopForward
-
-    def register(self, modules: dict[str, Any], sites: dict[str, HookSite]) -> list[Any]:
-        return register_hooks(modules, sites, self.take)
-
-
-def register_hooks(
-    modules: dict[str, Any], sites: dict[str, HookSite], take: Callable[[str, Any], None]
-) -> list[Any]:
-    """Hook each site's module so that ``take(name, value)`` gets what the hook point reads.
-
-    A pre-hook passes the module's input for ``READ_INPUT`` sites, a forward hook its output
-    otherwise. Returns the handles; if registering fails half-way, the ones made are removed.
-    """
-    handles = []
-    try:
-        for name, site in sites.items():
-            module = modules[site.module_path]
-            if site.reads == READ_INPUT:
-
-                def pre_hook(module, args, kwargs, name=name):
-                    take(name, forward_input(args, kwargs))
-
-                handles.append(module.register_forward_pre_hook(pre_hook, with_kwargs=True))
-            else:
-
-                def hook(module, args, output, name=name):
-                    take(name, output)
-
-                handles.append(module.register_forward_hook(hook))
-    except BaseException:
-        for handle in handles:
-            handle.remove()
-        raise
-    return handles
 
 
 def _batch_inputs(
@@ -487,7 +341,6 @@ def _extract_batches(
     pad_token_id: int,
     should_cancel: Callable[[], bool] | None,
 ) -> Iterator[BatchActivations]:
-    modules = dict(model.named_modules())
     names = list(sites)
     parameters = inspect.signature(runner.forward).parameters
     takes_position_ids = "position_ids" in parameters
@@ -496,7 +349,27 @@ def _extract_batches(
     grad_free = grad_free_mode(model)
     # hook point -> [capacity, width] buffer, allocated on first use and reused by every batch.
     buffers: dict[str, Any] = {}
+    batch_rows: dict[str, Any] = {}
 
+    def keep_rows(name: str, tensor: Any) -> None:
+        """Copy the batch's real-token rows of ``name`` into its buffer (pad rows are skipped)."""
+        import torch
+
+        row_index, token_count = batch_rows["row_index"], batch_rows["token_count"]
+        flat = tensor.detach().reshape(tensor.shape[0] * tensor.shape[1], -1)
+        buffer = buffers.get(name)
+        if buffer is None or buffer.shape[1] != flat.shape[1] or buffer.device != flat.device:
+            buffer = torch.empty((capacity, flat.shape[1]), dtype=stored_dtype, device=flat.device)
+            buffers[name] = buffer
+        target = buffer[:token_count]
+        if row_index is None:
+            target.copy_(flat)
+        elif flat.dtype == target.dtype:
+            torch.index_select(flat, 0, row_index.to(flat.device), out=target)
+        else:
+            target.copy_(flat.index_select(0, row_index.to(flat.device)))
+
+    runtime = HookRuntime(model, sites, keep_rows, purpose="extracted")
     for offset, batch in enumerate(batches):
         # Grad mode is entered and left inside each step, never across a yield: a context held
         # open over a yield would leak into the caller's code while the generator is suspended.
@@ -512,25 +385,12 @@ def _extract_batches(
             arguments["position_ids"] = inputs["position_ids"].to(device)
         if takes_use_cache:
             arguments["use_cache"] = False
-        capture = _BatchCapture(
-            buffers,
-            names=names,
-            capacity=capacity,
-            stored_dtype=stored_dtype,
-            shape=tuple(inputs["input_ids"].shape),
-            row_index=None if inputs["row_index"] is None else inputs["row_index"].to(device),
-            token_count=inputs["token_count"],
-        )
-        with grad_free():
-            handles = capture.register(modules, sites)
-            try:
-                runner(**arguments)
-            except _StopForward:
-                pass
-            finally:
-                for handle in handles:
-                    handle.remove()
-        missing = [name for name in names if name not in capture.captured]
+        batch_rows["row_index"] = None if inputs["row_index"] is None else inputs["row_index"].to(device)
+        batch_rows["token_count"] = inputs["token_count"]
+        runtime.begin_pass(*inputs["input_ids"].shape, stop_when_complete=True)
+        with grad_free(), runtime.attached():
+            runtime.run(runner, **arguments)
+        missing = runtime.missing()
         if missing:
             raise ExtractionError(
                 "HOOK_NOT_REACHED",

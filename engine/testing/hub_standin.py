@@ -24,7 +24,7 @@ Pointing ``huggingface_hub`` at it. ``huggingface_hub`` reads ``HF_ENDPOINT`` on
 into ``huggingface_hub.constants.ENDPOINT`` (and ``HUGGINGFACE_CO_URL_TEMPLATE``), so setting the
 variable later changes nothing for code that relies on the default. Three ways that work:
 
-* ``models_app.engine.hub`` reads ``HF_ENDPOINT`` on every call and passes ``endpoint=`` to
+* ``engine.hub`` reads ``HF_ENDPOINT`` on every call and passes ``endpoint=`` to
   ``huggingface_hub``: ``monkeypatch.setenv("HF_ENDPOINT", hub.url)`` is enough.
 * Direct ``huggingface_hub`` calls: pass ``endpoint=hub.url`` (``HfApi(endpoint=...)``,
   ``hf_hub_download(..., endpoint=...)``, ``snapshot_download(..., endpoint=...)``).

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from models_app.engine.inspection import DEFAULT_ARCHITECTURES
+from engine.inspection import DEFAULT_ARCHITECTURES
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedTokenizerFast

@@ -50,7 +50,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from models_app.engine.errors import EngineError
+from engine.errors import EngineError
 
 FORMATS: tuple[str, ...] = ("text_lines", "text_paragraphs", "jsonl", "csv", "hf_disk")
 DEFAULT_FIELD = "text"

@@ -1,1 +1,0 @@
-"""Worker-side activation code: hook points and the extraction engine (no Django imports)."""

@@ -1,0 +1,379 @@
+"""The decode loop: prefill, then one token per row per step over the KV cache, with capture."""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import secrets
+import time
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.generation.params import (
+    CAPTURE_DTYPES,
+    FINISH_CANCELLED,
+    FINISH_LENGTH,
+    FINISH_STOP,
+    GenerationError,
+    GenerationResult,
+    SamplingParams,
+    TokenEvent,
+    TopLogprob,
+    check_context,
+    check_params,
+    checked_prompts,
+    eos_token_ids,
+    invalid,
+)
+from engine.generation.sampling import sample_step
+from engine.generation.text_stream import TextStream
+from engine.hooks import HookSite, base_model_path, hook_sites
+from engine.runtime import HookRuntime, grad_free_mode, pad_token_id
+
+
+@dataclass
+class Row:
+    """The state of one prompt of the batch while it is generated."""
+
+    index: int
+    params: SamplingParams
+    prompt: list[int]
+    generator: Any
+    stream: TextStream
+    # Column of the row's first real token in the padded batch.
+    start: int
+    token_ids: list[int] = field(default_factory=list)
+    events: list[TokenEvent] | None = None
+    finish_reason: str | None = None
+    last_token_at: float = 0.0
+
+    @property
+    def done(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def wants_logprobs(self) -> bool:
+        return self.params.logprobs or self.params.top_logprobs > 0
+
+    @property
+    def greedy_without_penalty(self) -> bool:
+        return self.params.temperature == 0 and self.params.repetition_penalty == 1
+
+
+class _Recorder:
+    """Every forward pass's rows of the requested hook points, kept on the CPU.
+
+    Each pass appends one [tokens, width] copy per hook point; they are concatenated once,
+    after the loop. The hooks are the shared :class:`~engine.runtime.HookRuntime`'s.
+    """
+
+    def __init__(self, model: Any, sites: dict[str, HookSite], dtype: Any) -> None:
+        self.sites = sites
+        self.dtype = dtype
+        self.chunks: dict[str, list[Any]] = {name: [] for name in sites}
+        self.runtime = HookRuntime(model, sites, self._keep, purpose="captured")
+
+    def begin_pass(self, tokens: int, *, last: bool = False) -> None:
+        # The last pass only captures: it stops as soon as every hook point is in.
+        self.runtime.begin_pass(1, tokens, stop_when_complete=last)
+
+    def _keep(self, name: str, tensor: Any) -> None:
+        rows = tensor.detach().reshape(tensor.shape[1], -1)
+        self.chunks[name].append(rows.to(device="cpu", dtype=self.dtype, copy=True))
+
+    def tensors(self, expected_rows: int) -> dict[str, Any]:
+        import torch
+
+        result = {}
+        for name, chunks in self.chunks.items():
+            tensor = torch.cat(chunks) if chunks else None
+            if tensor is None or tensor.shape[0] != expected_rows:
+                raise GenerationError(
+                    "HOOK_NOT_REACHED",
+                    f"The forward passes did not produce {name} for every token.",
+                    {"hooks": [name]},
+                )
+            result[name] = tensor
+        return result
+
+
+def generate(
+    model: Any,
+    tokenizer: Any,
+    prompts: Sequence[Sequence[int]],
+    params: Sequence[SamplingParams],
+    *,
+    capture: Sequence[str] = (),
+    capture_dtype: str = "float32",
+    on_token: Callable[[TokenEvent], None] | None = None,
+    cancelled_rows: Callable[[], Collection[int]] | None = None,
+) -> list[GenerationResult]:
+    """Generate a completion for each prompt (token ids) with its own :class:`SamplingParams`.
+
+    ``on_token(event)`` is called for every generated token right after it is sampled, before
+    the next forward pass. ``cancelled_rows()`` is asked once per decode step (before its
+    forward pass); the rows it names finish with "cancelled" (text held back for a possible stop
+    string or an incomplete character is then dropped, so the result text stays the
+    concatenation of the streamed texts). ``capture`` (hook point names, one prompt only)
+    returns the activations of every prompt and generated token in ``capture_dtype``.
+
+    Everything is validated before the model runs: :class:`GenerationError` (codes on the
+    class) or :class:`HookError` for an unknown hook point. Hooks are removed before this
+    returns, also when it raises.
+    """
+    import torch
+
+    prompts, params = list(prompts), list(params)
+    if not prompts:
+        raise invalid("prompts", "At least one prompt is required.")
+    if len(prompts) != len(params):
+        raise invalid("params", "Give one SamplingParams per prompt.")
+    for row_params in params:
+        check_params(row_params)
+    token_lists = checked_prompts(model, prompts)
+    check_context(model, token_lists, params)
+    sites: dict[str, HookSite] = {}
+    if capture:
+        if isinstance(capture, str):
+            raise invalid("capture", "capture takes a list of hook point names.")
+        if len(token_lists) != 1:
+            raise GenerationError(
+                "CAPTURE_NEEDS_ONE_PROMPT", "Activations can be captured for one prompt at a time."
+            )
+        if capture_dtype not in CAPTURE_DTYPES:
+            raise invalid("capture_dtype", f"capture_dtype must be one of {', '.join(CAPTURE_DTYPES)}.")
+        sites = hook_sites(model, list(capture))
+    recorder = _Recorder(model, sites, getattr(torch, capture_dtype)) if sites else None
+
+    attached = recorder.runtime.attached() if recorder is not None else contextlib.nullcontext()
+    with grad_free_mode(model)(), attached:
+        return _run(
+            model,
+            tokenizer,
+            token_lists,
+            params,
+            recorder=recorder,
+            on_token=on_token,
+            cancelled_rows=cancelled_rows,
+        )
+
+
+def _forward_arguments(model: Any) -> tuple[bool, str | None]:
+    """Whether the model's forward takes position ids, and its name for ``logits_to_keep``."""
+    parameters = inspect.signature(model.forward).parameters
+    # transformers < 4.50 called it num_logits_to_keep.
+    keep = next((name for name in ("logits_to_keep", "num_logits_to_keep") if name in parameters), None)
+    return "position_ids" in parameters, keep
+
+
+def _run(
+    model: Any,
+    tokenizer: Any,
+    prompts: list[list[int]],
+    params: list[SamplingParams],
+    *,
+    recorder: _Recorder | None,
+    on_token: Callable[[TokenEvent], None] | None,
+    cancelled_rows: Callable[[], Collection[int]] | None,
+) -> list[GenerationResult]:
+    import torch
+
+    device = model.get_input_embeddings().weight.device
+    batch_size = len(prompts)
+    lengths = [len(prompt) for prompt in prompts]
+    prompt_length = max(lengths)
+    steps = max(row_params.max_new_tokens for row_params in params)
+    padded = min(lengths) != prompt_length
+    takes_position_ids, logits_to_keep_name = _forward_arguments(model)
+    eos_ids = eos_token_ids(model, tokenizer)
+
+    rows = []
+    for index, (prompt, row_params) in enumerate(zip(prompts, params, strict=True)):
+        seed = row_params.seed if row_params.seed is not None else secrets.randbits(63)
+        rows.append(
+            Row(
+                index=index,
+                params=row_params,
+                prompt=prompt,
+                generator=torch.Generator(device=device).manual_seed(seed),
+                stream=TextStream(tokenizer, row_params.stop),
+                start=prompt_length - len(prompt),
+                events=[] if row_params.logprobs or row_params.top_logprobs else None,
+            )
+        )
+
+    # Prompt + generated ids, left-padded: the repetition penalty reads each row's slice of it.
+    sequence = torch.full((batch_size, prompt_length + steps), pad_token_id(model), dtype=torch.long)
+    for row in rows:
+        sequence[row.index, row.start : prompt_length] = torch.tensor(row.prompt, dtype=torch.long)
+    sequence = sequence.to(device)
+    track_sequence = any(row.params.repetition_penalty != 1 for row in rows)
+
+    # One mask for the whole run, sliced per step, rather than a cat per step; only with padding.
+    full_mask = None
+    if padded:
+        full_mask = torch.ones((batch_size, prompt_length + steps), dtype=torch.long)
+        for row in rows:
+            full_mask[row.index, : row.start] = 0
+        full_mask = full_mask.to(device)
+    prompt_positions = torch.arange(prompt_length, device=device).repeat(batch_size, 1)
+    if full_mask is not None:
+        prompt_positions = (full_mask[:, :prompt_length].cumsum(-1) - 1).clamp(min=0)
+    # decode_positions[t] is the [batch] position of the t-th token fed after the prompt.
+    decode_positions = (prompt_positions[:, -1] + 1) + torch.arange(steps, device=device)[:, None]
+
+    def forward(input_ids: Any, length: int, positions: Any, past: Any, *, keep_last: bool) -> Any:
+        arguments: dict[str, Any] = {"input_ids": input_ids, "use_cache": True}
+        if past is not None:
+            arguments["past_key_values"] = past
+        if full_mask is not None:
+            # A view, not a copy: every family's mask code reads it by index (checked with
+            # batches against single prompts in the tests).
+            arguments["attention_mask"] = full_mask[:, :length]
+        if takes_position_ids:
+            arguments["position_ids"] = positions
+        if keep_last and logits_to_keep_name is not None:
+            arguments[logits_to_keep_name] = 1
+        return model(**arguments)
+
+    # A module: hook point outside the base model (the LM head) needs every prompt row, so the
+    # prefill then computes all logits.
+    base = base_model_path(model)
+    hooks_outside_base = recorder is not None and any(
+        not site.module_path.startswith(base + ".") for site in recorder.sites.values()
+    )
+
+    started = time.perf_counter()
+    prompt_ids = sequence[:, :prompt_length].contiguous()
+    if recorder is not None:
+        recorder.begin_pass(prompt_length)
+    output = forward(prompt_ids, prompt_length, prompt_positions, None, keep_last=not hooks_outside_base)
+    past = output.past_key_values
+    next_tokens = sample_step(rows, output.logits[:, -1, :], sequence, prompt_length, track_sequence)
+    token_list = next_tokens.tolist()
+    first_token_at = time.perf_counter()
+    _emit(rows, token_list, output.logits[:, -1, :], eos_ids, tokenizer, on_token, first_token_at)
+    del output
+
+    step = 1
+    while not all(row.done for row in rows):
+        if cancelled_rows is not None:
+            cancelled = cancelled_rows() or ()
+            for row in rows:
+                if not row.done and row.index in cancelled:
+                    row.finish_reason = FINISH_CANCELLED
+            if all(row.done for row in rows):
+                break
+        if recorder is not None:
+            recorder.begin_pass(1)
+        output = forward(
+            next_tokens[:, None],
+            prompt_length + step,
+            decode_positions[step - 1][:, None],
+            past,
+            keep_last=False,
+        )
+        past = output.past_key_values
+        logits = output.logits[:, -1, :]
+        next_tokens = sample_step(rows, logits, sequence, prompt_length + step, track_sequence)
+        token_list = next_tokens.tolist()
+        _emit(rows, token_list, logits, eos_ids, tokenizer, on_token, time.perf_counter())
+        del output, logits
+        step += 1
+
+    activations = None
+    if recorder is not None:
+        (only_row,) = rows
+        generated = len(only_row.token_ids)
+        # The last token was sampled but never fed: one more pass captures its rows (its logits
+        # are not needed, and the pass stops as soon as every hook point is in).
+        recorder.begin_pass(1, last=True)
+        recorder.runtime.run(
+            forward,
+            input_ids=torch.tensor([[only_row.token_ids[-1]]], device=device),
+            length=prompt_length + generated,
+            positions=decode_positions[generated - 1][:, None],
+            past=past,
+            keep_last=True,
+        )
+        activations = recorder.tensors(len(only_row.prompt) + generated)
+
+    prefill_seconds = first_token_at - started
+    return [
+        GenerationResult(
+            token_ids=row.token_ids,
+            text=row.stream.text,
+            finish_reason=row.finish_reason or FINISH_LENGTH,
+            logprobs=row.events,
+            prompt_tokens=len(row.prompt),
+            prefill_seconds=prefill_seconds,
+            decode_seconds=max(0.0, row.last_token_at - first_token_at),
+            activations=activations,
+        )
+        for row in rows
+    ]
+
+
+def _emit(
+    rows: list[Row],
+    token_list: list[int],
+    logits: Any,
+    eos_ids: frozenset[int],
+    tokenizer: Any,
+    on_token: Callable[[TokenEvent], None] | None,
+    sampled_at: float,
+) -> None:
+    """Record the step's tokens of the unfinished rows, finish rows, and stream the events."""
+    import torch
+
+    active = [row for row in rows if not row.done]
+    logprob_rows = [row for row in active if row.wants_logprobs]
+    chosen_logprobs: dict[int, float] = {}
+    alternatives: dict[int, list[TopLogprob]] = {}
+    if logprob_rows:
+        indices = torch.tensor([row.index for row in logprob_rows], device=logits.device)
+        logprobs = torch.log_softmax(logits.index_select(0, indices).float(), -1)
+        picked = torch.tensor([token_list[row.index] for row in logprob_rows], device=logits.device)
+        chosen_values = logprobs.gather(1, picked[:, None])[:, 0].tolist()
+        most = max(row.params.top_logprobs for row in logprob_rows)
+        top_values: list[list[float]] = []
+        top_ids: list[list[int]] = []
+        if most:
+            values, ids = logprobs.topk(most, -1)
+            top_values, top_ids = values.tolist(), ids.tolist()
+        for position, row in enumerate(logprob_rows):
+            chosen_logprobs[row.index] = chosen_values[position]
+            count = row.params.top_logprobs
+            if count:
+                alternatives[row.index] = [
+                    TopLogprob(token_id=token_id, token=tokenizer.decode([token_id]), logprob=value)
+                    for token_id, value in zip(
+                        top_ids[position][:count], top_values[position][:count], strict=True
+                    )
+                ]
+
+    for row in active:
+        token_id = token_list[row.index]
+        row.token_ids.append(token_id)
+        row.last_token_at = sampled_at
+        is_eos = token_id in eos_ids and not row.params.ignore_eos
+        at_length = len(row.token_ids) >= row.params.max_new_tokens
+        # EOS adds no text (and is not decoded), but flushes what was held back before it.
+        text, stopped = row.stream.push(None if is_eos else token_id, final=is_eos or at_length)
+        if is_eos or stopped:
+            row.finish_reason = FINISH_STOP
+        elif at_length:
+            row.finish_reason = FINISH_LENGTH
+        event = TokenEvent(
+            row=row.index,
+            index=len(row.token_ids) - 1,
+            token_id=token_id,
+            text=text,
+            logprob=chosen_logprobs.get(row.index),
+            top_logprobs=alternatives.get(row.index),
+        )
+        if row.events is not None:
+            row.events.append(event)
+        if on_token is not None:
+            on_token(event)

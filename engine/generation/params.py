@@ -1,0 +1,214 @@
+"""Generation's parameters and results, their validation, and the model's context limit."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from engine.errors import EngineError
+
+CAPTURE_DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
+MAX_STOP_STRINGS = 4
+MAX_TOP_LOGPROBS = 20
+MAX_TEMPERATURE = 2.0
+# Config keys that bound the positions a model can embed, in the order they are looked up.
+_CONTEXT_KEYS: tuple[str, ...] = ("max_position_embeddings", "n_positions", "n_ctx")
+
+FINISH_STOP = "stop"
+FINISH_LENGTH = "length"
+FINISH_CANCELLED = "cancelled"
+
+
+class GenerationError(EngineError):
+    """A generation request refused or failed for a reason worth a stable code.
+
+    Codes: ``INVALID_PARAMETER`` (details ``field``), ``INVALID_TOKENS``, ``EMPTY_PROMPT``,
+    ``CONTEXT_LENGTH_EXCEEDED`` (details ``prompt_tokens``, ``max_tokens``, ``context_length``),
+    ``CAPTURE_NEEDS_ONE_PROMPT``, ``NO_CHAT_TEMPLATE``, ``HOOK_NOT_REACHED``.
+    """
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How one row is sampled; the defaults sample from the model's plain distribution."""
+
+    max_new_tokens: int = 128
+    # 0 means greedy (argmax); at most MAX_TEMPERATURE.
+    temperature: float = 1.0
+    # Nucleus sampling: keep the most likely tokens whose mass reaches top_p; 1 turns it off.
+    top_p: float = 1.0
+    # Keep the top_k most likely tokens; 0 turns it off.
+    top_k: int = 0
+    # CTRL-style penalty on every token of prompt + completion (as transformers'
+    # RepetitionPenaltyLogitsProcessor); 1 turns it off.
+    repetition_penalty: float = 1.0
+    # None draws a random seed; the same seed and input always give the same output.
+    seed: int | None = None
+    # Up to MAX_STOP_STRINGS strings; the completion ends right before the first one found.
+    stop: tuple[str, ...] = ()
+    # Report each chosen token's logprob (always from the raw model logits, see the module doc).
+    logprobs: bool = False
+    # And this many most likely alternatives (0..MAX_TOP_LOGPROBS).
+    top_logprobs: int = 0
+    # Treat end-of-sequence as an ordinary token (vLLM's ignore_eos): fixed-length runs for
+    # benchmarks and long probes; the EOS token's text is then decoded like any other.
+    ignore_eos: bool = False
+
+
+@dataclass(frozen=True)
+class TopLogprob:
+    token_id: int
+    # tokenizer.decode([token_id]), raw: it may contain the replacement character.
+    token: str
+    logprob: float
+
+
+@dataclass
+class TokenEvent:
+    """One generated token, passed to ``on_token`` right after it is sampled."""
+
+    # Index of the prompt in the batch.
+    row: int
+    # 0-based index among this row's generated tokens.
+    index: int
+    token_id: int
+    # The completion text this token releases: '' while an incomplete character or a possible
+    # stop string is pending, and for an EOS token unless it flushes text held back before it.
+    text: str
+    # When params.logprobs or params.top_logprobs > 0.
+    logprob: float | None = None
+    # When params.top_logprobs > 0, most likely first.
+    top_logprobs: list[TopLogprob] | None = None
+
+
+@dataclass
+class GenerationResult:
+    """One row's completion."""
+
+    # Generated ids only: includes the EOS id that ended the row and the tokens of a stop string.
+    token_ids: list[int]
+    # The completion: EOS and the stop string (and what follows it) excluded. Always the
+    # concatenation of the row's event texts.
+    text: str
+    # "stop" (EOS or a stop string), "length" (max_new_tokens) or "cancelled".
+    finish_reason: str
+    # The row's events when logprobs were requested (the same objects on_token received).
+    logprobs: list[TokenEvent] | None
+    prompt_tokens: int
+    # The first forward pass over the prompt(s) plus sampling the first token (whole batch).
+    prefill_seconds: float
+    # From the first sampled token to this row's last one: decode tokens/s = (n - 1) / this.
+    decode_seconds: float
+    # Capture only: hook point -> CPU tensor [prompt_tokens + len(token_ids), width] in the
+    # capture dtype; row k is the k-th token of prompt + generated.
+    activations: dict[str, torch.Tensor] | None = None
+
+
+def context_length(model: Any) -> int | None:
+    """The most positions ``model`` can embed (from its config), or None when it sets no bound
+    (e.g. BLOOM's ALiBi)."""
+    config = model.config
+    for key in _CONTEXT_KEYS:
+        value = getattr(config, key, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+# --- validation ---------------------------------------------------------------------------------
+
+
+def invalid(field_name: str, message: str) -> GenerationError:
+    return GenerationError("INVALID_PARAMETER", message, {"field": field_name})
+
+
+def is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def check_params(params: SamplingParams) -> None:
+    if not isinstance(params, SamplingParams):
+        raise invalid("params", "Each row needs a SamplingParams.")
+    if not is_int(params.max_new_tokens) or params.max_new_tokens < 1:
+        raise invalid("max_new_tokens", "max_new_tokens must be an integer of at least 1.")
+    if not is_number(params.temperature) or not 0 <= params.temperature <= MAX_TEMPERATURE:
+        raise invalid("temperature", f"temperature must be in 0..{MAX_TEMPERATURE:g}.")
+    if not is_number(params.top_p) or not 0 < params.top_p <= 1:
+        raise invalid("top_p", "top_p must be in (0, 1].")
+    if not is_int(params.top_k) or params.top_k < 0:
+        raise invalid("top_k", "top_k must be an integer of at least 0.")
+    if not is_number(params.repetition_penalty) or not params.repetition_penalty > 0:
+        raise invalid("repetition_penalty", "repetition_penalty must be greater than 0.")
+    if params.seed is not None and not is_int(params.seed):
+        raise invalid("seed", "seed must be an integer or None.")
+    stop = params.stop
+    if (
+        not isinstance(stop, (tuple, list))
+        or len(stop) > MAX_STOP_STRINGS
+        or not all(isinstance(text, str) and text for text in stop)
+    ):
+        raise invalid("stop", f"stop takes up to {MAX_STOP_STRINGS} non-empty strings.")
+    if not isinstance(params.logprobs, bool):
+        raise invalid("logprobs", "logprobs must be true or false.")
+    if not is_int(params.top_logprobs) or not 0 <= params.top_logprobs <= MAX_TOP_LOGPROBS:
+        raise invalid("top_logprobs", f"top_logprobs must be in 0..{MAX_TOP_LOGPROBS}.")
+
+
+def checked_prompts(model: Any, prompts: Sequence[Sequence[int]]) -> list[list[int]]:
+    vocab = getattr(model.get_input_embeddings(), "num_embeddings", None)
+    checked = []
+    for prompt in prompts:
+        try:
+            ids = [int(token) for token in prompt]
+        except (TypeError, ValueError) as error:
+            raise GenerationError("INVALID_TOKENS", "A prompt must be a list of token ids.") from error
+        if not ids:
+            raise GenerationError("EMPTY_PROMPT", "A prompt has no tokens.")
+        if min(ids) < 0 or (vocab is not None and max(ids) >= vocab):
+            raise GenerationError(
+                "INVALID_TOKENS",
+                f"Token ids must be in 0..{vocab - 1 if vocab else '?'} for this model.",
+                {"vocab_size": vocab},
+            )
+        checked.append(ids)
+    return checked
+
+
+def check_context(model: Any, prompts: Sequence[Sequence[int]], params: Sequence[SamplingParams]) -> None:
+    """``CONTEXT_LENGTH_EXCEEDED`` when a prompt plus its ``max_new_tokens`` exceeds the context."""
+    limit = context_length(model)
+    if limit is None:
+        return
+    for prompt, row_params in zip(prompts, params, strict=True):
+        if len(prompt) + row_params.max_new_tokens > limit:
+            raise GenerationError(
+                "CONTEXT_LENGTH_EXCEEDED",
+                f"The prompt has {len(prompt)} tokens and up to {row_params.max_new_tokens} more were "
+                f"asked for; the model takes at most {limit}.",
+                {
+                    "prompt_tokens": len(prompt),
+                    "max_tokens": row_params.max_new_tokens,
+                    "context_length": limit,
+                },
+            )
+
+
+def eos_token_ids(model: Any, tokenizer: Any) -> frozenset[int]:
+    ids: set[int] = set()
+    generation_config = getattr(model, "generation_config", None)
+    for value in (getattr(generation_config, "eos_token_id", None), getattr(tokenizer, "eos_token_id", None)):
+        if is_int(value):
+            ids.add(value)
+        elif isinstance(value, (list, tuple)):
+            ids.update(int(item) for item in value if is_int(item))
+    return frozenset(ids)
