@@ -184,8 +184,9 @@ def main() -> None:
 
     from engine.loading import load_weights
     from engine.testing.tiny_models import build_tiny_model
+    from generation.models import Generation
     from models_app.access import OPERATOR
-    from models_app.models import Generation, LanguageModel
+    from models_app.models import LanguageModel
     from models_app.services import model_load_request, model_register
     from models_app.workers import read_heartbeats
 

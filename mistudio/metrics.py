@@ -14,7 +14,7 @@ who is staff or ``model:admin``. Anonymous: 401 with the documented error body.
 """
 
 import hmac
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import redis
 from django.conf import settings
@@ -154,114 +154,21 @@ class MiStudioCollector(Collector):
         yield from (live, total, free, loaded, model_memory, queue_jobs)
 
     def database_metrics(self) -> Iterator[Metric]:
-        from activations.models import ActivationCache, ExtractionJob
-        from models_app.models import Generation, LanguageModel
-
         families: list[Metric] = []
-        for name, documentation, model in [
-            ("mistudio_models", "Model rows by status.", LanguageModel),
-            ("mistudio_extraction_jobs", "Extraction job rows by status.", ExtractionJob),
-            ("mistudio_generations", "Generation rows by status.", Generation),
-        ]:
-            family = GaugeMetricFamily(name, documentation, labels=["status"])
-            for status, count in status_counts(model.objects.all(), model.Status.values).items():
-                family.add_metric([status], count)
-            families.append(family)
-
-        families.append(
-            histogram_from_rows(
-                name="mistudio_model_load_duration_seconds",
-                documentation="Duration of each model's last load.",
-                rows=LanguageModel.objects.exclude(load_time_seconds=None),
-                field="load_time_seconds",
-                bounds=LOAD_BUCKETS,
-            )
-        )
-        completed_extractions = ExtractionJob.objects.filter(
-            status=ExtractionJob.Status.COMPLETED, cached=False
-        ).exclude(extraction_time_seconds=None)
-        families.append(
-            histogram_from_rows(
-                name="mistudio_extraction_duration_seconds",
-                documentation="Duration of completed extractions (cache hits left out).",
-                rows=completed_extractions,
-                field="extraction_time_seconds",
-                bounds=EXTRACTION_BUCKETS,
-            )
-        )
-        throughput = completed_extractions.order_by().aggregate(
-            tokens=Sum("tokens_processed"), seconds=Sum("extraction_time_seconds")
-        )
-        mean_rate = GaugeMetricFamily(
-            "mistudio_extraction_mean_tokens_per_second",
-            "Tokens per second over all completed extractions (their tokens over their time).",
-            value=(throughput["tokens"] or 0) / throughput["seconds"] if throughput["seconds"] else 0,
-        )
-        running = ExtractionJob.objects.filter(status=ExtractionJob.Status.RUNNING).order_by()
-        running_rate = GaugeMetricFamily(
-            "mistudio_extraction_running_tokens_per_second",
-            "Tokens per second of the extractions running now, summed.",
-            value=running.aggregate(rate=Sum("tokens_per_second"))["rate"] or 0,
-        )
-        tokens = GaugeMetricFamily(
-            "mistudio_extraction_tokens_processed", "Tokens processed by extraction jobs, by status.",
-            labels=["status"],
-        )  # fmt: skip
-        by_status = dict(
-            ExtractionJob.objects.order_by().values_list("status").annotate(tokens=Sum("tokens_processed"))
-        )
-        for status in ExtractionJob.Status.values:
-            tokens.add_metric([status], by_status.get(status) or 0)
-        families += [mean_rate, running_rate, tokens]
-
-        completed_generations = Generation.objects.filter(status=Generation.Status.COMPLETED).exclude(
-            total_ms=None
-        )
-        families.append(
-            histogram_from_rows(
-                name="mistudio_generation_duration_seconds",
-                documentation="Duration of completed generations, worker start to last token.",
-                rows=completed_generations,
-                field="total_ms",
-                bounds=GENERATION_BUCKETS,
-                scale=0.001,
-            )
-        )
-        usage = completed_generations.order_by().aggregate(
-            prompt=Sum("prompt_tokens"), completion=Sum("completion_tokens")
-        )
-        generation_tokens = GaugeMetricFamily(
-            "mistudio_generation_tokens", "Tokens of completed generations.", labels=["kind"]
-        )
-        generation_tokens.add_metric(["prompt"], usage["prompt"] or 0)
-        generation_tokens.add_metric(["completion"], usage["completion"] or 0)
-        families.append(generation_tokens)
-
-        caches = GaugeMetricFamily(
-            "mistudio_activation_caches", "Activation caches by status.", labels=["status"]
-        )
-        cache_bytes = GaugeMetricFamily(
-            "mistudio_activation_cache_bytes", "Bytes on disk of the activation caches, by status.",
-            labels=["status"],
-        )  # fmt: skip
-        rows = dict.fromkeys(ActivationCache.Status.values, (0, 0))
-        for status, count, size in (
-            ActivationCache.objects.order_by()
-            .values_list("status")
-            .annotate(count=Count("pk"), size=Sum("file_size_bytes"))
-        ):
-            rows[status] = (count, size or 0)
-        for status, (count, size) in rows.items():
-            caches.add_metric([status], count)
-            cache_bytes.add_metric([status], size)
-        budget = GaugeMetricFamily(
-            "mistudio_activation_cache_budget_bytes",
-            "ACTIVATION_CACHE_MAX_BYTES: the size eviction keeps the caches under.",
-            value=settings.ACTIVATION_CACHE_MAX_BYTES,
-        )
-        families += [caches, cache_bytes, budget]
+        for collect in _DATABASE_METRICS:
+            families.extend(collect())
         # Yielded only once every query has answered, so a database error leaves no half set.
         yield from families
+
+
+# Each app registers the metrics of its own rows (in its AppConfig.ready), so that this module
+# needs none of the apps: () -> list of metric families, read from the database at scrape time.
+_DATABASE_METRICS: list[Callable[[], list[Metric]]] = []
+
+
+def register_database_metrics(collect: Callable[[], list[Metric]]) -> None:
+    if collect not in _DATABASE_METRICS:
+        _DATABASE_METRICS.append(collect)
 
 
 REGISTRY = CollectorRegistry(auto_describe=False)

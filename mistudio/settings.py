@@ -242,6 +242,7 @@ INSTALLED_APPS = [
     "mistudio",
     "models_app",
     "activations",
+    "generation",
     "frontend",
 ]
 

@@ -42,6 +42,7 @@ api_patterns = [
     path("", api_root, name="api-root"),
     path("", include("models_app.urls")),
     path("", include("activations.urls")),
+    path("", include("generation.urls")),
     path("schema/", SpectacularJSONAPIView.as_view(), name="schema"),
     path("<path:unmatched>", api_not_found),
 ]
@@ -50,7 +51,7 @@ urlpatterns = [
     path("admin/rq/", include("django_rq.urls")),  # queue dashboard, staff only
     path("admin/", admin.site.urls),
     path("api/", include(api_patterns)),
-    path("v1/", include("models_app.generation.openai_urls")),
+    path("v1/", include("generation.openai_urls")),
     path("healthz", healthz, name="healthz"),
     path("metrics", metrics, name="metrics"),  # Prometheus; METRICS_TOKEN or staff / model:admin
     path("", include("frontend.urls")),

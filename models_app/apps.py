@@ -8,7 +8,9 @@ class ModelsAppConfig(AppConfig):
     def ready(self) -> None:
         from django.db.models.signals import post_migrate
 
-        from models_app import roles, selectors
+        from mistudio.metrics import register_database_metrics
+        from models_app import metrics, roles, selectors
 
         post_migrate.connect(roles.ensure_role_groups, sender=self)
         selectors.register_event_groups()
+        register_database_metrics(metrics.database_metrics)

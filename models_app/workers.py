@@ -61,7 +61,7 @@ TASK_TIMEOUT_SECONDS = {
     "models_app.tasks.load_model": 6 * 3600,  # a large hub download is part of the load
     "models_app.tasks.unload_model": 300,
     "activations.tasks.run_extraction": 24 * 3600,
-    "models_app.generation.tasks.run_generation": 3600,
+    "generation.tasks.run_generation": 3600,
 }
 
 

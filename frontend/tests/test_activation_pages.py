@@ -216,9 +216,9 @@ def test_the_python_snippet_reads_the_cache(extracted, writer, tmp_path):
 
 
 def test_a_generation_cache_marks_generated_tokens(tiny_gpt2_folder, writer):
+    from generation.models import Generation
+    from generation.services import SamplingRequest, generation_request
     from models_app.access import OPERATOR
-    from models_app.generation.services import SamplingRequest, generation_request
-    from models_app.models import Generation
     from models_app.services import model_load_request
 
     model = model_register(source="local", identifier=str(tiny_gpt2_folder), name="tiny-gen", owner=writer)

@@ -15,7 +15,8 @@ from activations.services import dataset_create_from_texts
 from activations.store import ActivationStore
 from frontend.tests.browser import LIVE_TIMEOUT_MS
 from frontend.views.activations import TOP_K
-from models_app.models import Generation, LanguageModel
+from generation.models import Generation
+from models_app.models import LanguageModel
 
 pytestmark = pytest.mark.slow
 

@@ -8,7 +8,8 @@ from playwright.sync_api import expect
 
 from activations.models import ActivationCache
 from frontend.tests.browser import LIVE_TIMEOUT_MS, screenshot
-from models_app.models import Generation, LanguageModel, storable_text
+from generation.models import Generation, storable_text
+from models_app.models import LanguageModel
 from models_app.tests.live_stack import register_and_load, wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]

@@ -9,14 +9,14 @@ from django.views.decorators.http import require_safe
 from activations import selectors as activation_selectors
 from activations import services as activation_services
 from frontend.access import reader_required
-from mistudio.errors import ApplicationError
-from models_app.generation.apis import GenerateInputSerializer
-from models_app.generation.services import (
+from generation.apis import GenerateInputSerializer
+from generation.services import (
     DEFAULT_MAX_TOKENS,
     MAX_PROMPT_CHARACTERS,
     MAX_STOP_SEQUENCES,
     MAX_TOKENS_LIMIT,
 )
+from mistudio.errors import ApplicationError
 from models_app.models import LanguageModel
 from models_app.selectors import model_list
 

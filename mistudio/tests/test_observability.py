@@ -19,8 +19,8 @@ from rest_framework.authtoken.models import Token
 
 from activations.models import ActivationCache, Dataset, ExtractionJob
 from activations.services import dataset_create_from_texts
+from generation.models import Generation
 from mistudio.structured_logging import JsonFormatter, LogContextFilter, PlainFormatter, redact
-from models_app.models import Generation
 from models_app.tests.live_stack import register_and_load, wait_until
 
 METRICS_TOKEN = "scraper-token-0123456789abcdef"

@@ -19,7 +19,8 @@ from rest_framework.test import APIClient
 from activations.models import ActivationCache, Dataset, ExtractionJob
 from activations.services import dataset_create_from_texts
 from conftest import make_user
-from models_app.models import Generation, LanguageModel
+from generation.models import Generation
+from models_app.models import LanguageModel
 from models_app.services import model_register
 
 pytestmark = pytest.mark.django_db

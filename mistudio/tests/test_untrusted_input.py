@@ -222,7 +222,7 @@ def input_serializers():
 
     from rest_framework import serializers
 
-    for module in ("models_app.apis", "activations.apis", "models_app.generation.openai_api"):
+    for module in ("models_app.apis", "activations.apis", "generation.openai_api"):
         importlib.import_module(module)
 
     def subclasses(cls):

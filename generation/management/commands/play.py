@@ -21,9 +21,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from mistudio.errors import ApplicationError
-from models_app.management.commandline import find_model
-from models_app.management.generation_cli import (
+from generation.cli import (
     InvalidSetting,
     Outcome,
     Palette,
@@ -39,7 +37,10 @@ from models_app.management.generation_cli import (
     stream_generation,
     terminal_safe,
 )
-from models_app.models import LanguageModel, storable_text
+from generation.models import storable_text
+from mistudio.errors import ApplicationError
+from models_app.management.commandline import find_model
+from models_app.models import LanguageModel
 
 INTERRUPTED_STATUS = 130
 PROMPT = ">>> "

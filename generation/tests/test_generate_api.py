@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from activations.store import ActivationStore, verify
-from models_app.models import Generation, storable_text
+from generation.models import Generation, storable_text
 from models_app.services import model_register
 
 pytestmark = pytest.mark.django_db(transaction=True)

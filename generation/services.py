@@ -2,7 +2,7 @@
 
 One path for every front door: ``POST /api/generate``, the OpenAI-compatible ``/v1`` endpoints,
 ``manage.py generate`` / ``play`` and the playground page all call :func:`generation_request`,
-then read the generation's event stream (``models_app.generation.streams``).
+then read the generation's event stream (``generation.streams``).
 
 Documented behaviour for a model that is not loaded: 409 ``MODEL_NOT_LOADED`` (load it first:
 ``POST /api/models/{id}/load``). Generation never loads a model on its own, because a load can
@@ -18,10 +18,11 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
+from generation.models import Generation
+from generation.streams import GenerationStream, request_cancel
 from mistudio.errors import ApplicationError
 from models_app import roles
-from models_app.generation.streams import GenerationStream, request_cancel
-from models_app.models import Generation, LanguageModel
+from models_app.models import LanguageModel
 
 MAX_TOKENS_LIMIT = 2048
 DEFAULT_MAX_TOKENS = 128
@@ -180,7 +181,7 @@ def generation_request(
             # At the front: a chat reply should not wait behind a long extraction's queue.
             enqueue(
                 queue,
-                "models_app.generation.tasks.run_generation",
+                "generation.tasks.run_generation",
                 row.id,
                 job_id=f"generate-{row.id}",
                 at_front=True,
@@ -191,7 +192,7 @@ def generation_request(
 
 def generation_cancel(*, user, generation_id: str) -> Generation:
     """Stop a generation: a queued one never runs, a running one stops after its current token."""
-    from models_app.selectors import generation_get
+    from generation.selectors import generation_get
 
     generation = generation_get(user=user, generation_id=generation_id)
     if not user.has_perm(roles.WRITE):
@@ -203,7 +204,7 @@ def generation_cancel(*, user, generation_id: str) -> Generation:
 
 def generation_stop(generation_id: str) -> None:
     """Cancel without a permission check (the client that asked for it went away)."""
-    from models_app.generation.tasks import finish_cancelled
+    from generation.tasks import finish_cancelled
 
     request_cancel(generation_id)
     # One conditional UPDATE: a worker claiming the row at the same moment gets either it or nothing.
@@ -220,7 +221,7 @@ def generation_check(generation_id: str) -> dict[str, Any] | None:
     A row already final (its stream expired, or it ended before streaming) gives its result; a
     running row whose host worker has no heartbeat any more is failed with ``WORKER_LOST``.
     """
-    from models_app.generation.tasks import final_event
+    from generation.tasks import final_event
     from models_app.workers import read_heartbeats
 
     generation = Generation.objects.filter(pk=generation_id).first()

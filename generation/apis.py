@@ -21,12 +21,9 @@ from rest_framework import serializers
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from mistudio.async_api import authenticated_user, json_body, validated
-from mistudio.errors import ApplicationError, error_body, error_response
-from mistudio.throttling import GenerationThrottle, throttle_check
-from models_app import roles
-from models_app.apis import StrictSerializer
-from models_app.generation.services import (
+from generation.models import Generation
+from generation.selectors import generation_get, generation_list, generation_state
+from generation.services import (
     CAPTURE_DTYPES,
     MAX_BATCH_PROMPTS,
     MAX_PROMPT_CHARACTERS,
@@ -39,10 +36,13 @@ from models_app.generation.services import (
     generation_request,
     generation_stop,
 )
-from models_app.generation.streams import FINAL_EVENTS, read_events
-from models_app.models import Generation
+from generation.streams import FINAL_EVENTS, read_events
+from mistudio.async_api import authenticated_user, json_body, validated
+from mistudio.errors import ApplicationError, error_body, error_response
+from mistudio.throttling import GenerationThrottle, throttle_check
+from models_app import roles
+from models_app.apis import StrictSerializer
 from models_app.permissions import CanRead, CanWrite
-from models_app.selectors import generation_get, generation_list, generation_state
 
 MAX_STOP_CHARACTERS = 200
 

@@ -20,9 +20,10 @@ from typing import Any
 
 from django.core.management.base import CommandError
 
+from generation.models import Generation
 from mistudio.errors import ApplicationError
 from models_app.management.commandline import ExactWriter, wait_for_load
-from models_app.models import Generation, LanguageModel
+from models_app.models import LanguageModel
 
 LOAD_TIMEOUT_SECONDS = 3600.0
 # How often a silent stream is asked whether the worker still lives (generation_check).
@@ -42,7 +43,7 @@ def checked_sampling(options: dict[str, Any]):
     with the same message, and the defaults (temperature 0.7, top_p 0.95) cannot drift apart.
     Raises :class:`InvalidSetting`.
     """
-    from models_app.generation.apis import SamplingSerializer
+    from generation.apis import SamplingSerializer
 
     serializer = SamplingSerializer(
         data={name: value for name, value in options.items() if value is not None}
@@ -166,8 +167,8 @@ def stream_generation(*, on_text: Callable[[str], None], **request: Any) -> Outc
     Raises ApplicationError when the request is refused (``MODEL_NOT_LOADED``, bad prompt…),
     KeyboardInterrupt on a second Ctrl-C.
     """
-    from models_app.generation.services import generation_check, generation_request, generation_stop
-    from models_app.generation.streams import iter_events
+    from generation.services import generation_check, generation_request, generation_stop
+    from generation.streams import iter_events
 
     with CtrlC().watching() as ctrl_c:
         generation_id = generation_request(interface=Generation.Interface.CLI, **request)[0].id

@@ -4,12 +4,13 @@ import pytest
 from asgiref.sync import sync_to_async
 from channels.testing import WebsocketCommunicator
 
+from generation.models import Generation, storable_text
+from generation.services import SamplingRequest, generation_request, generation_stop
+from generation.streams import iter_events
 from mistudio.events import BACKGROUND_PUBLISHER
 from mistudio.tests.websocket import events_socket, token_header
 from models_app.access import OPERATOR
-from models_app.generation.services import SamplingRequest, generation_request, generation_stop
-from models_app.generation.streams import iter_events
-from models_app.models import Generation, LanguageModel, storable_text
+from models_app.models import LanguageModel
 from models_app.services import model_load_request, model_register
 from models_app.workers import run_worker
 

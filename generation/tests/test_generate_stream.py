@@ -13,7 +13,7 @@ import pytest
 from django.middleware.csrf import get_token
 from django.test import Client
 
-from models_app.models import Generation, storable_text
+from generation.models import Generation, storable_text
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

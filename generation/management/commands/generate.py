@@ -11,10 +11,7 @@ from argparse import BooleanOptionalAction
 
 from django.core.management.base import BaseCommand, CommandError
 
-from mistudio.errors import ApplicationError
-from models_app.generation.services import CAPTURE_DTYPES
-from models_app.management.commandline import find_model, plain
-from models_app.management.generation_cli import (
+from generation.cli import (
     InvalidSetting,
     checked_hooks,
     checked_sampling,
@@ -27,6 +24,9 @@ from models_app.management.generation_cli import (
     summary_line,
     terminal_safe,
 )
+from generation.services import CAPTURE_DTYPES
+from mistudio.errors import ApplicationError
+from models_app.management.commandline import find_model, plain
 
 INTERRUPTED_STATUS = 130  # what a shell reports for a process ended by SIGINT
 
@@ -135,7 +135,7 @@ class Command(BaseCommand):
         if outcome.failed:
             raise CommandError(failure_text(event))
         if options["json"]:
-            from models_app.generation.apis import result_body
+            from generation.apis import result_body
 
             self.stdout.write(json.dumps(result_body(event), indent=2))
         palette = palette_for(self.stderr, options)

@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from models_app.generation import openai_api
+from generation import openai_api
 
 urlpatterns = [
     path("models", openai_api.list_models, name="openai-models"),

@@ -19,10 +19,11 @@ from django.utils import timezone
 
 from engine.errors import EngineError
 from engine.registry import LOADED_MODELS
+from generation.models import Generation
+from generation.streams import GenerationStream, cancel_requested
 from mistudio.errors import ApplicationError
 from mistudio.events import BACKGROUND_PUBLISHER, rows_audience
-from models_app.generation.streams import GenerationStream, cancel_requested
-from models_app.models import Generation, LanguageModel
+from models_app.models import LanguageModel
 from models_app.tasks import current_worker
 
 logger = logging.getLogger(__name__)

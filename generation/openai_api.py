@@ -46,12 +46,7 @@ from django.http import HttpRequest, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 from rest_framework import serializers
 
-from mistudio.async_api import authenticated_user, json_body, validated
-from mistudio.errors import ApplicationError
-from mistudio.openai_errors import openai_error_body, openai_error_response
-from mistudio.throttling import GenerationThrottle, throttle_check
-from models_app import roles
-from models_app.generation.apis import (
+from generation.apis import (
     SamplingSerializer,
     event_stream,
     failure,
@@ -61,7 +56,8 @@ from models_app.generation.apis import (
     string_or_list,
     until_final,
 )
-from models_app.generation.services import (
+from generation.models import Generation
+from generation.services import (
     MAX_BATCH_PROMPTS,
     MAX_PROMPT_CHARACTERS,
     MAX_TOKENS_LIMIT,
@@ -69,7 +65,12 @@ from models_app.generation.services import (
     generation_model,
     generation_request,
 )
-from models_app.models import Generation, LanguageModel
+from mistudio.async_api import authenticated_user, json_body, validated
+from mistudio.errors import ApplicationError
+from mistudio.openai_errors import openai_error_body, openai_error_response
+from mistudio.throttling import GenerationThrottle, throttle_check
+from models_app import roles
+from models_app.models import LanguageModel
 
 # Completions' OpenAI default; chat's default is "whatever fits the context".
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16

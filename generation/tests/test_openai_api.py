@@ -12,7 +12,8 @@ import httpx2 as httpx  # the HTTP client the openai package is built on
 import openai
 import pytest
 
-from models_app.models import Generation, LanguageModel, storable_text
+from generation.models import Generation, storable_text
+from models_app.models import LanguageModel
 from models_app.services import model_register
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]

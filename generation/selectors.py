@@ -1,0 +1,60 @@
+"""Read queries of generation rows, used by the API, pages, commands and WebSocket snapshots."""
+
+from typing import Any
+
+from django.db.models import QuerySet
+
+from generation.models import Generation
+from mistudio.errors import ApplicationError
+from mistudio.events import register_group_kind
+from models_app.access import visible_rows
+
+
+def generation_list(*, user) -> QuerySet[Generation]:
+    """Generations the user may see: their own; every one for ``model:admin``."""
+    return visible_rows(Generation.objects.select_related("model"), user, shareable=False)
+
+
+def generation_get(*, user, generation_id: str) -> Generation:
+    generation = generation_list(user=user).filter(pk=generation_id).first()
+    if generation is None:
+        raise ApplicationError("GENERATION_NOT_FOUND", "No such generation.", status=404)
+    return generation
+
+
+def generation_state(generation: Generation) -> dict[str, Any]:
+    """A generation's row as events, snapshots and ``GET /api/generations/{id}`` show it."""
+    return {
+        "request_id": generation.id,
+        "model_id": generation.model_id,
+        "status": generation.status,
+        "interface": generation.interface,
+        "prompt": generation.prompt,
+        "messages": generation.messages,
+        "parameters": generation.parameters,
+        "capture_hooks": generation.capture_hooks,
+        "output_text": generation.output_text,
+        "output_token_ids": generation.output_token_ids,
+        "input_token_ids": generation.input_token_ids,
+        "finish_reason": generation.finish_reason,
+        "usage": generation.usage,
+        "timings": generation.timings,
+        "cache_id": generation.cache_id,
+        "error_code": generation.error_code,
+        "error_message": generation.error_message,
+        "created_at": generation.created_at.isoformat() if generation.created_at else None,
+        "completed_at": generation.completed_at.isoformat() if generation.completed_at else None,
+    }
+
+
+def generation_snapshot(user, key: str | None) -> dict[str, Any] | None:
+    generation = generation_list(user=user).filter(pk=key).first()
+    return None if generation is None else generation_state(generation)
+
+
+def generation_visible(user, key: str) -> bool:
+    return generation_list(user=user).filter(pk=key).exists()
+
+
+def register_event_groups() -> None:
+    register_group_kind("generation", keyed=True, snapshot=generation_snapshot, visible=generation_visible)
