@@ -96,6 +96,25 @@ class ActivationCache(models.Model):
     def directory(self):
         return settings.ACTIVATION_CACHE_DIR / self.id
 
+    def mark_completed(self, *, manifest: dict, size_bytes: int) -> list[str]:
+        """``completed`` with the sizes a finalized cache's manifest records; the fields changed."""
+        self.status = self.Status.COMPLETED
+        self.file_size_bytes = size_bytes
+        self.num_tokens, self.num_samples = manifest["num_tokens"], manifest["num_samples"]
+        self.activation_shapes = {
+            hook["name"]: [manifest["num_tokens"], hook["width"]] for hook in manifest["hooks"]
+        }
+        self.completed_at = self.last_accessed_at = timezone.now()
+        return [
+            "status", "file_size_bytes", "num_tokens", "num_samples", "activation_shapes", "completed_at",
+            "last_accessed_at",
+        ]  # fmt: skip
+
+    def mark_failed(self, *, code: str, message: str) -> list[str]:
+        self.status = self.Status.FAILED
+        self.error_code, self.error_message = code, message
+        return ["status", "error_code", "error_message"]
+
 
 class ExtractionJob(models.Model):
     """One extraction request: ``queued → running → completed | failed | cancelled``."""

@@ -498,6 +498,48 @@ def extraction_resume_after_restart(*, worker_name: str) -> list[str]:
 # --- Caches -------------------------------------------------------------------------------------
 
 
+def cache_store_open(
+    cache: ActivationCache,
+    *,
+    provenance: dict[str, Any],
+    hooks: dict[str, int],
+    extra_token_columns: tuple[str, ...] = (),
+):
+    """The writer of ``cache``'s files (started, or resumed after a crash), shards sized by settings.
+
+    The one way extraction and generation capture write a cache: open here, ``add_batch`` and
+    ``finalize`` on the writer, then :func:`cache_store_completed` or :func:`cache_store_failed`.
+    """
+    from activations.store import CacheWriter, shard_tokens_for
+
+    return CacheWriter.create_or_resume(
+        cache.directory,
+        key=cache.key,
+        provenance=provenance,
+        hooks=hooks,
+        dtype=cache.dtype,
+        shard_max_tokens=min(
+            settings.ACTIVATION_SHARD_MAX_TOKENS,
+            shard_tokens_for(hooks, cache.dtype, max_bytes=settings.ACTIVATION_SHARD_MAX_BYTES),
+        ),
+        extra_token_columns=extra_token_columns,
+    )
+
+
+def cache_store_completed(cache: ActivationCache, *, manifest: dict[str, Any], size_bytes: int) -> None:
+    """The row says ``completed``, with the sizes of the finalized files (never before they are)."""
+    cache.save(update_fields=cache.mark_completed(manifest=manifest, size_bytes=size_bytes))
+
+
+def cache_store_failed(
+    cache: ActivationCache, *, code: str, message: str, remove_files: bool = False
+) -> None:
+    """The row says ``failed`` with a code and message; ``remove_files`` deletes what was written."""
+    cache.save(update_fields=cache.mark_failed(code=code, message=message))
+    if remove_files:
+        cache_delete_files(cache)
+
+
 def cache_delete_files(cache: ActivationCache) -> None:
     shutil.rmtree(cache.directory, ignore_errors=True)
 
@@ -551,9 +593,7 @@ def cache_cleanup(*, dry_run: bool = False, verify_checksums: bool = False) -> d
         if problems:
             report["failed"].append(cache.id)
             if not dry_run:
-                cache.status, cache.error_code = ActivationCache.Status.FAILED, "CACHE_CORRUPT"
-                cache.error_message = "; ".join(problems)[:2000]
-                cache.save(update_fields=["status", "error_code", "error_message"])
+                cache_store_failed(cache, code="CACHE_CORRUPT", message="; ".join(problems)[:2000])
 
     expiry = timezone.now() - timedelta(days=settings.ACTIVATION_CACHE_EXPIRY_DAYS)
     for cache in ActivationCache.objects.filter(last_accessed_at__lt=expiry).exclude(status="writing"):

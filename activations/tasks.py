@@ -4,13 +4,13 @@ import logging
 import time
 import uuid
 
-from django.conf import settings
 from django.db import close_old_connections
-from django.utils import timezone
 
 from activations.models import ActivationCache, ExtractionJob
 from activations.services import (
-    cache_delete_files,
+    cache_store_completed,
+    cache_store_failed,
+    cache_store_open,
     dataset_samples,
     extraction_cancel_requested,
     extraction_discard,
@@ -87,7 +87,7 @@ def run_extraction(job_id: str) -> None:
     Idempotent: a job that is no longer queued or running does nothing, and a retried job
     continues the cache it started instead of writing anything twice.
     """
-    from activations.store import CacheError, CacheWriter, shard_tokens_for
+    from activations.store import CacheError
     from engine.extraction import extract, plan_batches, tokenize_samples
 
     close_old_connections()
@@ -108,20 +108,14 @@ def run_extraction(job_id: str) -> None:
             job, "extraction:started", job.mark_running(host_worker=identity.name, total_samples=len(samples))
         )
         widths = hook_widths(loaded.model, job.hooks, tokenized)
-        writer = CacheWriter.create_or_resume(
-            cache.directory,
-            key=cache.key,
+        writer = cache_store_open(
+            cache,
             provenance={
                 "cache_id": cache.id, "model_id": job.model_id, "model": job.model.display_identifier,
                 "quantization": job.model.quantization, "dataset_id": job.dataset_id,
                 "dataset_name": job.dataset.name, "batch_size": job.batch_size,
             },
             hooks=widths,
-            dtype=job.dtype,
-            shard_max_tokens=min(
-                settings.ACTIVATION_SHARD_MAX_TOKENS,
-                shard_tokens_for(widths, job.dtype, max_bytes=settings.ACTIVATION_SHARD_MAX_BYTES),
-            ),
         )  # fmt: skip
         samples_done = sum(len(plan[index]) for index in range(writer.next_batch))
         tokens_done = writer.num_tokens
@@ -171,15 +165,7 @@ def run_extraction(job_id: str) -> None:
     finally:
         if writer is not None:
             writer.close()  # releases the cache directory's lock
-    cache.status = ActivationCache.Status.COMPLETED
-    cache.file_size_bytes = writer.size_bytes
-    cache.num_tokens = manifest["num_tokens"]
-    cache.num_samples = manifest["num_samples"]
-    cache.activation_shapes = {
-        hook["name"]: [manifest["num_tokens"], hook["width"]] for hook in manifest["hooks"]
-    }
-    cache.completed_at = cache.last_accessed_at = timezone.now()
-    cache.save()
+    cache_store_completed(cache, manifest=manifest, size_bytes=writer.size_bytes)
     job_publish(
         job,
         "extraction:completed",
@@ -193,10 +179,7 @@ def extraction_failed(
     job: ExtractionJob, cache: ActivationCache, code: str, message: str, *, remove_files: bool = False
 ) -> None:
     """The job and its cache row say ``failed``; after a full disk, the partial files are removed."""
-    cache.status, cache.error_code, cache.error_message = ActivationCache.Status.FAILED, code, message
-    cache.save(update_fields=["status", "error_code", "error_message"])
-    if remove_files:
-        cache_delete_files(cache)
+    cache_store_failed(cache, code=code, message=message, remove_files=remove_files)
     job_publish(
         job, "extraction:failed", job.mark_failed(code=code, message=message), code=code, message=message
     )

@@ -20,6 +20,7 @@ from django.utils import timezone
 from engine.errors import EngineError
 from engine.registry import LOADED_MODELS
 from generation.models import Generation
+from generation.selectors import generation_state
 from generation.streams import GenerationStream, cancel_requested
 from mistudio.errors import ApplicationError
 from mistudio.events import BACKGROUND_PUBLISHER, rows_audience
@@ -63,6 +64,13 @@ def activations_of(generation: Generation) -> dict[str, Any] | None:
     }
 
 
+# The fields of the row's state that a finished generation's result gives (the API's result body).
+RESULT_FIELDS = (
+    "request_id", "model_id", "output_text", "output_token_ids", "input_token_ids", "finish_reason",
+    "usage", "timings",
+)  # fmt: skip
+
+
 def final_event(generation: Generation, **extra: Any) -> dict[str, Any]:
     """The last event of a generation's stream, built from its row (plus per-token extras)."""
     if generation.status == Generation.Status.FAILED:
@@ -73,33 +81,19 @@ def final_event(generation: Generation, **extra: Any) -> dict[str, Any]:
             "message": generation.error_message,
             "status": CLIENT_ERROR_STATUS.get(generation.error_code, 500),
         }
+    state = generation_state(generation)
     return {
         "type": "done",
         "status": generation.status,
-        "request_id": generation.id,
-        "model_id": generation.model_id,
-        "output_text": generation.output_text,
-        "output_token_ids": generation.output_token_ids,
-        "input_token_ids": generation.input_token_ids,
-        "finish_reason": generation.finish_reason,
-        "usage": generation.usage,
-        "timings": generation.timings,
+        **{name: state[name] for name in RESULT_FIELDS},
         "activations": activations_of(generation),
         **extra,
     }
 
 
 def group_event_data(generation: Generation) -> dict[str, Any]:
-    return {
-        "request_id": generation.id,
-        "model_id": generation.model_id,
-        "status": generation.status,
-        "finish_reason": generation.finish_reason,
-        "usage": generation.usage,
-        "error_code": generation.error_code,
-        "error_message": generation.error_message,
-        "cache_id": generation.cache_id,
-    }
+    """What the ``generation.<id>`` group's events carry: the row's one state, as snapshots show it."""
+    return generation_state(generation)
 
 
 def finish_cancelled(generation: Generation) -> None:
@@ -240,8 +234,7 @@ def store_capture(generation: Generation, result) -> Any:
     import torch
 
     from activations.models import ActivationCache
-    from activations.services import key_hash
-    from activations.store import CacheWriter
+    from activations.services import cache_store_completed, cache_store_failed, cache_store_open, key_hash
 
     prompt_tokens = len(generation.input_token_ids)
     token_ids = [*generation.input_token_ids, *result.token_ids]
@@ -263,9 +256,8 @@ def store_capture(generation: Generation, result) -> Any:
         owner=generation.owner,
     )
     try:
-        writer = CacheWriter.create_or_resume(
-            cache.directory,
-            key=key,
+        with cache_store_open(
+            cache,
             provenance={
                 "cache_id": cache.id,
                 "generation_id": generation.id,
@@ -276,10 +268,8 @@ def store_capture(generation: Generation, result) -> Any:
                 "generated_tokens": len(result.token_ids),
             },
             hooks={name: int(result.activations[name].shape[1]) for name in generation.capture_hooks},
-            dtype=generation.capture_dtype,
             extra_token_columns=("generated",),
-        )
-        with writer:
+        ) as writer:
             count = len(token_ids)
             writer.add_batch(
                 0,
@@ -290,21 +280,15 @@ def store_capture(generation: Generation, result) -> Any:
                 extra_columns={"generated": (torch.arange(count) >= prompt_tokens).long()},
             )
             manifest = writer.finalize(num_samples=1)
-    except Exception:
-        from activations.services import cache_delete_files
-
-        cache.status = ActivationCache.Status.FAILED
-        cache.save(update_fields=["status"])
-        cache_delete_files(cache)
+    except Exception as error:
+        cache_store_failed(
+            cache,
+            code=getattr(error, "code", "CAPTURE_STORE_FAILED"),
+            message=f"Storing the captured activations failed: {type(error).__name__}.",
+            remove_files=True,
+        )
         raise
-    cache.status = ActivationCache.Status.COMPLETED
-    cache.file_size_bytes = writer.size_bytes
-    cache.num_tokens, cache.num_samples = manifest["num_tokens"], 1
-    cache.activation_shapes = {
-        hook["name"]: [manifest["num_tokens"], hook["width"]] for hook in manifest["hooks"]
-    }
-    cache.completed_at = cache.last_accessed_at = timezone.now()
-    cache.save()
+    cache_store_completed(cache, manifest=manifest, size_bytes=writer.size_bytes)
     return cache
 
 
