@@ -15,9 +15,9 @@ from activations.models import ActivationCache, Dataset, ExtractionJob
 from mistudio.api_inputs import ARRAY_INDEX_MAX, DATABASE_INT_MAX
 from mistudio.errors import ApplicationError
 from mistudio.json_input import JSONParser
+from mistudio.permissions import CanRead, CanWrite
 from mistudio.streaming import ChunkedFileResponse, ChunkedStreamingResponse
 from models_app.apis import StrictSerializer
-from models_app.permissions import CanRead, CanWrite
 from models_app.selectors import model_get
 
 MAX_SLICE_VALUES = 4_000_000  # rows x width per slice request (16 MB of float32)

@@ -12,9 +12,14 @@ import numpy as np
 from django.conf import settings
 from django.db.models import Case, CharField, F, OuterRef, Q, QuerySet, Subquery, When
 
+from activations.model_structure import skeleton
 from activations.models import ActivationCache, Dataset, ExtractionJob
+from activations.services import job_state
+from activations.store import ActivationStore, CacheError, iter_files
+from engine.hooks import list_hook_points
+from mistudio.access import check_may_change, is_admin, visible_rows
 from mistudio.errors import ApplicationError
-from models_app.access import check_may_change, is_admin, visible_rows
+from mistudio.events import register_group_kind
 from models_app.models import LanguageModel
 from models_app.services import local_model_folder
 
@@ -43,8 +48,6 @@ def dataset_get_to_change(*, user, dataset_id: str) -> Dataset:
 
 def hook_points(model: LanguageModel) -> dict[str, Any]:
     """Every canonical hook point with the shape one sample of ``n`` tokens gives it."""
-    from activations.model_structure import skeleton
-    from engine.hooks import list_hook_points
 
     points = [
         {"name": info.name, "layer": info.layer, "shape": ["n_tokens", info.width]}
@@ -193,7 +196,6 @@ def cache_manifest_bytes(cache: ActivationCache, *, user) -> bytes:
 
 
 def open_store(cache: ActivationCache):
-    from activations.store import ActivationStore, CacheError
 
     try:
         return ActivationStore.open(cache.directory)
@@ -216,7 +218,6 @@ def cache_store(cache: ActivationCache, hook: str):
 
 def cache_file(cache: ActivationCache, relative: str) -> Path:
     """A file of the cache named as in ``iter_files`` (never a path outside it)."""
-    from activations.store import iter_files
 
     files = {str(path.relative_to(cache.directory)): path for path in iter_files(cache.directory)}
     if relative not in files:
@@ -249,7 +250,6 @@ def cache_tar_stream(cache: ActivationCache, *, manifest: bytes | None = None) -
     ``manifest`` replaces the ``manifest.json`` on disk (a user's download holds the manifest as
     :func:`cache_manifest_bytes` gives it to them); without it, every file is as on disk.
     """
-    from activations.store import iter_files
 
     for path in iter_files(cache.directory):
         relative = path.relative_to(cache.directory)
@@ -322,14 +322,12 @@ def cache_top_k(cache: ActivationCache, *, hook: str, neuron: int, k: int, conte
 
 
 def extraction_snapshot(user, key: str | None) -> dict[str, Any] | None:
-    from activations.services import job_state
 
     job = extraction_list(user=user).filter(pk=key).first()
     return None if job is None else job_state(job)
 
 
 def register_event_groups() -> None:
-    from mistudio.events import register_group_kind
 
     register_group_kind(
         "extraction",

@@ -16,14 +16,18 @@ from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
+from activations.model_structure import skeleton
 from activations.models import ActivationCache, Dataset, ExtractionJob
-from activations.store import write_durably
+from activations.store import CacheWriter, shard_tokens_for, verify, write_durably
+from engine.datasets import GUESS_HEAD_BYTES, content_hash, guess_format, parse_bytes, parse_path, preview
 from engine.errors import EngineError
+from engine.hooks import HookError, resolve_hook_names
+from mistudio.access import check_may_change
 from mistudio.errors import ApplicationError, rate_limited
 from mistudio.events import publish, rows_audience
 from mistudio.local_paths import path_inside_roots, path_shown
 from mistudio.redis_client import get_redis
-from models_app.access import check_may_change
+from mistudio.workers import enqueue, shared_queue, worker_queue, worker_queue_name
 from models_app.models import LanguageModel
 
 logger = logging.getLogger(__name__)
@@ -58,7 +62,6 @@ def dataset_create_from_texts(
     shared: bool = False,
 ) -> Dataset:
     """Store the non-empty samples as JSON Lines and register them as a dataset."""
-    from engine.datasets import content_hash, preview
 
     samples = [text for text in texts if text.strip()]
     if not samples:
@@ -95,7 +98,6 @@ def dataset_create_from_upload(
     shared: bool = False,
 ) -> Dataset:
     """Parse an uploaded file (plain text, JSONL, CSV) into a dataset."""
-    from engine.datasets import GUESS_HEAD_BYTES, guess_format, parse_bytes
 
     try:
         chosen = format or guess_format(filename, data[:GUESS_HEAD_BYTES])
@@ -130,7 +132,6 @@ def dataset_create_from_local(
     shared: bool = False,
 ) -> Dataset:
     """A file or folder under LOCAL_DATA_ROOTS: text / JSONL / CSV files or a ``save_to_disk`` folder."""
-    from engine.datasets import parse_path
 
     resolved = local_data_path(path)
     try:
@@ -265,8 +266,6 @@ def job_publish(job: ExtractionJob, event: str, fields: list[str], **extra: Any)
 
 def hook_names_for(model: LanguageModel, *, hooks: list[str] | None, layers: list[int] | None) -> list[str]:
     """Validate hook names against the model's structure (built on the meta device: no weights)."""
-    from activations.model_structure import skeleton
-    from engine.hooks import HookError, resolve_hook_names
 
     try:
         return resolve_hook_names(skeleton(model), hooks, layers)
@@ -427,8 +426,6 @@ def extraction_enqueue(job: ExtractionJob, *, queue_name: str | None = None) -> 
     """To the model's host worker if it is loaded, else to the shared queue (the taker loads it)."""
     from rq import Queue
 
-    from models_app.workers import enqueue, shared_queue, worker_queue
-
     model = LanguageModel.objects.get(pk=job.model_id)
     if queue_name:
         queue = Queue(queue_name, connection=get_redis())
@@ -478,12 +475,15 @@ def extraction_discard(job: ExtractionJob) -> None:
         cache.delete()
 
 
+def extraction_resume_on_worker_start(identity) -> None:
+    """The worker hook: a starting worker resumes the extractions it was running when it died."""
+    extraction_resume_after_restart(worker_name=identity.name)
+
+
 def extraction_resume_after_restart(*, worker_name: str) -> list[str]:
     """A restarted worker re-queues the extractions it was running when it died; they resume
     from their last complete shard. Returns their ids."""
     import uuid
-
-    from models_app.workers import worker_queue_name
 
     resumed = []
     for job in ExtractionJob.objects.filter(host_worker=worker_name, status=ExtractionJob.Status.RUNNING):
@@ -510,7 +510,6 @@ def cache_store_open(
     The one way extraction and generation capture write a cache: open here, ``add_batch`` and
     ``finalize`` on the writer, then :func:`cache_store_completed` or :func:`cache_store_failed`.
     """
-    from activations.store import CacheWriter, shard_tokens_for
 
     return CacheWriter.create_or_resume(
         cache.directory,
@@ -544,6 +543,13 @@ def cache_delete_files(cache: ActivationCache) -> None:
     shutil.rmtree(cache.directory, ignore_errors=True)
 
 
+def cache_files_follow_row(sender, instance: ActivationCache, **kwargs) -> None:
+    """pre_delete of a cache row, however it goes (a model's deletion cascades to its caches):
+    its files are removed once the deletion commits, never while it could still roll back."""
+    directory = instance.directory  # read now: a deleted row has no id
+    transaction.on_commit(lambda: shutil.rmtree(directory, ignore_errors=True))
+
+
 def reading_lease_key(cache_id: str) -> str:
     return f"{settings.REDIS_KEY_PREFIX}:reading:{cache_id}"
 
@@ -570,7 +576,6 @@ def cache_cleanup(*, dry_run: bool = False, verify_checksums: bool = False) -> d
 
     Never touches a cache being written or read (a reading lease in Redis).
     """
-    from activations.store import verify
 
     report: dict[str, list[str]] = {"expired": [], "evicted": [], "orphans": [], "failed": []}
     connection = get_redis()

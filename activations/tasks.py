@@ -17,12 +17,15 @@ from activations.services import (
     extraction_enqueue,
     job_publish,
 )
+from activations.store import CacheError
 from engine.errors import EngineError
+from engine.extraction import extract, plan_batches, tokenize_samples
+from engine.hooks import list_hook_points
 from engine.registry import LOADED_MODELS
 from mistudio.errors import ApplicationError
 from mistudio.events import ProgressThrottle
 from models_app.models import LanguageModel
-from models_app.tasks import current_worker
+from models_app.tasks import current_worker, load_model
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +40,6 @@ class Requeued(Exception):
 
 def model_in_this_worker(job: ExtractionJob, worker_name: str):
     """The loaded model, loading it here first if no worker has it (documented behaviour)."""
-    from models_app.tasks import load_model
 
     loaded = LOADED_MODELS.get(job.model_id)
     if loaded is not None:
@@ -70,8 +72,6 @@ def model_in_this_worker(job: ExtractionJob, worker_name: str):
 
 def hook_widths(model, names: list[str], tokenized: list[list[int]]) -> dict[str, int]:
     """Width of each hook: from the hook table, or by a two-token probe for ``module:`` paths."""
-    from engine.extraction import extract
-    from engine.hooks import list_hook_points
 
     widths = {info.name: info.width for info in list_hook_points(model)}
     unknown = [name for name in names if name not in widths]
@@ -87,8 +87,6 @@ def run_extraction(job_id: str) -> None:
     Idempotent: a job that is no longer queued or running does nothing, and a retried job
     continues the cache it started instead of writing anything twice.
     """
-    from activations.store import CacheError
-    from engine.extraction import extract, plan_batches, tokenize_samples
 
     close_old_connections()
     identity = current_worker()

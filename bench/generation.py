@@ -185,10 +185,10 @@ def main() -> None:
     from engine.loading import load_weights
     from engine.testing.tiny_models import build_tiny_model
     from generation.models import Generation
-    from models_app.access import OPERATOR
+    from mistudio.access import OPERATOR
+    from mistudio.workers import read_heartbeats
     from models_app.models import LanguageModel
     from models_app.services import model_load_request, model_register
-    from models_app.workers import read_heartbeats
 
     call_command("migrate", verbosity=0)
     folder = settings.LOCAL_MODEL_ROOTS[0] / "bench-gpt2-small"

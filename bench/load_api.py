@@ -102,9 +102,9 @@ def main() -> None:
     from rest_framework.test import APIClient
 
     from engine.testing.tiny_models import build_tiny_model
+    from mistudio.workers import read_heartbeats
     from models_app.models import LanguageModel
     from models_app.services import model_register
-    from models_app.workers import read_heartbeats
 
     call_command("migrate", verbosity=0)
     folder = settings.LOCAL_MODEL_ROOTS[0] / "bench-gpt2-small"

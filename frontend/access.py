@@ -11,7 +11,7 @@ from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 
-from models_app import roles
+from mistudio import roles
 
 
 def reader_required(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:

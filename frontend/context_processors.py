@@ -1,6 +1,6 @@
 """Template context every page gets: the signed-in user's role, for the top bar."""
 
-from models_app import roles
+from mistudio import roles
 
 
 def role_of(user) -> str:

@@ -37,12 +37,12 @@ from generation.services import (
     generation_stop,
 )
 from generation.streams import FINAL_EVENTS, read_events
+from mistudio import roles
 from mistudio.async_api import authenticated_user, json_body, validated
 from mistudio.errors import ApplicationError, error_body, error_response
+from mistudio.permissions import CanRead, CanWrite
 from mistudio.throttling import GenerationThrottle, throttle_check
-from models_app import roles
 from models_app.apis import StrictSerializer
-from models_app.permissions import CanRead, CanWrite
 
 MAX_STOP_CHARACTERS = 200
 

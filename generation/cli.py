@@ -20,8 +20,14 @@ from typing import Any
 
 from django.core.management.base import CommandError
 
+from activations.services import hook_names_for
+from generation.apis import SamplingSerializer
 from generation.models import Generation
+from generation.services import generation_check, generation_request, generation_stop
+from generation.streams import iter_events
+from mistudio.access import OPERATOR
 from mistudio.errors import ApplicationError
+from models_app import services
 from models_app.management.commandline import ExactWriter, wait_for_load
 from models_app.models import LanguageModel
 
@@ -43,7 +49,6 @@ def checked_sampling(options: dict[str, Any]):
     with the same message, and the defaults (temperature 0.7, top_p 0.95) cannot drift apart.
     Raises :class:`InvalidSetting`.
     """
-    from generation.apis import SamplingSerializer
 
     serializer = SamplingSerializer(
         data={name: value for name, value in options.items() if value is not None}
@@ -65,7 +70,6 @@ def first_error(errors: dict[str, Any]) -> str:
 
 def checked_hooks(model: LanguageModel, names: list[str]) -> list[str]:
     """Hook point names validated against the model's structure; raises :class:`InvalidSetting`."""
-    from activations.services import hook_names_for
 
     try:
         return hook_names_for(model, hooks=names, layers=None)
@@ -95,8 +99,6 @@ def load_and_wait(model: LanguageModel, *, progress, timeout: float = LOAD_TIMEO
 
     Raises CommandError when the load cannot be queued or ends any other way than ``ready``.
     """
-    from models_app import services
-    from models_app.access import OPERATOR
 
     model.refresh_from_db()
     if model.status != LanguageModel.Status.LOADING:
@@ -167,8 +169,6 @@ def stream_generation(*, on_text: Callable[[str], None], **request: Any) -> Outc
     Raises ApplicationError when the request is refused (``MODEL_NOT_LOADED``, bad prompt…),
     KeyboardInterrupt on a second Ctrl-C.
     """
-    from generation.services import generation_check, generation_request, generation_stop
-    from generation.streams import iter_events
 
     with CtrlC().watching() as ctrl_c:
         generation_id = generation_request(interface=Generation.Interface.CLI, **request)[0].id

@@ -65,12 +65,13 @@ from generation.services import (
     generation_model,
     generation_request,
 )
+from mistudio import roles
 from mistudio.async_api import authenticated_user, json_body, validated
 from mistudio.errors import ApplicationError
 from mistudio.openai_errors import openai_error_body, openai_error_response
 from mistudio.throttling import GenerationThrottle, throttle_check
-from models_app import roles
 from models_app.models import LanguageModel
+from models_app.selectors import model_list
 
 # Completions' OpenAI default; chat's default is "whatever fits the context".
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
@@ -516,7 +517,6 @@ def model_object(model: LanguageModel) -> dict[str, Any]:
 
 
 def visible_models(user, model_ref: str | None = None) -> list[dict[str, Any]]:
-    from models_app.selectors import model_list
 
     models = model_list(user=user).order_by("created_at")
     if model_ref is not None:

@@ -5,9 +5,9 @@ from typing import Any
 from django.db.models import QuerySet
 
 from generation.models import Generation
+from mistudio.access import visible_rows
 from mistudio.errors import ApplicationError
 from mistudio.events import register_group_kind
-from models_app.access import visible_rows
 
 
 def generation_list(*, user) -> QuerySet[Generation]:

@@ -18,11 +18,16 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
+from activations.services import hook_names_for
 from generation.models import Generation
+from generation.selectors import generation_get
 from generation.streams import GenerationStream, request_cancel
+from generation.tasks import final_event, finish_cancelled
+from mistudio import roles
 from mistudio.errors import ApplicationError
-from models_app import roles
+from mistudio.workers import enqueue, read_heartbeats, worker_queue
 from models_app.models import LanguageModel
+from models_app.selectors import model_list, models_named
 
 MAX_TOKENS_LIMIT = 2048
 DEFAULT_MAX_TOKENS = 128
@@ -64,7 +69,6 @@ def generation_model(*, user, model_ref: str) -> LanguageModel:
     403 ``PERMISSION_DENIED`` without the model:write role; 404 ``MODEL_NOT_FOUND`` for a model
     the user cannot see.
     """
-    from models_app.selectors import model_list, models_named
 
     check_may_generate(user)
     matches = models_named(model_list(user=user), model_ref)
@@ -119,8 +123,6 @@ def generation_request(
     is not ready, 400 for bad prompts or hook names. Permissions are the caller's to check
     (:func:`generation_model` finds a model the way an API user may see it).
     """
-    from activations.services import hook_names_for
-    from models_app.workers import enqueue, worker_queue
 
     model = LanguageModel.objects.get(pk=model_id)
     if (prompts is None) == (messages is None):
@@ -192,7 +194,6 @@ def generation_request(
 
 def generation_cancel(*, user, generation_id: str) -> Generation:
     """Stop a generation: a queued one never runs, a running one stops after its current token."""
-    from generation.selectors import generation_get
 
     generation = generation_get(user=user, generation_id=generation_id)
     if not user.has_perm(roles.WRITE):
@@ -204,7 +205,6 @@ def generation_cancel(*, user, generation_id: str) -> Generation:
 
 def generation_stop(generation_id: str) -> None:
     """Cancel without a permission check (the client that asked for it went away)."""
-    from generation.tasks import finish_cancelled
 
     request_cancel(generation_id)
     # One conditional UPDATE: a worker claiming the row at the same moment gets either it or nothing.
@@ -221,8 +221,6 @@ def generation_check(generation_id: str) -> dict[str, Any] | None:
     A row already final (its stream expired, or it ended before streaming) gives its result; a
     running row whose host worker has no heartbeat any more is failed with ``WORKER_LOST``.
     """
-    from generation.tasks import final_event
-    from models_app.workers import read_heartbeats
 
     generation = Generation.objects.filter(pk=generation_id).first()
     if generation is None:

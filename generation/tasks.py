@@ -17,7 +17,10 @@ from django.db import close_old_connections
 from django.urls import reverse
 from django.utils import timezone
 
+from activations.models import ActivationCache
+from activations.services import cache_store_completed, cache_store_failed, cache_store_open, key_hash
 from engine.errors import EngineError
+from engine.generation import SamplingParams, check_context, context_length, generate, render_prompt
 from engine.registry import LOADED_MODELS
 from generation.models import Generation
 from generation.selectors import generation_state
@@ -151,7 +154,6 @@ def claim_batch(first: Generation) -> list[Generation]:
 
 def sampling_params(generation: Generation, *, prompt_tokens: int, context: int | None):
     """The engine's parameters for a row; a default max_tokens shrinks to fit the context."""
-    from engine.generation import SamplingParams
 
     parameters = generation.parameters
     max_tokens = parameters["max_tokens"]
@@ -233,9 +235,6 @@ def store_capture(generation: Generation, result) -> Any:
     """Write the captured activations as an ActivationCache (source = generation); return the row."""
     import torch
 
-    from activations.models import ActivationCache
-    from activations.services import cache_store_completed, cache_store_failed, cache_store_open, key_hash
-
     prompt_tokens = len(generation.input_token_ids)
     token_ids = [*generation.input_token_ids, *result.token_ids]
     key = {
@@ -316,7 +315,6 @@ def run_generation(generation_id: str) -> None:
 
 def run_batch(rows: list[Generation]) -> None:
     """Decode ``rows`` (claimed, all for one model) as one batch and finish each of them."""
-    from engine.generation import check_context, context_length, generate, render_prompt
 
     if not rows:
         return

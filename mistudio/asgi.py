@@ -17,7 +17,7 @@ from mistudio.websocket_auth import OriginGuard, TokenAuthMiddleware  # noqa: E4
 
 ensure_redis()
 if settings.WATCH_WORKERS:
-    from models_app.workers import start_worker_watch
+    from mistudio.workers import start_worker_watch
 
     start_worker_watch()  # marks the models of a worker that died WORKER_LOST, even if it was the last
 

@@ -6,10 +6,10 @@ from typing import Any
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
+from mistudio.access import may_receive
 from mistudio.events import GROUP_KINDS, group_snapshot, parse_group
 from mistudio.json_input import parse_json
 from mistudio.websocket_auth import current_user
-from models_app.access import may_receive
 
 MAX_GROUPS_PER_CONNECTION = 100
 # A subscribe message naming the most groups allowed fits easily; anything larger is not ours.

@@ -20,6 +20,9 @@ from rest_framework.settings import api_settings
 
 import mistudio
 from mistudio.errors import DATABASE_ERRORS
+from mistudio.metrics import CanReadMetrics, MetricsTokenAuthentication
+from mistudio.redis_client import get_redis
+from mistudio.workers import read_heartbeats
 
 VERSIONED_PACKAGES = [
     "django",
@@ -52,8 +55,6 @@ def database_status() -> dict:
 
 
 def redis_and_workers_status() -> tuple[dict, list[dict]]:
-    from mistudio.redis_client import get_redis
-    from models_app.workers import read_heartbeats
 
     try:
         get_redis().ping()
@@ -65,7 +66,6 @@ def redis_and_workers_status() -> tuple[dict, list[dict]]:
 def may_read_operations(request) -> bool:
     """Whether the request may see operational details: the rule of ``/metrics`` (its token, staff
     or ``model:admin``, by any of the API's credentials). A bad credential is just anonymous here."""
-    from mistudio.metrics import CanReadMetrics, MetricsTokenAuthentication
 
     authenticators = [MetricsTokenAuthentication()]
     authenticators += [authenticator() for authenticator in api_settings.DEFAULT_AUTHENTICATION_CLASSES]

@@ -39,7 +39,8 @@ from rest_framework.permissions import BasePermission
 from rest_framework.renderers import JSONRenderer
 from rest_framework.settings import api_settings
 
-from models_app import roles
+from mistudio import roles
+from mistudio.workers import queue_lengths, read_heartbeats
 
 # Bucket bounds in seconds, from what a tiny CPU model takes to what a large hub model takes.
 LOAD_BUCKETS = (0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800)
@@ -92,16 +93,12 @@ class MiStudioCollector(Collector):
         yield up
 
     def redis_metrics(self) -> Iterator[Metric]:
-        from models_app.models import LanguageModel
-        from models_app.selectors import queue_lengths
-        from models_app.workers import read_heartbeats
-
         # Read everything before yielding anything, so a Redis error cannot leave half the series.
         beats = read_heartbeats()
         queues = queue_lengths(heartbeats=beats)
         model_ids = [entry["model_id"] for beat in beats for entry in beat.get("loaded_models", [])]
         try:
-            names = dict(LanguageModel.objects.filter(pk__in=model_ids).values_list("pk", "name"))
+            names = _MODEL_NAMES[0](model_ids) if _MODEL_NAMES else {}
         except DatabaseError:
             names = {}
 
@@ -164,6 +161,14 @@ class MiStudioCollector(Collector):
 # Each app registers the metrics of its own rows (in its AppConfig.ready), so that this module
 # needs none of the apps: () -> list of metric families, read from the database at scrape time.
 _DATABASE_METRICS: list[Callable[[], list[Metric]]] = []
+
+
+# The app that owns model rows says what each loaded model is called: (ids) -> {id: name}.
+_MODEL_NAMES: list[Callable[[list[str]], dict[str, str]]] = []
+
+
+def register_model_names(names: Callable[[list[str]], dict[str, str]]) -> None:
+    _MODEL_NAMES[:] = [names]
 
 
 def register_database_metrics(collect: Callable[[], list[Metric]]) -> None:

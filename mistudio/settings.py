@@ -330,7 +330,7 @@ REDIS_KEY_PREFIX = os.environ.get("MISTUDIO_REDIS_PREFIX", "mistudio")
 SHARED_QUEUE = f"{REDIS_KEY_PREFIX}.shared"
 WORKER_HEARTBEAT_SECONDS = env_number("WORKER_HEARTBEAT_SECONDS", 5, minimum=0.2)
 WORKER_LOST_AFTER_SECONDS = env_number("WORKER_LOST_AFTER_SECONDS", 30, minimum=1)
-# The web process also looks for lost workers (models_app.workers.WorkerWatchThread), so that the
+# The web process also looks for lost workers (mistudio.workers.WorkerWatchThread), so that the
 # models of the last worker to die do not stay "loading" or "ready"; off in the test suite's
 # in-process runs, where rows name workers that never beat.
 WATCH_WORKERS = env_bool("WATCH_WORKERS", True)
@@ -451,7 +451,7 @@ SPECTACULAR_SETTINGS = {
         "DatasetSourceEnum": "activations.models.Dataset.Source",
         "CacheSourceEnum": "activations.models.ActivationCache.Source",
     },
-    "SERVE_PERMISSIONS": ["models_app.permissions.CanRead"],
+    "SERVE_PERMISSIONS": ["mistudio.permissions.CanRead"],
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",

@@ -11,7 +11,7 @@ from rest_framework.reverse import reverse
 from mistudio.errors import json_error_response
 from mistudio.health import healthz
 from mistudio.metrics import metrics
-from models_app.permissions import CanRead
+from mistudio.permissions import CanRead
 
 
 @extend_schema(responses={200: dict})

@@ -2,9 +2,9 @@ from functools import partial
 
 from django.contrib import admin, messages
 
+from mistudio.access import OPERATOR
 from mistudio.errors import ApplicationError
 from models_app import services
-from models_app.access import OPERATOR
 from models_app.models import LanguageModel
 
 

@@ -6,10 +6,10 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from mistudio.api_inputs import DATABASE_INT_MAX
+from mistudio.permissions import CanRead, CanWrite
 from mistudio.throttling import ModelLoadThrottle, ModelRegisterThrottle
 from models_app import selectors, services
 from models_app.models import LanguageModel
-from models_app.permissions import CanRead, CanWrite
 
 MAX_KEEP_ALIVE_SECONDS = 30 * 24 * 3600
 

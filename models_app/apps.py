@@ -8,9 +8,15 @@ class ModelsAppConfig(AppConfig):
     def ready(self) -> None:
         from django.db.models.signals import post_migrate
 
-        from mistudio.metrics import register_database_metrics
-        from models_app import metrics, roles, selectors
+        from mistudio import roles
+        from mistudio.metrics import register_database_metrics, register_model_names
+        from mistudio.workers import register_worker_hook
+        from models_app import metrics, selectors, services
 
         post_migrate.connect(roles.ensure_role_groups, sender=self)
         selectors.register_event_groups()
         register_database_metrics(metrics.database_metrics)
+        register_worker_hook("start", services.worker_started)
+        register_worker_hook("every_beat", services.unload_idle_models)
+        register_worker_hook("reconcile", services.worker_lost_reconcile)
+        register_model_names(metrics.model_names)

@@ -18,3 +18,8 @@ def database_metrics() -> list[Metric]:
         bounds=LOAD_BUCKETS,
     )
     return [models, load_duration]
+
+
+def model_names(model_ids: list[str]) -> dict[str, str]:
+    """The names of the models ``model_ids`` (a worker's loaded models, labelled in its metrics)."""
+    return dict(LanguageModel.objects.filter(pk__in=model_ids).values_list("pk", "name"))

@@ -5,6 +5,7 @@ from django.db import models
 from django.utils import timezone
 
 from mistudio.identifiers import new_model_id
+from mistudio.local_paths import path_shown
 
 
 class LanguageModel(models.Model):
@@ -114,7 +115,6 @@ class LanguageModel(models.Model):
         ``LOCAL_MODEL_ROOTS`` root (the absolute server path stays on the server)."""
         if self.source != self.Source.LOCAL:
             return self.identifier
-        from mistudio.local_paths import path_shown
 
         return path_shown(self.identifier, settings.LOCAL_MODEL_ROOTS)
 

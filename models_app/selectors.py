@@ -5,9 +5,11 @@ from typing import Any
 import django_filters
 from django.db.models import Q, QuerySet
 
+from mistudio.access import check_may_change, is_admin, visible_rows
 from mistudio.errors import ApplicationError
 from mistudio.events import register_group_kind
-from models_app.access import check_may_change, is_admin, visible_rows
+from mistudio.health import database_status, redis_and_workers_status
+from mistudio.workers import queue_lengths, read_heartbeats
 from models_app.models import LanguageModel
 
 
@@ -77,10 +79,23 @@ def model_state(model: LanguageModel) -> dict[str, Any]:
     }
 
 
+def memory_capacity(beat: dict) -> int:
+    """What a worker could free for a new model: free memory plus its unpinned models (its budget too)."""
+    pinned = set(
+        LanguageModel.objects.filter(
+            pk__in=[entry["model_id"] for entry in beat["loaded_models"]], pinned=True
+        ).values_list("pk", flat=True)
+    )
+    evictable = sum(m["memory_usage_bytes"] for m in beat["loaded_models"] if m["model_id"] not in pinned)
+    capacity = beat["memory_free_bytes"] + evictable
+    if beat.get("memory_limit_bytes"):
+        held = sum(m["memory_usage_bytes"] for m in beat["loaded_models"] if m["model_id"] in pinned)
+        capacity = min(capacity, beat["memory_limit_bytes"] - held)
+    return capacity
+
+
 def model_memory_report(model: LanguageModel) -> dict[str, Any]:
     """The estimate per quantization and, per live worker, whether it fits (evicting unpinned models)."""
-    from models_app.services import memory_capacity
-    from models_app.workers import read_heartbeats
 
     workers = []
     for beat in read_heartbeats():
@@ -123,55 +138,6 @@ def register_event_groups() -> None:
     register_group_kind("model", keyed=True, snapshot=model_snapshot, visible=model_visible)
 
 
-def queue_lengths(*, heartbeats: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Jobs waiting, running and failed in miStudio's queues: the shared one, each live worker's own,
-    and the own queue of a worker that is gone but left jobs behind (they wait for it to return).
-
-    ``heartbeats`` are the live workers'. Counts are read without RQ's registry cleanup, so looking
-    at them changes nothing; "running" counts only jobs a live worker process holds (RQ's started
-    registry keeps a killed worker's job until the job's timeout, which can be hours).
-    """
-    from django.conf import settings
-    from rq import Queue
-    from rq.job import Job
-
-    from mistudio.redis_client import get_redis
-    from models_app.workers import worker_queue_name
-
-    connection = get_redis()
-    own_prefix = worker_queue_name("")
-    by_name: dict[str, str | None] = {settings.SHARED_QUEUE: None}
-    by_name.update({worker_queue_name(beat["name"]): beat["name"] for beat in heartbeats})
-    live_processes = {f"{beat['name']}.{beat.get('pid')}" for beat in heartbeats}  # RQ's worker names
-
-    def running(queue: Queue) -> int:
-        started = queue.started_job_registry.get_job_ids(cleanup=False)
-        jobs = Job.fetch_many(started, connection=connection) if started else []
-        return sum(1 for job in jobs if job is not None and job.worker_name in live_processes)
-
-    known = [Queue(name, connection=connection) for name in by_name]
-    # Queues RQ has seen (it records a queue on its first job), for the ones of departed workers.
-    departed = [
-        queue
-        for queue in Queue.all(connection=connection)
-        if queue.name.startswith(own_prefix) and queue.name not in by_name
-    ]
-    rows = []
-    for queue in known + departed:
-        row = {
-            "name": queue.name,
-            "worker": by_name.get(queue.name, queue.name.removeprefix(own_prefix)),
-            "kind": "shared" if queue.name == settings.SHARED_QUEUE else "worker",
-            "worker_alive": queue.name in by_name,
-            "queued": queue.count,
-            "running": running(queue),
-            "failed": queue.failed_job_registry.get_job_count(cleanup=False),
-        }
-        if row["worker_alive"] or row["queued"]:
-            rows.append(row)
-    return rows
-
-
 def worker_overview(*, user) -> dict[str, Any]:
     """What the workers page and ``GET /api/workers`` show ``user``: Redis and database status, each
     live worker's heartbeat, and the queue lengths.
@@ -184,8 +150,6 @@ def worker_overview(*, user) -> dict[str, Any]:
     import time
 
     import redis
-
-    from mistudio.health import database_status, redis_and_workers_status
 
     redis_status, workers = redis_and_workers_status()
     queues: list[dict[str, Any]] = []

@@ -13,12 +13,23 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 
 from engine.errors import EngineError
+from engine.hub import download_model, hub_metadata, validate_hub_id
+from engine.inspection import (
+    applicable_quantizations,
+    confined_folder_entries,
+    describe,
+    inspect_folder,
+    memory_estimates,
+)
+from engine.registry import LOADED_MODELS
+from mistudio.access import OPERATOR, audience, check_may_change, visible_rows
 from mistudio.errors import ApplicationError
 from mistudio.events import ProgressThrottle, publish, rows_audience
 from mistudio.local_paths import path_inside_roots
 from mistudio.redis_client import get_redis
-from models_app.access import OPERATOR, audience, check_may_change, visible_rows
+from mistudio.workers import enqueue, read_heartbeats, shared_queue, worker_queue
 from models_app.models import LanguageModel
+from models_app.selectors import memory_capacity, model_state
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +68,6 @@ def model_groups(model: LanguageModel) -> list[str]:
 
 def model_publish(model: LanguageModel, event: str, fields: list[str], **extra: Any) -> None:
     """Save the changed fields of ``model``, then publish ``event`` with its current state."""
-    from models_app.selectors import model_state
 
     publish(
         event,
@@ -76,7 +86,6 @@ def local_model_folder(raw_path: str) -> Path:
     """The real folder behind ``raw_path`` if it lies inside ``LOCAL_MODEL_ROOTS``, and so does
     every entry of it, links resolved (400 ``UNSAFE_PATH`` naming the entry otherwise). Checked
     at registration, before every load, and before the web process reads its tokenizer."""
-    from engine.inspection import confined_folder_entries
 
     folder = path_inside_roots(raw_path, settings.LOCAL_MODEL_ROOTS, setting="LOCAL_MODEL_ROOTS")
     if not folder.is_dir():
@@ -98,8 +107,6 @@ def model_file_roots(model: LanguageModel) -> list[Path]:
 
 def model_inspect_source(*, source: str, identifier: str, revision: str = "") -> tuple[Any, str, str]:
     """(ModelInfo, canonical identifier, commit sha) without loading or downloading weights."""
-    from engine.hub import hub_metadata, validate_hub_id
-    from engine.inspection import describe, inspect_folder
 
     try:
         if source == LanguageModel.Source.LOCAL:
@@ -132,7 +139,6 @@ def model_register(
     ``source`` decides how ``identifier`` is read: a hub id is a hub id even when a local folder
     of that name exists. With ``auto_load`` the load is queued at once.
     """
-    from engine.inspection import memory_estimates
 
     info, identifier, commit_sha = model_inspect_source(
         source=source, identifier=identifier, revision=revision
@@ -189,7 +195,6 @@ def model_register(
 
 
 def check_quantization(info, quantization: str) -> None:
-    from engine.inspection import applicable_quantizations
 
     options = applicable_quantizations(info)
     if quantization not in options:
@@ -239,10 +244,9 @@ def model_delete(*, model_id: str) -> None:
     """Delete the row; a loaded model is unloaded from its worker first (in the worker's queue order).
 
     Downloaded files stay in MODEL_CACHE_DIR: the hub cache is shared by every row of that repo.
-    The model's activation caches go with it, files included.
+    The model's activation caches go with it (a cascade), and their files once the deletion
+    commits (the activations app's pre_delete rule for cache rows).
     """
-    from activations.services import cache_delete_files
-    from models_app.workers import enqueue, worker_queue
 
     with transaction.atomic():
         model = LanguageModel.objects.select_for_update().get(pk=model_id)
@@ -255,10 +259,7 @@ def model_delete(*, model_id: str) -> None:
             raise ApplicationError(
                 "MODEL_BUSY", "An extraction with this model is running; cancel it first.", status=409
             )
-        caches = list(model.caches.all())
         model.delete()
-        for cache in caches:
-            transaction.on_commit(lambda cache=cache: cache_delete_files(cache))
         if host:
             enqueue(worker_queue(host), "models_app.tasks.unload_model", model_id, reason="deleted")
     publish("model:deleted", {"model_id": model_id}, groups=groups, audience=receivers)
@@ -277,21 +278,6 @@ def set_cancel_flag(model_id: str) -> None:
 
 def load_cancel_requested(model_id: str) -> bool:
     return bool(get_redis().exists(cancel_flag_key(model_id)))
-
-
-def memory_capacity(beat: dict) -> int:
-    """What a worker could free for a new model: free memory plus its unpinned models (its budget too)."""
-    pinned = set(
-        LanguageModel.objects.filter(
-            pk__in=[entry["model_id"] for entry in beat["loaded_models"]], pinned=True
-        ).values_list("pk", flat=True)
-    )
-    evictable = sum(m["memory_usage_bytes"] for m in beat["loaded_models"] if m["model_id"] not in pinned)
-    capacity = beat["memory_free_bytes"] + evictable
-    if beat.get("memory_limit_bytes"):
-        held = sum(m["memory_usage_bytes"] for m in beat["loaded_models"] if m["model_id"] in pinned)
-        capacity = min(capacity, beat["memory_limit_bytes"] - held)
-    return capacity
 
 
 def insufficient_memory(required: int, available: int) -> ApplicationError:
@@ -316,7 +302,6 @@ def model_load_request(*, model_id: str, actor, quantization: str | None = None)
     Loading a visible model is using it, open to any writer; choosing another ``quantization``
     changes the row, which only its owner may (``model_update`` checks ``actor``).
     """
-    from models_app.workers import enqueue, read_heartbeats, shared_queue
 
     with transaction.atomic():
         model = LanguageModel.objects.select_for_update().get(pk=model_id)
@@ -344,7 +329,6 @@ def model_load_request(*, model_id: str, actor, quantization: str | None = None)
 
 def model_unload_request(*, model_id: str) -> LanguageModel:
     """Queue the unload on the host worker's own queue (only a ready model can be unloaded)."""
-    from models_app.workers import enqueue, worker_queue
 
     model = LanguageModel.objects.get(pk=model_id)
     if model.status != LanguageModel.Status.READY or not model.host_worker:
@@ -385,7 +369,6 @@ def model_download(*, model: LanguageModel, on_progress: Callable[[int, int], No
 
     Raises the hub's ``EngineError`` as is: the load task needs to know whether it is transient.
     """
-    from engine.hub import download_model
 
     if model.source == LanguageModel.Source.LOCAL:
         return local_model_folder(model.identifier)
@@ -427,9 +410,41 @@ def worker_release_models(
         model_publish(model, "model:unloaded", fields, reason=reason)
 
 
+def worker_started(identity) -> None:
+    """A worker (re)starting holds no model it did not load itself: the rows that still name it
+    as host become ``unloaded`` (``WORKER_LOST``)."""
+    worker_release_models(
+        worker_name=identity.name,
+        reason="worker_lost",
+        holding=[entry["model_id"] for entry in LOADED_MODELS.summary()],
+        code="WORKER_LOST",
+        message="The worker hosting this model restarted.",
+    )
+
+
+# Per worker: the models whose idle unload is queued and not yet done (so it is queued once).
+_IDLE_UNLOADS_QUEUED: dict[str, set[str]] = {}
+
+
+def unload_idle_models(identity) -> None:
+    """Queue an unload (reason ``idle``) for each model unused for longer than its keep_alive.
+
+    The unload runs as a job on this worker's own queue, so it never races a job using the model.
+    """
+    queued = _IDLE_UNLOADS_QUEUED.setdefault(identity.name, set())
+    idle = {entry["model_id"]: entry["idle_seconds"] for entry in LOADED_MODELS.summary()}
+    expiring = LanguageModel.objects.filter(
+        pk__in=list(idle), status=LanguageModel.Status.READY, keep_alive_seconds__isnull=False
+    ).values_list("pk", "keep_alive_seconds")
+    for model_id, keep_alive in expiring:
+        if idle[model_id] > keep_alive and model_id not in queued:
+            queued.add(model_id)
+            enqueue(worker_queue(identity.name), "models_app.tasks.unload_model", model_id, reason="idle")
+    queued &= set(idle)
+
+
 def worker_lost_reconcile() -> list[str]:
     """Mark models whose host worker has no heartbeat ``unloaded`` with ``WORKER_LOST``; return their ids."""
-    from models_app.workers import read_heartbeats
 
     alive = {beat["name"] for beat in read_heartbeats()}
     lost = []

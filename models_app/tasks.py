@@ -7,8 +7,11 @@ from django.conf import settings
 from django.db import close_old_connections
 
 from engine.errors import EngineError
+from engine.loading import load_weights, release, warm_up
 from engine.registry import LOADED_MODELS, LoadedModel
+from mistudio import workers
 from mistudio.errors import ApplicationError
+from mistudio.workers import available_memory
 from models_app.models import LanguageModel
 from models_app.services import (
     application_error,
@@ -30,7 +33,6 @@ class LoadCancelled(Exception):
 
 
 def current_worker():
-    from models_app import workers
 
     if workers.CURRENT_WORKER is None:
         raise RuntimeError("model jobs run only inside a miStudio worker (manage.py worker)")
@@ -48,7 +50,6 @@ def is_transient(error: Exception) -> bool:
 
 def unload_loaded(model_id: str, *, reason: str) -> None:
     """Drop a model from this worker's memory and mark its row (if it still exists) ``unloaded``."""
-    from engine.loading import release
 
     entry = LOADED_MODELS.remove(model_id)
     if entry is not None:
@@ -60,7 +61,6 @@ def unload_loaded(model_id: str, *, reason: str) -> None:
 
 def make_room(model: LanguageModel, *, device: str) -> None:
     """Evict least-recently-used unpinned models until the estimate fits and the count allows."""
-    from models_app.workers import available_memory
 
     required = model.memory_estimates.get(model.quantization, 0)
     while True:
@@ -77,7 +77,6 @@ def make_room(model: LanguageModel, *, device: str) -> None:
 
 
 def load_once(model: LanguageModel, identity) -> LoadedModel:
-    from engine.loading import load_weights, warm_up
 
     def stage(name: str, message: str, fraction: float = 0.0) -> None:
         if load_cancel_requested(model.id):
@@ -153,8 +152,6 @@ def load_model(model_id: str) -> None:
             model_publish(model, "model:failed", fields)
             return
     if not LanguageModel.objects.filter(pk=model_id).exists():  # deleted while loading
-        from engine.loading import release
-
         release(loaded)
         return
     LOADED_MODELS.add(loaded)

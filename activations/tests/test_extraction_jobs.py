@@ -18,9 +18,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from activations.models import ActivationCache, Dataset, ExtractionJob
 from activations.services import dataset_create_from_texts
 from activations.store import ActivationStore
+from mistudio.workers import run_worker
 from models_app.models import LanguageModel
 from models_app.services import model_register
-from models_app.workers import run_worker
 
 pytestmark = pytest.mark.django_db(transaction=True)
 HOOKS = ["hook_embed", "blocks.0.hook_resid_post", "ln_final.hook_normalized"]

@@ -18,8 +18,8 @@ from activations.selectors import tokenizer_for
 from activations.services import dataset_create_from_texts, extraction_request
 from activations.store import ActivationStore
 from frontend.views.activations import CONTEXT_TOKENS, HISTOGRAM_BINS, TOP_K
+from mistudio.workers import run_worker
 from models_app.services import model_register
-from models_app.workers import run_worker
 
 pytestmark = pytest.mark.django_db(transaction=True)
 HOOKS = ["hook_embed", "blocks.0.hook_resid_post", "blocks.1.mlp.hook_post", "ln_final.hook_normalized"]
@@ -218,7 +218,7 @@ def test_the_python_snippet_reads_the_cache(extracted, writer, tmp_path):
 def test_a_generation_cache_marks_generated_tokens(tiny_gpt2_folder, writer):
     from generation.models import Generation
     from generation.services import SamplingRequest, generation_request
-    from models_app.access import OPERATOR
+    from mistudio.access import OPERATOR
     from models_app.services import model_load_request
 
     model = model_register(source="local", identifier=str(tiny_gpt2_folder), name="tiny-gen", owner=writer)

@@ -8,7 +8,7 @@ from playwright.sync_api import expect
 from activations.models import ActivationCache, ExtractionJob
 from activations.services import dataset_create_from_texts
 from frontend.tests.browser import LIVE_TIMEOUT_MS, screenshot
-from models_app.access import OPERATOR
+from mistudio.access import OPERATOR
 from models_app.models import LanguageModel
 from models_app.services import model_load_request, model_register
 from models_app.tests.live_stack import register_and_load

@@ -10,10 +10,10 @@ from django.test import Client
 from activations.store import ActivationStore
 from generation.models import Generation
 from generation.services import SamplingRequest, generation_request
-from models_app.access import OPERATOR
+from mistudio.access import OPERATOR
+from mistudio.workers import run_worker
 from models_app.models import LanguageModel
 from models_app.services import model_load_request, model_register
-from models_app.workers import run_worker
 
 WORKER = "playground-worker"
 

@@ -10,8 +10,8 @@ from django.test import Client
 
 from engine.registry import LOADED_MODELS
 from mistudio.redis_client import get_redis
+from mistudio.workers import WorkerIdentity, heartbeat_key, run_worker, worker_queue, write_heartbeat
 from models_app.services import model_register
-from models_app.workers import WorkerIdentity, heartbeat_key, run_worker, worker_queue, write_heartbeat
 
 WORKER = "page-worker"
 GONE = "gone-worker"
@@ -116,7 +116,7 @@ def test_another_users_private_model_on_a_worker_is_not_named_to_anyone_else(
     """Issue 12, item 4: the workers API and page, and anonymous /healthz, named other users'
     private models (and showed hosts, pids, versions to anyone)."""
     from conftest import make_user
-    from models_app.access import OPERATOR
+    from mistudio.access import OPERATOR
     from models_app.services import model_load_request
 
     other = make_user("olga-other", "model:write")

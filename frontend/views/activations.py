@@ -27,6 +27,7 @@ from django.views.decorators.http import require_safe
 
 from activations import selectors, services
 from activations.models import ActivationCache, ExtractionJob
+from activations.store import ActivationStore, iter_files
 from frontend.access import reader_required
 from frontend.charts import histogram_svg, hook_sort_key, norm_chart_svg, short_hook_name
 from mistudio.errors import ApplicationError
@@ -79,7 +80,6 @@ class HookHistogram:
 # same id; the completion time in the key keeps a rewritten cache from reusing old results.
 @functools.lru_cache(maxsize=256)
 def hook_summary(directory: str, completed: str, hook: str) -> HookSummary:
-    from activations.store import ActivationStore
 
     store = ActivationStore.open(directory)
     stats = store.stats(hook)
@@ -98,7 +98,6 @@ def hook_summary(directory: str, completed: str, hook: str) -> HookSummary:
 
 @functools.lru_cache(maxsize=64)
 def hook_histogram(directory: str, completed: str, hook: str) -> HookHistogram:
-    from activations.store import ActivationStore
 
     store = ActivationStore.open(directory)
     max_tokens = max(1, HISTOGRAM_MAX_VALUES // store.shape(hook)[1])
@@ -318,7 +317,6 @@ first_sample = store.sample("{hook}", 0)
 
 def _files(cache: ActivationCache, *, manifest_size: int) -> list[dict[str, Any]]:
     """The cache's files, with the size each download has (the manifest is the user's own)."""
-    from activations.store import iter_files
 
     download = reverse("cache-download", args=[cache.id])
     files = []

@@ -21,7 +21,7 @@ from django.conf import settings
 from django.core.management import CommandError, call_command
 
 from generation.models import Generation, storable_text
-from models_app.access import OPERATOR
+from mistudio.access import OPERATOR
 from models_app.models import LanguageModel
 from models_app.services import model_load_request, model_register
 from models_app.tests.live_stack import process_environment, wait_until

@@ -7,12 +7,12 @@ from channels.testing import WebsocketCommunicator
 from generation.models import Generation, storable_text
 from generation.services import SamplingRequest, generation_request, generation_stop
 from generation.streams import iter_events
+from mistudio.access import OPERATOR
 from mistudio.events import BACKGROUND_PUBLISHER
 from mistudio.tests.websocket import events_socket, token_header
-from models_app.access import OPERATOR
+from mistudio.workers import run_worker
 from models_app.models import LanguageModel
 from models_app.services import model_load_request, model_register
-from models_app.workers import run_worker
 
 pytestmark = pytest.mark.django_db(transaction=True)
 WORKER = "generation-worker"

@@ -279,7 +279,7 @@ class SlowDownload:
 
     def load_until_downloading(self) -> None:
         """Request the load; return once the worker is downloading (its host is on the row)."""
-        from models_app.access import OPERATOR
+        from mistudio.access import OPERATOR
         from models_app.services import model_load_request
 
         model_load_request(model_id=self.model.id, actor=OPERATOR)
@@ -329,7 +329,7 @@ def slow_download(tmp_path, tiny_gpt2_folder, monkeypatch):
 
 
 def wait_for_heartbeats(names) -> None:
-    from models_app.workers import read_heartbeats
+    from mistudio.workers import read_heartbeats
 
     wait_until(
         lambda: set(names) <= {beat["name"] for beat in read_heartbeats()},
@@ -357,7 +357,7 @@ def test_a_worker_killed_mid_load_leaves_the_model_unloaded_with_worker_lost(slo
         assert model.host_worker == "" and noticed_after < 120
 
         # The surviving worker takes the next load of the same model.
-        from models_app.access import OPERATOR
+        from mistudio.access import OPERATOR
         from models_app.models import LanguageModel
         from models_app.services import model_load_request
 
@@ -422,8 +422,8 @@ def test_a_full_disk_while_writing_a_shard_fails_the_job_with_disk_full(
 ):
     from activations.models import Dataset
     from activations.services import dataset_create_from_texts, extraction_request
+    from mistudio.workers import run_worker
     from models_app.services import model_register
-    from models_app.workers import run_worker
 
     settings.ACTIVATION_CACHE_DIR = small_disk
     settings.ACTIVATION_SHARD_MAX_TOKENS = 512  # several shards: the disk fills up after the first ones
@@ -455,7 +455,7 @@ def test_a_full_disk_while_writing_a_shard_fails_the_job_with_disk_full(
 def test_a_freshly_restarted_redis_defers_the_worker_lost_reconcile(settings):
     """A Redis that restarted empty has lost every heartbeat: until live workers have written theirs
     again, their models must not be taken for lost."""
-    from models_app.workers import redis_restarted_recently
+    from mistudio.workers import redis_restarted_recently
 
     with private_redis() as server:
         settings.EMBEDDED_REDIS, settings.REDIS_URL = False, server.url

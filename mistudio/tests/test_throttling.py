@@ -169,7 +169,7 @@ def test_the_sixth_extraction_system_wide_is_429_for_anyone(
 
 @pytest.mark.django_db(transaction=True)  # the burst worker in this process closes connections
 def test_joining_an_identical_job_or_reusing_a_cache_does_not_count(extraction_setup, writer, client_for):
-    from models_app.workers import run_worker
+    from mistudio.workers import run_worker
 
     model, datasets = extraction_setup
     api, dataset = client_for(writer), datasets[writer.pk]

@@ -5,11 +5,11 @@ import time
 from django.core.management.base import CommandError
 
 from models_app.models import LanguageModel
+from models_app.selectors import models_named
 
 
 def find_model(reference: str) -> LanguageModel:
     """A model by id (``m_…``) or by its unique name."""
-    from models_app.selectors import models_named
 
     matches = models_named(LanguageModel.objects.all(), reference)
     if len(matches) == 1:

@@ -100,7 +100,7 @@ def running_web(log_path, **environment: str):
 
 
 def register_and_load(folder, *, name: str, timeout: float = 120.0) -> str:
-    from models_app.access import OPERATOR
+    from mistudio.access import OPERATOR
     from models_app.models import LanguageModel
     from models_app.services import model_load_request, model_register
 

@@ -2,9 +2,9 @@
 
 import pytest
 
+from mistudio.workers import shared_queue
 from models_app.models import LanguageModel
 from models_app.services import model_register
-from models_app.workers import shared_queue
 
 pytestmark = pytest.mark.django_db
 

@@ -17,10 +17,10 @@ from huggingface_hub import constants as hub_constants
 from engine.registry import LOADED_MODELS
 from engine.testing.hub_standin import LocalHub
 from engine.testing.tiny_models import build_tiny_model
-from models_app.access import OPERATOR
+from mistudio.access import OPERATOR
+from mistudio.workers import run_worker
 from models_app.models import LanguageModel
 from models_app.services import model_cancel_load, model_load_request, model_register
-from models_app.workers import run_worker
 
 pytestmark = pytest.mark.django_db(transaction=True)
 GATED_TOKEN = "hf_canary_token_never_shown_0123456789"

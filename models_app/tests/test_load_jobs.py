@@ -7,9 +7,9 @@ from transformers import AutoModelForCausalLM
 
 from engine.registry import LOADED_MODELS
 from mistudio.tests.websocket import events_socket, token_header
+from mistudio.workers import read_heartbeats, run_worker, worker_queue
 from models_app.models import LanguageModel
 from models_app.services import model_register
-from models_app.workers import read_heartbeats, run_worker, worker_queue
 
 pytestmark = pytest.mark.django_db(transaction=True)
 WORKER = "pytest-worker"
@@ -95,7 +95,7 @@ def test_heartbeat_lists_the_loaded_model_while_the_worker_runs(writer, client_f
     client_for(writer).post(f"/api/models/{tiny_model.id}/load", {}, format="json")
     run_worker(name=WORKER, device="cpu", burst=True)
     from mistudio.redis_client import get_redis
-    from models_app.workers import WorkerIdentity, heartbeat_key, write_heartbeat
+    from mistudio.workers import WorkerIdentity, heartbeat_key, write_heartbeat
 
     write_heartbeat(WorkerIdentity(name=WORKER, device="cpu"), started_at=0)
     beat = next(beat for beat in read_heartbeats() if beat["name"] == WORKER)

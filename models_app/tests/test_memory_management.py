@@ -7,10 +7,10 @@ from django.conf import settings as django_settings
 
 from engine.registry import LOADED_MODELS
 from engine.testing.tiny_models import build_tiny_model
-from models_app.access import OPERATOR
+from mistudio.access import OPERATOR
+from mistudio.workers import WorkerIdentity, heartbeat_key, run_worker, write_heartbeat
 from models_app.models import LanguageModel
-from models_app.services import model_load_request, model_register
-from models_app.workers import HeartbeatThread, WorkerIdentity, heartbeat_key, run_worker, write_heartbeat
+from models_app.services import model_load_request, model_register, unload_idle_models
 
 pytestmark = pytest.mark.django_db(transaction=True)
 WORKER = "memory-worker"
@@ -103,7 +103,7 @@ def test_an_idle_model_past_its_keep_alive_is_unloaded(three_models):
     alpha.save(update_fields=["keep_alive_seconds"])
     assert load(alpha).status == "ready"
     time.sleep(1.2)  # unused for longer than its keep-alive
-    HeartbeatThread(WorkerIdentity(name=WORKER, device="cpu")).unload_idle_models()
+    unload_idle_models(WorkerIdentity(name=WORKER, device="cpu"))  # the heartbeat's hook
     run_worker(name=WORKER, device="cpu", burst=True)
     alpha.refresh_from_db()
     assert alpha.status == "unloaded" and alpha.unload_reason == "idle"

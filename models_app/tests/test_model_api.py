@@ -5,8 +5,8 @@ import json
 import pytest
 from django.conf import settings
 
+from mistudio.workers import shared_queue, worker_queue
 from models_app.models import LanguageModel
-from models_app.workers import shared_queue, worker_queue
 
 pytestmark = pytest.mark.django_db
 

@@ -1,10 +1,10 @@
-"""The one way jobs are queued (``models_app.workers.enqueue``), on the real Redis: after the
+"""The one way jobs are queued (``mistudio.workers.enqueue``), on the real Redis: after the
 caller's transaction commits, never for a request that rolled back, with the task's timeout."""
 
 import pytest
 from django.db import transaction
 
-from models_app.workers import TASK_TIMEOUT_SECONDS, enqueue, worker_queue
+from mistudio.workers import TASK_TIMEOUT_SECONDS, enqueue, worker_queue
 
 pytestmark = pytest.mark.django_db(transaction=True)
 TASK = "models_app.tasks.unload_model"

@@ -11,6 +11,7 @@ from argparse import BooleanOptionalAction
 
 from django.core.management.base import BaseCommand, CommandError
 
+from generation.apis import result_body
 from generation.cli import (
     InvalidSetting,
     checked_hooks,
@@ -135,8 +136,6 @@ class Command(BaseCommand):
         if outcome.failed:
             raise CommandError(failure_text(event))
         if options["json"]:
-            from generation.apis import result_body
-
             self.stdout.write(json.dumps(result_body(event), indent=2))
         palette = palette_for(self.stderr, options)
         if not options["json"]:

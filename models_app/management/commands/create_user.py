@@ -6,7 +6,7 @@ from django.core.management.base import BaseCommand
 from django.db import transaction
 from rest_framework.authtoken.models import Token
 
-from models_app.roles import ROLES
+from mistudio.roles import ROLES
 
 
 class Command(BaseCommand):

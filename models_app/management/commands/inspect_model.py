@@ -4,6 +4,7 @@ import json
 
 from django.core.management.base import BaseCommand, CommandError
 
+from engine.inspection import memory_estimates
 from mistudio.errors import ApplicationError
 from models_app import services
 from models_app.management.commandline import find_model, format_table, gigabytes
@@ -21,7 +22,6 @@ class Command(BaseCommand):
         parser.add_argument("--json", action="store_true", help="machine-readable output")
 
     def handle(self, *args, **options):
-        from engine.inspection import memory_estimates
 
         if options["model"]:
             model = find_model(options["model"])

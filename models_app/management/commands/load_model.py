@@ -2,9 +2,9 @@
 
 from django.core.management.base import BaseCommand, CommandError
 
+from mistudio.access import OPERATOR
 from mistudio.errors import ApplicationError
 from models_app import services
-from models_app.access import OPERATOR
 from models_app.management.commandline import find_model, gigabytes, wait_for_load
 from models_app.models import LanguageModel
 

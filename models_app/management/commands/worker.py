@@ -4,6 +4,9 @@ import socket
 
 from django.core.management.base import BaseCommand, CommandError
 
+from mistudio.workers import default_device, run_worker
+from models_app.services import worker_release_models
+
 
 class Command(BaseCommand):
     help = "Run a miStudio worker (rq.SimpleWorker) that loads models and runs jobs on one device."
@@ -19,8 +22,6 @@ class Command(BaseCommand):
         parser.add_argument("--max-jobs", type=int, default=None)
 
     def handle(self, *args, **options):
-        from models_app.services import worker_release_models
-        from models_app.workers import default_device, run_worker
 
         device = options["device"] or default_device()
         if device != "cpu" and not device.startswith("cuda:"):

@@ -2,7 +2,7 @@
 
 from rest_framework.permissions import BasePermission
 
-from models_app import roles
+from mistudio import roles
 
 
 class CanRead(BasePermission):

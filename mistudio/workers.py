@@ -13,6 +13,7 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,6 +55,30 @@ def shared_queue() -> Queue:
 
 def worker_queue(worker_name: str) -> Queue:
     return Queue(worker_queue_name(worker_name), connection=get_redis())
+
+
+# --- the apps' hooks ------------------------------------------------------------------------------
+# The apps plug their chores into the worker here (in AppConfig.ready), so that this module needs
+# none of them: "start" (identity) when a worker starts, before it takes jobs; "every_beat"
+# (identity) each heartbeat; "reconcile" () -> the rows it settled, every sixth beat (unless
+# Redis just restarted) and in the web process's watch; "every_sixth_beat" () after it.
+_HOOKS: dict[str, list[Callable[..., Any]]] = {
+    "start": [],
+    "every_beat": [],
+    "reconcile": [],
+    "every_sixth_beat": [],
+}
+
+
+def register_worker_hook(when: str, hook: Callable[..., Any]) -> None:
+    """Run ``hook`` at ``when`` (a key of ``_HOOKS``), in the order the apps register them."""
+    if hook not in _HOOKS[when]:
+        _HOOKS[when].append(hook)
+
+
+def reconcile() -> int:
+    """Settle the rows of workers that are gone (every registered reconcile); how many changed."""
+    return sum(len(hook() or ()) for hook in _HOOKS["reconcile"])
 
 
 # How long each task may run before RQ stops it.
@@ -168,28 +193,27 @@ class MiStudioWorker(SimpleWorker):
 
 
 class HeartbeatThread(threading.Thread):
-    """Writes the heartbeat and, every few beats, fails models whose host worker vanished."""
+    """Writes the heartbeat and runs the apps' hooks: each beat, and every sixth beat the
+    reconcile (rows of workers that vanished) and the periodic chores."""
 
     def __init__(self, identity: WorkerIdentity):
         super().__init__(name=f"heartbeat-{identity.name}", daemon=True)
         self.identity = identity
         self.started_at = time.time()
         self.stopped = threading.Event()
-        self.unloads_queued: set[str] = set()
 
     def run(self) -> None:
-        from activations.services import cache_cleanup_daily
-        from models_app.services import worker_lost_reconcile
-
         beats = 0
         while not self.stopped.is_set():
             try:
                 write_heartbeat(self.identity, self.started_at)
-                self.unload_idle_models()
+                for hook in _HOOKS["every_beat"]:
+                    hook(self.identity)
                 if beats % 6 == 0:
                     if not redis_restarted_recently():
-                        worker_lost_reconcile()
-                    cache_cleanup_daily()
+                        reconcile()
+                    for hook in _HOOKS["every_sixth_beat"]:
+                        hook()
             except (redis.RedisError, OSError):
                 logger.warning("heartbeat failed; retrying", exc_info=True)
             except (OperationalError, InterfaceError) as error:
@@ -202,25 +226,6 @@ class HeartbeatThread(threading.Thread):
             beats += 1
             self.stopped.wait(settings.WORKER_HEARTBEAT_SECONDS)
         connections.close_all()  # this thread's own database connection
-
-    def unload_idle_models(self) -> None:
-        """Queue an unload (reason ``idle``) for each model unused for longer than its keep_alive.
-
-        The unload runs as a job on this worker's own queue, so it never races a job using the model.
-        """
-        from models_app.models import LanguageModel
-
-        idle = {entry["model_id"]: entry["idle_seconds"] for entry in LOADED_MODELS.summary()}
-        expiring = LanguageModel.objects.filter(
-            pk__in=list(idle), status=LanguageModel.Status.READY, keep_alive_seconds__isnull=False
-        ).values_list("pk", "keep_alive_seconds")
-        for model_id, keep_alive in expiring:
-            if idle[model_id] > keep_alive and model_id not in self.unloads_queued:
-                self.unloads_queued.add(model_id)
-                enqueue(
-                    worker_queue(self.identity.name), "models_app.tasks.unload_model", model_id, reason="idle"
-                )
-        self.unloads_queued &= set(idle)
 
     def stop(self) -> None:
         self.stopped.set()
@@ -246,16 +251,14 @@ class WorkerWatchThread(threading.Thread):
         self.interval = max(float(settings.WORKER_LOST_AFTER_SECONDS) / 2, 1.0)
 
     def run(self) -> None:
-        from models_app.services import worker_lost_reconcile
-
         while True:
             time.sleep(self.interval)
             try:
                 my_turn = get_redis().set(watch_key(), os.getpid(), nx=True, ex=max(int(self.interval), 1))
                 if my_turn and not redis_restarted_recently():
-                    lost = worker_lost_reconcile()
+                    lost = reconcile()
                     if lost:
-                        logger.warning("worker watch: %d model(s) of lost workers unloaded", len(lost))
+                        logger.warning("worker watch: %d row(s) of lost workers settled", lost)
             except (redis.RedisError, OSError, OperationalError, InterfaceError) as error:
                 logger.warning("worker watch: %s; retrying", error)
             except Exception:
@@ -278,20 +281,10 @@ def start_worker_watch() -> None:
 def run_worker(*, name: str, device: str, burst: bool = False, max_jobs: int | None = None) -> None:
     """Run a named SimpleWorker on its own queue and the shared queue until stopped."""
     global CURRENT_WORKER
-    from models_app.services import worker_release_models
-
     identity = WorkerIdentity(name=name, device=device)
     CURRENT_WORKER = identity
-    worker_release_models(
-        worker_name=name,
-        reason="worker_lost",
-        holding=[entry["model_id"] for entry in LOADED_MODELS.summary()],
-        code="WORKER_LOST",
-        message="The worker hosting this model restarted.",
-    )
-    from activations.services import extraction_resume_after_restart
-
-    extraction_resume_after_restart(worker_name=name)  # they continue from their last complete shard
+    for hook in _HOOKS["start"]:
+        hook(identity)
     heartbeat = HeartbeatThread(identity)
     write_heartbeat(identity, heartbeat.started_at)
     heartbeat.start()
@@ -307,3 +300,45 @@ def run_worker(*, name: str, device: str, burst: bool = False, max_jobs: int | N
         heartbeat.join(timeout=5)
         connections.close_all()
         CURRENT_WORKER = None
+
+
+def queue_lengths(*, heartbeats: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Jobs waiting, running and failed in miStudio's queues: the shared one, each live worker's own,
+    and the own queue of a worker that is gone but left jobs behind (they wait for it to return).
+
+    ``heartbeats`` are the live workers'. Counts are read without RQ's registry cleanup, so looking
+    at them changes nothing; "running" counts only jobs a live worker process holds (RQ's started
+    registry keeps a killed worker's job until the job's timeout, which can be hours).
+    """
+    connection = get_redis()
+    own_prefix = worker_queue_name("")
+    by_name: dict[str, str | None] = {settings.SHARED_QUEUE: None}
+    by_name.update({worker_queue_name(beat["name"]): beat["name"] for beat in heartbeats})
+    live_processes = {f"{beat['name']}.{beat.get('pid')}" for beat in heartbeats}  # RQ's worker names
+
+    def running(queue: Queue) -> int:
+        started = queue.started_job_registry.get_job_ids(cleanup=False)
+        jobs = Job.fetch_many(started, connection=connection) if started else []
+        return sum(1 for job in jobs if job is not None and job.worker_name in live_processes)
+
+    known = [Queue(name, connection=connection) for name in by_name]
+    # Queues RQ has seen (it records a queue on its first job), for the ones of departed workers.
+    departed = [
+        queue
+        for queue in Queue.all(connection=connection)
+        if queue.name.startswith(own_prefix) and queue.name not in by_name
+    ]
+    rows = []
+    for queue in known + departed:
+        row = {
+            "name": queue.name,
+            "worker": by_name.get(queue.name, queue.name.removeprefix(own_prefix)),
+            "kind": "shared" if queue.name == settings.SHARED_QUEUE else "worker",
+            "worker_alive": queue.name in by_name,
+            "queued": queue.count,
+            "running": running(queue),
+            "failed": queue.failed_job_registry.get_job_count(cleanup=False),
+        }
+        if row["worker_alive"] or row["queued"]:
+            rows.append(row)
+    return rows

@@ -23,8 +23,8 @@ from typing import Any
 
 from django.db.models import Model, Q, QuerySet
 
+from mistudio import roles
 from mistudio.errors import ApplicationError
-from models_app import roles
 
 
 class Operator:

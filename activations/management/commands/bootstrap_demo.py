@@ -15,6 +15,7 @@ from tqdm import tqdm
 
 from activations.models import Dataset
 from activations.services import dataset_create_from_texts
+from engine.demo_training import demo_corpus, train_demo_gpt2
 from models_app.models import LanguageModel
 from models_app.services import model_register
 
@@ -30,7 +31,6 @@ class Command(BaseCommand):
         parser.add_argument("--training-seconds", type=float, default=90.0, help="Training time budget.")
 
     def handle(self, *args, **options):
-        from engine.demo_training import demo_corpus, train_demo_gpt2
 
         owner = self.demo_user() if settings.EMBEDDED_DATABASE else None
         folder = settings.LOCAL_MODEL_ROOTS[0] / DEMO_MODEL_NAME
