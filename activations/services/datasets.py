@@ -1,0 +1,171 @@
+"""Dataset workflows: create from texts, uploads or local files; samples, update, delete."""
+
+import json
+import logging
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+
+from activations.models import Dataset, ExtractionJob
+from activations.store import write_durably
+from engine.datasets import GUESS_HEAD_BYTES, content_hash, guess_format, parse_bytes, parse_path, preview
+from engine.errors import EngineError
+from mistudio.access import check_may_change
+from mistudio.errors import ApplicationError
+from mistudio.local_paths import path_inside_roots, path_shown
+
+logger = logging.getLogger(__name__)
+
+
+DATASET_ERROR_STATUS = {"DATASET_TOO_LARGE": 413}
+
+
+def dataset_error(error: EngineError) -> ApplicationError:
+    return ApplicationError(
+        error.code, error.message, status=DATASET_ERROR_STATUS.get(error.code, 400), details=error.details
+    )
+
+
+def local_data_path(raw_path: str) -> Path:
+    """The real file or folder behind ``raw_path`` if it lies inside ``LOCAL_DATA_ROOTS``."""
+    return path_inside_roots(raw_path, settings.LOCAL_DATA_ROOTS, setting="LOCAL_DATA_ROOTS")
+
+
+def dataset_create_from_texts(
+    *,
+    name: str,
+    texts: Iterable[str],
+    owner,
+    source: str,
+    original_name: str = "",
+    format: str = "",
+    field: str = "",
+    shared: bool = False,
+) -> Dataset:
+    """Store the non-empty samples as JSON Lines and register them as a dataset."""
+
+    samples = [text for text in texts if text.strip()]
+    if not samples:
+        raise ApplicationError("EMPTY_DATASET", "The dataset has no non-empty samples.")
+    payload = "".join(json.dumps({"text": text}, ensure_ascii=False) + "\n" for text in samples).encode()
+    settings.DATASET_DIR.mkdir(parents=True, exist_ok=True)
+    with transaction.atomic():
+        dataset = Dataset(
+            name=name,
+            source=source,
+            original_name=original_name,
+            format=format,
+            field=field,
+            sample_count=len(samples),
+            size_bytes=len(payload),
+            content_hash=content_hash(samples),
+            preview=preview(samples),
+            owner=owner,
+            shared=shared,
+        )
+        write_durably(dataset.storage_path, [payload])
+        dataset.save()
+    return dataset
+
+
+def dataset_create_from_upload(
+    *,
+    name: str,
+    data: bytes,
+    filename: str,
+    owner,
+    format: str | None = None,
+    field: str | None = None,
+    shared: bool = False,
+) -> Dataset:
+    """Parse an uploaded file (plain text, JSONL, CSV) into a dataset."""
+
+    try:
+        chosen = format or guess_format(filename, data[:GUESS_HEAD_BYTES])
+        parsed = parse_bytes(
+            data,
+            format=chosen,
+            field=field,
+            max_bytes=settings.DATASET_MAX_UPLOAD_BYTES,
+            max_sample_bytes=settings.DATASET_MAX_SAMPLE_BYTES,
+        )
+    except EngineError as error:
+        raise dataset_error(error) from None
+    return dataset_create_from_texts(
+        name=name or filename,
+        texts=parsed.samples,
+        owner=owner,
+        source=Dataset.Source.UPLOAD,
+        original_name=filename,
+        format=parsed.format,
+        field=parsed.field or "",
+        shared=shared,
+    )
+
+
+def dataset_create_from_local(
+    *,
+    name: str,
+    path: str,
+    owner,
+    format: str | None = None,
+    field: str | None = None,
+    shared: bool = False,
+) -> Dataset:
+    """A file or folder under LOCAL_DATA_ROOTS: text / JSONL / CSV files or a ``save_to_disk`` folder."""
+
+    resolved = local_data_path(path)
+    try:
+        parsed = parse_path(
+            resolved,
+            format=format,
+            field=field,
+            max_bytes=settings.DATASET_MAX_LOCAL_BYTES,
+            max_sample_bytes=settings.DATASET_MAX_SAMPLE_BYTES,
+        )
+    except EngineError as error:
+        raise dataset_error(error) from None
+    return dataset_create_from_texts(
+        name=name or resolved.name,
+        texts=parsed.samples,
+        owner=owner,
+        source=Dataset.Source.LOCAL,
+        original_name=path_shown(resolved, settings.LOCAL_DATA_ROOTS),
+        format=parsed.format,
+        field=parsed.field or "",
+        shared=shared,
+    )
+
+
+def dataset_samples(dataset: Dataset, *, limit: int | None = None) -> list[str]:
+    samples = []
+    with open(dataset.storage_path, encoding="utf-8") as handle:
+        for line in handle:
+            samples.append(json.loads(line)["text"])
+            if limit is not None and len(samples) >= limit:
+                break
+    return samples
+
+
+def dataset_update(*, dataset_id: str, actor, **changes: Any) -> Dataset:
+    """Rename or share / unshare a dataset (``Dataset.OWNER_FIELDS``): ``actor`` must own it (or be
+    an admin or the ``OPERATOR``), else 403 ``NOT_OWNER``."""
+    dataset = Dataset.objects.get(pk=dataset_id)
+    check_may_change(dataset, actor, what="dataset")
+    fields = [field for field in Dataset.OWNER_FIELDS if field in changes]
+    for field in fields:
+        setattr(dataset, field, changes[field])
+    dataset.save(update_fields=fields)
+    return dataset
+
+
+def dataset_delete(*, dataset_id: str) -> None:
+    dataset = Dataset.objects.get(pk=dataset_id)
+    if dataset.extractions.filter(status__in=ExtractionJob.ACTIVE).exists():
+        raise ApplicationError("DATASET_IN_USE", "An extraction over this dataset is running.", status=409)
+    path = dataset.storage_path
+    dataset.delete()
+    path.unlink(missing_ok=True)
