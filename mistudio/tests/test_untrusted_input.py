@@ -230,7 +230,7 @@ def input_serializers():
             yield sub
             yield from subclasses(sub)
 
-    project = {"mistudio", "models_app", "activations", "frontend"}
+    project = {"mistudio", "models_app", "activations", "generation", "frontend"}
     for cls in set(subclasses(serializers.Serializer)):
         if cls.__module__.split(".")[0] in project and not issubclass(cls, serializers.ModelSerializer):
             yield cls
