@@ -2,7 +2,6 @@
 
 import io
 
-import numpy as np
 from django.conf import settings
 from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import serializers, status
@@ -16,11 +15,9 @@ from mistudio.api_inputs import ARRAY_INDEX_MAX, DATABASE_INT_MAX
 from mistudio.errors import ApplicationError
 from mistudio.json_input import JSONParser
 from mistudio.permissions import CanRead, CanWrite
+from mistudio.serializers import StrictSerializer
 from mistudio.streaming import ChunkedFileResponse, ChunkedStreamingResponse
-from models_app.apis import StrictSerializer
 from models_app.selectors import model_get
-
-MAX_SLICE_VALUES = 4_000_000  # rows x width per slice request (16 MB of float32)
 
 
 class DatasetOutputSerializer(serializers.ModelSerializer):
@@ -402,7 +399,7 @@ class CacheSliceApi(APIView):
         start = serializers.IntegerField(min_value=0, max_value=ARRAY_INDEX_MAX, default=0)
         stop = serializers.IntegerField(min_value=1, max_value=ARRAY_INDEX_MAX, required=False)
         # Not "format": DRF reserves that query parameter for choosing a renderer.
-        output = serializers.ChoiceField(choices=["json", "npy", "safetensors"], default="json")
+        output = serializers.ChoiceField(choices=selectors.SLICE_OUTPUTS, default="json")
 
     @extend_schema(parameters=[QuerySerializer], responses={200: dict})
     def get(self, request, cache_id: str):
@@ -410,33 +407,23 @@ class CacheSliceApi(APIView):
         query = self.QuerySerializer(data=request.query_params)
         query.is_valid(raise_exception=True)
         values = query.validated_data
-        store = selectors.cache_store(cache, values["hook"])
-        rows, width = store.shape(values["hook"])
-        stop = min(values.get("stop", rows), rows)
-        if values["start"] >= stop:
-            raise ApplicationError("INVALID_RANGE", f"The token range is empty (the hook has {rows} rows).")
-        if (stop - values["start"]) * width > MAX_SLICE_VALUES:
-            raise ApplicationError(
-                "SLICE_TOO_LARGE", f"At most {MAX_SLICE_VALUES // width} rows per request for this hook."
-            )
-        array = store.get(values["hook"], values["start"], stop)
+        array, stop = selectors.cache_slice(
+            cache, hook=values["hook"], start=values["start"], stop=values.get("stop")
+        )
         services.cache_touch(cache)
         if values["output"] == "json":
             # Streamed, a block of rows at a time encoded off the thread other views share.
-            header = {"hook": values["hook"], "start": values["start"], "stop": stop}
-            rows = selectors.json_rows({**header, "shape": list(array.shape)}, array)
-            return ChunkedStreamingResponse(rows, content_type="application/json")
-        buffer = io.BytesIO()
-        if values["output"] == "npy":
-            np.save(buffer, np.ascontiguousarray(array), allow_pickle=False)
-            content_type = "application/octet-stream"
-        else:
-            from safetensors.numpy import save
-
-            buffer.write(save({"activations": np.ascontiguousarray(array)}))
-            content_type = "application/octet-stream"
-        content = io.BytesIO(buffer.getvalue())
-        response = ChunkedFileResponse(content, content_type=content_type, as_attachment=True)
+            header = {
+                "hook": values["hook"],
+                "start": values["start"],
+                "stop": stop,
+                "shape": list(array.shape),
+            }
+            return ChunkedStreamingResponse(
+                selectors.json_rows(header, array), content_type="application/json"
+            )
+        content = io.BytesIO(selectors.array_file_bytes(array, values["output"]))
+        response = ChunkedFileResponse(content, content_type="application/octet-stream", as_attachment=True)
         response["Content-Disposition"] = (
             f'attachment; filename="{cache.id}-{values["start"]}-{stop}.{values["output"]}"'
         )

@@ -1,6 +1,7 @@
 """Read queries for datasets, extractions and caches (API, pages, commands)."""
 
 import functools
+import io
 import json
 import math
 import tarfile
@@ -11,6 +12,7 @@ from typing import Any
 import numpy as np
 from django.conf import settings
 from django.db.models import Case, CharField, F, OuterRef, Q, QuerySet, Subquery, When
+from safetensors.numpy import save as safetensors_save
 
 from activations.model_structure import skeleton
 from activations.models import ActivationCache, Dataset, ExtractionJob
@@ -225,6 +227,35 @@ def cache_file(cache: ActivationCache, relative: str) -> Path:
             "FILE_NOT_FOUND", "No such file in this cache.", status=404, details={"files": sorted(files)}
         )
     return files[relative]
+
+
+MAX_SLICE_VALUES = 4_000_000  # rows x width per slice request (16 MB of float32)
+SLICE_OUTPUTS = ("json", "npy", "safetensors")
+
+
+def cache_slice(cache: ActivationCache, *, hook: str, start: int, stop: int | None) -> tuple[np.ndarray, int]:
+    """Rows ``[start, stop)`` of ``hook`` (``stop`` clipped to the rows there are) and that stop;
+    ``INVALID_RANGE`` for an empty range, ``SLICE_TOO_LARGE`` past :data:`MAX_SLICE_VALUES`."""
+    store = cache_store(cache, hook)
+    rows, width = store.shape(hook)
+    stop = min(rows if stop is None else stop, rows)
+    if start >= stop:
+        raise ApplicationError("INVALID_RANGE", f"The token range is empty (the hook has {rows} rows).")
+    if (stop - start) * width > MAX_SLICE_VALUES:
+        raise ApplicationError(
+            "SLICE_TOO_LARGE", f"At most {MAX_SLICE_VALUES // width} rows per request for this hook."
+        )
+    return store.get(hook, start, stop), stop
+
+
+def array_file_bytes(array: np.ndarray, output: str) -> bytes:
+    """``array`` as a ``.npy`` file, or as a ``.safetensors`` file holding it as ``activations``."""
+    array = np.ascontiguousarray(array)
+    if output == "npy":
+        buffer = io.BytesIO()
+        np.save(buffer, array, allow_pickle=False)
+        return buffer.getvalue()
+    return safetensors_save({"activations": array})
 
 
 JSON_ROWS_VALUES_PER_CHUNK = 8_192  # ~4 ms of encoding: other threads get the GIL between chunks

@@ -21,8 +21,8 @@ from typing import Any
 from django.core.management.base import CommandError
 
 from activations.services import hook_names_for
-from generation.apis import SamplingSerializer
 from generation.models import Generation
+from generation.serializers import SamplingSerializer
 from generation.services import generation_check, generation_request, generation_stop
 from generation.streams import iter_events
 from mistudio.access import OPERATOR

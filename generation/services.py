@@ -247,3 +247,7 @@ def generation_check(generation_id: str) -> dict[str, Any] | None:
             GenerationStream(generation_id).emit_event(event)
             return event
     return None
+
+
+def result_body(event: dict[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in event.items() if key not in ("type", "status")}

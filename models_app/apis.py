@@ -7,31 +7,12 @@ from rest_framework.views import APIView
 
 from mistudio.api_inputs import DATABASE_INT_MAX
 from mistudio.permissions import CanRead, CanWrite
+from mistudio.serializers import StrictSerializer
 from mistudio.throttling import ModelLoadThrottle, ModelRegisterThrottle
 from models_app import selectors, services
 from models_app.models import LanguageModel
 
 MAX_KEEP_ALIVE_SECONDS = 30 * 24 * 3600
-
-
-class StrictSerializer(serializers.Serializer):
-    """Unknown fields are an error, not silently ignored (a typo must not pass unnoticed).
-
-    Checked in ``to_internal_value``, so nested strict serializers check their own fields too.
-    """
-
-    def to_internal_value(self, data):
-        unknown = set(data) - set(self.fields) if hasattr(data, "keys") else set()
-        errors = {name: ["Unknown or read-only field."] for name in sorted(unknown)}
-        try:
-            value = super().to_internal_value(data)
-        except serializers.ValidationError as error:
-            if not errors or not isinstance(error.detail, dict):
-                raise
-            raise serializers.ValidationError({**error.detail, **errors}) from None
-        if errors:
-            raise serializers.ValidationError(errors)
-        return value
 
 
 class ModelOutputSerializer(serializers.ModelSerializer):

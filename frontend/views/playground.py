@@ -9,7 +9,7 @@ from django.views.decorators.http import require_safe
 from activations import selectors as activation_selectors
 from activations import services as activation_services
 from frontend.access import reader_required
-from generation.apis import GenerateInputSerializer
+from generation.serializers import GenerateInputSerializer
 from generation.services import (
     DEFAULT_MAX_TOKENS,
     MAX_PROMPT_CHARACTERS,

@@ -9,11 +9,8 @@ from asgiref.sync import sync_to_async
 from django.http import HttpRequest, JsonResponse
 from rest_framework import serializers
 
-from generation.apis import (
-    SamplingSerializer,
-    string_or_list,
-)
 from generation.models import Generation
+from generation.serializers import SamplingSerializer, string_or_list
 from generation.services import (
     MAX_BATCH_PROMPTS,
     MAX_PROMPT_CHARACTERS,
@@ -30,7 +27,6 @@ from mistudio.throttling import GenerationThrottle, throttle_check
 from models_app.models import LanguageModel
 
 # Completions' OpenAI default; chat's default is "whatever fits the context".
-
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 MAX_COMPLETION_LOGPROBS = 5
 # Accepted and ignored: they change nothing about what a local model generates.

@@ -9,8 +9,6 @@ from generation.apis import (
 )
 from models_app.models import LanguageModel
 
-# Completions' OpenAI default; chat's default is "whatever fits the context".
-
 
 def finish_reason(event: dict[str, Any]) -> str:
     # "cancelled" only reaches a client whose generation an operator stopped; OpenAI has no such value.

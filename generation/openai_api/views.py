@@ -22,8 +22,6 @@ from generation.apis import (
     until_final,
 )
 from generation.models import Generation
-
-# Completions' OpenAI default; chat's default is "whatever fits the context".
 from generation.openai_api.requests import (
     ChatCompletionSerializer,
     CompletionSerializer,

@@ -11,7 +11,6 @@ from argparse import BooleanOptionalAction
 
 from django.core.management.base import BaseCommand, CommandError
 
-from generation.apis import result_body
 from generation.cli import (
     InvalidSetting,
     checked_hooks,
@@ -25,7 +24,7 @@ from generation.cli import (
     summary_line,
     terminal_safe,
 )
-from generation.services import CAPTURE_DTYPES
+from generation.services import CAPTURE_DTYPES, result_body
 from mistudio.errors import ApplicationError
 from models_app.management.commandline import find_model, plain
 
