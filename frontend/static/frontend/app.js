@@ -1,5 +1,5 @@
 // miStudio's shared page code (plain JS, no build step): the REST API client, inline form errors,
-// toasts, confirmations, the theme switch, number formatting, and one live-event connection per page
+// toasts, confirmations, the theme switch, number and time formatting, and one live-event connection per page
 // with a polling fallback. Every page script uses `window.mi`.
 (function () {
   "use strict";
@@ -168,6 +168,29 @@
     return `${Math.floor(minutes / 60)}h ${minutes % 60}m`;
   }
 
+  const pad = (n) => String(n).padStart(2, "0");
+
+  // A date as the reader's own "YYYY-MM-DD HH:MM" (the server renders its times in UTC).
+  function localTime(date) {
+    return `${date.getFullYear()}-${pad(date.getMonth() + 1)}-${pad(date.getDate())} ${pad(date.getHours())}:${pad(date.getMinutes())}`;
+  }
+
+  // A time of today as just its hour, any other as just its date: narrow enough for a table column.
+  function shortTime(date) {
+    return date.toDateString() === new Date().toDateString() ? localTime(date).slice(11) : localTime(date).slice(0, 10);
+  }
+
+  // Every <time datetime> under root in the reader's time zone, the full date in its tooltip; with
+  // shortInTables, those in table cells as shortTime.
+  function localizeTimes(root = document, { shortInTables = false } = {}) {
+    root.querySelectorAll("time[datetime]").forEach((node) => {
+      const date = new Date(node.getAttribute("datetime"));
+      if (isNaN(date)) return;
+      node.textContent = shortInTables && node.closest("td") ? shortTime(date) : localTime(date);
+      node.title = date.toString();
+    });
+  }
+
   function escapeHtml(text) {
     return String(text).replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" })[c]);
   }
@@ -321,7 +344,7 @@
 
   window.mi = {
     api, fragment, ApiError, showErrors, clearErrors, toast, confirm: confirmAction,
-    bytes, duration, escapeHtml, setProgress, live, toggleTheme,
+    bytes, duration, localTime, shortTime, localizeTimes, escapeHtml, setProgress, live, toggleTheme,
   };
 
   document.addEventListener("DOMContentLoaded", () => {

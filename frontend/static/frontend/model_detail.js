@@ -7,25 +7,7 @@
 
   const ACTIVE = new Set(["queued", "running"]);
   const $ = (id) => document.getElementById(id);
-  const pad = (n) => String(n).padStart(2, "0");
   const number = (value) => Number(value).toLocaleString("en-US");
-
-  // Server times are rendered in UTC; show them in the reader's own time zone.
-  function localTime(date) {
-    return `${date.getFullYear()}-${pad(date.getMonth() + 1)}-${pad(date.getDate())} ${pad(date.getHours())}:${pad(date.getMinutes())}`;
-  }
-  // In tables a time of today is just its hour (the full date is in the tooltip): the columns stay narrow.
-  function shortTime(date) {
-    return date.toDateString() === new Date().toDateString() ? localTime(date).slice(11) : localTime(date).slice(0, 10);
-  }
-  function localizeTimes(root = document) {
-    root.querySelectorAll("time[datetime]").forEach((node) => {
-      const date = new Date(node.getAttribute("datetime"));
-      if (isNaN(date)) return;
-      node.textContent = node.closest("td") ? shortTime(date) : localTime(date);
-      node.title = date.toString();
-    });
-  }
 
   function cell(html, className) {
     const td = document.createElement("td");
@@ -59,7 +41,7 @@
           cell("", "num"), cell("—", "num"),
           cell('<span class="badge" data-job-field="status"></span>', "status-cell"),
           cell("—"),
-          cell(`<time datetime="${now.toISOString()}" title="${now.toString()}">${shortTime(now)}</time>`),
+          cell(`<time datetime="${now.toISOString()}" title="${now.toString()}">${mi.shortTime(now)}</time>`),
         );
         row.children[2].dataset.jobField = "samples";
         row.children[3].dataset.jobField = "rate";
@@ -399,7 +381,7 @@
     });
 
     if (form) initExtractForm(form, jobPanel);
-    localizeTimes();
+    mi.localizeTimes(document, { shortInTables: true });
 
     // Opened while an extraction of this model runs: follow it.
     const active = $("job-panel").dataset.activeJob;
