@@ -90,7 +90,7 @@ def test_upload_by_drop_preview_and_delete(page, site):
     page.mouse.move(0, 0)
     screenshot(page, "datasets")
 
-    # The preview: the first page of samples, then the rest through the samples API.
+    # The preview: the first page of samples, then the rest as a fragment of the same page.
     row.get_by_role("link", name="dropped corpus").click()
     page.wait_for_url(site.url(f"/datasets/{stored.id}/"))
     samples = page.locator("#samples > li")

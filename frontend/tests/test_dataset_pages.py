@@ -1,6 +1,8 @@
 """The datasets pages as the server renders them: the list, the empty state, the sample preview, 404s,
 and what a reader (no model:write) is not offered."""
 
+import re
+
 import pytest
 from django.test import Client
 
@@ -77,6 +79,44 @@ def test_the_detail_page_previews_the_first_samples_escaped_with_index_and_lengt
     assert f"sample number {PREVIEW_PAGE_SIZE}<" not in page  # the rest comes through "Load more"
     assert 'id="load-more"' in page and f"Showing 1\u2013{PREVIEW_PAGE_SIZE} of 30" in page
     assert dataset.content_hash in page and 'id="delete-dataset"' in page
+
+
+def items(markup: str) -> list[str]:
+    return re.findall(r'<li class="sample".*?</li>', markup, flags=re.S)
+
+
+def test_load_more_fetches_the_next_samples_as_the_page_renders_them(writer):
+    texts = [f"sample number {index}" for index in range(PREVIEW_PAGE_SIZE + 5)] + ["<i>last</i>"]
+    dataset = make_dataset(writer, texts=texts)
+    browser = signed_in(writer)
+    page = browser.get(f"/datasets/{dataset.id}/").content.decode()
+    first = browser.get(f"/datasets/{dataset.id}/", {"fragment": "samples", "offset": 0}).content.decode()
+    assert items(first) and items(first) == items(page)  # the same items as the page's
+    more = browser.get(f"/datasets/{dataset.id}/", {"fragment": "samples", "offset": PREVIEW_PAGE_SIZE})
+    html = more.content.decode()
+    assert more.status_code == 200 and "<html" not in html
+    assert html.count('<li class="sample"') == 6
+    assert f'data-index="{PREVIEW_PAGE_SIZE}"' in html and f"sample number {PREVIEW_PAGE_SIZE}<" in html
+    assert "&lt;i&gt;last&lt;/i&gt;" in html and '<span class="muted small">11 characters' in html
+    past_the_end = browser.get(f"/datasets/{dataset.id}/", {"fragment": "samples", "offset": len(texts)})
+    assert past_the_end.status_code == 404
+    assert browser.get(f"/datasets/{dataset.id}/", {"fragment": "samples", "offset": "x"}).status_code == 404
+
+
+def test_the_row_fragment_is_the_row_the_list_renders(writer, reader):
+    dataset = make_dataset(writer, name="fresh-upload")
+    browser = signed_in(writer)
+    page = browser.get("/datasets/").content.decode()
+    response = browser.get("/datasets/", {"fragment": "row", "dataset": dataset.id})
+    assert response.status_code == 200
+    row = response.content.decode().strip()
+    assert row.startswith(f'<tr data-dataset-id="{dataset.id}" data-name="fresh-upload">') and row in page
+    assert 'data-testid="sample-count">3<' in row and 'data-action="delete"' in row
+    # Another user's private dataset has no row; a reader's row has no delete button.
+    assert signed_in(reader).get("/datasets/", {"fragment": "row", "dataset": dataset.id}).status_code == 404
+    Dataset.objects.filter(pk=dataset.pk).update(shared=True)
+    reader_row = signed_in(reader).get("/datasets/", {"fragment": "row", "dataset": dataset.id})
+    assert reader_row.status_code == 200 and 'data-action="delete"' not in reader_row.content.decode()
 
 
 def test_a_short_dataset_has_no_load_more(writer):

@@ -5,16 +5,12 @@
   "use strict";
 
   const FLASH_KEY = "mistudio-flash";
-  const pad = (n) => String(n).padStart(2, "0");
-
-  // Server times are rendered in UTC; show them in the reader's own time zone.
-  function localizeTimes(root = document) {
-    root.querySelectorAll("time[datetime]").forEach((node) => {
-      const date = new Date(node.getAttribute("datetime"));
-      if (isNaN(date)) return;
-      node.textContent = `${date.getFullYear()}-${pad(date.getMonth() + 1)}-${pad(date.getDate())} ${pad(date.getHours())}:${pad(date.getMinutes())}`;
-      node.title = date.toString();
-    });
+  // The elements of an HTML fragment from the server (table rows, list items), ready to insert.
+  function nodesOf(html) {
+    const template = document.createElement("template");
+    template.innerHTML = html.trim();
+    mi.localizeTimes(template.content);
+    return [...template.content.children];
   }
 
   // A message to show on the next page (after a redirect), e.g. "Deleted …" on the list.
@@ -75,7 +71,6 @@
     const wrap = document.getElementById("dataset-table-wrap");
     const empty = document.getElementById("dataset-empty");
     const count = document.getElementById("dataset-count");
-    const canWrite = table.dataset.canWrite === "true";
 
     function refreshCount() {
       const rows = tbody.querySelectorAll("tr").length;
@@ -84,35 +79,25 @@
       empty.hidden = rows !== 0;
     }
 
-    // The same cells as the server-rendered rows in datasets.html.
-    function rowFor(dataset) {
-      const e = mi.escapeHtml;
-      const row = document.createElement("tr");
-      row.dataset.datasetId = dataset.id;
-      row.dataset.name = dataset.name;
-      const href = table.dataset.detailUrl.replace("DATASET_ID", encodeURIComponent(dataset.id));
-      const original = dataset.original_name && dataset.original_name !== dataset.name
-        ? `<div class="muted small truncate" title="${e(dataset.original_name)}">${e(dataset.original_name)}</div>` : "";
-      row.innerHTML = `
-        <td class="name-cell"><a href="${e(href)}">${e(dataset.name)}</a>${original}</td>
-        <td><code class="id">${e(dataset.id)}</code></td>
-        <td><span class="chip">${e(dataset.format || "—")}</span> <span class="muted small">${e(dataset.source)}</span></td>
-        <td class="num" data-testid="sample-count">${e(dataset.sample_count)}</td>
-        <td class="num">${e(mi.bytes(dataset.size_bytes))}</td>
-        <td><code class="hash" title="sha256 ${e(dataset.content_hash)}">${e(dataset.content_hash.slice(0, 12))}</code></td>
-        <td><time datetime="${e(dataset.created_at)}"></time></td>
-        ${canWrite ? `<td class="actions"><button type="button" class="danger small-button" data-action="delete" aria-label="Delete ${e(dataset.name)}">Delete</button></td>` : ""}`;
-      localizeTimes(row);
-      return row;
-    }
-
-    function added(dataset) {
-      tbody.querySelector(`tr[data-dataset-id="${CSS.escape(dataset.id)}"]`)?.remove();
-      const row = rowFor(dataset);
-      row.classList.add("fresh");
-      tbody.prepend(row);
-      refreshCount();
-      mi.toast(`Added “${dataset.name}”: ${dataset.sample_count} sample${dataset.sample_count === 1 ? "" : "s"}.`, "ok");
+    // The new dataset's row as the server renders it (partials/dataset_row.html, as in the page).
+    async function added(dataset) {
+      const message = `Added “${dataset.name}”: ${dataset.sample_count} sample${dataset.sample_count === 1 ? "" : "s"}.`;
+      let row = null;
+      try {
+        const query = new URLSearchParams({ fragment: "row", dataset: dataset.id });
+        const { html, ok } = await mi.fragment(`${location.pathname}?${query}`);
+        if (ok) [row] = nodesOf(html);
+      } catch (error) {
+        mi.toast(`${message} Reload the page to see it: ${error.message}`, "error");
+        return;
+      }
+      if (row) {
+        tbody.querySelector(`tr[data-dataset-id="${CSS.escape(dataset.id)}"]`)?.remove();
+        row.classList.add("fresh");
+        tbody.prepend(row);
+        refreshCount();
+      }
+      mi.toast(message, "ok");
     }
 
     tbody.addEventListener("click", async (event) => {
@@ -285,35 +270,22 @@
 
   // --- detail page ----------------------------------------------------------------------------------
 
-  function sampleItem(index, text) {
-    const item = document.createElement("li");
-    item.className = "sample";
-    item.dataset.index = String(index);
-    const length = [...text].length; // characters as the server counts them (code points)
-    item.innerHTML = `<div class="sample-head"><span class="sample-index">#${index}</span>
-      <span class="muted small">${length} character${length === 1 ? "" : "s"}</span></div>
-      <div class="sample-text"></div>`;
-    item.querySelector(".sample-text").textContent = text;
-    return item;
-  }
-
   function initDetail(list) {
     const more = document.getElementById("load-more");
     const shown = document.getElementById("samples-shown");
     const total = Number(list.dataset.total);
-    const pageSize = Number(list.dataset.pageSize) || 20;
-    const id = list.dataset.datasetId;
 
     more?.addEventListener("click", async () => {
       const offset = list.children.length;
       more.disabled = true;
       more.textContent = "Loading…";
       try {
-        const page = await mi.api("GET", `datasets/${encodeURIComponent(id)}/samples?offset=${offset}&limit=${pageSize}`);
-        page.samples.forEach((text, i) => list.appendChild(sampleItem(page.offset + i, text)));
+        // The next samples as the server renders the first ones (partials/dataset_samples.html).
+        const { html, ok } = await mi.fragment(`${location.pathname}?fragment=samples&offset=${offset}`);
+        if (ok) list.append(...nodesOf(html));
         const count = list.children.length;
-        shown.textContent = `Showing 1–${count} of ${page.total}`;
-        if (count >= page.total || !page.samples.length) more.parentElement.remove();
+        shown.textContent = `Showing 1–${count} of ${total}`;
+        if (count >= total || !ok) more.parentElement.remove();
         else list.children[offset]?.scrollIntoView({ block: "nearest", behavior: "smooth" });
       } catch (error) {
         mi.toast(`Could not load more samples: ${error.message}`, "error");
@@ -344,7 +316,7 @@
   }
 
   document.addEventListener("DOMContentLoaded", () => {
-    localizeTimes();
+    mi.localizeTimes();
     const table = document.getElementById("dataset-table");
     if (table) initList(table);
     const samples = document.getElementById("samples");
