@@ -17,7 +17,8 @@ from activations.models import ActivationCache, Dataset, ExtractionJob
 from activations.selectors import tokenizer_for
 from activations.services import dataset_create_from_texts, extraction_request
 from activations.store import ActivationStore
-from frontend.views.activations import CONTEXT_TOKENS, HISTOGRAM_BINS, TOP_K
+from frontend.hook_stats import HISTOGRAM_BINS
+from frontend.views.activations import CONTEXT_TOKENS, TOP_K
 from mistudio.workers import run_worker
 from models_app.services import model_register
 

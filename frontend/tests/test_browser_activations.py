@@ -13,8 +13,9 @@ from playwright.sync_api import expect
 from activations.models import Dataset, ExtractionJob
 from activations.services import dataset_create_from_texts, extraction_request
 from activations.store import ActivationStore
+from frontend.hook_stats import HISTOGRAM_BINS
 from frontend.tests.browser import LIVE_TIMEOUT_MS, screenshot
-from frontend.views.activations import HISTOGRAM_BINS, TOP_K
+from frontend.views.activations import TOP_K
 from models_app.services import model_register
 from models_app.tests.live_stack import wait_until
 

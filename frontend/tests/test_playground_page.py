@@ -69,6 +69,20 @@ def test_anonymous_visitors_sign_in_first(client):
     assert response.status_code == 302 and response["Location"].startswith("/login/")
 
 
+def token_spans(markup: str) -> list[tuple[list[str], str, str, float, str]]:
+    """(classes, prompt or generated, title, data-value, text) of each token span."""
+    spans = re.findall(
+        r'<span class="(tok[^"]*)" data-alpha="[0-9.]+" title="([^"]*)" data-value="([^"]+)">(.*?)</span>',
+        markup,
+        flags=re.S,
+    )
+    return [
+        (classes.split(), "generated" if "generated" in classes.split() else "prompt", unescape(title),
+         float(value), unescape(text))
+        for classes, title, value, text in spans
+    ]  # fmt: skip
+
+
 @pytest.mark.django_db(transaction=True)
 def test_the_heatmap_fragment_shows_one_neuron_over_prompt_and_generated_tokens(writer, tiny_gpt2_folder):
     from django.conf import settings
@@ -93,17 +107,29 @@ def test_the_heatmap_fragment_shows_one_neuron_over_prompt_and_generated_tokens(
     response = browser.get("/playground/", {"heatmap": row.cache_id, "hook": hook, "neuron": neuron})
     assert response.status_code == 200
     html = response.content.decode()
-    span = r'<span class="tok (prompt|generated) (?:pos|neg)" data-row="\d+" data-value="([^"]+)"'
-    span += r' data-alpha="[0-9.]+"'
-    spans = re.findall(span + r'[^>]*title="([^"]*)">(.*?)</span>', html, flags=re.S)
-    assert [span[0] for span in spans] == ["prompt"] * row.prompt_tokens + ["generated"] * 6
+    spans = token_spans(html)
+    assert [kind for _, kind, _, _, _ in spans] == ["prompt"] * row.prompt_tokens + ["generated"] * 6
     expected = ActivationStore.open(settings.ACTIVATION_CACHE_DIR / row.cache_id).get(hook)[:, neuron]
-    np.testing.assert_allclose([float(span[1]) for span in spans], expected, rtol=1e-6)
-    assert re.search(r'class="tok \w+ pos"', html) and re.search(r'class="tok \w+ neg"', html)
-    # The prompt tokens' texts spell the prompt (a newline token shows its mark, then breaks the line).
-    prompt_text = "".join(unescape(span[3]) for span in spans if span[0] == "prompt")
-    assert prompt_text.replace("↵\n", "\n") == row.prompt
-    assert all(f"{hook}[{neuron}] = " in unescape(span[2]) for span in spans)  # the exact value
+    np.testing.assert_allclose([value for _, _, _, value, _ in spans], expected, rtol=1e-6)
+    signs = [classes[1] for classes, _, _, _, _ in spans]
+    assert "pos" in signs and "neg" in signs
+    # The prompt tokens' texts spell the prompt (a newline token shows its mark; the stylesheet breaks
+    # the line after it).
+    prompt_text = "".join(text for _, kind, _, _, text in spans if kind == "prompt")
+    assert prompt_text.replace("↵", "\n") == row.prompt
+    assert all("newline" in classes for classes, *_, text in spans if "↵" in text)
+    assert all(title.startswith(f"{hook}[{neuron}] = ") for _, _, title, _, _ in spans)  # the exact value
+    # One boundary, where the generated tokens begin.
+    assert html.count('<span class="boundary"') == 1
+    assert len(token_spans(html[: html.index('<span class="boundary"')])) == row.prompt_tokens
+
+    # The activation browser's heatmap of the same cache shows the same tokens with the same text.
+    browser_panel = browser.get(
+        f"/activations/{row.cache_id}/", {"hook": hook, "neuron": neuron, "fragment": "sample"}
+    ).content.decode()
+    assert [(kind, text) for _, kind, _, _, text in token_spans(browser_panel)] == [
+        (kind, text) for _, kind, _, _, text in spans
+    ]
 
     bad_neuron = browser.get("/playground/", {"heatmap": row.cache_id, "hook": hook, "neuron": 10_000})
     assert bad_neuron.status_code == 400 and "neurons" in bad_neuron.content.decode()

@@ -354,8 +354,7 @@
     target.setAttribute("aria-busy", "true");
     const query = new URLSearchParams({ heatmap: activations.cache_id, hook, neuron: String(neuron) });
     try {
-      const response = await fetch(`${location.pathname}?${query}`, { credentials: "same-origin" });
-      const html = await response.text();
+      const { html } = await mi.fragment(`${location.pathname}?${query}`); // a 4xx is a notice to show
       if (ticket !== heatRequest) return; // a newer neuron was asked for meanwhile
       target.innerHTML = html;
     } catch (_) {
