@@ -128,6 +128,45 @@ def test_detail_shows_configuration_memory_hook_points_caches_and_jobs(writer, t
     assert f'data-job-id="{job.id}"' in jobs and "2 / 2" in jobs
 
 
+def test_new_cache_and_job_rows_come_from_the_templates_of_the_page(writer, reader, tiny_model):
+    dataset = dataset_create_from_texts(name="corpus", texts=["one two"], owner=writer, source="upload")
+    cache = ActivationCache.objects.create(
+        key_hash="r" * 64, key={}, model=tiny_model, dataset=dataset,
+        hooks=["hook_embed", "blocks.0.hook_resid_post"], max_length=128, dtype="float32",
+        status="completed", num_samples=1, num_tokens=2, file_size_bytes=2048, owner=writer,
+    )  # fmt: skip
+    job = ExtractionJob.objects.create(
+        model=tiny_model, dataset=dataset, cache=cache, hooks=cache.hooks, status="failed",
+        samples_processed=0, total_samples=1, owner=writer, error_code="OOPS", error_message="<it broke>",
+    )  # fmt: skip
+    browser = browser_for(writer)
+    page = browser.get(f"/models/{tiny_model.id}/").content.decode()
+
+    def rows(markup: str, attribute: str) -> list[str]:
+        return re.findall(rf"<tr {attribute}=.*?</tr>", markup, flags=re.S)
+
+    cache_row = browser.get(f"/models/{tiny_model.id}/", {"fragment": "cache-row", "cache": cache.id})
+    assert cache_row.status_code == 200
+    assert rows(cache_row.content.decode(), "data-cache-id") == rows(page, "data-cache-id")
+    assert f'href="/datasets/{dataset.id}/">corpus</a>' in cache_row.content.decode()
+    assert '<td title="hook_embed, blocks.0.hook_resid_post">2</td>' in cache_row.content.decode()
+    job_row = browser.get(f"/models/{tiny_model.id}/", {"fragment": "job-row", "job": job.id})
+    assert job_row.status_code == 200
+    assert rows(job_row.content.decode(), "data-job-id") == rows(page, "data-job-id")
+    assert "OOPS: &lt;it broke&gt;" in job_row.content.decode()
+
+    # Only this model's rows, and only what the user may see.
+    other = LanguageModel.objects.create(
+        name="other", source="local", identifier="/elsewhere", model_type="gpt2"
+    )
+    for user, model, fragment in [
+        (writer, other, {"fragment": "cache-row", "cache": cache.id}),
+        (writer, other, {"fragment": "job-row", "job": job.id}),
+        (reader, tiny_model, {"fragment": "job-row", "job": job.id}),
+    ]:
+        assert browser_for(user).get(f"/models/{model.id}/", fragment).status_code == 404
+
+
 def test_an_unloaded_model_asks_to_be_loaded_before_extracting(writer, tiny_model):
     dataset_create_from_texts(name="corpus", texts=["a b c"], owner=writer, source="upload")
     page = browser_for(writer).get(f"/models/{tiny_model.id}/").content.decode()

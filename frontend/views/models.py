@@ -172,11 +172,17 @@ def model_list_page(request):
 @require_safe
 def model_detail_page(request, model_id: str):
     """One model: status and actions (live over ``model.<id>``), configuration, memory estimate per
-    quantization, hook points, its caches and extractions, and the extraction form."""
+    quantization, hook points, its caches and extractions, and the extraction form.
+
+    ``model_detail.js`` asks for one new row of the caches or jobs table as
+    ``?fragment=cache-row&cache=<id>`` or ``?fragment=job-row&job=<id>`` (see :func:`table_row`).
+    """
     try:
         model = selectors.model_get(user=request.user, model_id=model_id)
     except ApplicationError as error:
         raise Http404(error.message) from None
+    if request.GET.get("fragment") in ("cache-row", "job-row"):
+        return table_row(request, model)
     groups, hooks_error = hook_groups(model)
     estimates, workers = memory_rows(model)
     extractions = list(
@@ -213,3 +219,25 @@ def model_detail_page(request, model_id: str):
             "context_length": context_length,
         },
     )
+
+
+def table_row(request, model: LanguageModel):
+    """One row of the model page's caches or jobs table, by the templates that render the page's rows."""
+    if request.GET["fragment"] == "cache-row":
+        cache = (
+            activation_selectors.cache_list(user=request.user, filters={"model": model.id})
+            .filter(pk=request.GET.get("cache", ""))
+            .first()
+        )
+        if cache is None:
+            raise Http404("No such cache of this model.")
+        return render(request, "frontend/partials/model_cache_row.html", {"cache": cache})
+    job = (
+        activation_selectors.extraction_list(user=request.user)
+        .filter(model=model, pk=request.GET.get("job", ""))
+        .select_related("dataset", "cache")
+        .first()
+    )
+    if job is None:
+        raise Http404("No such extraction of this model.")
+    return render(request, "frontend/partials/extraction_row.html", {"job": job})

@@ -61,6 +61,14 @@
     return { html, ok: response.ok };
   }
 
+  // The elements of a fragment's HTML, ready to insert where a <div>'s innerHTML would not parse
+  // them (table rows, list items).
+  function elementsOf(html) {
+    const template = document.createElement("template");
+    template.innerHTML = html.trim();
+    return [...template.content.children];
+  }
+
   // --- styles a strict Content-Security-Policy allows ------------------------------------------------
   // Markup never carries style="" (the policy refuses inline styles); numbers a style needs travel as
   // data attributes and are applied here, through the CSSOM, which the policy allows:
@@ -343,7 +351,7 @@
   };
 
   window.mi = {
-    api, fragment, ApiError, showErrors, clearErrors, toast, confirm: confirmAction,
+    api, fragment, elementsOf, ApiError, showErrors, clearErrors, toast, confirm: confirmAction,
     bytes, duration, localTime, shortTime, localizeTimes, escapeHtml, setProgress, live, toggleTheme,
   };
 

@@ -5,12 +5,11 @@
   "use strict";
 
   const FLASH_KEY = "mistudio-flash";
-  // The elements of an HTML fragment from the server (table rows, list items), ready to insert.
+  // A fragment's rows or items, their times in the reader's time zone.
   function nodesOf(html) {
-    const template = document.createElement("template");
-    template.innerHTML = html.trim();
-    mi.localizeTimes(template.content);
-    return [...template.content.children];
+    const nodes = mi.elementsOf(html);
+    nodes.forEach((node) => mi.localizeTimes(node));
+    return nodes;
   }
 
   // A message to show on the next page (after a redirect), e.g. "Deleted …" on the list.

@@ -9,47 +9,52 @@
   const $ = (id) => document.getElementById(id);
   const number = (value) => Number(value).toLocaleString("en-US");
 
-  function cell(html, className) {
-    const td = document.createElement("td");
-    if (className) td.className = className;
-    td.innerHTML = html;
-    return td;
-  }
-
-  function datasetName(id) {
-    const option = document.querySelector(`#extract-dataset option[value="${CSS.escape(id || "")}"]`);
-    return option ? option.dataset.name || option.textContent : "—";
-  }
-
   // --- the tables of extraction jobs and caches -----------------------------------------------------
+
+  // A new row of the jobs or caches table as the server renders the page's rows
+  // (?fragment=job-row&job=… / cache-row&cache=…); null when it is not this model's.
+  async function serverRow(kind, id) {
+    const query = new URLSearchParams({ fragment: `${kind}-row`, [kind]: id });
+    const { html, ok } = await mi.fragment(`${location.pathname}?${query}`);
+    if (!ok) return null;
+    const [row] = mi.elementsOf(html);
+    mi.localizeTimes(row, { shortInTables: true });
+    return row;
+  }
 
   const jobsTable = {
     body: () => document.querySelector("#job-table tbody"),
+    pending: new Map(), // extraction id → its row, while the server renders it
 
+    // A job's state into its row; a job not listed yet gets its row first.
     upsert(state) {
       const body = this.body();
       if (!body || !state.extraction_id) return;
-      let row = body.querySelector(`tr[data-job-id="${CSS.escape(state.extraction_id)}"]`);
-      if (!row) {
-        if (!state.dataset_id) return; // an event about a job this page never listed: nothing to name it by
-        row = document.createElement("tr");
-        row.dataset.jobId = state.extraction_id;
-        const now = new Date();
-        row.append(
-          cell(`<code>${mi.escapeHtml(state.extraction_id)}</code>`),
-          cell(mi.escapeHtml(datasetName(state.dataset_id))),
-          cell("", "num"), cell("—", "num"),
-          cell('<span class="badge" data-job-field="status"></span>', "status-cell"),
-          cell("—"),
-          cell(`<time datetime="${now.toISOString()}" title="${now.toString()}">${mi.shortTime(now)}</time>`),
-        );
-        row.children[2].dataset.jobField = "samples";
-        row.children[3].dataset.jobField = "rate";
-        row.children[5].dataset.jobField = "cache";
-        body.prepend(row);
-        $("jobs-wrap").hidden = false;
-        $("jobs-empty").hidden = true;
+      const id = state.extraction_id;
+      const row = body.querySelector(`tr[data-job-id="${CSS.escape(id)}"]`);
+      if (row) { this.show(row, state); return; }
+      if (!this.pending.has(id)) this.pending.set(id, this.add(id));
+      this.pending.get(id).then((added) => added && this.show(added, state));
+    },
+
+    async add(id) {
+      let row = null;
+      try {
+        row = await serverRow("job", id);
+      } catch (error) {
+        console.warn("jobs:", error.message);
       }
+      this.pending.delete(id);
+      const body = this.body();
+      const listed = body.querySelector(`tr[data-job-id="${CSS.escape(id)}"]`);
+      if (listed || !row) return listed;
+      body.prepend(row);
+      $("jobs-wrap").hidden = false;
+      $("jobs-empty").hidden = true;
+      return row;
+    },
+
+    show(row, state) {
       const field = (name) => row.querySelector(`[data-job-field="${name}"]`);
       if (state.total_samples !== undefined) field("samples").textContent = `${state.samples_processed} / ${state.total_samples}`;
       if (state.tokens_per_second) field("rate").textContent = number(Math.round(state.tokens_per_second));
@@ -67,32 +72,16 @@
   const cachesTable = {
     async add(cacheId) {
       const body = document.querySelector("#cache-table tbody");
-      if (!body || body.querySelector(`tr[data-cache-id="${CSS.escape(cacheId)}"]`)) return;
-      let cache;
+      const listed = () => body.querySelector(`tr[data-cache-id="${CSS.escape(cacheId)}"]`);
+      if (!body || listed()) return;
+      let row;
       try {
-        cache = await mi.api("GET", `activation-caches/${cacheId}`);
+        row = await serverRow("cache", cacheId);
       } catch (error) {
         console.warn("caches:", error.message);
         return;
       }
-      if (body.querySelector(`tr[data-cache-id="${CSS.escape(cacheId)}"]`)) return;
-      const row = document.createElement("tr");
-      row.dataset.cacheId = cache.id;
-      const hooks = cache.hooks || [];
-      const dataset = cache.dataset_id
-        ? `<a href="/datasets/${encodeURIComponent(cache.dataset_id)}/">${mi.escapeHtml(datasetName(cache.dataset_id))}</a>`
-        : '<span class="muted">—</span>';
-      row.append(
-        cell(`<a href="/activations/${encodeURIComponent(cache.id)}/"><code>${mi.escapeHtml(cache.id)}</code></a>`),
-        cell(dataset),
-        cell(String(hooks.length)),
-        cell(number(cache.num_samples), "num"),
-        cell(number(cache.num_tokens), "num"),
-        cell(mi.bytes(cache.file_size_bytes), "num"),
-        cell(`<code>${mi.escapeHtml(cache.dtype)}</code>`),
-        cell(`<span class="badge status-${mi.escapeHtml(cache.status)}">${mi.escapeHtml(cache.status)}</span>`, "status-cell"),
-      );
-      row.children[2].title = hooks.join(", ");
+      if (!row || listed()) return;
       body.prepend(row);
       $("caches-wrap").hidden = false;
       $("caches-empty").hidden = true;
@@ -258,9 +247,6 @@
       form.elements.sample_count.max = option.dataset.samples;
     }
     datasetSelect.addEventListener("change", datasetChanged);
-    datasetSelect.querySelectorAll("option").forEach((option) => {
-      option.dataset.name = option.textContent.split(" · ")[0];
-    });
 
     function asNumber(raw) {
       const value = Number(raw);
