@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from engine import datasets as dataset_parsing
 from engine.datasets import (
     FORMATS,
     DatasetError,
@@ -17,6 +16,7 @@ from engine.datasets import (
     parse_path,
     preview,
 )
+from engine.datasets import files as dataset_files
 
 MAX = 1024 * 1024
 SAMPLES = ["Grüße aus Köln — naïve café", "emoji 🧠🔬 and 漢字", 'a "quoted", comma']
@@ -231,7 +231,7 @@ def test_too_large_file_is_refused_from_its_size_without_reading_it(tmp_path, mo
     def no_reading(*args, **kwargs):
         raise AssertionError("the file was read")
 
-    monkeypatch.setattr(dataset_parsing, "_read_bounded", no_reading)
+    monkeypatch.setattr(dataset_files, "_read_bounded", no_reading)
     started = time.monotonic()
     error = refusal("DATASET_TOO_LARGE", parse_path, huge, format=None, field=None, max_bytes=MAX)
     assert time.monotonic() - started < 1

@@ -191,7 +191,9 @@ def test_progress_is_summed_over_files_monotonic_and_ends_at_the_total(
 def test_too_little_disk_is_refused_before_any_byte_is_downloaded(
     local_hub: LocalHub, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    monkeypatch.setattr(hub.shutil, "disk_usage", lambda path: DiskUsage(total=10**9, used=10**9, free=1000))
+    monkeypatch.setattr(
+        hub.download.shutil, "disk_usage", lambda path: DiskUsage(total=10**9, used=10**9, free=1000)
+    )
 
     error = raised(download_model, "acme/small", revision=None, cache_dir=tmp_path / "cache", token=None)
 

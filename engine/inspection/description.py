@@ -1,58 +1,22 @@
-"""What a model is, before any weight is loaded: family, geometry, exact size, memory per option.
-
-:func:`describe` is the shared core. It takes a ``config.json`` dict, the tensor shapes and
-dtypes from the safetensors headers, and the file names, so the same rules apply to a local
-folder (:func:`inspect_folder`) and to a hub repository (whose headers are fetched remotely).
-Nothing here loads weight data or unpickles anything, and nothing imports torch, transformers
-or Django: the web process calls it on every registration.
-
-Refusals are :class:`InspectionError` with a stable ``code``:
-
-* ``INVALID_MODEL``: no or unreadable ``config.json``, no loadable weights, absurd sizes;
-* ``UNSUPPORTED_ARCHITECTURE``: a ``model_type`` outside :data:`SUPPORTED_MODEL_TYPES`;
-* ``UNSAFE_WEIGHTS``: only pickle-based weights (``.bin``, ``.pt``, ...), no safetensors;
-* ``REMOTE_CODE_NOT_ALLOWED``: the config (or tokenizer config) asks for custom code;
-* ``UNSAFE_PATH``: an entry of a local folder links to a place outside the allowed roots
-  (see :func:`confined_folder_entries`).
-"""
+"""describe(): check a model and measure it from its config, safetensors headers and file names."""
 
 from __future__ import annotations
 
-import json
 import math
-import os
-from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from engine.errors import EngineError
-
-QUANTIZATIONS: tuple[str, ...] = ("none", "fp16", "bf16", "int8", "int4")
-BITSANDBYTES_QUANTIZATIONS: tuple[str, ...] = ("int8", "int4")
-
-# HF config ``model_type`` -> architecture family (ARCHITECTURE.md). Llama, Mistral and Qwen2
-# share one module layout but stay separate families, as they are separate model types.
-SUPPORTED_MODEL_TYPES: dict[str, str] = {
-    "gpt2": "gpt2",
-    "gpt_neo": "gpt_neo",
-    "gptj": "gptj",
-    "llama": "llama",
-    "mistral": "mistral",
-    "qwen2": "qwen2",
-    "gpt_neox": "gpt_neox",
-    "falcon": "falcon",
-    "bloom": "bloom",
-    "bert": "bert",
-}
-ENCODER_MODEL_TYPES: frozenset[str] = frozenset({"bert"})
-
-# transformers 5 swaps in bitsandbytes layers only for modules whose type is exactly
-# ``nn.Linear`` (or GPT-2's ``Conv1D``). Falcon's layers are ``FalconLinear``, a subclass, so
-# an int8/int4 load of Falcon would silently give an unquantized bf16 model: not offered.
-BITSANDBYTES_UNSUPPORTED_FAMILIES: frozenset[str] = frozenset({"falcon"})
-# Device types bitsandbytes 0.50 runs int8 / nf4 on (no MPS backend).
-BITSANDBYTES_DEVICE_TYPES: frozenset[str] = frozenset({"cpu", "cuda", "xpu"})
+from engine.inspection.families import (
+    _CONTEXT_KEYS,
+    _HEAD_KEYS,
+    _HIDDEN_KEYS,
+    _LAYER_KEYS,
+    _TIED_BY_DEFAULT,
+    DEFAULT_ARCHITECTURES,
+    ENCODER_MODEL_TYPES,
+    SUPPORTED_MODEL_TYPES,
+)
 
 PICKLE_WEIGHT_SUFFIXES: tuple[str, ...] = (".bin", ".pt", ".ckpt", ".pth", ".pkl")
 SAFETENSORS_SINGLE_FILE = "model.safetensors"
@@ -86,60 +50,7 @@ MAX_HIDDEN_SIZE = 1_000_000
 MAX_LAYERS = 1_000_000
 MAX_VOCAB_SIZE = 10_000_000
 MAX_CONTEXT_LENGTH = 1_000_000_000
-MAX_CONFIG_BYTES = 10 * 1024 * 1024
-MAX_SAFETENSORS_HEADER_BYTES = 100 * 1024 * 1024  # the safetensors library's own limit
 
-# Per family: config keys for hidden size, layer count and context length, first match wins
-# (legacy spellings included); the model class Auto* gives when "architectures" is missing;
-# whether the output head is tied to the input embedding when the config does not say.
-_HIDDEN_KEYS: dict[str, tuple[str, ...]] = {
-    "gpt2": ("n_embd", "hidden_size"),
-    "gptj": ("n_embd", "hidden_size"),
-    "bloom": ("hidden_size", "n_embed"),
-}
-_LAYER_KEYS: dict[str, tuple[str, ...]] = {
-    "gpt2": ("n_layer", "num_hidden_layers"),
-    "gpt_neo": ("num_layers", "num_hidden_layers"),
-    "gptj": ("n_layer", "num_hidden_layers"),
-    "falcon": ("num_hidden_layers", "n_layer"),
-    "bloom": ("n_layer", "num_hidden_layers"),
-}
-_CONTEXT_KEYS: dict[str, tuple[str, ...]] = {
-    "gpt2": ("n_positions", "n_ctx", "max_position_embeddings"),
-    "gptj": ("n_positions", "max_position_embeddings"),
-    # BLOOM uses ALiBi and has no position limit of its own; some configs record the
-    # training length as seq_length.
-    "bloom": ("seq_length",),
-}
-_HEAD_KEYS: dict[str, tuple[str, ...]] = {
-    "gpt2": ("n_head", "num_attention_heads"),
-    "gptj": ("n_head", "num_attention_heads"),
-    "gpt_neo": ("num_heads", "num_attention_heads"),
-}
-DEFAULT_ARCHITECTURES: dict[str, str] = {
-    "gpt2": "GPT2LMHeadModel",
-    "gpt_neo": "GPTNeoForCausalLM",
-    "gptj": "GPTJForCausalLM",
-    "llama": "LlamaForCausalLM",
-    "mistral": "MistralForCausalLM",
-    "qwen2": "Qwen2ForCausalLM",
-    "gpt_neox": "GPTNeoXForCausalLM",
-    "falcon": "FalconForCausalLM",
-    "bloom": "BloomForCausalLM",
-    "bert": "BertModel",
-}
-_TIED_BY_DEFAULT: dict[str, bool] = {
-    "gpt2": True,
-    "gpt_neo": True,
-    "gptj": False,
-    "llama": False,
-    "mistral": False,
-    "qwen2": False,
-    "gpt_neox": False,
-    "falcon": True,
-    "bloom": True,
-    "bert": True,
-}
 # Name fragments of the weights bitsandbytes leaves alone although they are 2-D: input
 # embeddings (not Linear layers) and the output head (transformers skips it on purpose).
 _EMBEDDING_MARKERS: tuple[str, ...] = ("embed", "wte", "wpe")
@@ -431,156 +342,3 @@ def describe(
         quantizable_parameter_count=quantizable,
         buffer_bytes=_buffer_bytes(family, config, hidden, layers, context),
     )
-
-
-def read_safetensors_header(path: Path, *, name: str | None = None) -> dict[str, tuple[list[int], str]]:
-    """Tensor names, shapes and dtypes from a safetensors file's JSON header; no tensor data is read.
-
-    The format is an 8-byte little-endian header length, the JSON header, then the data. The
-    header is checked against the file size, so a truncated download is caught here. ``path`` is
-    a real path (a link there is not followed); ``name`` is how messages call the file.
-    """
-    name = name or path.name
-    try:
-        descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
-        with os.fdopen(descriptor, "rb") as handle:
-            file_size = os.fstat(handle.fileno()).st_size
-            prefix = handle.read(8)
-            if len(prefix) < 8:
-                raise _invalid(f"{name} is not a safetensors file.")
-            header_size = int.from_bytes(prefix, "little")
-            if not 2 <= header_size <= min(MAX_SAFETENSORS_HEADER_BYTES, file_size - 8):
-                raise _invalid(f"{name} has an invalid safetensors header.")
-            header = json.loads(handle.read(header_size))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        raise _invalid(f"{name} has an unreadable safetensors header.") from None
-    if not isinstance(header, dict):
-        raise _invalid(f"{name} has an invalid safetensors header.")
-    data_size = file_size - 8 - header_size
-    tensors: dict[str, tuple[list[int], str]] = {}
-    for tensor_name, entry in header.items():
-        if tensor_name == "__metadata__":
-            continue
-        try:
-            shape = [int(size) for size in entry["shape"]]
-            dtype = str(entry["dtype"])
-            end = int(entry["data_offsets"][1])
-        except (TypeError, KeyError, IndexError, ValueError):
-            raise _invalid(f"{name} has an invalid safetensors header.") from None
-        if end > data_size:
-            raise _invalid(f"{name} is truncated.")
-        tensors[tensor_name] = (shape, dtype)
-    return tensors
-
-
-def _read_json(path: Path, *, what: str) -> Any:
-    try:
-        # O_NOFOLLOW: ``path`` is a checked real path, so a link put there since is not followed.
-        descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
-        with os.fdopen(descriptor, "rb") as handle:
-            data = handle.read(MAX_CONFIG_BYTES + 1)
-        if len(data) > MAX_CONFIG_BYTES:
-            raise _invalid(f"{what} is too large.")
-        return json.loads(data.decode("utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        raise _invalid(f"{what} is not valid JSON.") from None
-
-
-def confined_folder_entries(folder: Path, roots: Sequence[Path | str] | None = None) -> dict[str, Path]:
-    """The real path of every top-level entry of a local model folder, by name.
-
-    transformers reads a local model from the folder's top level (config, generation config,
-    tokenizer files, the weights, the shards index and the shards it names) and follows links
-    there, so every entry's real path (all links resolved) must lie inside one of ``roots``
-    (default: the folder itself), or ``UNSAFE_PATH`` is raised, naming the entry, before any
-    file is read. A link that stays inside the roots (as in a Hugging Face cache, whose snapshot
-    files link to its blobs) is fine. Entries are checked whatever they are, dangling links too.
-    """
-    folder = Path(folder)
-    allowed = [Path(os.path.realpath(root)) for root in (roots if roots is not None else [folder])]
-    real_paths: dict[str, Path] = {}
-    try:
-        with os.scandir(folder) as entries:
-            names = sorted(entry.name for entry in entries)
-    except OSError as error:
-        raise _invalid(f"The model folder cannot be listed ({error.strerror}).") from None
-    for name in names:
-        real = Path(os.path.realpath(folder / name))
-        if not any(real == root or real.is_relative_to(root) for root in allowed):
-            raise InspectionError(
-                "UNSAFE_PATH",
-                f"{name!r} in the model folder links to a location outside the allowed model folders.",
-                {"file": name},
-            )
-        real_paths[name] = real
-    return real_paths
-
-
-def inspect_folder(folder: Path, *, roots: Sequence[Path | str] | None = None) -> ModelInfo:
-    """:func:`describe` a local model folder from its config and safetensors headers only.
-
-    Every file is read through its real path, checked by :func:`confined_folder_entries` to lie
-    inside ``roots`` (default: the folder itself).
-    """
-    entries = confined_folder_entries(folder, roots)
-    file_names = sorted(name for name, real in entries.items() if real.is_file())
-    if "config.json" not in file_names:
-        raise _invalid("The folder has no config.json.")
-    config = _read_json(entries["config.json"], what="config.json")
-    tokenizer_config = None
-    if "tokenizer_config.json" in file_names:
-        tokenizer_config = _read_json(entries["tokenizer_config.json"], what="tokenizer_config.json")
-        if not isinstance(tokenizer_config, dict):
-            raise _invalid("tokenizer_config.json is not a JSON object.")
-    tensor_shapes: dict[str, tuple[list[int], str]] = {}
-    if isinstance(config, dict) and not _find_remote_code(config, tokenizer_config):
-        # Headers are read only for a model that passes the cheap checks; describe() then
-        # reports the first problem in a fixed order.
-        index = None
-        if SAFETENSORS_INDEX_FILE in file_names:
-            index = _read_json(entries[SAFETENSORS_INDEX_FILE], what=SAFETENSORS_INDEX_FILE)
-        if config.get("model_type") in SUPPORTED_MODEL_TYPES:
-            for weight_file in safetensors_weight_files(file_names, index):
-                tensor_shapes.update(read_safetensors_header(entries[weight_file], name=weight_file))
-    return describe(config, tensor_shapes, file_names, tokenizer_config=tokenizer_config)
-
-
-def memory_estimates(info: ModelInfo, *, device: str = "cpu") -> dict[str, int]:
-    """Predicted ``model.get_memory_footprint()`` in bytes after ``load_weights`` per option.
-
-    Mirrors loading.py: ``none`` is float32; ``fp16``/``bf16`` are 2 bytes per parameter; for
-    ``int8``/``int4`` bitsandbytes stores the Linear weights in 1 byte / half a byte per
-    element and everything else (embeddings, output head, norms, biases) stays in 16-bit
-    (bf16). Buffers keep their own dtype. Like ``get_memory_footprint()``, the quantization
-    constants (per-row scales for int8, one float32 absmax per 64 weights for nf4, about 12 %
-    on top of the 4-bit weights) are not counted. Only applicable options are listed.
-    """
-    parameters = info.parameter_count
-    quantizable = info.quantizable_parameter_count
-    rest = parameters - quantizable
-    estimates = {
-        "none": parameters * 4,
-        "fp16": parameters * 2,
-        "bf16": parameters * 2,
-        "int8": quantizable + rest * 2,
-        "int4": (quantizable + 1) // 2 + rest * 2,
-    }
-    options = applicable_quantizations(info, device=device)
-    return {option: estimates[option] + info.buffer_bytes for option in options}
-
-
-def applicable_quantizations(info: ModelInfo, *, device: str = "cpu") -> list[str]:
-    """The options of :data:`QUANTIZATIONS` that ``load_weights`` can honour for ``info`` on ``device``.
-
-    Half precision works everywhere torch runs. int8 and int4 (nf4) need a bitsandbytes
-    backend for the device type and a family whose layers transformers can swap.
-    """
-    options = ["none", "fp16", "bf16"]
-    device_type = device.split(":", 1)[0]
-    if (
-        device_type in BITSANDBYTES_DEVICE_TYPES
-        and info.family not in BITSANDBYTES_UNSUPPORTED_FAMILIES
-        and info.quantizable_parameter_count > 0
-    ):
-        options.extend(BITSANDBYTES_QUANTIZATIONS)
-    return options

@@ -1,0 +1,71 @@
+"""The supported model families: how each config spells its geometry, default class and tied head."""
+
+from __future__ import annotations
+
+# HF config ``model_type`` -> architecture family (ARCHITECTURE.md). Llama, Mistral and Qwen2
+# share one module layout but stay separate families, as they are separate model types.
+SUPPORTED_MODEL_TYPES: dict[str, str] = {
+    "gpt2": "gpt2",
+    "gpt_neo": "gpt_neo",
+    "gptj": "gptj",
+    "llama": "llama",
+    "mistral": "mistral",
+    "qwen2": "qwen2",
+    "gpt_neox": "gpt_neox",
+    "falcon": "falcon",
+    "bloom": "bloom",
+    "bert": "bert",
+}
+ENCODER_MODEL_TYPES: frozenset[str] = frozenset({"bert"})
+
+# Per family: config keys for hidden size, layer count and context length, first match wins
+# (legacy spellings included); the model class Auto* gives when "architectures" is missing;
+# whether the output head is tied to the input embedding when the config does not say.
+_HIDDEN_KEYS: dict[str, tuple[str, ...]] = {
+    "gpt2": ("n_embd", "hidden_size"),
+    "gptj": ("n_embd", "hidden_size"),
+    "bloom": ("hidden_size", "n_embed"),
+}
+_LAYER_KEYS: dict[str, tuple[str, ...]] = {
+    "gpt2": ("n_layer", "num_hidden_layers"),
+    "gpt_neo": ("num_layers", "num_hidden_layers"),
+    "gptj": ("n_layer", "num_hidden_layers"),
+    "falcon": ("num_hidden_layers", "n_layer"),
+    "bloom": ("n_layer", "num_hidden_layers"),
+}
+_CONTEXT_KEYS: dict[str, tuple[str, ...]] = {
+    "gpt2": ("n_positions", "n_ctx", "max_position_embeddings"),
+    "gptj": ("n_positions", "max_position_embeddings"),
+    # BLOOM uses ALiBi and has no position limit of its own; some configs record the
+    # training length as seq_length.
+    "bloom": ("seq_length",),
+}
+_HEAD_KEYS: dict[str, tuple[str, ...]] = {
+    "gpt2": ("n_head", "num_attention_heads"),
+    "gptj": ("n_head", "num_attention_heads"),
+    "gpt_neo": ("num_heads", "num_attention_heads"),
+}
+DEFAULT_ARCHITECTURES: dict[str, str] = {
+    "gpt2": "GPT2LMHeadModel",
+    "gpt_neo": "GPTNeoForCausalLM",
+    "gptj": "GPTJForCausalLM",
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "gpt_neox": "GPTNeoXForCausalLM",
+    "falcon": "FalconForCausalLM",
+    "bloom": "BloomForCausalLM",
+    "bert": "BertModel",
+}
+_TIED_BY_DEFAULT: dict[str, bool] = {
+    "gpt2": True,
+    "gpt_neo": True,
+    "gptj": False,
+    "llama": False,
+    "mistral": False,
+    "qwen2": False,
+    "gpt_neox": False,
+    "falcon": True,
+    "bloom": True,
+    "bert": True,
+}
