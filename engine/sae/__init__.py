@@ -1,0 +1,24 @@
+"""Sparse autoencoders: the model in SAELens' conventions, training in bounded memory, metrics.
+
+``model`` holds the architectures (standard ReLU + L1, TopK, BatchTopK, JumpReLU) and their
+encode / decode; ``training`` the initialisation, losses and loop; ``data`` the shuffle buffer
+that feeds training from a stream of activation chunks. Like the rest of the engine it needs no
+Django; unlike most of it, importing it imports torch.
+"""
+
+from engine.sae.data import shuffled_batches
+from engine.sae.model import ARCHITECTURES, SaeShape, SparseAutoencoder
+from engine.sae.training import StepMetrics, TrainedSae, TrainingConfig, explained_variance, l0, train
+
+__all__ = [
+    "ARCHITECTURES",
+    "SaeShape",
+    "SparseAutoencoder",
+    "StepMetrics",
+    "TrainedSae",
+    "TrainingConfig",
+    "explained_variance",
+    "l0",
+    "shuffled_batches",
+    "train",
+]

@@ -1,0 +1,118 @@
+"""The sparse autoencoder itself: parameters, encode, decode, in SAELens' conventions.
+
+Parameters and shapes are SAELens': ``W_enc`` [d_in, d_sae], ``W_dec`` [d_sae, d_in], ``b_enc``
+[d_sae], ``b_dec`` [d_in], and ``threshold`` [d_sae] for JumpReLU. Encoding subtracts ``b_dec``
+from the input first (SAELens' ``apply_b_dec_to_input``, on by default; off for Gemma Scope):
+
+* ``standard``: ``relu(h)``;
+* ``topk``: the ``k`` largest pre-activations of each row, rectified, the rest zero;
+* ``batchtopk``: in training, the ``k * rows`` largest over the whole batch; for inference it is
+  a JumpReLU with one threshold learnt in training (what SAELens saves it as);
+* ``jumprelu``: ``relu(h) * (h > threshold)``, strictly greater;
+
+where ``h = (x - b_dec) @ W_enc + b_enc``. Decoding is ``f @ W_dec + b_dec``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+ARCHITECTURES: tuple[str, ...] = ("standard", "topk", "batchtopk", "jumprelu")
+# Architectures whose inference form has a per-feature threshold.
+THRESHOLDED: tuple[str, ...] = ("batchtopk", "jumprelu")
+
+
+@dataclass(frozen=True)
+class SaeShape:
+    """What fixes an SAE's parameters and activation function."""
+
+    architecture: str
+    d_in: int
+    d_sae: int
+    # Features kept per row (topk) or per row on average (batchtopk); None for the others.
+    k: int | None = None
+    apply_b_dec_to_input: bool = True
+
+    def __post_init__(self) -> None:
+        if self.architecture not in ARCHITECTURES:
+            raise ValueError(f"architecture must be one of {', '.join(ARCHITECTURES)}")
+        if self.architecture in ("topk", "batchtopk") and not (self.k and 0 < self.k <= self.d_sae):
+            raise ValueError(f"{self.architecture} needs 0 < k <= d_sae")
+
+
+class SparseAutoencoder(nn.Module):
+    """An SAE of any of :data:`ARCHITECTURES`, in float32 unless moved."""
+
+    def __init__(self, shape: SaeShape) -> None:
+        super().__init__()
+        self.shape = shape
+        d_in, d_sae = shape.d_in, shape.d_sae
+        self.W_enc = nn.Parameter(torch.zeros(d_in, d_sae))
+        self.W_dec = nn.Parameter(torch.zeros(d_sae, d_in))
+        self.b_enc = nn.Parameter(torch.zeros(d_sae))
+        self.b_dec = nn.Parameter(torch.zeros(d_in))
+        # JumpReLU's threshold; for batchtopk the inference threshold (one value, repeated).
+        self.threshold = nn.Parameter(torch.zeros(d_sae), requires_grad=False)
+
+    @property
+    def architecture(self) -> str:
+        return self.shape.architecture
+
+    def pre_activations(self, x: torch.Tensor) -> torch.Tensor:
+        sae_in = x.to(self.W_enc.dtype)
+        if self.shape.apply_b_dec_to_input:
+            sae_in = sae_in - self.b_dec
+        return sae_in @ self.W_enc + self.b_enc
+
+    def activate(self, hidden_pre: torch.Tensor, *, training: bool = False) -> torch.Tensor:
+        """The feature activations of pre-activations ``hidden_pre`` [..., d_sae].
+
+        ``training`` matters for batchtopk only: the batch-wide top ``k * rows`` instead of the
+        learnt threshold.
+        """
+        architecture = self.architecture
+        if architecture == "standard":
+            return hidden_pre.relu()
+        if architecture == "topk":
+            return topk_activations(hidden_pre, self.shape.k)
+        if architecture == "batchtopk" and training:
+            return batch_topk_activations(hidden_pre, self.shape.k)
+        return jumprelu(hidden_pre, self.threshold)
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        return self.activate(self.pre_activations(x))
+
+    def decode(self, features: torch.Tensor) -> torch.Tensor:
+        return features @ self.W_dec + self.b_dec
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.decode(self.encode(x))
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """The parameters as SAELens stores them (``threshold`` only where it means something)."""
+        names = ["W_enc", "W_dec", "b_enc", "b_dec"]
+        if self.architecture in THRESHOLDED:
+            names.append("threshold")
+        return {name: getattr(self, name).detach().contiguous() for name in names}
+
+
+def topk_activations(hidden_pre: torch.Tensor, k: int) -> torch.Tensor:
+    """Each row's ``k`` largest pre-activations, rectified; zeros elsewhere (SAELens' TopK)."""
+    values, indices = hidden_pre.topk(k, dim=-1, sorted=False)
+    return torch.zeros_like(hidden_pre).scatter(-1, indices, values.relu())
+
+
+def batch_topk_activations(hidden_pre: torch.Tensor, k: int) -> torch.Tensor:
+    """The ``k * rows`` largest rectified pre-activations over the whole batch; zeros elsewhere."""
+    flat = hidden_pre.relu().reshape(-1)
+    rows = hidden_pre.numel() // hidden_pre.shape[-1]
+    values, indices = flat.topk(min(k * rows, flat.numel()), sorted=False)
+    return torch.zeros_like(flat).scatter(0, indices, values).reshape(hidden_pre.shape)
+
+
+def jumprelu(hidden_pre: torch.Tensor, threshold: torch.Tensor) -> torch.Tensor:
+    """``relu(h) * (h > threshold)``: a feature fires only strictly above its threshold."""
+    return hidden_pre.relu() * (hidden_pre > threshold)

@@ -1,0 +1,324 @@
+"""Training an SAE on batches of activations: initialisation, losses per architecture, the loop.
+
+* **Initialisation** (SAELens'): ``W_dec`` Kaiming-uniform with unit-norm rows, ``W_enc`` its
+  transpose, ``b_enc`` zero, ``b_dec`` the geometric median (Weiszfeld) or the mean of a sample.
+* **Normalisation**: activations are scaled by one factor so their mean norm is ``sqrt(d_in)``
+  (SAELens' ``expected_average_only_in``); the factor is folded into the weights at the end, so
+  the trained SAE takes raw activations, and it is recorded in the result.
+* **Losses**: MSE summed over ``d_in``, averaged over rows, plus
+  ``standard``: L1 of the activations weighted by their decoder rows' norms;
+  ``topk`` / ``batchtopk``: AuxK (dead features predict the residual; ``k_aux = d_in / 2``,
+  scaled down when few are dead, coefficient 1/32);
+  ``jumprelu``: an L0 penalty through a straight-through step with a rectangle kernel, and
+  ``log_threshold`` learnt through the same pseudo-derivative (Rajamanoharan et al. 2024).
+* Decoder rows are renormalised to unit norm after every step except for ``standard``, whose
+  penalty is weighted by the norms instead. Adam; learning rate warmed up linearly, then decayed
+  linearly to zero over the last ``decay_fraction`` of the steps.
+* A feature is dead when it has not fired for ``dead_after_steps`` steps.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.sae.model import SaeShape, SparseAutoencoder, jumprelu
+
+B_DEC_INITS: tuple[str, ...] = ("geometric_median", "mean", "zeros")
+
+
+@dataclass(frozen=True)
+class TrainingConfig:
+    architecture: str
+    d_sae: int
+    k: int | None = None
+    l1_coefficient: float = 1.0  # standard
+    l0_coefficient: float = 1.0  # jumprelu
+    lr: float = 3e-4
+    batch_size: int = 4096
+    total_tokens: int = 1_000_000
+    warmup_steps: int = 100
+    decay_fraction: float = 0.2
+    b_dec_init: str = "geometric_median"
+    normalize_activations: bool = True
+    dead_after_steps: int = 1000
+    aux_coefficient: float = 1 / 32
+    jumprelu_bandwidth: float = 0.05
+    jumprelu_init_threshold: float = 0.001
+    seed: int = 0
+
+    @property
+    def total_steps(self) -> int:
+        return max(1, math.ceil(self.total_tokens / self.batch_size))
+
+
+@dataclass
+class StepMetrics:
+    step: int
+    tokens: int
+    mse: float
+    sparsity_loss: float
+    aux_loss: float
+    l0: float
+    explained_variance: float
+    dead: int
+    lr: float
+    tokens_per_second: float
+
+
+@dataclass
+class TrainedSae:
+    sae: SparseAutoencoder
+    # The factor activations were multiplied by in training (folded into the weights now).
+    scaling_factor: float
+    steps: int
+    tokens: int
+    history: list[StepMetrics] = field(default_factory=list)
+
+
+def geometric_median(points: torch.Tensor, *, iterations: int = 100, tolerance: float = 1e-6) -> torch.Tensor:
+    """The point minimising the summed distance to ``points`` [n, d] (Weiszfeld's algorithm)."""
+    median = points.mean(0)
+    for _ in range(iterations):
+        distances = (points - median).norm(dim=1).clamp(min=1e-8)
+        weights = 1 / distances
+        updated = (weights[:, None] * points).sum(0) / weights.sum()
+        if (updated - median).norm() < tolerance * max(1.0, float(median.norm())):
+            return updated
+        median = updated
+    return median
+
+
+def initialised_sae(shape: SaeShape, config: TrainingConfig, sample: torch.Tensor) -> SparseAutoencoder:
+    """A new SAE with SAELens' initialisation, ``b_dec`` from ``sample`` (already scaled)."""
+    generator = torch.Generator().manual_seed(config.seed)
+    sae = SparseAutoencoder(shape)
+    with torch.no_grad():
+        bound = math.sqrt(6 / shape.d_in)  # kaiming_uniform_ on [d_sae, d_in]
+        decoder = (torch.rand(shape.d_sae, shape.d_in, generator=generator) * 2 - 1) * bound
+        sae.W_dec.copy_(decoder / decoder.norm(dim=1, keepdim=True))
+        sae.W_enc.copy_(sae.W_dec.T)
+        if config.b_dec_init == "geometric_median":
+            sae.b_dec.copy_(geometric_median(sample.float()))
+        elif config.b_dec_init == "mean":
+            sae.b_dec.copy_(sample.float().mean(0))
+        if shape.architecture == "jumprelu":
+            sae.threshold.fill_(config.jumprelu_init_threshold)
+    return sae
+
+
+class _Rectangle:
+    @staticmethod
+    def of(x: torch.Tensor) -> torch.Tensor:
+        return ((x > -0.5) & (x < 0.5)).to(x)
+
+
+class _JumpReLUFunction(torch.autograd.Function):
+    """``x * (x > threshold)``; the threshold's gradient through a rectangle-kernel estimate."""
+
+    @staticmethod
+    def forward(ctx, x, threshold, bandwidth):
+        ctx.save_for_backward(x, threshold)
+        ctx.bandwidth = bandwidth
+        return x * (x > threshold).to(x)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        x, threshold = ctx.saved_tensors
+        bandwidth = ctx.bandwidth
+        x_grad = (x > threshold).to(x) * grad_output
+        threshold_grad = (
+            -(threshold / bandwidth) * _Rectangle.of((x - threshold) / bandwidth) * grad_output
+        ).sum(dim=0)
+        return x_grad, threshold_grad, None
+
+
+class _StepFunction(torch.autograd.Function):
+    """``x > threshold`` as 0/1; the threshold's gradient through the same kernel estimate."""
+
+    @staticmethod
+    def forward(ctx, x, threshold, bandwidth):
+        ctx.save_for_backward(x, threshold)
+        ctx.bandwidth = bandwidth
+        return (x > threshold).to(x)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        x, threshold = ctx.saved_tensors
+        bandwidth = ctx.bandwidth
+        threshold_grad = (-(1.0 / bandwidth) * _Rectangle.of((x - threshold) / bandwidth) * grad_output).sum(
+            dim=0
+        )
+        return torch.zeros_like(x), threshold_grad, None
+
+
+def _learning_rate(config: TrainingConfig, step: int) -> float:
+    total = config.total_steps
+    if step < config.warmup_steps:
+        return config.lr * (step + 1) / config.warmup_steps
+    decay_start = int(total * (1 - config.decay_fraction))
+    if config.decay_fraction > 0 and step >= decay_start:
+        return config.lr * max(0.0, (total - step) / max(1, total - decay_start))
+    return config.lr
+
+
+def _aux_k_loss(
+    sae: SparseAutoencoder, x: torch.Tensor, recon: torch.Tensor, hidden_pre: torch.Tensor, dead: torch.Tensor
+) -> torch.Tensor:
+    """Dead features, ``k_aux`` of them per row, reconstruct the live ones' residual (AuxK)."""
+    num_dead = int(dead.sum())
+    if num_dead == 0:
+        return x.new_zeros(())
+    k_aux = x.shape[-1] // 2
+    scale = min(num_dead / k_aux, 1.0)
+    k_aux = min(k_aux, num_dead)
+    masked = torch.where(dead, hidden_pre, torch.full_like(hidden_pre, -math.inf))
+    values, indices = masked.topk(k_aux, dim=-1, sorted=False)
+    acts = torch.zeros_like(hidden_pre).scatter(-1, indices, values.relu())
+    residual = (x - recon).detach()
+    aux_recon = acts @ sae.W_dec
+    return scale * (aux_recon - residual).pow(2).sum(-1).mean()
+
+
+def train(
+    batches: Iterable[torch.Tensor],
+    *,
+    d_in: int,
+    config: TrainingConfig,
+    sample: torch.Tensor,
+    on_step: Callable[[StepMetrics], None] | None = None,
+    should_cancel: Callable[[], bool] | None = None,
+) -> TrainedSae:
+    """Train an SAE on ``batches`` (each [rows, d_in], shuffled already, e.g. by
+    :func:`engine.sae.data.shuffled_batches`) until ``config.total_tokens`` rows are seen or the
+    batches end. ``sample`` (rows of the same activations) sets the scaling factor and ``b_dec``.
+    ``on_step`` gets every step's metrics; ``should_cancel()`` is asked before each step and
+    stops the loop (the SAE trained so far is returned)."""
+    torch.manual_seed(config.seed)
+    sample = sample.float()
+    scaling = math.sqrt(d_in) / float(sample.norm(dim=1).mean()) if config.normalize_activations else 1.0
+    shape = SaeShape(config.architecture, d_in, config.d_sae, config.k)
+    sae = initialised_sae(shape, config, sample * scaling)
+    architecture = config.architecture
+    log_threshold = None
+    parameters = [sae.W_enc, sae.W_dec, sae.b_enc, sae.b_dec]
+    if architecture == "jumprelu":
+        log_threshold = torch.nn.Parameter(sae.threshold.detach().clone().log())
+        parameters.append(log_threshold)
+    optimizer = torch.optim.Adam(parameters, lr=config.lr, betas=(0.9, 0.999))
+    steps_since_fired = torch.zeros(config.d_sae, dtype=torch.long)
+    batch_threshold = None  # batchtopk: running mean of the smallest kept activation
+    history: list[StepMetrics] = []
+    tokens = step = 0
+    started = time.perf_counter()
+
+    for batch in batches:
+        if step >= config.total_steps or (should_cancel is not None and should_cancel()):
+            break
+        x = batch.float() * scaling
+        for group in optimizer.param_groups:
+            group["lr"] = lr = _learning_rate(config, step)
+        hidden_pre = sae.pre_activations(x)
+        sparsity = aux = x.new_zeros(())
+        if architecture == "jumprelu":
+            threshold = log_threshold.exp()
+            features = _JumpReLUFunction.apply(hidden_pre, threshold, config.jumprelu_bandwidth)
+            l0 = _StepFunction.apply(hidden_pre, threshold, config.jumprelu_bandwidth).sum(-1)
+            sparsity = config.l0_coefficient * l0.mean()
+        else:
+            features = sae.activate(hidden_pre, training=True)
+        recon = sae.decode(features)
+        mse = (recon - x).pow(2).sum(-1).mean()
+        dead = steps_since_fired >= config.dead_after_steps
+        if architecture == "standard":
+            sparsity = config.l1_coefficient * (features * sae.W_dec.norm(dim=1)).sum(-1).mean()
+        elif architecture in ("topk", "batchtopk"):
+            aux = config.aux_coefficient * _aux_k_loss(sae, x, recon, hidden_pre, dead)
+        loss = mse + sparsity + aux
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+
+        with torch.no_grad():
+            if architecture != "standard":
+                sae.W_dec.div_(sae.W_dec.norm(dim=1, keepdim=True).clamp(min=1e-8))
+            fired = (features > 0).any(0)
+            steps_since_fired = torch.where(fired, 0, steps_since_fired + 1)
+            if architecture == "batchtopk":
+                kept = features[features > 0]
+                if kept.numel():
+                    smallest = float(kept.min())
+                    batch_threshold = (
+                        smallest if batch_threshold is None else 0.99 * batch_threshold + 0.01 * smallest
+                    )
+            centred = x - x.mean(0)
+            total_variance = float(centred.pow(2).sum())
+            residual = float((x - recon).pow(2).sum())
+        step += 1
+        tokens += len(batch)
+        metrics = StepMetrics(
+            step=step,
+            tokens=tokens,
+            mse=float(mse.detach()),
+            sparsity_loss=float(sparsity.detach()),
+            aux_loss=float(aux.detach()),
+            l0=float((features > 0).sum(-1).float().mean()),
+            explained_variance=1 - residual / total_variance if total_variance > 0 else 0.0,
+            dead=int((steps_since_fired >= config.dead_after_steps).sum()),
+            lr=lr,
+            tokens_per_second=tokens / max(time.perf_counter() - started, 1e-9),
+        )
+        history.append(metrics)
+        if on_step is not None:
+            on_step(metrics)
+
+    with torch.no_grad():
+        if log_threshold is not None:
+            sae.threshold.copy_(log_threshold.exp())
+        if architecture == "batchtopk":
+            sae.threshold.fill_(batch_threshold if batch_threshold is not None else 0.0)
+        fold_scaling(sae, scaling)
+    return TrainedSae(sae=sae, scaling_factor=scaling, steps=step, tokens=tokens, history=history)
+
+
+def fold_scaling(sae: SparseAutoencoder, scaling: float) -> None:
+    """Make ``sae``, trained on activations times ``scaling``, take and give raw activations:
+    ``h = (x s - b) W + c = (x - b/s)(s W) + c`` and ``(f V + b) / s = f (V/s) + b/s``."""
+    with torch.no_grad():
+        sae.W_enc.mul_(scaling)
+        sae.W_dec.div_(scaling)
+        sae.b_dec.div_(scaling)
+
+
+def explained_variance(sae: SparseAutoencoder, x: torch.Tensor) -> float:
+    """``1 - sum((x - sae(x))^2) / sum((x - mean x)^2)`` over the rows of ``x``."""
+    with torch.no_grad():
+        x = x.float()
+        residual = (x - sae(x)).pow(2).sum()
+        total = (x - x.mean(0)).pow(2).sum()
+    return float(1 - residual / total)
+
+
+def l0(sae: SparseAutoencoder, x: torch.Tensor) -> float:
+    """Features active per row, averaged."""
+    with torch.no_grad():
+        return float((sae.encode(x.float()) > 0).sum(-1).float().mean())
+
+
+__all__ = [
+    "B_DEC_INITS",
+    "StepMetrics",
+    "TrainedSae",
+    "TrainingConfig",
+    "explained_variance",
+    "fold_scaling",
+    "geometric_median",
+    "initialised_sae",
+    "jumprelu",
+    "l0",
+    "train",
+]
