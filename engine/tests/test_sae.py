@@ -182,3 +182,106 @@ def test_training_recovers_a_planted_dictionary(architecture, epochs, options):
     assert score >= 0.9, f"{architecture}: mean max-cosine {score:.3f}"
     # The trained SAE (scaling folded in) reconstructs new rows of the same dictionary, raw.
     assert explained_variance(trained.sae, _planted(dictionary, rows=2048, seed=1)) > 0.8
+
+
+# --- formats ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("architecture", ["standard", "topk", "jumprelu", "batchtopk"])
+def test_a_saelens_folder_written_here_reads_back_with_the_same_encodings(architecture, tmp_path):
+    import json
+
+    from engine.sae.formats import load_saelens, save_saelens
+
+    k = 5 if architecture in ("topk", "batchtopk") else None
+    sae = _random_sae(architecture, k=k)
+    folder = save_saelens(sae, tmp_path / "sae", hook_name="hook_embed", model_name="tiny-gpt2")
+    cfg = json.loads((folder / "cfg.json").read_text())
+    # SAELens 6's fields; the embedding is TransformerLens' blocks.0.hook_resid_pre.
+    assert cfg["architecture"] == ("jumprelu" if architecture == "batchtopk" else architecture)
+    assert (cfg["d_in"], cfg["d_sae"], cfg["metadata"]["hook_name"]) == (
+        D_IN,
+        D_SAE,
+        "blocks.0.hook_resid_pre",
+    )
+    loaded, info = load_saelens(folder)
+    assert (info["hook_name"], info["model_name"]) == ("hook_embed", "tiny-gpt2")
+    x = torch.randn(7, D_IN, generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.encode(x), sae.encode(x), atol=1e-6, rtol=0)
+        torch.testing.assert_close(loaded(x), sae(x), atol=1e-6, rtol=0)
+
+
+def test_a_saelens_5_topk_config_is_read(tmp_path):
+    import json
+
+    from safetensors.torch import save_file
+
+    from engine.sae.formats import load_saelens
+
+    sae = _random_sae("topk", k=3)
+    folder = tmp_path / "old"
+    folder.mkdir()
+    save_file(sae.tensors(), folder / "sae_weights.safetensors")
+    (folder / "cfg.json").write_text(
+        json.dumps(
+            {
+                "architecture": "standard",
+                "activation_fn_str": "topk",
+                "activation_fn_kwargs": {"k": 3},
+                "d_in": D_IN,
+                "d_sae": D_SAE,
+                "hook_name": "blocks.1.hook_resid_post",
+                "model_name": "gpt2",
+                "apply_b_dec_to_input": True,
+            }
+        )
+    )
+    loaded, info = load_saelens(folder)
+    assert (loaded.architecture, loaded.shape.k, info["hook_name"]) == ("topk", 3, "blocks.1.hook_resid_post")
+    x = torch.randn(4, D_IN)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.encode(x), sae.encode(x))
+
+
+def test_a_gemma_scope_params_file_is_a_jumprelu_without_b_dec_on_the_input(tmp_path):
+    import numpy as np
+
+    from engine.sae.formats import load_gemma_scope
+
+    reference = _random_sae("jumprelu", apply_b_dec=False)
+    arrays = {name: tensor.numpy() for name, tensor in reference.tensors().items()}
+    np.savez(tmp_path / "params.npz", **arrays)
+    loaded = load_gemma_scope(tmp_path)
+    x = torch.randn(5, D_IN)
+    pre = _reference_pre(reference, x, apply_b_dec=False)
+    expected = torch.where(pre > reference.threshold, pre.relu(), torch.zeros_like(pre))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.encode(x), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_unreadable_or_inconsistent_folders_are_refused_with_a_code(tmp_path):
+    import json
+
+    import numpy as np
+
+    from engine.sae.formats import SaeFormatError, load_gemma_scope, load_saelens, save_saelens
+
+    with pytest.raises(SaeFormatError) as missing:
+        load_saelens(tmp_path)
+    assert missing.value.code == "INVALID_SAE"
+    folder = save_saelens(_random_sae("standard"), tmp_path / "sae", hook_name="hook_embed", model_name="m")
+    cfg = json.loads((folder / "cfg.json").read_text())
+    (folder / "cfg.json").write_text(json.dumps({**cfg, "d_sae": D_SAE + 1}))
+    with pytest.raises(SaeFormatError) as mismatch:
+        load_saelens(folder)
+    assert mismatch.value.code == "INVALID_SAE"
+    (folder / "cfg.json").write_text(json.dumps({**cfg, "normalize_activations": "layer_norm"}))
+    with pytest.raises(SaeFormatError) as unsupported:
+        load_saelens(folder)
+    assert unsupported.value.code == "UNSUPPORTED_SAE"
+    # An .npz holding a pickled object is refused, never unpickled.
+    np.savez(tmp_path / "params.npz", W_enc=np.array([{"x": 1}], dtype=object))
+    with pytest.raises(SaeFormatError) as pickled:
+        load_gemma_scope(tmp_path)
+    assert pickled.value.code == "INVALID_SAE"

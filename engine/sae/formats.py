@@ -1,0 +1,198 @@
+"""SAEs on disk in the layouts researchers use: SAELens folders and Gemma Scope ``params.npz``.
+
+* **SAELens** (what ``SAE.save_model`` / ``SAE.load_from_disk`` read and write in SAELens 6): a
+  folder with ``cfg.json`` and ``sae_weights.safetensors`` (``W_enc`` [d_in, d_sae], ``W_dec``
+  [d_sae, d_in], ``b_enc``, ``b_dec``, and ``threshold`` for JumpReLU), optionally
+  ``sparsity.safetensors`` (log10 feature density). A BatchTopK SAE is written as the JumpReLU
+  it is at inference (SAELens does the same). Configs of SAELens 5 and earlier (``hook_name`` and
+  ``model_name`` at the top level, TopK as ``activation_fn_str``) are read too.
+* **Gemma Scope**: ``params.npz`` with the same five arrays, a JumpReLU that does not subtract
+  ``b_dec`` from its input.
+
+Only safetensors and ``numpy.load(allow_pickle=False)`` are used: nothing is unpickled.
+
+Hook names: miStudio's are TransformerLens' (``blocks.{i}.hook_resid_post``, ``hook_mlp_out``,
+``mlp.hook_post``, ``ln_final.hook_normalized``) except ``hook_embed``, which here is what block 0
+receives (token plus position embedding), i.e. TransformerLens' ``blocks.0.hook_resid_pre``;
+:func:`transformer_lens_hook_name` and :func:`mistudio_hook_name` translate.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+from engine.errors import EngineError
+from engine.hooks import HOOK_EMBED
+from engine.sae.model import SaeShape, SparseAutoencoder
+
+CFG_FILENAME = "cfg.json"
+WEIGHTS_FILENAME = "sae_weights.safetensors"
+SPARSITY_FILENAME = "sparsity.safetensors"
+GEMMA_SCOPE_FILENAME = "params.npz"
+_TENSORS = ("W_enc", "W_dec", "b_enc", "b_dec")
+_TL_EMBED = "blocks.0.hook_resid_pre"
+
+
+class SaeFormatError(EngineError):
+    """A folder that is not an SAE this code can read (``INVALID_SAE``, ``UNSUPPORTED_SAE``)."""
+
+
+def transformer_lens_hook_name(name: str) -> str:
+    return _TL_EMBED if name == HOOK_EMBED else name
+
+
+def mistudio_hook_name(name: str) -> str:
+    """The miStudio name of a TransformerLens hook name (the same but for the embedding)."""
+    return HOOK_EMBED if name == _TL_EMBED else name
+
+
+def save_saelens(
+    sae: SparseAutoencoder,
+    folder: Path | str,
+    *,
+    hook_name: str,
+    model_name: str,
+    metadata: dict[str, Any] | None = None,
+    log_feature_density: torch.Tensor | None = None,
+) -> Path:
+    """Write ``sae`` as a SAELens folder (created if missing); returns it."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    shape = sae.shape
+    architecture = "jumprelu" if shape.architecture == "batchtopk" else shape.architecture
+    cfg: dict[str, Any] = {
+        "architecture": architecture,
+        "d_in": shape.d_in,
+        "d_sae": shape.d_sae,
+        "dtype": str(sae.W_enc.dtype).removeprefix("torch."),
+        "device": "cpu",
+        "apply_b_dec_to_input": shape.apply_b_dec_to_input,
+        "normalize_activations": "none",  # any scaling used in training is folded into the weights
+        "reshape_activations": "none",
+        "metadata": {
+            "model_name": model_name,
+            "hook_name": transformer_lens_hook_name(hook_name),
+            "hook_head_index": None,
+            "prepend_bos": True,
+            **(metadata or {}),
+        },
+    }
+    if architecture == "topk":
+        cfg["k"] = shape.k
+        cfg["rescale_acts_by_decoder_norm"] = False
+    save_file({name: tensor.cpu() for name, tensor in sae.tensors().items()}, folder / WEIGHTS_FILENAME)
+    if log_feature_density is not None:
+        save_file({"sparsity": log_feature_density.detach().cpu().contiguous()}, folder / SPARSITY_FILENAME)
+    (folder / CFG_FILENAME).write_text(json.dumps(cfg, indent=2))
+    return folder
+
+
+def load_saelens(folder: Path | str) -> tuple[SparseAutoencoder, dict[str, Any]]:
+    """The SAE in a SAELens folder and what it says of itself: ``hook_name`` (miStudio's name),
+    ``model_name`` and the whole ``cfg``."""
+    folder = Path(folder)
+    try:
+        cfg = json.loads((folder / CFG_FILENAME).read_text())
+        tensors = load_file(folder / WEIGHTS_FILENAME)
+    except (OSError, ValueError) as error:
+        raise SaeFormatError(
+            "INVALID_SAE",
+            f"Not a SAELens folder: {type(error).__name__}.",
+            {"expects": [CFG_FILENAME, WEIGHTS_FILENAME]},
+        ) from None
+    if not isinstance(cfg, dict):
+        raise SaeFormatError("INVALID_SAE", f"{CFG_FILENAME} is not a JSON object.")
+    architecture = cfg.get("architecture", "standard")
+    activation = cfg.get("activation_fn_str") or "relu"
+    k = cfg.get("k") or (cfg.get("activation_fn_kwargs") or {}).get("k")
+    if architecture == "standard" and activation == "topk":  # SAELens 5's TopK
+        architecture = "topk"
+    for key, supported in (("normalize_activations", "none"), ("reshape_activations", "none")):
+        if cfg.get(key, "none") not in (supported, None):
+            raise SaeFormatError(
+                "UNSUPPORTED_SAE",
+                f"{key} = {cfg[key]!r} is not supported (only {supported!r}).",
+                {key: cfg[key]},
+            )
+    if architecture not in ("standard", "topk", "jumprelu") or cfg.get("rescale_acts_by_decoder_norm"):
+        raise SaeFormatError("UNSUPPORTED_SAE", f"Architecture {architecture!r} is not supported.")
+    sae = _from_tensors(
+        tensors,
+        architecture=architecture,
+        k=int(k) if architecture == "topk" and k else None,
+        apply_b_dec_to_input=bool(cfg.get("apply_b_dec_to_input", True)),
+        expected=(cfg.get("d_in"), cfg.get("d_sae")),
+    )
+    metadata = cfg.get("metadata") or {}
+    hook_name = metadata.get("hook_name") or cfg.get("hook_name")
+    return sae, {
+        "hook_name": mistudio_hook_name(hook_name) if hook_name else None,
+        "model_name": metadata.get("model_name") or cfg.get("model_name"),
+        "cfg": cfg,
+    }
+
+
+def load_gemma_scope(folder: Path | str) -> SparseAutoencoder:
+    """The JumpReLU SAE in a Gemma Scope folder's ``params.npz`` (no ``b_dec`` on the input)."""
+    path = Path(folder) / GEMMA_SCOPE_FILENAME
+    try:
+        with np.load(path, allow_pickle=False) as arrays:
+            tensors = {
+                name: torch.from_numpy(np.array(arrays[name], dtype=np.float32)) for name in arrays.files
+            }
+    except (OSError, ValueError) as error:
+        raise SaeFormatError(
+            "INVALID_SAE", f"Not a Gemma Scope {GEMMA_SCOPE_FILENAME}: {type(error).__name__}."
+        ) from None
+    return _from_tensors(
+        tensors, architecture="jumprelu", k=None, apply_b_dec_to_input=False, expected=(None, None)
+    )
+
+
+def _from_tensors(
+    tensors: dict[str, torch.Tensor],
+    *,
+    architecture: str,
+    k: int | None,
+    apply_b_dec_to_input: bool,
+    expected: tuple[Any, Any],
+) -> SparseAutoencoder:
+    needed = [*_TENSORS, *(["threshold"] if architecture == "jumprelu" else [])]
+    missing = [name for name in needed if name not in tensors]
+    if missing:
+        raise SaeFormatError("INVALID_SAE", f"Missing tensors: {', '.join(missing)}.", {"missing": missing})
+    if tensors["W_enc"].dim() != 2:
+        raise SaeFormatError("INVALID_SAE", "W_enc must be [d_in, d_sae].")
+    d_in, d_sae = tensors["W_enc"].shape
+    shapes = {
+        "W_enc": (d_in, d_sae),
+        "W_dec": (d_sae, d_in),
+        "b_enc": (d_sae,),
+        "b_dec": (d_in,),
+        "threshold": (d_sae,),
+    }
+    wrong = [name for name in needed if tuple(tensors[name].shape) != shapes[name]]
+    if wrong or any(
+        value is not None and value != actual for value, actual in zip(expected, (d_in, d_sae), strict=True)
+    ):
+        raise SaeFormatError(
+            "INVALID_SAE",
+            "The tensors' shapes do not agree with each other or with cfg.json.",
+            {"tensors": wrong},
+        )
+    try:
+        sae = SparseAutoencoder(
+            SaeShape(architecture, d_in, d_sae, k, apply_b_dec_to_input=apply_b_dec_to_input)
+        )
+    except ValueError as error:
+        raise SaeFormatError("INVALID_SAE", str(error)) from None
+    with torch.no_grad():
+        for name in needed:
+            getattr(sae, name).copy_(tensors[name].float())
+    return sae
