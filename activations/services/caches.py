@@ -86,8 +86,7 @@ def cache_delete(*, cache_id: str) -> None:
         raise ApplicationError(
             "CACHE_BUSY", "The cache is being written; cancel its extraction first.", status=409
         )
-    cache_delete_files(cache)
-    cache.delete()
+    cache.delete()  # its files follow on commit (cache_files_follow_row)
 
 
 def cache_cleanup(*, dry_run: bool = False, verify_checksums: bool = False) -> dict[str, list[str]]:
@@ -107,8 +106,7 @@ def cache_cleanup(*, dry_run: bool = False, verify_checksums: bool = False) -> d
     def remove(cache: ActivationCache, bucket: str) -> None:
         report[bucket].append(cache.id)
         if not dry_run:
-            cache_delete_files(cache)
-            cache.delete()
+            cache.delete()  # its files follow on commit (cache_files_follow_row)
 
     completed = ActivationCache.objects.filter(status=ActivationCache.Status.COMPLETED)
     for cache in completed:

@@ -11,7 +11,6 @@ from django.utils import timezone
 
 from activations.model_structure import skeleton
 from activations.models import ActivationCache, Dataset, ExtractionJob
-from activations.services.caches import cache_delete_files
 from engine.hooks import HookError, resolve_hook_names
 from mistudio.errors import ApplicationError, rate_limited
 from mistudio.events import publish, rows_audience
@@ -306,8 +305,7 @@ def extraction_discard(job: ExtractionJob) -> None:
     cache = job.cache
     job_publish(job, "extraction:cancelled", job.mark_cancelled())
     if cache is not None and cache.status != ActivationCache.Status.COMPLETED:
-        cache_delete_files(cache)
-        cache.delete()
+        cache.delete()  # its files follow on commit (cache_files_follow_row)
 
 
 def extraction_resume_on_worker_start(identity) -> None:

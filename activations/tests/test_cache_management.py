@@ -55,10 +55,13 @@ def make_cache(tiny_gpt2_folder, settings):
     return build
 
 
-def test_least_recently_used_caches_are_evicted_down_to_the_budget(make_cache, settings):
+def test_least_recently_used_caches_are_evicted_down_to_the_budget(
+    make_cache, settings, django_capture_on_commit_callbacks
+):
     oldest, middle, newest = make_cache(accessed_days_ago=3), make_cache(accessed_days_ago=2), make_cache()
     settings.ACTIVATION_CACHE_MAX_BYTES = newest.file_size_bytes + middle.file_size_bytes
-    report = cache_cleanup()
+    with django_capture_on_commit_callbacks(execute=True):  # a deleted row's files go on commit
+        report = cache_cleanup()
     assert report["evicted"] == [oldest.id]
     assert not oldest.directory.exists() and middle.directory.exists() and newest.directory.exists()
     assert set(ActivationCache.objects.values_list("pk", flat=True)) == {middle.id, newest.id}
