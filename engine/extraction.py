@@ -349,27 +349,27 @@ def _extract_batches(
     grad_free = grad_free_mode(model)
     # hook point -> [capacity, width] buffer, allocated on first use and reused by every batch.
     buffers: dict[str, Any] = {}
-    batch_rows: dict[str, Any] = {}
 
-    def keep_rows(name: str, tensor: Any) -> None:
-        """Copy the batch's real-token rows of ``name`` into its buffer (pad rows are skipped)."""
+    def keep_rows(row_index: Any, token_count: int) -> Callable[[str, Any], None]:
+        """The visitor of one batch: copy its real-token rows into each hook's buffer."""
         import torch
 
-        row_index, token_count = batch_rows["row_index"], batch_rows["token_count"]
-        flat = tensor.detach().reshape(tensor.shape[0] * tensor.shape[1], -1)
-        buffer = buffers.get(name)
-        if buffer is None or buffer.shape[1] != flat.shape[1] or buffer.device != flat.device:
-            buffer = torch.empty((capacity, flat.shape[1]), dtype=stored_dtype, device=flat.device)
-            buffers[name] = buffer
-        target = buffer[:token_count]
-        if row_index is None:
-            target.copy_(flat)
-        elif flat.dtype == target.dtype:
-            torch.index_select(flat, 0, row_index.to(flat.device), out=target)
-        else:
-            target.copy_(flat.index_select(0, row_index.to(flat.device)))
+        def visit(name: str, tensor: Any) -> None:
+            flat = tensor.detach().reshape(tensor.shape[0] * tensor.shape[1], -1)
+            buffer = buffers.get(name)
+            if buffer is None or buffer.shape[1] != flat.shape[1] or buffer.device != flat.device:
+                buffer = torch.empty((capacity, flat.shape[1]), dtype=stored_dtype, device=flat.device)
+                buffers[name] = buffer
+            target = buffer[:token_count]
+            if row_index is None:
+                target.copy_(flat)
+            elif flat.dtype == target.dtype:
+                torch.index_select(flat, 0, row_index.to(flat.device), out=target)
+            else:
+                target.copy_(flat.index_select(0, row_index.to(flat.device)))
 
-    runtime = HookRuntime(model, sites, keep_rows, purpose="extracted")
+        return visit
+
     for offset, batch in enumerate(batches):
         # Grad mode is entered and left inside each step, never across a yield: a context held
         # open over a yield would leak into the caller's code while the generator is suspended.
@@ -385,8 +385,9 @@ def _extract_batches(
             arguments["position_ids"] = inputs["position_ids"].to(device)
         if takes_use_cache:
             arguments["use_cache"] = False
-        batch_rows["row_index"] = None if inputs["row_index"] is None else inputs["row_index"].to(device)
-        batch_rows["token_count"] = inputs["token_count"]
+        row_index = None if inputs["row_index"] is None else inputs["row_index"].to(device)
+        visit = keep_rows(row_index, inputs["token_count"])
+        runtime = HookRuntime(model, sites, visit, purpose="extracted")
         runtime.begin_pass(*inputs["input_ids"].shape, stop_when_complete=True)
         with grad_free(), runtime.attached():
             runtime.run(runner, **arguments)

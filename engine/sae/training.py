@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.sae.model import SaeShape, SparseAutoencoder, jumprelu
+from engine.sae.model import SaeShape, SparseAutoencoder
 
 B_DEC_INITS: tuple[str, ...] = ("geometric_median", "mean", "zeros")
 
@@ -106,15 +106,15 @@ def initialised_sae(shape: SaeShape, config: TrainingConfig, sample: torch.Tenso
             sae.b_dec.copy_(geometric_median(sample.float()))
         elif config.b_dec_init == "mean":
             sae.b_dec.copy_(sample.float().mean(0))
+        elif config.b_dec_init != "zeros":
+            raise ValueError(f"b_dec_init must be one of {', '.join(B_DEC_INITS)}")
         if shape.architecture == "jumprelu":
             sae.threshold.fill_(config.jumprelu_init_threshold)
     return sae
 
 
-class _Rectangle:
-    @staticmethod
-    def of(x: torch.Tensor) -> torch.Tensor:
-        return ((x > -0.5) & (x < 0.5)).to(x)
+def _rectangle(x: torch.Tensor) -> torch.Tensor:
+    return ((x > -0.5) & (x < 0.5)).to(x)
 
 
 class _JumpReLUFunction(torch.autograd.Function):
@@ -132,7 +132,7 @@ class _JumpReLUFunction(torch.autograd.Function):
         bandwidth = ctx.bandwidth
         x_grad = (x > threshold).to(x) * grad_output
         threshold_grad = (
-            -(threshold / bandwidth) * _Rectangle.of((x - threshold) / bandwidth) * grad_output
+            -(threshold / bandwidth) * _rectangle((x - threshold) / bandwidth) * grad_output
         ).sum(dim=0)
         return x_grad, threshold_grad, None
 
@@ -150,7 +150,7 @@ class _StepFunction(torch.autograd.Function):
     def backward(ctx, grad_output):
         x, threshold = ctx.saved_tensors
         bandwidth = ctx.bandwidth
-        threshold_grad = (-(1.0 / bandwidth) * _Rectangle.of((x - threshold) / bandwidth) * grad_output).sum(
+        threshold_grad = (-(1.0 / bandwidth) * _rectangle((x - threshold) / bandwidth) * grad_output).sum(
             dim=0
         )
         return torch.zeros_like(x), threshold_grad, None
@@ -318,7 +318,6 @@ __all__ = [
     "fold_scaling",
     "geometric_median",
     "initialised_sae",
-    "jumprelu",
     "l0",
     "train",
 ]
