@@ -1,14 +1,23 @@
 """Sparse autoencoders: the model in SAELens' conventions, training in bounded memory, metrics.
 
 ``model`` holds the architectures (standard ReLU + L1, TopK, BatchTopK, JumpReLU) and their
-encode / decode; ``training`` the initialisation, losses and loop; ``data`` the shuffle buffer
-that feeds training from a stream of activation chunks. Like the rest of the engine it needs no
-Django; unlike most of it, importing it imports torch.
+encode / decode; ``training`` the initialisation, losses and loop; ``checkpoint`` its resumable state;
+``evaluation`` held-out metrics and CE loss recovered;
+``data`` the shuffle buffer that feeds training from a stream of activation chunks. Like the
+rest of the engine it needs no Django; unlike most of it, importing it imports torch.
 """
 
+from engine.sae.checkpoint import TrainingCheckpoint
 from engine.sae.data import shuffled_batches
 from engine.sae.model import ARCHITECTURES, SaeShape, SparseAutoencoder
-from engine.sae.training import StepMetrics, TrainedSae, TrainingConfig, explained_variance, l0, train
+from engine.sae.training import (
+    StepMetrics,
+    TrainedSae,
+    TrainingConfig,
+    explained_variance,
+    l0,
+    train,
+)
 
 __all__ = [
     "ARCHITECTURES",
@@ -16,6 +25,7 @@ __all__ = [
     "SparseAutoencoder",
     "StepMetrics",
     "TrainedSae",
+    "TrainingCheckpoint",
     "TrainingConfig",
     "explained_variance",
     "l0",

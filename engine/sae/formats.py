@@ -76,6 +76,7 @@ def save_saelens(
         "normalize_activations": "none",  # any scaling used in training is folded into the weights
         "reshape_activations": "none",
         "metadata": {
+            "sae_lens_version": "6.0.0",  # without it SAELens 6 reads cfg as SAELens 5's, dropping metadata
             "model_name": model_name,
             "hook_name": transformer_lens_hook_name(hook_name),
             "hook_head_index": None,
@@ -120,7 +121,8 @@ def load_saelens(folder: Path | str) -> tuple[SparseAutoencoder, dict[str, Any]]
                 f"{key} = {cfg[key]!r} is not supported (only {supported!r}).",
                 {key: cfg[key]},
             )
-    if architecture not in ("standard", "topk", "jumprelu") or cfg.get("rescale_acts_by_decoder_norm"):
+    rescale = bool(cfg.get("rescale_acts_by_decoder_norm"))
+    if architecture not in ("standard", "topk", "jumprelu") or (rescale and architecture != "topk"):
         raise SaeFormatError("UNSUPPORTED_SAE", f"Architecture {architecture!r} is not supported.")
     sae = _from_tensors(
         tensors,
@@ -129,6 +131,14 @@ def load_saelens(folder: Path | str) -> tuple[SparseAutoencoder, dict[str, Any]]
         apply_b_dec_to_input=bool(cfg.get("apply_b_dec_to_input", True)),
         expected=(cfg.get("d_in"), cfg.get("d_sae")),
     )
+    if rescale:
+        # SAELens' TopK scales h by the decoder rows' norms and the features by their inverse, as
+        # if the decoder were unit-norm (its inference save folds them already): fold them here.
+        with torch.no_grad():
+            norms = sae.W_dec.norm(dim=1)
+            sae.W_enc.mul_(norms)
+            sae.b_enc.mul_(norms)
+            sae.W_dec.div_(norms[:, None])
     metadata = cfg.get("metadata") or {}
     hook_name = metadata.get("hook_name") or cfg.get("hook_name")
     return sae, {

@@ -1,0 +1,159 @@
+"""Training checkpoints: everything :func:`engine.sae.train` carries from step to step, on disk
+as safetensors + JSON (nothing pickled), written so that a save cut short leaves no checkpoint
+rather than half of one."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+if TYPE_CHECKING:
+    from engine.sae.training import TrainingConfig
+
+CHECKPOINT_FORMAT = 1
+CHECKPOINT_TENSORS = "checkpoint.safetensors"
+CHECKPOINT_DESCRIPTION = "checkpoint.json"  # written last: a checkpoint is complete once it exists
+SAE_PARAMETERS: tuple[str, ...] = ("W_enc", "W_dec", "b_enc", "b_dec")
+
+
+@dataclass
+class TrainingCheckpoint:
+    """Everything :func:`train` carries from one step to the next, so that a training stopped
+    (even by SIGKILL) continues exactly: fed the same batch stream from its beginning, it skips
+    the ``step`` batches already trained on and ends with the tensors an uninterrupted run gives.
+
+    Stored as ``checkpoint.safetensors`` (the tensors) and ``checkpoint.json`` (the rest):
+    nothing is pickled, so a checkpoint from elsewhere cannot run code when it is read.
+    """
+
+    # The TrainingConfig as a dict (``dataclasses.asdict``): a resume under another is refused.
+    config: dict[str, Any]
+    d_in: int
+    step: int
+    tokens: int
+    scaling: float
+    # Training time before this checkpoint, over every process that trained it (downtime excluded).
+    elapsed_seconds: float
+    # W_enc, W_dec, b_enc, b_dec as trained: in the scaled space, before fold_scaling.
+    parameters: dict[str, torch.Tensor]
+    log_threshold: torch.Tensor | None  # jumprelu only
+    # Adam's state per parameter, flattened: "<parameter>.exp_avg", ".exp_avg_sq", ".step".
+    optimizer_state: dict[str, torch.Tensor]
+    steps_since_fired: torch.Tensor
+    history: list[dict[str, Any]]  # StepMetrics as dicts
+
+    def save(self, folder: Path) -> None:
+        """Write the checkpoint into ``folder`` (created if need be), replacing the one there.
+
+        Each file is written to a temporary name, fsynced and renamed over the old one. The json
+        marks a checkpoint complete: it is deleted before the tensors are replaced and written
+        after them, so a save cut short leaves no checkpoint rather than half of one (or the old
+        json beside the new tensors)."""
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        tensors = {f"sae.{name}": tensor for name, tensor in self.parameters.items()}
+        tensors |= {f"adam.{name}": tensor for name, tensor in self.optimizer_state.items()}
+        tensors["steps_since_fired"] = self.steps_since_fired
+        if self.log_threshold is not None:
+            tensors["log_threshold"] = self.log_threshold
+        description = {
+            "format": CHECKPOINT_FORMAT,
+            "config": self.config,
+            "d_in": self.d_in,
+            "step": self.step,
+            "tokens": self.tokens,
+            "scaling": self.scaling,
+            "elapsed_seconds": self.elapsed_seconds,
+            "history": self.history,
+        }
+        (folder / CHECKPOINT_DESCRIPTION).unlink(missing_ok=True)
+        _fsync_directory(folder)
+        metadata = {"format": str(CHECKPOINT_FORMAT), "step": str(self.step)}
+        tensors = {name: tensor.detach().contiguous() for name, tensor in tensors.items()}
+        _replace_durably(
+            folder / CHECKPOINT_TENSORS, lambda path: save_file(tensors, path, metadata=metadata)
+        )
+        _replace_durably(
+            folder / CHECKPOINT_DESCRIPTION, lambda path: path.write_text(json.dumps(description))
+        )
+
+    @classmethod
+    def load(cls, folder: Path) -> TrainingCheckpoint | None:
+        """The checkpoint saved in ``folder``, or None when there is no complete one (no json).
+
+        Raises ValueError for another format version or tensors that are not the json's step."""
+        folder = Path(folder)
+        try:
+            description = json.loads((folder / CHECKPOINT_DESCRIPTION).read_text())
+        except FileNotFoundError:
+            return None
+        found = description.get("format")
+        if found != CHECKPOINT_FORMAT:
+            raise ValueError(f"{folder} holds a checkpoint of format {found!r}, not {CHECKPOINT_FORMAT}")
+        tensors_path = folder / CHECKPOINT_TENSORS
+        with safe_open(tensors_path, framework="pt") as tensors_file:
+            tensors_step = (tensors_file.metadata() or {}).get("step")
+        if tensors_step != str(description["step"]):
+            raise ValueError(f"{tensors_path} holds step {tensors_step}, its json step {description['step']}")
+        tensors = load_file(tensors_path)
+        return cls(
+            config=description["config"],
+            d_in=description["d_in"],
+            step=description["step"],
+            tokens=description["tokens"],
+            scaling=description["scaling"],
+            elapsed_seconds=description["elapsed_seconds"],
+            parameters={name: tensors[f"sae.{name}"] for name in SAE_PARAMETERS},
+            log_threshold=tensors.get("log_threshold"),
+            optimizer_state={
+                name.removeprefix("adam."): tensor
+                for name, tensor in tensors.items()
+                if name.startswith("adam.")
+            },
+            steps_since_fired=tensors["steps_since_fired"],
+            history=description["history"],
+        )
+
+    def check_continues(self, config: TrainingConfig, d_in: int) -> None:
+        """Raise ValueError unless this checkpoint was written by a training of ``config`` on
+        activations of width ``d_in``."""
+        expected = asdict(config)
+        changed = sorted(
+            key for key in expected.keys() | self.config.keys() if expected.get(key) != self.config.get(key)
+        )
+        if changed:
+            raise ValueError(
+                f"the checkpoint was written with another training config (differs in: {', '.join(changed)})"
+            )
+        if self.d_in != d_in:
+            raise ValueError(f"the checkpoint was written for d_in {self.d_in}, not {d_in}")
+
+
+def _replace_durably(path: Path, write: Callable[[Path], object]) -> None:
+    """``write`` a temporary file beside ``path``, flush it to disk, and rename it over ``path``."""
+    temporary = path.with_name(path.name + ".tmp")
+    write(temporary)
+    with open(temporary, "rb") as written:
+        os.fsync(written.fileno())
+    os.replace(temporary, path)
+    _fsync_directory(path.parent)
+
+
+def _fsync_directory(folder: Path) -> None:
+    """Make the renames and deletions in ``folder`` durable (a no-op where directories can't be opened)."""
+    try:
+        descriptor = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
