@@ -4,7 +4,6 @@ import functools
 import io
 import json
 import math
-import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,10 +21,10 @@ from engine.hooks import list_hook_points
 from mistudio.access import check_may_change, is_admin, visible_rows
 from mistudio.errors import ApplicationError
 from mistudio.events import register_group_kind
+from mistudio.streaming import tar_stream
 from models_app.models import LanguageModel
 from models_app.services import local_model_folder
 
-TAR_CHUNK_BYTES = 1 << 20
 MANIFEST_FILE = "manifest.json"
 
 
@@ -281,23 +280,12 @@ def cache_tar_stream(cache: ActivationCache, *, manifest: bytes | None = None) -
     ``manifest`` replaces the ``manifest.json`` on disk (a user's download holds the manifest as
     :func:`cache_manifest_bytes` gives it to them); without it, every file is as on disk.
     """
-
+    entries = []
     for path in iter_files(cache.directory):
-        relative = path.relative_to(cache.directory)
-        replaced = manifest if manifest is not None and str(relative) == MANIFEST_FILE else None
-        info = tarfile.TarInfo(f"{cache.id}/{relative}")
-        info.size = len(replaced) if replaced is not None else path.stat().st_size
-        info.mtime = int(path.stat().st_mtime)
-        yield info.tobuf(format=tarfile.PAX_FORMAT)
-        if replaced is not None:
-            yield replaced
-        else:
-            with open(path, "rb") as handle:
-                while chunk := handle.read(TAR_CHUNK_BYTES):
-                    yield chunk
-        if remainder := info.size % tarfile.BLOCKSIZE:
-            yield b"\0" * (tarfile.BLOCKSIZE - remainder)
-    yield b"\0" * (2 * tarfile.BLOCKSIZE)
+        relative = str(path.relative_to(cache.directory))
+        replaced = manifest if manifest is not None and relative == MANIFEST_FILE else None
+        entries.append((f"{cache.id}/{relative}", path, replaced))
+    return tar_stream(entries)
 
 
 def cache_stats(cache: ActivationCache, hook: str | None = None) -> dict[str, Any]:

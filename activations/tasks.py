@@ -21,11 +21,9 @@ from activations.store import CacheError
 from engine.errors import EngineError
 from engine.extraction import extract, plan_batches, tokenize_samples
 from engine.hooks import list_hook_points
-from engine.registry import LOADED_MODELS
 from mistudio.errors import ApplicationError
 from mistudio.events import ProgressThrottle
-from models_app.models import LanguageModel
-from models_app.tasks import current_worker, load_model
+from models_app.tasks import Requeued, current_worker, model_in_this_worker
 
 logger = logging.getLogger(__name__)
 
@@ -34,40 +32,11 @@ class ExtractionCancelled(Exception):
     pass
 
 
-class Requeued(Exception):
-    """The job went back to a queue (the model is hosted elsewhere, or still loading)."""
-
-
-def model_in_this_worker(job: ExtractionJob, worker_name: str):
-    """The loaded model, loading it here first if no worker has it (documented behaviour)."""
-
-    loaded = LOADED_MODELS.get(job.model_id)
-    if loaded is not None:
-        return loaded
-    model = LanguageModel.objects.get(pk=job.model_id)
-    if model.status in {
-        LanguageModel.Status.READY,
-        LanguageModel.Status.LOADING,
-    } and model.host_worker not in {
-        "",
-        worker_name,
-    }:
-        if model.status == LanguageModel.Status.LOADING:
-            time.sleep(1)  # let that load finish, then follow the model to its host
-        job.rq_job_id = f"extract-{job.id}-{uuid.uuid4().hex[:6]}"
-        job.save(update_fields=["rq_job_id"])
-        extraction_enqueue(job)
-        raise Requeued
-    if model.status != LanguageModel.Status.LOADING:
-        model.save(update_fields=model.mark_loading(progress=0, message="Loading for an extraction"))
-    load_model(model.id)
-    loaded = LOADED_MODELS.get(job.model_id)
-    if loaded is None:
-        model.refresh_from_db()
-        raise ApplicationError(
-            model.error_code or "MODEL_LOAD_FAILED", model.error_message or "The model did not load."
-        )
-    return loaded
+def extraction_requeue(job: ExtractionJob) -> None:
+    """Send the job after its model (to its host's queue), under a fresh RQ id."""
+    job.rq_job_id = f"extract-{job.id}-{uuid.uuid4().hex[:6]}"
+    job.save(update_fields=["rq_job_id"])
+    extraction_enqueue(job)
 
 
 def hook_widths(model, names: list[str], tokenized: list[list[int]]) -> dict[str, int]:
@@ -98,7 +67,9 @@ def run_extraction(job_id: str) -> None:
     try:
         if extraction_cancel_requested(job.id):
             raise ExtractionCancelled
-        loaded = model_in_this_worker(job, identity.name)
+        loaded = model_in_this_worker(
+            job.model_id, identity.name, requeue=lambda: extraction_requeue(job), purpose="an extraction"
+        )
         samples = dataset_samples(job.dataset, limit=job.sample_count)
         tokenized = tokenize_samples(loaded.tokenizer, samples, job.max_length)
         plan = plan_batches([len(ids) for ids in tokenized], job.batch_size)

@@ -1,4 +1,4 @@
-"""Prefixed opaque ids shown to users: ``m_…`` models, ``ds_…`` datasets, ``ext_…``, ``act_…``, ``gen_…``."""
+"""Prefixed opaque ids shown to users: ``m_…``, ``ds_…``, ``ext_…``, ``act_…``, ``gen_…``, ``sae_…``."""
 
 import secrets
 
@@ -28,3 +28,7 @@ def new_cache_id() -> str:
 
 def new_generation_id() -> str:
     return new_id("gen")
+
+
+def new_sae_id() -> str:
+    return new_id("sae")

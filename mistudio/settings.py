@@ -141,6 +141,10 @@ ACTIVATION_CACHE_DIR = env_directory("ACTIVATION_CACHE_DIR", DATA_DIR / "activat
 DATASET_DIR = env_directory("MISTUDIO_DATASET_DIR", DATA_DIR / "datasets")
 LOCAL_MODEL_ROOTS = env_roots("LOCAL_MODEL_ROOTS", [DATA_DIR / "local_models"])
 LOCAL_DATA_ROOTS = env_roots("LOCAL_DATA_ROOTS", [DATA_DIR / "local_data"])
+# Sparse autoencoders: one SAELens folder per SAE (plus its training checkpoint while it trains).
+SAE_DIR = env_directory("SAE_DIR", DATA_DIR / "saes")
+# How often a training job saves a checkpoint it can resume from after a crash (optimizer steps).
+SAE_CHECKPOINT_EVERY_STEPS = int(env_number("SAE_CHECKPOINT_EVERY_STEPS", 200, minimum=1, integer=True))
 ACTIVATION_CACHE_MAX_BYTES = int(
     env_number("ACTIVATION_CACHE_MAX_BYTES", 50 * 2**30, minimum=1, integer=True)
 )
@@ -243,6 +247,7 @@ INSTALLED_APPS = [
     "models_app",
     "activations",
     "generation",
+    "saes",
     "frontend",
 ]
 

@@ -8,7 +8,9 @@ worker thread of its own, so memory stays at a chunk and other requests keep ans
 consumers (WSGI, the test client, the CLI) iterate them exactly as Django's own.
 """
 
-from collections.abc import AsyncIterator
+import tarfile
+from collections.abc import AsyncIterator, Iterable, Iterator
+from pathlib import Path
 
 from asgiref.sync import sync_to_async
 from django.http import FileResponse, StreamingHttpResponse
@@ -30,3 +32,26 @@ class ChunkedStreamingResponse(_ChunkByChunk, StreamingHttpResponse):
 
 class ChunkedFileResponse(_ChunkByChunk, FileResponse):
     """``FileResponse``, streamed chunk by chunk under ASGI."""
+
+
+TAR_CHUNK_BYTES = 1 << 20
+
+
+def tar_stream(entries: Iterable[tuple[str, Path, bytes | None]]) -> Iterator[bytes]:
+    """A tar archive of ``(name in the archive, file, replacement bytes or None)`` entries, produced
+    chunk by chunk (memory flat whatever the file sizes); a replacement is sent instead of the
+    file's content (a download's manifest as the user may read it)."""
+    for name, path, replaced in entries:
+        info = tarfile.TarInfo(name)
+        info.size = len(replaced) if replaced is not None else path.stat().st_size
+        info.mtime = int(path.stat().st_mtime)
+        yield info.tobuf(format=tarfile.PAX_FORMAT)
+        if replaced is not None:
+            yield replaced
+        else:
+            with open(path, "rb") as handle:
+                while chunk := handle.read(TAR_CHUNK_BYTES):
+                    yield chunk
+        if remainder := info.size % tarfile.BLOCKSIZE:
+            yield b"\0" * (tarfile.BLOCKSIZE - remainder)
+    yield b"\0" * (2 * tarfile.BLOCKSIZE)

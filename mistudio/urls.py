@@ -27,6 +27,7 @@ def api_root(request, format=None):
                 "dataset-list",
                 "extraction-list",
                 "cache-list",
+                "sae-list",
                 "worker-list",
                 "schema",
             ]
@@ -43,6 +44,7 @@ api_patterns = [
     path("", include("models_app.urls")),
     path("", include("activations.urls")),
     path("", include("generation.urls")),
+    path("", include("saes.urls")),
     path("schema/", SpectacularJSONAPIView.as_view(), name="schema"),
     path("<path:unmatched>", api_not_found),
 ]

@@ -57,6 +57,22 @@ def worker_queue(worker_name: str) -> Queue:
     return Queue(worker_queue_name(worker_name), connection=get_redis())
 
 
+def cancel_if_queued(rq_job_id: str) -> bool:
+    """Take a job off its queue if no worker has started it: True when nothing will run it
+    (cancelled here, or never enqueued, or gone); False when a worker is running it."""
+    from rq.exceptions import NoSuchJobError
+    from rq.job import Job, JobStatus
+
+    try:
+        rq_job = Job.fetch(rq_job_id, connection=get_redis())
+    except NoSuchJobError:
+        return True
+    if rq_job.get_status() != JobStatus.QUEUED:
+        return False
+    rq_job.cancel()
+    return True
+
+
 # --- the apps' hooks ------------------------------------------------------------------------------
 # The apps plug their chores into the worker here (in AppConfig.ready), so that this module needs
 # none of them: "start" (identity) when a worker starts, before it takes jobs; "every_beat"
@@ -87,6 +103,8 @@ TASK_TIMEOUT_SECONDS = {
     "models_app.tasks.unload_model": 300,
     "activations.tasks.run_extraction": 24 * 3600,
     "generation.tasks.run_generation": 3600,
+    "saes.tasks.run_sae_training": 7 * 24 * 3600,
+    "saes.tasks.run_sae_evaluation": 6 * 3600,
 }
 
 

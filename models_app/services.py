@@ -458,3 +458,15 @@ def worker_lost_reconcile() -> list[str]:
         model_publish(model, "model:unloaded", fields, reason="worker_lost")
         lost.append(model.id)
     return lost
+
+
+def model_job_queue(model_id: str | None, *, worker_name: str | None = None):
+    """The queue for a job that needs a model: ``worker_name``'s own when given (a restarted worker
+    taking back its jobs), else the model's host when it is loaded, else the shared queue (the
+    worker that takes the job loads the model)."""
+    if worker_name:
+        return worker_queue(worker_name)
+    model = LanguageModel.objects.filter(pk=model_id).first() if model_id else None
+    if model is not None and model.status == LanguageModel.Status.READY and model.host_worker:
+        return worker_queue(model.host_worker)
+    return shared_queue()

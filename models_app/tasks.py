@@ -2,6 +2,7 @@
 
 import logging
 import time
+from collections.abc import Callable
 
 from django.conf import settings
 from django.db import close_old_connections
@@ -167,3 +168,36 @@ def unload_model(model_id: str, reason: str = "requested") -> None:
     """Drop the model from this worker's memory and mark it ``unloaded`` with ``reason``."""
     close_old_connections()
     unload_loaded(model_id, reason=reason)
+
+
+class Requeued(Exception):
+    """The job went back to a queue (its model is hosted by another worker, or still loading)."""
+
+
+def model_in_this_worker(model_id: str, worker_name: str, *, requeue: Callable[[], None], purpose: str):
+    """The model, loaded in this worker, for a job that needs it (an extraction, an SAE evaluation).
+
+    Loaded here already: returned. Hosted (or being loaded) by another worker: ``requeue()`` sends
+    the job after it and :class:`Requeued` is raised. Loaded nowhere: loaded here first (this
+    worker becomes its host; documented behaviour), or the load's error is raised.
+    """
+    loaded = LOADED_MODELS.get(model_id)
+    if loaded is not None:
+        return loaded
+    model = LanguageModel.objects.get(pk=model_id)
+    hosted = {LanguageModel.Status.READY, LanguageModel.Status.LOADING}
+    if model.status in hosted and model.host_worker not in {"", worker_name}:
+        if model.status == LanguageModel.Status.LOADING:
+            time.sleep(1)  # let that load finish, then follow the model to its host
+        requeue()
+        raise Requeued
+    if model.status != LanguageModel.Status.LOADING:
+        model.save(update_fields=model.mark_loading(progress=0, message=f"Loading for {purpose}"))
+    load_model(model.id)
+    loaded = LOADED_MODELS.get(model_id)
+    if loaded is None:
+        model.refresh_from_db()
+        raise ApplicationError(
+            model.error_code or "MODEL_LOAD_FAILED", model.error_message or "The model did not load."
+        )
+    return loaded

@@ -15,8 +15,9 @@ from engine.hooks import HookError, resolve_hook_names
 from mistudio.errors import ApplicationError, rate_limited
 from mistudio.events import publish, rows_audience
 from mistudio.redis_client import get_redis
-from mistudio.workers import enqueue, shared_queue, worker_queue, worker_queue_name
+from mistudio.workers import cancel_if_queued, enqueue
 from models_app.models import LanguageModel
+from models_app.services import model_job_queue
 
 logger = logging.getLogger(__name__)
 
@@ -256,17 +257,9 @@ def extraction_retry_after(jobs: list[ExtractionJob]) -> float:
     return min(*etas, 3600) if etas else EXTRACTION_RETRY_AFTER_SECONDS
 
 
-def extraction_enqueue(job: ExtractionJob, *, queue_name: str | None = None) -> None:
+def extraction_enqueue(job: ExtractionJob, *, worker_name: str | None = None) -> None:
     """To the model's host worker if it is loaded, else to the shared queue (the taker loads it)."""
-    from rq import Queue
-
-    model = LanguageModel.objects.get(pk=job.model_id)
-    if queue_name:
-        queue = Queue(queue_name, connection=get_redis())
-    elif model.status == LanguageModel.Status.READY and model.host_worker:
-        queue = worker_queue(model.host_worker)
-    else:
-        queue = shared_queue()
+    queue = model_job_queue(job.model_id, worker_name=worker_name)
     enqueue(queue, "activations.tasks.run_extraction", job.id, job_id=job.rq_job_id)
 
 
@@ -280,21 +273,12 @@ def extraction_cancel_requested(job_id: str) -> bool:
 
 def extraction_cancel(*, job_id: str) -> ExtractionJob:
     """A queued job is cancelled at once; a running one stops after its current batch."""
-    from rq.exceptions import NoSuchJobError
-    from rq.job import Job, JobStatus
-
     with transaction.atomic():
         job = ExtractionJob.objects.select_for_update().get(pk=job_id)
         if job.status not in ExtractionJob.ACTIVE:
             raise ApplicationError("NOT_RUNNING", "The extraction is not queued or running.", status=409)
         get_redis().set(extraction_cancel_key(job.id), "1", ex=24 * 3600)
-        try:
-            rq_job = Job.fetch(job.rq_job_id, connection=get_redis())
-            queued = rq_job.get_status() == JobStatus.QUEUED
-            if queued:
-                rq_job.cancel()
-        except NoSuchJobError:
-            queued = True  # not enqueued yet, or gone: nothing will run it
+        queued = cancel_if_queued(job.rq_job_id)
         if queued:
             extraction_discard(job)
     return job
@@ -323,6 +307,6 @@ def extraction_resume_after_restart(*, worker_name: str) -> list[str]:
         # A fresh RQ id: the dead worker's entry for the old one is cleaned up as abandoned by RQ.
         job.rq_job_id = f"extract-{job.id}-{uuid.uuid4().hex[:6]}"
         job.save(update_fields=["rq_job_id"])
-        extraction_enqueue(job, queue_name=worker_queue_name(worker_name))
+        extraction_enqueue(job, worker_name=worker_name)
         resumed.append(job.id)
     return resumed

@@ -22,6 +22,7 @@ from conftest import make_user
 from generation.models import Generation
 from models_app.models import LanguageModel
 from models_app.services import model_register
+from saes.models import SparseAutoencoder
 
 pytestmark = pytest.mark.django_db
 
@@ -38,6 +39,8 @@ OWNER_READS = (401, 404, OK, OK, 404, 403)  # reading the writer's private row
 OWNER_CHANGES = (401, 403, OK, OK, 404, 403)  # changing it (readers are refused by role before the lookup)
 PAGE = (302, OK, OK, OK, OK, 403)  # pages send anonymous visitors to sign in
 OWNER_PAGE = (302, 404, OK, OK, 404, 403)
+PAGE_WRITERS = (302, 403, OK, OK, OK, 403)  # a page's form that creates (the SAE training form)
+OWNER_PAGE_CHANGES = (302, 403, OK, OK, 404, 403)  # a page's form that changes the writer's row
 # The OpenAI-compatible routes: a reader may list models but not generate.
 OPENAI_READ = ANY_READER
 OPENAI_GENERATE = WRITERS
@@ -71,6 +74,12 @@ MATRIX: dict[str, dict[str, tuple]] = {
     "api/activation-caches/{cache}/slice": {"GET": OWNER_READS},
     "api/activation-caches/{cache}/stats": {"GET": OWNER_READS},
     "api/activation-caches/{cache}/top-k": {"GET": OWNER_READS},
+    "api/saes": {"GET": ANY_READER, "POST": WRITERS},
+    "api/saes/import": {"POST": WRITERS},
+    "api/saes/{sae}": {"GET": OWNER_READS, "PATCH": OWNER_CHANGES, "DELETE": OWNER_CHANGES},
+    "api/saes/{sae}/cancel": {"POST": OWNER_CHANGES},
+    "api/saes/{sae}/evaluate": {"POST": OWNER_CHANGES},
+    "api/saes/{sae}/export": {"GET": OWNER_READS},
     "api/schema/": {"GET": ANY_READER},
     "api/{unmatched}": {"GET": NO_SUCH_ROUTE},
     "v1/models": {"GET": OPENAI_READ},
@@ -88,6 +97,9 @@ MATRIX: dict[str, dict[str, tuple]] = {
     "datasets/{dataset}/": {"GET": OWNER_PAGE},
     "activations/": {"GET": PAGE},
     "activations/{cache}/": {"GET": OWNER_PAGE},
+    "saes/": {"GET": PAGE, "POST": PAGE_WRITERS},
+    "saes/import/": {"POST": PAGE_WRITERS},
+    "saes/{sae}/": {"GET": OWNER_PAGE, "POST": OWNER_PAGE_CHANGES},
     "playground/": {"GET": PAGE},
     "workers/": {"GET": PAGE},
     "login/": {"GET": (OK, 302, 302, 302, 302, 302)},  # the signed-in are sent on to the models page
@@ -105,6 +117,7 @@ PLACEHOLDERS = {
     "extraction_id": "{extraction}",
     "cache_id": "{cache}",
     "generation_id": "{generation}",
+    "sae_id": "{sae}",
     "unmatched": "{unmatched}",
 }
 
@@ -146,7 +159,7 @@ def users(db):
 
 
 def owned_rows(owner, folder) -> dict[str, str]:
-    """A fresh private model, dataset, extraction, cache and generation of ``owner``: their ids."""
+    """A fresh private model, dataset, extraction, cache, generation and SAE of ``owner``: their ids."""
     LanguageModel.objects.all().delete()
     Dataset.objects.all().delete()
     model = model_register(source="local", identifier=str(folder), name="private-gpt2", owner=owner)
@@ -161,12 +174,17 @@ def owned_rows(owner, folder) -> dict[str, str]:
         model=model, dataset=dataset, cache=cache, hooks=cache.hooks, status="completed", owner=owner
     )
     generation = Generation.objects.create(model=model, owner=owner, prompt="hi", parameters={})
+    sae = SparseAutoencoder.objects.create(
+        model=model, cache=cache, hook_name="blocks.0.hook_resid_post", architecture="topk", d_in=64,
+        d_sae=256, k=8, status="completed", owner=owner,
+    )  # fmt: skip
     return {
         "{model}": model.id,
         "{dataset}": dataset.id,
         "{extraction}": job.id,
         "{cache}": cache.id,
         "{generation}": generation.id,
+        "{sae}": sae.id,
         "{unmatched}": "no/such/endpoint",
     }
 

@@ -1,0 +1,165 @@
+"""REST API for sparse autoencoders: thin views over selectors and services."""
+
+from drf_spectacular.utils import extend_schema, inline_serializer
+from rest_framework import serializers, status
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from activations.selectors import completed_cache
+from mistudio.permissions import CanRead, CanWrite
+from mistudio.serializers import StrictSerializer
+from mistudio.streaming import ChunkedStreamingResponse
+from models_app.selectors import model_get
+from saes import selectors, services
+from saes.models import ARCHITECTURES, SparseAutoencoder
+from saes.serializers import sae_state
+
+
+def sae_body(sae: SparseAutoencoder, *, with_history: bool = True) -> dict:
+    return sae_state(sae, with_history=with_history)
+
+
+class SaeListApi(APIView):
+    """List SAEs, or start training one on an activation cache (202)."""
+
+    permission_classes = [CanWrite]
+
+    class FilterSerializer(serializers.Serializer):
+        model = serializers.CharField(required=False, max_length=64)
+        cache = serializers.CharField(required=False, max_length=64)
+        hook = serializers.CharField(required=False, max_length=300)
+        status = serializers.ChoiceField(choices=SparseAutoencoder.Status.choices, required=False)
+
+    class TrainSerializer(StrictSerializer):
+        cache_id = serializers.CharField(max_length=64)
+        hook = serializers.CharField(max_length=300)
+        architecture = serializers.ChoiceField(choices=ARCHITECTURES, default="topk")
+        expansion_factor = serializers.IntegerField(min_value=1, max_value=1024, required=False)
+        d_sae = serializers.IntegerField(min_value=1, max_value=2**24, required=False)
+        k = serializers.IntegerField(min_value=1, max_value=2**16, required=False)
+        l1_coefficient = serializers.FloatField(min_value=0, max_value=1e6, required=False)
+        l0_coefficient = serializers.FloatField(min_value=0, max_value=1e6, required=False)
+        lr = serializers.FloatField(min_value=1e-8, max_value=1.0, default=3e-4)
+        batch_size = serializers.IntegerField(min_value=1, max_value=65536, default=4096)
+        total_tokens = serializers.IntegerField(min_value=1, max_value=10**12, required=False)
+        b_dec_init = serializers.ChoiceField(choices=services.B_DEC_INITS, default="geometric_median")
+        name = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")
+        shared = serializers.BooleanField(default=False)
+
+    @extend_schema(
+        operation_id="api_saes_list",
+        parameters=[FilterSerializer],
+        responses=inline_serializer(
+            "SaeList", {"saes": serializers.ListField(), "total": serializers.IntegerField()}
+        ),
+    )
+    def get(self, request):
+        filters = self.FilterSerializer(data=request.query_params)
+        filters.is_valid(raise_exception=True)
+        saes = selectors.sae_list(user=request.user, filters=filters.validated_data)
+        return Response(
+            {"saes": [sae_body(sae, with_history=False) for sae in saes[:500]], "total": saes.count()}
+        )
+
+    @extend_schema(request=TrainSerializer, responses={202: dict})
+    def post(self, request):
+        data = self.TrainSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        values = dict(data.validated_data)
+        cache = completed_cache(user=request.user, cache_id=values.pop("cache_id"))
+        sae = services.sae_train_request(owner=request.user, cache=cache, **values)
+        return Response(sae_body(sae), status=status.HTTP_202_ACCEPTED)
+
+
+class SaeDetailApi(APIView):
+    """One SAE with its metrics and training curves; its owner may rename, share or delete it."""
+
+    permission_classes = [CanWrite]
+
+    class UpdateSerializer(StrictSerializer):
+        name = serializers.CharField(required=False, max_length=500)
+        shared = serializers.BooleanField(required=False)
+
+    @extend_schema(responses={200: dict})
+    def get(self, request, sae_id: str):
+        return Response(sae_body(selectors.sae_get(user=request.user, sae_id=sae_id)))
+
+    @extend_schema(request=UpdateSerializer, responses={200: dict})
+    def patch(self, request, sae_id: str):
+        sae = selectors.sae_get_to_change(user=request.user, sae_id=sae_id)
+        data = self.UpdateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        return Response(sae_body(services.sae_update(sae=sae, actor=request.user, **data.validated_data)))
+
+    @extend_schema(responses={204: None})
+    def delete(self, request, sae_id: str):
+        sae = selectors.sae_get_to_change(user=request.user, sae_id=sae_id)
+        services.sae_delete(sae=sae, actor=request.user)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class SaeCancelApi(APIView):
+    permission_classes = [CanWrite]
+
+    @extend_schema(request=None, responses={202: dict})
+    def post(self, request, sae_id: str):
+        sae = selectors.sae_get_to_change(user=request.user, sae_id=sae_id)
+        return Response(sae_body(services.sae_cancel(sae=sae)), status=status.HTTP_202_ACCEPTED)
+
+
+class SaeEvaluateApi(APIView):
+    """Evaluate on the held-out part of a cache (default: the training cache), with CE loss recovered."""
+
+    permission_classes = [CanWrite]
+
+    class InputSerializer(StrictSerializer):
+        cache_id = serializers.CharField(max_length=64, required=False)
+
+    @extend_schema(request=InputSerializer, responses={202: dict})
+    def post(self, request, sae_id: str):
+        sae = selectors.sae_get_to_change(user=request.user, sae_id=sae_id)
+        data = self.InputSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        cache_id = data.validated_data.get("cache_id")
+        cache = completed_cache(user=request.user, cache_id=cache_id) if cache_id else None
+        sae = services.sae_evaluate_request(sae=sae, cache=cache)
+        return Response(sae_body(sae), status=status.HTTP_202_ACCEPTED)
+
+
+class SaeImportApi(APIView):
+    """Import a SAELens folder or a Gemma Scope ``params.npz`` from a folder under LOCAL_MODEL_ROOTS."""
+
+    permission_classes = [CanWrite]
+
+    class InputSerializer(StrictSerializer):
+        local_path = serializers.CharField(max_length=4096)
+        format = serializers.ChoiceField(choices=["auto", "saelens", "gemma_scope"], default="auto")
+        model_id = serializers.CharField(max_length=64, required=False)
+        hook = serializers.CharField(max_length=300, required=False)
+        name = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")
+        shared = serializers.BooleanField(default=False)
+
+    @extend_schema(request=InputSerializer, responses={201: dict})
+    def post(self, request):
+        data = self.InputSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        values = dict(data.validated_data)
+        model_id = values.pop("model_id", None)
+        model = model_get(user=request.user, model_id=model_id) if model_id else None
+        sae = services.sae_import(owner=request.user, model=model, **values)
+        return Response(sae_body(sae), status=status.HTTP_201_CREATED)
+
+
+class SaeExportApi(APIView):
+    """The SAE as a tar of its SAELens folder (``cfg.json``, ``sae_weights.safetensors``, …)."""
+
+    permission_classes = [CanRead]
+
+    @extend_schema(responses={(200, "application/x-tar"): bytes})
+    def get(self, request, sae_id: str):
+        sae = selectors.completed_sae(user=request.user, sae_id=sae_id)
+        response = ChunkedStreamingResponse(
+            selectors.sae_export_stream(sae), content_type="application/x-tar"
+        )
+        response["Content-Disposition"] = f'attachment; filename="{sae.id}.tar"'
+        return response

@@ -1,0 +1,81 @@
+"""An activation cache as SAE training and evaluation read it: split, streamed, never loaded whole.
+
+The last ``HOLDOUT_FRACTION`` of a cache's tokens (from a sample boundary on) are held out:
+training never sees them, evaluation reads only them, and CE loss recovered runs the model on
+the token ids of those samples. Reads are shard by shard through the store's memory maps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from activations.store import ActivationStore
+
+CHUNK_ROWS = 16384  # rows per read: a few MB for the widths of small models
+INIT_SAMPLE_ROWS = 8192  # rows that set the scaling factor and b_dec, spread over the training part
+CE_MAX_SEQUENCES = 64
+CE_MAX_TOKENS = 16384
+
+
+@dataclass(frozen=True)
+class CacheSplit:
+    train_stop: int  # rows [0, train_stop) train
+    holdout_start: int  # rows [holdout_start, num_tokens) evaluate
+    num_tokens: int
+
+
+def cache_split(store: ActivationStore, holdout_fraction: float) -> CacheSplit:
+    """Where the held-out part starts: the first sample boundary at or after ``1 - fraction`` of
+    the rows (or that row itself when one sample spans it all)."""
+    total = store.num_tokens
+    target = min(total - 1, max(1, int(total * (1 - holdout_fraction))))
+    samples = np.asarray(store.tokens()["sample_index"])
+    boundaries = np.flatnonzero(samples[target:] != samples[target - 1])
+    start = target + int(boundaries[0]) if len(boundaries) else target
+    if start >= total:  # the last sample spans the target: split inside it
+        start = target
+    return CacheSplit(train_stop=start, holdout_start=start, num_tokens=total)
+
+
+def row_chunks(store: ActivationStore, hook: str, start: int, stop: int, *, epochs: int = 1) -> Iterator:
+    """Rows ``[start, stop)`` of ``hook`` as float32 torch tensors, ``CHUNK_ROWS`` at a time, ``epochs``
+    times over (the shuffle buffer mixes them)."""
+    for _ in range(epochs):
+        for low in range(start, stop, CHUNK_ROWS):
+            yield store.get(hook, low, min(stop, low + CHUNK_ROWS), as_torch=True).float()
+
+
+def spread_sample(store: ActivationStore, hook: str, stop: int, rows: int = INIT_SAMPLE_ROWS):
+    """About ``rows`` rows from eight places spread over ``[0, stop)`` (for the initialisation)."""
+    import torch
+
+    pieces = 8
+    per_piece = max(1, min(rows, stop) // pieces)
+    starts = np.linspace(0, max(0, stop - per_piece), pieces).astype(int)
+    return torch.cat(
+        [
+            store.get(hook, int(low), int(low) + per_piece, as_torch=True).float()
+            for low in sorted(set(starts))
+        ]
+    )
+
+
+def holdout_sequences(store: ActivationStore, split: CacheSplit) -> list[list[int]]:
+    """Token ids of whole held-out samples, as the model saw them (at most ``CE_MAX_SEQUENCES``
+    sequences and ``CE_MAX_TOKENS`` tokens), for CE loss recovered."""
+    table = store.tokens()
+    samples = np.asarray(table["sample_index"][split.holdout_start :])
+    sequences: list[list[int]] = []
+    tokens = 0
+    for sample_index in dict.fromkeys(samples.tolist()):
+        ids, positions = store.sample_tokens(int(sample_index))
+        if len(ids) < 2 or positions[0] != 0:
+            continue  # a sample split by the boundary, or too short to predict a token
+        if tokens + len(ids) > CE_MAX_TOKENS or len(sequences) >= CE_MAX_SEQUENCES:
+            break
+        sequences.append([int(token) for token in ids])
+        tokens += len(ids)
+    return sequences

@@ -1,0 +1,31 @@
+"""``manage.py import_sae /abs/folder [--model M] [--hook H]``: a SAELens folder or Gemma Scope params.npz."""
+
+from django.core.management.base import BaseCommand, CommandError
+
+from mistudio.errors import ApplicationError
+from models_app.management.commandline import find_model
+from saes import services
+
+
+class Command(BaseCommand):
+    help = "Import an SAE from a folder under LOCAL_MODEL_ROOTS (SAELens layout, or Gemma Scope params.npz)."
+
+    def add_arguments(self, parser):
+        parser.add_argument("path", help="absolute path of the folder")
+        parser.add_argument("--format", choices=["auto", "saelens", "gemma_scope"], default="auto")
+        parser.add_argument("--model", help="the registered model it belongs to (id or name)")
+        parser.add_argument("--hook", help="miStudio hook name (when the folder names none)")
+        parser.add_argument("--name", default="")
+
+    def handle(self, *args, **options):
+        model = find_model(options["model"]) if options["model"] else None
+        try:
+            sae = services.sae_import(
+                owner=None, local_path=options["path"], format=options["format"], model=model,
+                hook=options["hook"], name=options["name"],
+            )  # fmt: skip
+        except ApplicationError as error:
+            raise CommandError(f"{error.code}: {error.message}") from None
+        self.stdout.write(
+            f"imported {sae.id}: {sae.architecture} {sae.d_in}→{sae.d_sae} at {sae.hook_name} ({sae.source})"
+        )

@@ -1,0 +1,73 @@
+"""Read queries of SAE rows, for the API, pages, commands and WebSocket snapshots."""
+
+from collections.abc import Iterator
+from typing import Any
+
+from django.db.models import QuerySet
+
+from mistudio.access import check_may_change, visible_rows
+from mistudio.errors import ApplicationError
+from mistudio.events import register_group_kind
+from mistudio.streaming import tar_stream
+from saes.models import SparseAutoencoder
+from saes.serializers import sae_state
+
+# What an export holds: the SAELens folder, never the training checkpoint.
+EXPORTED_FILES = ("cfg.json", "sae_weights.safetensors", "sparsity.safetensors")
+
+
+def sae_list(*, user, filters: dict[str, Any] | None = None) -> QuerySet[SparseAutoencoder]:
+    """SAEs the user may see: their own, shared ones and system ones (all for ``model:admin``)."""
+    saes = visible_rows(SparseAutoencoder.objects.select_related("owner", "model"), user, shareable=True)
+    filters = filters or {}
+    for name, field in (
+        ("model", "model_id"),
+        ("cache", "cache_id"),
+        ("status", "status"),
+        ("hook", "hook_name"),
+    ):
+        if filters.get(name):
+            saes = saes.filter(**{field: filters[name]})
+    return saes
+
+
+def sae_get(*, user, sae_id: str) -> SparseAutoencoder:
+    sae = sae_list(user=user).filter(pk=sae_id).first()
+    if sae is None:
+        raise ApplicationError("SAE_NOT_FOUND", "No such SAE.", status=404)
+    return sae
+
+
+def sae_get_to_change(*, user, sae_id: str) -> SparseAutoencoder:
+    """The SAE, if the user may change it (404 when invisible, 403 ``NOT_OWNER`` when not theirs)."""
+    sae = sae_get(user=user, sae_id=sae_id)
+    check_may_change(sae, user, what="SAE")
+    return sae
+
+
+def completed_sae(*, user, sae_id: str) -> SparseAutoencoder:
+    sae = sae_get(user=user, sae_id=sae_id)
+    if sae.status != SparseAutoencoder.Status.COMPLETED:
+        raise ApplicationError("SAE_NOT_READY", f"The SAE is {sae.status}.", status=409)
+    return sae
+
+
+def sae_export_stream(sae: SparseAutoencoder) -> Iterator[bytes]:
+    """The SAE as a tar of its SAELens folder, ``<id>/cfg.json`` and the safetensors files."""
+    files = [sae.directory / name for name in EXPORTED_FILES]
+    if not files[0].is_file() or not files[1].is_file():
+        raise ApplicationError("SAE_FILES_MISSING", "The SAE's files are missing.", status=409)
+    return tar_stream((f"{sae.id}/{path.name}", path, None) for path in files if path.is_file())
+
+
+def sae_snapshot(user, key: str | None) -> dict[str, Any] | None:
+    sae = sae_list(user=user).filter(pk=key).first()
+    return None if sae is None else sae_state(sae)
+
+
+def sae_visible(user, key: str) -> bool:
+    return sae_list(user=user).filter(pk=key).exists()
+
+
+def register_event_groups() -> None:
+    register_group_kind("sae", keyed=True, snapshot=sae_snapshot, visible=sae_visible)

@@ -1,0 +1,276 @@
+"""RQ entry points of SAE training and evaluation. They take ids and run in a miStudio worker."""
+
+import logging
+import shutil
+import time
+import uuid
+from dataclasses import asdict
+from typing import Any
+
+from django.conf import settings
+from django.db import close_old_connections
+
+from activations.models import ActivationCache
+from activations.store import ActivationStore, CacheError
+from engine.errors import EngineError
+from engine.registry import LOADED_MODELS
+from engine.sae import TrainingCheckpoint, shuffled_batches, train
+from engine.sae.evaluation import ce_loss_recovered, evaluate_activations, log_feature_density
+from engine.sae.formats import load_saelens, save_saelens
+from mistudio.errors import ApplicationError
+from mistudio.events import ProgressThrottle
+from models_app.tasks import Requeued, current_worker, model_in_this_worker
+from saes.cache_data import (
+    cache_split,
+    holdout_sequences,
+    row_chunks,
+    spread_sample,
+)
+from saes.models import SparseAutoencoder
+from saes.services import (
+    HOLDOUT_FRACTION,
+    folder_size,
+    sae_cancel_requested,
+    sae_discard,
+    sae_enqueue,
+    sae_evaluate_request,
+    sae_failed,
+    sae_publish,
+    sae_training_lease,
+)
+
+logger = logging.getLogger(__name__)
+
+CURVE_POINTS = 400  # points kept per training curve (every n-th step, and the last)
+LEASE_RENEW_SECONDS = 60
+SHUFFLE_BUFFER_BATCHES = 16  # the shuffle buffer holds this many batches of rows
+
+
+class TrainingCancelled(Exception):
+    pass
+
+
+def training_config(sae: SparseAutoencoder):
+    from engine.sae import TrainingConfig
+
+    names = set(TrainingConfig.__dataclass_fields__)
+    return TrainingConfig(**{key: value for key, value in sae.hyperparameters.items() if key in names})
+
+
+def curve_point(metrics: dict[str, Any]) -> dict[str, Any]:
+    """One point of the training curves, from a step's metrics (``StepMetrics`` as a dict)."""
+    return {
+        "step": metrics["step"],
+        "tokens": metrics["tokens"],
+        "mse": round(metrics["mse"], 6),
+        "sparsity_loss": round(metrics["sparsity_loss"], 6),
+        "aux_loss": round(metrics["aux_loss"], 6),
+        "l0": round(metrics["l0"], 3),
+        "explained_variance": round(metrics["explained_variance"], 5),
+        "dead": metrics["dead"],
+        "lr": metrics["lr"],
+    }
+
+
+def on_curve(step: int, total_steps: int) -> bool:
+    """Whether a step is a point of the curves: every n-th, so at most ~CURVE_POINTS, and the last."""
+    return step % max(1, total_steps // CURVE_POINTS) == 0 or step >= total_steps
+
+
+def open_cache(cache: ActivationCache | None, hook: str) -> ActivationStore:
+    if cache is None or cache.status != ActivationCache.Status.COMPLETED:
+        raise ApplicationError("CACHE_NOT_READY", "The activation cache is gone or not complete.")
+    try:
+        store = ActivationStore.open(cache.directory)
+    except (CacheError, OSError):
+        raise ApplicationError("CACHE_CORRUPT", "The cache files are missing or damaged.") from None
+    if hook not in store.hooks:
+        raise ApplicationError("INVALID_HOOK", f"The cache has no hook {hook!r}.")
+    return store
+
+
+def run_sae_training(sae_id: str) -> None:
+    """Train the SAE on its cache, streamed and shuffled from disk, with progress events and a
+    checkpoint every ``SAE_CHECKPOINT_EVERY_STEPS`` steps; then save it in SAELens' layout and
+    evaluate it on the held-out part. Idempotent: a row no longer queued or running is left
+    alone, and a retried job (after a worker died) continues from the last checkpoint."""
+    close_old_connections()
+    identity = current_worker()
+    sae = SparseAutoencoder.objects.select_related("cache", "model").filter(pk=sae_id).first()
+    if sae is None or sae.status not in SparseAutoencoder.ACTIVE:
+        return
+    try:
+        if sae_cancel_requested(sae.id):
+            raise TrainingCancelled
+        store = open_cache(sae.cache, sae.hook_name)
+        split = cache_split(store, HOLDOUT_FRACTION)
+        config = training_config(sae)
+        epochs = -(-config.total_tokens // split.train_stop)
+        checkpoint = TrainingCheckpoint.load(sae.checkpoint_directory)
+        fields = sae.mark_running(
+            host_worker=identity.name, total_steps=config.total_steps, total_tokens=config.total_tokens
+        )
+        if checkpoint is not None:  # the curves as far as the checkpoint; the steps after it run again
+            sae.history = [
+                curve_point(metrics)
+                for metrics in checkpoint.history
+                if on_curve(metrics["step"], config.total_steps)
+            ]
+            fields.append("history")
+        sae_publish(sae, "sae:started", fields, resumed_from_step=checkpoint.step if checkpoint else None)
+        sae_training_lease(sae)
+
+        throttle = ProgressThrottle()
+        points: list[dict[str, Any]] = []
+        last_lease = time.monotonic()
+
+        def on_step(metrics) -> None:
+            nonlocal last_lease
+            values = asdict(metrics)
+            if on_curve(metrics.step, config.total_steps):
+                points.append(curve_point(values))
+            final = metrics.step >= config.total_steps
+            if not throttle.ready(100 * metrics.step / config.total_steps, final=final):
+                return
+            fields = sae.mark_progress(
+                step=metrics.step, tokens_seen=metrics.tokens, tokens_per_second=metrics.tokens_per_second,
+                metrics=curve_point(values), points=points,
+            )  # fmt: skip
+            sae_publish(sae, "sae:progress", fields, points=list(points))
+            points.clear()
+            if time.monotonic() - last_lease > LEASE_RENEW_SECONDS:
+                sae_training_lease(sae)
+                last_lease = time.monotonic()
+
+        def on_checkpoint(state) -> None:
+            state.save(sae.checkpoint_directory)
+
+        batches = shuffled_batches(
+            row_chunks(store, sae.hook_name, 0, split.train_stop, epochs=epochs),
+            batch_size=config.batch_size,
+            buffer_rows=SHUFFLE_BUFFER_BATCHES * config.batch_size,
+            seed=config.seed,
+        )
+        trained = train(
+            batches,
+            d_in=sae.d_in,
+            config=config,
+            sample=spread_sample(store, sae.hook_name, split.train_stop),
+            on_step=on_step,
+            should_cancel=lambda: sae_cancel_requested(sae.id),
+            resume=checkpoint,
+            checkpoint_every_steps=settings.SAE_CHECKPOINT_EVERY_STEPS,
+            on_checkpoint=on_checkpoint,
+        )
+        if sae_cancel_requested(sae.id):
+            raise TrainingCancelled
+        loaded = LOADED_MODELS.get(sae.model_id) if sae.model_id else None
+        evaluation = held_out_evaluation(sae, trained.sae, store, split, loaded=loaded, cache_id=sae.cache_id)
+        save_files(sae, trained.sae, evaluation.pop("feature_density"))
+    except TrainingCancelled:
+        sae_discard(sae)
+        return
+    except (ApplicationError, EngineError, CacheError) as error:
+        code, message = getattr(error, "code", "TRAINING_FAILED"), getattr(error, "message", str(error))
+        sae_failed(sae, code=code, message=message)
+        return
+    except Exception as error:
+        logger.exception("SAE training %s failed", sae_id)
+        sae_failed(sae, code="TRAINING_FAILED", message=f"Training failed: {type(error).__name__}.")
+        return
+    fields = sae.mark_completed(
+        evaluation=evaluation,
+        file_size_bytes=folder_size(sae.directory),
+        scaling_factor=trained.scaling_factor,
+    )
+    sae_publish(sae, "sae:completed", fields)
+    if evaluation.get("ce_loss_recovered") is None and sae.model_id:
+        sae_evaluate_request(sae=sae)  # where the model is (or gets) loaded
+
+
+def held_out_evaluation(
+    sae: SparseAutoencoder, module, store: ActivationStore, split, *, loaded, cache_id: str
+) -> dict[str, Any]:
+    """Metrics on the held-out rows, and CE loss recovered when ``loaded`` (the model in this
+    worker) is given; without it ``ce_loss_recovered`` is None (an evaluation job follows where
+    the model is). ``feature_density`` is a tensor, for sparsity.safetensors."""
+    result = evaluate_activations(
+        module, row_chunks(store, sae.hook_name, split.holdout_start, split.num_tokens)
+    )
+    evaluation = {
+        **result.to_dict(),
+        "feature_density": result.feature_density,
+        "held_out_tokens": result.tokens,
+        "cache_id": cache_id,
+        "ce_loss_recovered": None,
+    }
+    if loaded is None:
+        return evaluation
+    sequences = holdout_sequences(store, split)
+    if not sequences:
+        return {**evaluation, "ce_note": "No whole held-out sample to run the model on."}
+    ce = ce_loss_recovered(loaded.model, sequences, hook_name=sae.hook_name, sae=module)
+    return {**evaluation, **ce.to_dict(), "ce_tokens": ce.tokens}
+
+
+def save_files(sae: SparseAutoencoder, module, feature_density) -> None:
+    """The SAELens folder (cfg.json, sae_weights.safetensors, sparsity.safetensors); the checkpoint goes."""
+    save_saelens(
+        module,
+        sae.directory,
+        hook_name=sae.hook_name,
+        model_name=sae.model_name,
+        metadata={"mistudio_sae_id": sae.id, "training": sae.hyperparameters},
+        log_feature_density=log_feature_density(feature_density),
+    )
+    shutil.rmtree(sae.checkpoint_directory, ignore_errors=True)
+
+
+def run_sae_evaluation(sae_id: str, cache_id: str) -> None:
+    """Evaluate a completed SAE on the held-out part of a cache, with CE loss recovered (the model
+    is loaded here if no worker has it; followed to its host if another worker has it)."""
+    close_old_connections()
+    identity = current_worker()
+    sae = SparseAutoencoder.objects.filter(pk=sae_id).first()
+    cache = ActivationCache.objects.filter(pk=cache_id).first()
+    if sae is None or sae.evaluation_status not in ("queued", "running"):
+        return
+    try:
+        loaded = model_in_this_worker(
+            sae.model_id,
+            identity.name,
+            requeue=lambda: evaluation_requeue(sae, cache_id),
+            purpose="an SAE evaluation",
+        )
+        sae_publish(sae, "sae:evaluation", sae.mark_evaluation(status="running"))
+        store = open_cache(cache, sae.hook_name)
+        split = cache_split(store, HOLDOUT_FRACTION)
+        module, _ = load_saelens(sae.directory)
+        evaluation = held_out_evaluation(sae, module, store, split, loaded=loaded, cache_id=cache_id)
+        evaluation.pop("feature_density")
+    except Requeued:
+        return
+    except (ApplicationError, EngineError, CacheError) as error:
+        code, message = getattr(error, "code", "EVALUATION_FAILED"), getattr(error, "message", str(error))
+        evaluation_failed(sae, code=code, message=message)
+        return
+    except Exception as error:
+        logger.exception("SAE evaluation %s failed", sae_id)
+        evaluation_failed(
+            sae, code="EVALUATION_FAILED", message=f"Evaluation failed: {type(error).__name__}."
+        )
+        return
+    fields = sae.mark_evaluation(status="", evaluation={**evaluation, "error": None})
+    sae_publish(sae, "sae:evaluated", fields)
+
+
+def evaluation_failed(sae: SparseAutoencoder, *, code: str, message: str) -> None:
+    """The evaluation ends with its error recorded; the SAE itself stays ``completed``."""
+    fields = sae.mark_evaluation(status="", evaluation={"error": {"code": code, "message": message}})
+    sae_publish(sae, "sae:evaluation", fields, code=code, message=message)
+
+
+def evaluation_requeue(sae: SparseAutoencoder, cache_id: str) -> None:
+    sae.rq_job_id = f"sae-eval-{sae.id}-{uuid.uuid4().hex[:6]}"
+    sae.save(update_fields=["rq_job_id"])
+    sae_enqueue(sae, "saes.tasks.run_sae_evaluation", sae.id, cache_id)
