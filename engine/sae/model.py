@@ -88,6 +88,16 @@ class SparseAutoencoder(nn.Module):
     def decode(self, features: torch.Tensor) -> torch.Tensor:
         return features @ self.W_dec + self.b_dec
 
+    def decode_sparse(self, values: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+        """``decode`` of features given as the ``values`` [rows, n] at ``indices`` [rows, n] (zero
+        elsewhere): ``n`` rows of ``W_dec`` gathered per row instead of a dense [rows, d_sae] product,
+        which for TopK's few active features is far less work, forward and backward."""
+        weights = values.to(self.W_dec.dtype)
+        return (
+            nn.functional.embedding_bag(indices, self.W_dec, per_sample_weights=weights, mode="sum")
+            + self.b_dec
+        )
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.decode(self.encode(x))
 

@@ -192,9 +192,8 @@ def _aux_k_loss(
     k_aux = min(k_aux, num_dead)
     masked = torch.where(dead, hidden_pre, torch.full_like(hidden_pre, -math.inf))
     values, indices = masked.topk(k_aux, dim=-1, sorted=False)
-    acts = torch.zeros_like(hidden_pre).scatter(-1, indices, values.relu())
     residual = (x - recon).detach()
-    aux_recon = acts @ sae.W_dec
+    aux_recon = sae.decode_sparse(values.relu(), indices) - sae.b_dec
     return scale * (aux_recon - residual).pow(2).sum(-1).mean()
 
 
@@ -302,9 +301,16 @@ def train(
             features = _JumpReLUFunction.apply(hidden_pre, threshold, config.jumprelu_bandwidth)
             l0 = _StepFunction.apply(hidden_pre, threshold, config.jumprelu_bandwidth).sum(-1)
             sparsity = config.l0_coefficient * l0.mean()
+        if architecture == "topk":  # k per row: decoded sparsely, never made dense
+            values, indices = hidden_pre.topk(config.k, dim=-1, sorted=False)
+            values = values.relu()
+            recon = sae.decode_sparse(values, indices)
+            active_per_row = (values > 0).sum(-1)
         else:
-            features = sae.activate(hidden_pre, training=True)
-        recon = sae.decode(features)
+            if architecture != "jumprelu":
+                features = sae.activate(hidden_pre, training=True)
+            recon = sae.decode(features)
+            active_per_row = (features > 0).sum(-1)
         mse = (recon - x).pow(2).sum(-1).mean()
         dead = steps_since_fired >= config.dead_after_steps
         if architecture == "standard":
@@ -319,7 +325,12 @@ def train(
         with torch.no_grad():
             if architecture != "standard":
                 sae.W_dec.div_(sae.W_dec.norm(dim=1, keepdim=True).clamp(min=1e-8))
-            fired = (features > 0).any(0)
+            if architecture == "topk":
+                fired = torch.zeros_like(steps_since_fired, dtype=torch.bool).index_fill_(
+                    0, indices[values > 0], True
+                )
+            else:
+                fired = (features > 0).any(0)
             steps_since_fired = torch.where(fired, 0, steps_since_fired + 1)
             centred = x - x.mean(0)
             total_variance = float(centred.pow(2).sum())
@@ -332,7 +343,7 @@ def train(
             mse=float(mse.detach()),
             sparsity_loss=float(sparsity.detach()),
             aux_loss=float(aux.detach()),
-            l0=float((features > 0).sum(-1).float().mean()),
+            l0=float(active_per_row.float().mean()),
             explained_variance=1 - residual / total_variance if total_variance > 0 else 0.0,
             dead=int((steps_since_fired >= config.dead_after_steps).sum()),
             lr=lr,
