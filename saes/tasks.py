@@ -120,7 +120,9 @@ def run_sae_training(sae_id: str) -> None:
         sae_publish(sae, "sae:started", fields, resumed_from_step=checkpoint.step if checkpoint else None)
         sae_training_lease(sae)
 
-        throttle = ProgressThrottle()
+        # Time only (at most two events a second): a step takes milliseconds, and an event per
+        # percent would cost a short training more than its steps.
+        throttle = ProgressThrottle(min_step=101.0, min_interval=0.5)
         points: list[dict[str, Any]] = []
         last_lease = time.monotonic()
 
@@ -161,6 +163,7 @@ def run_sae_training(sae_id: str) -> None:
             resume=checkpoint,
             checkpoint_every_steps=settings.SAE_CHECKPOINT_EVERY_STEPS,
             on_checkpoint=on_checkpoint,
+            device=identity.device,  # the worker's: a GPU worker trains on its GPU
         )
         if sae_cancel_requested(sae.id):
             raise TrainingCancelled
