@@ -1,4 +1,5 @@
-"""Server-side SVG charts for the activation browser: a value histogram and a per-hook norm chart.
+"""Server-side SVG charts: the activation browser's value histogram and per-hook norm chart, and
+the line charts of an SAE's training curves.
 
 Plain functions from numbers to SVG markup: no JavaScript, no chart library. Each chart is sized
 by its ``viewBox`` (it scales to its container) and coloured only through CSS classes
@@ -17,6 +18,7 @@ from django.utils.safestring import SafeString, mark_safe
 
 HISTOGRAM_SIZE = (600, 250)
 NORM_CHART_SIZE = (600, 250)
+LINE_CHART_SIZE = (600, 240)
 
 # Where a hook sits inside one transformer block, in the order the residual stream meets it.
 _BLOCK_SITE_ORDER = {
@@ -120,12 +122,15 @@ def _text(
     return f'<text{css} {place} text-anchor="{anchor}">{escape(text)}</text>'
 
 
-def _svg(width: int, height: int, label: str, body: list[str], extra_class: str = "") -> SafeString:
-    """The chart element; every piece of ``body`` was built from numbers and escaped text."""
+def _svg(
+    width: int, height: int, label: str, body: list[str], extra_class: str = "", data: str = ""
+) -> SafeString:
+    """The chart element; every piece of ``body`` (and ``data``, its ``data-*`` attributes) was
+    built from numbers and escaped text."""
     classes = f"chart {extra_class}".strip()
     markup = (
-        f'<svg class="{classes}" viewBox="0 0 {width} {height}" role="img" aria-label="{escape(label)}" '
-        f'preserveAspectRatio="xMidYMid meet" xmlns="http://www.w3.org/2000/svg">'
+        f'<svg class="{classes}"{data} viewBox="0 0 {width} {height}" role="img" '
+        f'aria-label="{escape(label)}" preserveAspectRatio="xMidYMid meet" xmlns="http://www.w3.org/2000/svg">'
         f"<title>{escape(label)}</title>{''.join(body)}</svg>"
     )
     return mark_safe(markup)  # noqa: S308  (labels escaped above and in _text)
@@ -315,3 +320,91 @@ def norm_chart_svg(
         body.append(dot)
     body.append(_text("mean ‖x‖₂", 14, top + plot_height / 2, css_class="axis-label", rotate=-90))
     return _svg(width, height, label, body, "norm-chart")
+
+
+def line_chart_svg(
+    points: Sequence[tuple[float, float]],
+    *,
+    label: str,
+    x_label: str,
+    y_label: str,
+    log_y: bool = False,
+    size: tuple[int, int] = LINE_CHART_SIZE,
+) -> SafeString:
+    """A ``polyline.line`` through ``(x, y)`` points in x order (a training curve: tokens seen → a
+    metric), with y ticks, x ticks and a ``circle.dot.last`` on the newest point (its ``<title>``
+    and ``data-value`` give the exact value). ``data-points`` on the ``<svg>`` counts what was
+    drawn. Points with a non-finite value (or ``y <= 0`` on a log axis) are left out, breaking the
+    line; nothing left to draw gives a "no data" chart.
+    """
+    width, height = size
+    usable = [
+        (float(x), float(y))
+        for x, y in points
+        if x is not None
+        and y is not None
+        and math.isfinite(float(x))
+        and math.isfinite(float(y))
+        and (not log_y or float(y) > 0)
+    ]
+    if not usable:
+        return _empty_chart(width, height, label, "No points yet")
+    usable.sort(key=lambda point: point[0])
+
+    left, right, top, bottom = 62, 18, 14, 42
+    plot_width, plot_height = width - left - right, height - top - bottom
+    base = top + plot_height
+    xs = [x for x, _ in usable]
+    x_low, x_high = min(0.0, xs[0]), xs[-1]
+    x_ticks = nice_ticks(x_low, x_high if x_high > x_low else x_low + 1, 5)
+    x_high = max(x_high, x_ticks[-1]) if x_ticks else x_high
+    x_span = (x_high - x_low) or 1.0
+
+    def x_of(value: float) -> float:
+        return left + (value - x_low) / x_span * plot_width
+
+    ys = [y for _, y in usable]
+    if log_y:
+        low_power, high_power = math.floor(math.log10(min(ys))), math.ceil(math.log10(max(ys)))
+        high_power = max(high_power, low_power + 1)
+        y_ticks = [float(10**power) for power in range(low_power, high_power + 1)]
+        y_labels = [f"{tick:g}" for tick in y_ticks]
+
+        def y_of(value: float) -> float:
+            share = (math.log10(value) - low_power) / (high_power - low_power)
+            return base - share * plot_height
+
+    else:
+        y_low, y_high = min(0.0, min(ys)), max(ys)
+        if y_high <= y_low:
+            y_high = y_low + (abs(y_low) or 1.0)
+        y_ticks = nice_ticks(y_low, y_high, 4)
+        y_low, y_high = min(y_low, y_ticks[0]), max(y_high, y_ticks[-1])
+        step = y_ticks[1] - y_ticks[0] if len(y_ticks) > 1 else None
+        y_labels = [format_value(tick, step) for tick in y_ticks]
+
+        def y_of(value: float) -> float:
+            return base - (value - y_low) / (y_high - y_low) * plot_height
+
+    body: list[str] = []
+    _y_axis(body, y_ticks, y_of, left=left, right=left + plot_width, labels=y_labels)
+    body.append(_line("axis", left, left + plot_width, base, base))
+    x_step = x_ticks[1] - x_ticks[0] if len(x_ticks) > 1 else None
+    for tick in x_ticks:
+        x = x_of(tick)
+        body.append(_line("axis", x, x, base, base + 5))
+        body.append(_text(format_value(tick, x_step) if tick else "0", x, base + 18))
+    coordinates = " ".join(f"{x_of(x):.2f},{y_of(y):.2f}" for x, y in usable)
+    if len(usable) > 1:
+        body.append(f'<polyline class="line" points="{coordinates}"/>')
+    last_x, last_y = usable[-1]
+    body.append(
+        f'<circle class="dot last" cx="{x_of(last_x):.2f}" cy="{y_of(last_y):.2f}" r="4" '
+        f'data-value="{last_y!r}"><title>{escape(f"{y_label} {last_y:.4g} at {last_x:,.0f} {x_label}")}'
+        "</title></circle>"
+    )
+    body.append(_text(x_label, left + plot_width / 2, height - 6, css_class="axis-label"))
+    axis_name = f"{y_label} (log scale)" if log_y else y_label
+    body.append(_text(axis_name, 14, top + plot_height / 2, css_class="axis-label", rotate=-90))
+    classes = "line-chart log-scale" if log_y else "line-chart"
+    return _svg(width, height, label, body, classes, data=f' data-points="{len(usable)}"')

@@ -3,7 +3,7 @@ from django.urls import path
 from drf_spectacular.views import SpectacularSwaggerSplitView
 
 from frontend.access import reader_required
-from frontend.views import activations, datasets, models, playground, workers
+from frontend.views import activations, datasets, models, playground, saes, workers
 
 app_name = "frontend"
 urlpatterns = [
@@ -13,6 +13,9 @@ urlpatterns = [
     path("datasets/<str:dataset_id>/", datasets.dataset_detail_page, name="dataset"),
     path("activations/", activations.cache_list_page, name="caches"),
     path("activations/<str:cache_id>/", activations.cache_browser_page, name="cache"),
+    path("saes/", saes.sae_list_page, name="saes"),
+    path("saes/import/", saes.sae_import_page, name="sae-import"),
+    path("saes/<str:sae_id>/", saes.sae_detail_page, name="sae"),
     path("playground/", playground.playground_page, name="playground"),
     path("workers/", workers.workers_page, name="workers"),
     # The interactive API documentation is a page (sign-in, role), the schema it reads is API.

@@ -1,4 +1,4 @@
-"""Template filters for the numbers researchers read: bytes and parameter counts."""
+"""Template filters for the numbers researchers read: bytes, parameter counts, measured values."""
 
 from django import template
 
@@ -26,3 +26,12 @@ def params_human(value) -> str:
         if count >= threshold:
             return f"{count / threshold:.1f}{suffix}"
     return f"{count:.0f}"
+
+
+@register.filter
+def significant(value, digits: int = 4) -> str:
+    """A measured number to ``digits`` significant digits (``0.000123``, ``1.235e+04``): losses
+    span orders of magnitude that a fixed number of decimals would round away."""
+    if value in (None, ""):
+        return "—"
+    return f"{float(value):.{int(digits)}g}"

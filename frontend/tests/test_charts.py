@@ -1,5 +1,6 @@
 """The server-side SVG charts: what they draw for ordinary, empty, NaN and constant data, escaping,
-and the layer order of the norm chart. Pure functions: no database, no model."""
+the layer order of the norm chart, and the training-curve line chart. Pure functions: no database,
+no model."""
 
 import math
 import re
@@ -13,6 +14,7 @@ from frontend.charts import (
     format_value,
     histogram_svg,
     hook_sort_key,
+    line_chart_svg,
     nice_ticks,
     norm_chart_svg,
     short_hook_name,
@@ -178,3 +180,55 @@ def test_ticks_are_round_numbers_covering_the_range():
     assert (
         format_value(2.5, 2.5) == "2.5" and format_value(0.3, 0.1) == "0.3" and format_value(120000) == "120k"
     )
+
+
+# --- line charts (training curves) ---------------------------------------------------------------------
+
+
+def polyline_points(markup: str) -> list[tuple[float, float]]:
+    line = next(node for node in parse(markup).iter(f"{SVG}polyline") if node.get("class") == "line")
+    return [tuple(float(part) for part in pair.split(",")) for pair in line.get("points").split()]
+
+
+def test_a_line_chart_draws_its_points_in_x_order_scaled_into_the_plot():
+    points = [(256 * step, 1.0 / step) for step in range(1, 21)]
+    chart = line_chart_svg(points[::-1], label="MSE", x_label="tokens", y_label="mse")
+    root = parse(chart)
+    assert root.get("data-points") == "20" and "line-chart" in root.get("class").split()
+    drawn = polyline_points(chart)
+    xs = [x for x, _ in drawn]
+    assert xs == sorted(xs) and len(drawn) == 20
+    # y falls as the value falls (SVG y grows downwards), linearly in the value
+    ys = np.array([y for _, y in drawn])
+    values = np.array([value for _, value in points])
+    slope, intercept = np.polyfit(values, ys, 1)
+    assert slope < 0 and np.abs(slope * values + intercept - ys).max() < 0.01  # coordinates have 2 decimals
+    last = next(node for node in root.iter(f"{SVG}circle") if "last" in node.get("class").split())
+    assert float(last.get("data-value")) == points[-1][1]
+    assert (float(last.get("cx")), float(last.get("cy"))) == pytest.approx(drawn[-1], abs=0.01)
+    assert "mse 0.05 at 5,120 tokens" in last.find(f"{SVG}title").text
+    texts = [text.text for text in root.iter(f"{SVG}text")]
+    assert "tokens" in texts and "mse" in texts
+
+
+def test_a_log_scale_line_chart_spaces_decades_evenly_and_skips_what_it_cannot_draw():
+    points = [(1, 1.0), (2, 0.1), (3, 0.0), (4, 0.01), (5, math.nan)]
+    chart = line_chart_svg(points, label="MSE", x_label="tokens", y_label="mse", log_y=True)
+    assert parse(chart).get("data-points") == "3"  # zero and NaN have no place on a log axis
+    ys = [y for _, y in polyline_points(chart)]
+    assert ys[0] - ys[1] == pytest.approx(ys[1] - ys[2])
+    assert "mse (log scale)" in [text.text for text in parse(chart).iter(f"{SVG}text")]
+
+
+@pytest.mark.parametrize("points", [[], [(1, math.nan)], [(None, 1.0)]])
+def test_a_line_chart_with_nothing_to_draw_says_so(points):
+    chart = line_chart_svg(points, label="L0 <b>", x_label="tokens", y_label="l0")
+    assert "chart-empty" in parse(chart).get("class") and "No points yet" in str(chart)
+    assert "<b>" not in str(chart)
+
+
+def test_a_single_point_or_a_flat_line_still_draws():
+    one = line_chart_svg([(100, 5.0)], label="L0", x_label="tokens", y_label="l0")
+    assert parse(one).get("data-points") == "1" and not list(parse(one).iter(f"{SVG}polyline"))
+    flat = line_chart_svg([(0, 0.0), (10, 0.0)], label="dead", x_label="tokens", y_label="dead")
+    assert all(math.isfinite(value) for point in polyline_points(flat) for value in point)

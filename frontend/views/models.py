@@ -1,4 +1,5 @@
-"""Pages: the models grid and one model's detail (configuration, memory, hook points, extraction).
+"""Pages: the models grid and one model's detail (configuration, memory, hook points, extraction,
+its caches, extractions and SAEs).
 
 The pages only read (through the selectors); every action — register, load, unload, cancel,
 delete, extract — goes through the REST API from ``models.js`` / ``model_detail.js``.
@@ -18,6 +19,7 @@ from frontend.access import reader_required
 from mistudio.errors import ApplicationError
 from models_app import selectors
 from models_app.models import LanguageModel
+from saes.selectors import sae_list
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +33,7 @@ QUANTIZATION_LABELS = {
 DTYPE_LABELS = {"float32": "float32 (exact)", "bfloat16": "bfloat16 (half the size)", "float16": "float16"}
 DEFAULT_MAX_LENGTH = 512
 RECENT_EXTRACTIONS = 20
+RECENT_SAES = 10
 
 # Configuration keys researchers look for first, under the names the families use for them. The row's
 # own columns (filled in by inspection, the same for every family) come first where there is one.
@@ -192,6 +195,7 @@ def model_detail_page(request, model_id: str):
     )
     active = next((job for job in extractions if job.status in ("queued", "running")), None)
     context_length = model.context_length or DEFAULT_MAX_LENGTH
+    saes = sae_list(user=request.user, filters={"model": model.id})
     return render(
         request,
         "frontend/model_detail.html",
@@ -213,6 +217,8 @@ def model_detail_page(request, model_id: str):
             "caches": activation_selectors.cache_list(user=request.user, filters={"model": model.id}),
             "extractions": extractions,
             "active_extraction": active,
+            "saes": saes[:RECENT_SAES],
+            "sae_count": saes.count(),
             "datasets": activation_selectors.dataset_list(user=request.user),
             "dtypes": [(value, DTYPE_LABELS.get(value, value)) for value in STORAGE_DTYPES],
             "default_max_length": min(DEFAULT_MAX_LENGTH, context_length),
