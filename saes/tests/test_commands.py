@@ -1,0 +1,68 @@
+"""The SAE commands: train_sae, list_saes, export_sae, import_sae, on a real cache and a real worker."""
+
+import io
+import tarfile
+
+import pytest
+import torch
+from django.conf import settings
+from django.core.management import CommandError, call_command
+
+from engine.sae.formats import load_saelens
+from mistudio.workers import run_worker
+from saes.models import SparseAutoencoder
+from saes.tests.conftest import HOOK, planted_rows
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def run(*arguments) -> str:
+    out = io.StringIO()
+    call_command(*arguments, stdout=out)
+    return out.getvalue()
+
+
+def test_train_list_export_import_from_the_command_line(planted_cache, tmp_path):
+    queued = run(
+        "train_sae", planted_cache.id, "--k", "4", "--expansion", "2", "--batch-size", "256", "--no-wait"
+    )
+    sae = SparseAutoencoder.objects.get()
+    assert queued.strip() == f"SAE {sae.id} queued"
+    assert (sae.hook_name, sae.architecture, sae.d_sae, sae.k) == (HOOK, "topk", 128, 4)  # its only hook
+    run_worker(name="sae-cli-worker", device="cpu", burst=True)
+    sae.refresh_from_db()
+    assert sae.status == "completed", (sae.error_code, sae.error_message)
+
+    listing = run("list_saes")
+    row = next(line for line in listing.splitlines() if line.startswith(sae.id))
+    assert f"{sae.evaluation['explained_variance']:.3f}" in row and "64→128" in row
+
+    folder = tmp_path / "exported"
+    assert "SAELens layout" in run("export_sae", sae.id, str(folder))
+    exported, described = load_saelens(folder)
+    assert described["hook_name"] == HOOK and (folder / "sparsity.safetensors").is_file()
+    x = planted_rows(64, seed=9)
+    original, _ = load_saelens(sae.directory)
+    torch.testing.assert_close(exported.encode(x), original.encode(x), rtol=0, atol=0)
+    run("export_sae", sae.id, str(tmp_path / "exported.tar"))
+    with tarfile.open(tmp_path / "exported.tar") as archive:
+        assert f"{sae.id}/sae_weights.safetensors" in archive.getnames()
+
+    inside = settings.LOCAL_MODEL_ROOTS[0] / "cli-import"
+    run("export_sae", sae.id, str(inside))
+    imported = run("import_sae", str(inside), "--model", "tiny")
+    copy = SparseAutoencoder.objects.exclude(pk=sae.id).get()
+    assert imported.startswith(f"imported {copy.id}: topk 64→128 at {HOOK}")
+    assert copy.model_id == sae.model_id and copy.source == "saelens"
+
+
+def test_command_errors_are_clear(planted_cache):
+    with pytest.raises(CommandError, match="No activation cache"):
+        run("train_sae", "act_missing")
+    with pytest.raises(CommandError, match="INVALID_HOOK"):
+        run("train_sae", planted_cache.id, "--hook", "blocks.9.hook_resid_post", "--no-wait")
+    with pytest.raises(CommandError, match="INVALID_LOCAL_PATH"):
+        run("import_sae", "/etc")
+    with pytest.raises(CommandError, match="No completed SAE"):
+        run("export_sae", "sae_missing", "/tmp/nowhere")
+    assert "No SAEs yet" in run("list_saes")
