@@ -8,10 +8,12 @@ import io
 import math
 import shutil
 import tarfile
+import threading
 
 import numpy as np
 import pytest
 import torch
+from django.db import connection
 from transformers import AutoModelForCausalLM
 
 from activations.models import Dataset, ExtractionJob
@@ -20,6 +22,7 @@ from activations.store import ActivationStore
 from engine.sae.formats import load_saelens
 from engine.testing.corpus import local_corpus
 from mistudio.workers import run_worker
+from models_app.tests.live_stack import wait_until
 from saes.cache_data import cache_split, holdout_sequences
 from saes.models import SparseAutoencoder as SaeRow
 from saes.services import HOLDOUT_FRACTION
@@ -162,3 +165,27 @@ def test_the_four_architectures_train_on_a_planted_cache(planted_cache, writer, 
         module, _ = load_saelens(sae.directory)
         expected = "jumprelu" if sae.architecture == "batchtopk" else sae.architecture
         assert module.shape.architecture == expected
+
+
+def test_cancel_a_running_training_stops_it_and_removes_its_files(planted_cache, writer, client_for):
+    api = client_for(writer)
+    tokens = 100 * planted_cache.num_tokens
+    body = {"cache_id": planted_cache.id, "hook": HOOK, "batch_size": 64, "total_tokens": tokens}
+    sae_id = api.post("/api/saes", body, format="json").json()["id"]
+    answers = []
+
+    def cancel_once_running() -> None:
+        try:
+            wait_until(lambda: SaeRow.objects.filter(pk=sae_id, status="running", step__gt=0).exists())
+            answers.append(api.post(f"/api/saes/{sae_id}/cancel").status_code)
+        finally:
+            connection.close()
+
+    canceller = threading.Thread(target=cancel_once_running)
+    canceller.start()
+    burst()  # the worker stops the training after the step it is in
+    canceller.join()
+    sae = SaeRow.objects.get(pk=sae_id)
+    assert answers == [202]
+    assert sae.status == "cancelled" and 0 < sae.step < sae.total_steps
+    assert not sae.directory.exists()
