@@ -20,10 +20,24 @@ def model(tiny_gpt2_folder):
     return model_register(source="local", identifier=str(tiny_gpt2_folder), name="tiny", owner=None)
 
 
+OPENED: list[WebsocketCommunicator] = []
+
+
+@pytest.fixture(autouse=True)
+async def sockets_ended():
+    """Every socket's application ends before the test's event loop closes. One the server closed
+    (4009) still waits in the channel layer's receive until the client disconnects, and cancelling
+    that receive at teardown can hang in channels_redis: seen as an intermittent hang of this file."""
+    yield
+    while OPENED:
+        await OPENED.pop().disconnect()
+
+
 async def connect(user) -> WebsocketCommunicator:
     communicator = events_socket(token_header(user))
     connected, _ = await communicator.connect()
     assert connected
+    OPENED.append(communicator)
     return communicator
 
 
