@@ -208,15 +208,13 @@ def sae_cancel(*, sae: SparseAutoencoder) -> SparseAutoencoder:
 def sae_discard(sae: SparseAutoencoder) -> None:
     """The training is ``cancelled``; its files (checkpoint, partial weights) go on commit."""
     sae_publish(sae, "sae:cancelled", sae.mark_cancelled())
-    directory = sae.directory
-    transaction.on_commit(lambda: shutil.rmtree(directory, ignore_errors=True))
+    files_removed_on_commit(sae)
 
 
 def sae_failed(sae: SparseAutoencoder, *, code: str, message: str) -> None:
     """``failed`` with its code; the checkpoint and partial files are removed (nothing half-made stays)."""
     sae_publish(sae, "sae:failed", sae.mark_failed(code=code, message=message), code=code, message=message)
-    directory = sae.directory
-    transaction.on_commit(lambda: shutil.rmtree(directory, ignore_errors=True))
+    files_removed_on_commit(sae)
 
 
 def sae_training_lease(sae: SparseAutoencoder) -> None:
@@ -396,5 +394,11 @@ def sae_delete(*, sae: SparseAutoencoder, actor) -> None:
 
 def sae_files_follow_row(sender, instance: SparseAutoencoder, **kwargs) -> None:
     """pre_delete of an SAE row, however it goes: its folder is removed once the deletion commits."""
-    directory = instance.directory  # read now: a deleted row has no id
+    files_removed_on_commit(instance)
+
+
+def files_removed_on_commit(sae: SparseAutoencoder) -> None:
+    """The SAE's folder is removed once the current transaction commits (never while it could
+    still roll back); the path is read now, since a deleted row has no id."""
+    directory = sae.directory
     transaction.on_commit(lambda: shutil.rmtree(directory, ignore_errors=True))

@@ -11,6 +11,7 @@ from django.conf import settings
 from django.db import close_old_connections
 
 from activations.models import ActivationCache
+from activations.selectors import cache_store
 from activations.store import ActivationStore, CacheError
 from engine.errors import EngineError
 from engine.registry import LOADED_MODELS
@@ -78,15 +79,10 @@ def on_curve(step: int, total_steps: int) -> bool:
 
 
 def open_cache(cache: ActivationCache | None, hook: str) -> ActivationStore:
+    """The store of a completed cache holding ``hook`` (``CACHE_CORRUPT`` / ``INVALID_HOOK`` else)."""
     if cache is None or cache.status != ActivationCache.Status.COMPLETED:
         raise ApplicationError("CACHE_NOT_READY", "The activation cache is gone or not complete.")
-    try:
-        store = ActivationStore.open(cache.directory)
-    except (CacheError, OSError):
-        raise ApplicationError("CACHE_CORRUPT", "The cache files are missing or damaged.") from None
-    if hook not in store.hooks:
-        raise ApplicationError("INVALID_HOOK", f"The cache has no hook {hook!r}.")
-    return store
+    return cache_store(cache, hook)
 
 
 def run_sae_training(sae_id: str) -> None:
