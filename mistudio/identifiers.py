@@ -1,4 +1,4 @@
-"""Prefixed opaque ids shown to users: ``m_…``, ``ds_…``, ``ext_…``, ``act_…``, ``gen_…``, ``sae_…``."""
+"""Prefixed opaque ids shown to users: ``m_``, ``ds_``, ``ext_``, ``act_``, ``gen_``, ``sae_``, ``fa_``…"""
 
 import secrets
 
@@ -32,3 +32,7 @@ def new_generation_id() -> str:
 
 def new_sae_id() -> str:
     return new_id("sae")
+
+
+def new_analysis_id() -> str:
+    return new_id("fa")

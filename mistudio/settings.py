@@ -145,6 +145,8 @@ LOCAL_DATA_ROOTS = env_roots("LOCAL_DATA_ROOTS", [DATA_DIR / "local_data"])
 SAE_DIR = env_directory("SAE_DIR", DATA_DIR / "saes")
 # How often a training job saves a checkpoint it can resume from after a crash (optimizer steps).
 SAE_CHECKPOINT_EVERY_STEPS = int(env_number("SAE_CHECKPOINT_EVERY_STEPS", 200, minimum=1, integer=True))
+# Feature analyses: one folder of per-feature arrays (features.safetensors) per analysis.
+FEATURES_DIR = env_directory("FEATURES_DIR", DATA_DIR / "features")
 ACTIVATION_CACHE_MAX_BYTES = int(
     env_number("ACTIVATION_CACHE_MAX_BYTES", 50 * 2**30, minimum=1, integer=True)
 )
@@ -248,6 +250,7 @@ INSTALLED_APPS = [
     "activations",
     "generation",
     "saes",
+    "features",
     "frontend",
 ]
 

@@ -45,6 +45,7 @@ api_patterns = [
     path("", include("activations.urls")),
     path("", include("generation.urls")),
     path("", include("saes.urls")),
+    path("", include("features.urls")),
     path("schema/", SpectacularJSONAPIView.as_view(), name="schema"),
     path("<path:unmatched>", api_not_found),
 ]

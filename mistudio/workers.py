@@ -105,6 +105,8 @@ TASK_TIMEOUT_SECONDS = {
     "generation.tasks.run_generation": 3600,
     "saes.tasks.run_sae_training": 7 * 24 * 3600,
     "saes.tasks.run_sae_evaluation": 6 * 3600,
+    "features.tasks.run_feature_analysis": 2 * 24 * 3600,
+    "features.tasks.run_feature_encode": 120,
 }
 
 

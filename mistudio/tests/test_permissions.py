@@ -19,6 +19,7 @@ from rest_framework.test import APIClient
 from activations.models import ActivationCache, Dataset, ExtractionJob
 from activations.services import dataset_create_from_texts
 from conftest import make_user
+from features.models import Feature, FeatureAnalysis
 from generation.models import Generation
 from models_app.models import LanguageModel
 from models_app.services import model_register
@@ -80,6 +81,13 @@ MATRIX: dict[str, dict[str, tuple]] = {
     "api/saes/{sae}/cancel": {"POST": OWNER_CHANGES},
     "api/saes/{sae}/evaluate": {"POST": OWNER_CHANGES},
     "api/saes/{sae}/export": {"GET": OWNER_READS},
+    "api/saes/{sae}/analyses": {"GET": OWNER_READS, "POST": OWNER_CHANGES},
+    "api/saes/{sae}/analyses/{analysis}": {"GET": OWNER_READS, "PATCH": OWNER_CHANGES, "DELETE": OWNER_CHANGES},
+    "api/saes/{sae}/analyses/{analysis}/cancel": {"POST": OWNER_CHANGES},
+    "api/saes/{sae}/features": {"GET": OWNER_READS},
+    "api/saes/{sae}/features/export": {"GET": OWNER_READS},
+    "api/saes/{sae}/features/{index}": {"GET": OWNER_READS, "PATCH": OWNER_CHANGES},
+    "api/saes/{sae}/encode": {"POST": OWNER_CHANGES},
     "api/schema/": {"GET": ANY_READER},
     "api/{unmatched}": {"GET": NO_SUCH_ROUTE},
     "v1/models": {"GET": OPENAI_READ},
@@ -118,6 +126,8 @@ PLACEHOLDERS = {
     "cache_id": "{cache}",
     "generation_id": "{generation}",
     "sae_id": "{sae}",
+    "analysis_id": "{analysis}",
+    "index": "{index}",
     "unmatched": "{unmatched}",
 }
 
@@ -178,7 +188,11 @@ def owned_rows(owner, folder) -> dict[str, str]:
         model=model, cache=cache, hook_name="blocks.0.hook_resid_post", architecture="topk", d_in=64,
         d_sae=256, k=8, status="completed", owner=owner,
     )  # fmt: skip
+    analysis = FeatureAnalysis.objects.create(sae=sae, cache=cache, status="completed", owner=owner)
+    Feature.objects.create(analysis=analysis, index=5, density=0.1, max_activation=1, mean_activation=0.5)
     return {
+        "{analysis}": analysis.id,
+        "{index}": "5",
         "{model}": model.id,
         "{dataset}": dataset.id,
         "{extraction}": job.id,

@@ -1,0 +1,469 @@
+"""Feature analysis: an SAE swept over cached activations, reduced to each feature's dashboard data.
+
+Three streaming passes over the cache's rows, memory bounded by ``chunk_rows x d_sae`` plus the
+per-feature results (nothing grows with the cache):
+
+1. each feature's density (fraction of tokens where it is > 0), max and mean of its non-zero
+   values, and its ``top_k`` highest activations (rows and values);
+2. a histogram of its non-zero values over ``(0, max]``; ``per_interval`` examples from each of
+   ``intervals`` equal intervals of ``(0, max]`` (weak as well as strong activations), picked by a
+   hash of (row, feature) so that any run, resumed or not, picks the same; and its value on every
+   context token of its top examples;
+3. its value on the context tokens of those interval examples: only the rows around them are
+   encoded again.
+
+The state between chunks is a set of numpy arrays (:class:`AnalysisState`), saved as safetensors
+for a resumable job. Nothing here imports Django; the cache is read through ``read_rows``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from engine.errors import EngineError
+
+STATE_FILE = "state.safetensors"
+STATE_META = "state.json"
+STATE_VERSION = 1
+_EMPTY = -1  # an example slot with no row, a context slot with no token
+
+
+class AnalysisError(EngineError):
+    pass
+
+
+class AnalysisCancelled(AnalysisError):
+    def __init__(self) -> None:
+        super().__init__("ANALYSIS_CANCELLED", "The feature analysis was cancelled.")
+
+
+@dataclass(frozen=True)
+class AnalysisConfig:
+    """What each feature's dashboard holds (sae-dashboard's defaults, roughly)."""
+
+    top_k: int = 20
+    intervals: int = 5
+    per_interval: int = 4
+    context_before: int = 8
+    context_after: int = 3
+    histogram_bins: int = 40
+    chunk_rows: int = 2048
+
+    @property
+    def window(self) -> int:
+        return self.context_before + 1 + self.context_after
+
+    @property
+    def interval_examples(self) -> int:
+        return self.intervals * self.per_interval
+
+
+@dataclass
+class TokenTable:
+    """The cache's token table (one row per cached token) and the context window of any row."""
+
+    token_ids: np.ndarray
+    sample_index: np.ndarray
+    position: np.ndarray
+    _order: np.ndarray | None = field(default=None, init=False, repr=False)
+    _rank: np.ndarray | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.token_ids = np.asarray(self.token_ids)
+        self.sample_index = np.asarray(self.sample_index)
+        self.position = np.asarray(self.position)
+        sample_steps, position_steps = np.diff(self.sample_index), np.diff(self.position)
+        if not np.all((sample_steps > 0) | ((sample_steps == 0) & (position_steps > 0))):
+            # Rows not in (sample, position) order (a generation's cache): windows go through an index.
+            self._order = np.lexsort((self.position, self.sample_index))
+            self._rank = np.empty_like(self._order)
+            self._rank[self._order] = np.arange(len(self._order))
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    def windows(self, rows: np.ndarray, before: int, after: int) -> np.ndarray:
+        """For rows [...], the rows of their context windows [..., before + 1 + after]: the tokens
+        of the same sample around each, in position order, ``-1`` past the sample's ends (and for
+        a row that is itself ``-1``)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        valid = rows >= 0
+        safe = np.where(valid, rows, 0)
+        ranks = safe if self._rank is None else self._rank[safe]
+        offsets = np.arange(-before, after + 1)
+        window_ranks = ranks[..., None] + offsets
+        inside = (window_ranks >= 0) & (window_ranks < len(self))
+        window_ranks = np.clip(window_ranks, 0, max(0, len(self) - 1))
+        window_rows = window_ranks if self._order is None else self._order[window_ranks]
+        same = self.sample_index[window_rows] == self.sample_index[safe][..., None]
+        return np.where(inside & same & valid[..., None], window_rows, _EMPTY)
+
+    def ids(self, rows: np.ndarray) -> np.ndarray:
+        """Token ids of rows (``-1`` for ``-1``), int32."""
+        rows = np.asarray(rows, dtype=np.int64)
+        return np.where(rows >= 0, self.token_ids[np.maximum(rows, 0)], _EMPTY).astype(np.int32)
+
+
+# -- state ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class AnalysisState:
+    """Everything the sweep has gathered so far, and where it is (``phase`` 1-3, ``next_row``)."""
+
+    arrays: dict[str, np.ndarray]
+    phase: int = 1
+    next_row: int = 0
+    num_rows: int = 0
+    seconds: float = 0.0  # time spent in the passes, over resumes
+
+    @classmethod
+    def empty(cls, d_sae: int, config: AnalysisConfig, num_rows: int) -> AnalysisState:
+        k, q, w = config.top_k, config.interval_examples, config.window
+        return cls(
+            arrays={
+                "count": np.zeros(d_sae, dtype=np.int64),
+                "total": np.zeros(d_sae, dtype=np.float64),
+                "max": np.zeros(d_sae, dtype=np.float32),
+                "top_values": np.zeros((d_sae, k), dtype=np.float32),
+                "top_rows": np.full((d_sae, k), _EMPTY, dtype=np.int64),
+                "histogram": np.zeros((d_sae, config.histogram_bins), dtype=np.int64),
+                "interval_values": np.zeros((d_sae, q), dtype=np.float32),
+                "interval_rows": np.full((d_sae, q), _EMPTY, dtype=np.int64),
+                "interval_priority": np.full((d_sae, q), _EMPTY, dtype=np.int64),
+                "top_context": np.full((d_sae, k, w), np.nan, dtype=np.float32),
+                "interval_context": np.full((d_sae, q, w), np.nan, dtype=np.float32),
+            },
+            num_rows=num_rows,
+        )
+
+    def save(self, directory: Path) -> None:
+        """Written to temporary names, then renamed: a crash leaves the previous state whole."""
+        from safetensors.numpy import save_file
+
+        directory.mkdir(parents=True, exist_ok=True)
+        save_file(self.arrays, str(directory / f"{STATE_FILE}.tmp"))
+        meta = {
+            "version": STATE_VERSION, "phase": self.phase, "next_row": self.next_row,
+            "num_rows": self.num_rows, "seconds": self.seconds,
+        }  # fmt: skip
+        (directory / f"{STATE_META}.tmp").write_text(json.dumps(meta))
+        (directory / f"{STATE_FILE}.tmp").replace(directory / STATE_FILE)
+        (directory / f"{STATE_META}.tmp").replace(directory / STATE_META)
+
+    @classmethod
+    def load(cls, directory: Path) -> AnalysisState | None:
+        """The saved state, or None when there is none (or it is from another version)."""
+        from safetensors.numpy import load_file
+
+        try:
+            meta = json.loads((directory / STATE_META).read_text())
+            if meta.get("version") != STATE_VERSION:
+                return None
+            arrays = load_file(str(directory / STATE_FILE))
+        except (OSError, ValueError):
+            return None
+        return cls(
+            arrays=arrays, phase=meta["phase"], next_row=meta["next_row"], num_rows=meta["num_rows"],
+            seconds=meta.get("seconds", 0.0),
+        )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class AnalysisProgress:
+    phase: int
+    fraction: float  # of the whole analysis, 0..1
+    rows_done: int  # rows of the cache swept (passes 1 and 2 over all of it)
+    rows_per_second: float
+
+
+# -- the sweep --------------------------------------------------------------------------------------
+
+
+def analyze(
+    encode: Callable[[Any], Any],
+    read_rows: Callable[[int, int], Any],
+    tokens: TokenTable,
+    *,
+    d_sae: int,
+    config: AnalysisConfig = AnalysisConfig(),
+    resume: AnalysisState | None = None,
+    on_progress: Callable[[AnalysisProgress], None] | None = None,
+    should_cancel: Callable[[], bool] | None = None,
+    on_checkpoint: Callable[[AnalysisState], None] | None = None,
+    checkpoint_seconds: float = 60.0,
+) -> AnalysisState:
+    """Sweep ``encode`` (float32 torch rows [n, d_in] → feature activations [n, d_sae]) over rows
+    ``[0, len(tokens))`` as ``read_rows(start, stop)`` gives them; return the finished state
+    (``phase`` 4). ``resume`` continues a saved state; ``on_checkpoint`` is offered the state
+    every ``checkpoint_seconds``; ``should_cancel`` is asked before every chunk."""
+    import torch
+
+    num_rows = len(tokens)
+    state = resume if resume is not None else AnalysisState.empty(d_sae, config, num_rows)
+    if state.num_rows != num_rows or state.arrays["count"].shape != (d_sae,):
+        raise AnalysisError("ANALYSIS_STATE_MISMATCH", "The saved analysis state is of another cache or SAE.")
+    started = time.monotonic() - state.seconds
+    call_started = last_checkpoint = time.monotonic()
+    rows_at_start = _rows_done(state)
+
+    def step(phase: int, next_row: int, rows_done: int, total: float) -> None:
+        nonlocal last_checkpoint
+        state.phase, state.next_row = phase, next_row
+        state.seconds = time.monotonic() - started
+        if on_progress is not None:
+            on_progress(
+                AnalysisProgress(
+                    phase=phase,
+                    fraction=min(1.0, rows_done / total) if total else 1.0,
+                    rows_done=rows_done,
+                    rows_per_second=(rows_done - rows_at_start) / max(1e-9, time.monotonic() - call_started),
+                )
+            )
+        if on_checkpoint is not None and time.monotonic() - last_checkpoint >= checkpoint_seconds:
+            on_checkpoint(state)
+            last_checkpoint = time.monotonic()
+
+    def check_cancel() -> None:
+        if should_cancel is not None and should_cancel():
+            raise AnalysisCancelled
+
+    # The third pass re-encodes only the rows around the interval examples: weigh it by those.
+    total_work = 2.0 * num_rows + (num_rows * 0.25)
+    with torch.no_grad():
+        if state.phase == 1:
+            for first in range(state.next_row, num_rows, config.chunk_rows):
+                check_cancel()
+                stop = min(num_rows, first + config.chunk_rows)
+                _first_pass(state, encode(read_rows(first, stop)), first, config)
+                step(1, stop, stop, total_work)
+            state.phase, state.next_row = 2, 0
+        if state.phase == 2:
+            gather = _ContextGather(
+                tokens.windows(state.arrays["top_rows"], config.context_before, config.context_after),
+                state.arrays["top_context"],
+            )
+            for first in range(state.next_row, num_rows, config.chunk_rows):
+                check_cancel()
+                stop = min(num_rows, first + config.chunk_rows)
+                activations = encode(read_rows(first, stop))
+                _second_pass(state, activations, first, config)
+                gather.take(activations, first, stop)
+                step(2, stop, num_rows + stop, total_work)
+            state.phase, state.next_row = 3, 0
+        if state.phase == 3:
+            gather = _ContextGather(
+                tokens.windows(state.arrays["interval_rows"], config.context_before, config.context_after),
+                state.arrays["interval_context"],
+            )
+            for first in range(state.next_row, num_rows, config.chunk_rows):
+                stop = min(num_rows, first + config.chunk_rows)
+                needed = gather.rows_in(first, stop)
+                if len(needed):
+                    check_cancel()
+                    block = read_rows(first, stop)
+                    gather.take_rows(encode(block[torch.from_numpy(needed - first)]), needed)
+                step(3, stop, 2 * num_rows + int(0.25 * stop), total_work)
+            state.phase, state.next_row = 4, num_rows
+    state.seconds = time.monotonic() - started
+    return state
+
+
+def _rows_done(state: AnalysisState) -> int:
+    return {1: 0, 2: state.num_rows, 3: 2 * state.num_rows}.get(state.phase, 2 * state.num_rows) + (
+        state.next_row if state.phase in (1, 2) else int(0.25 * state.next_row)
+    )
+
+
+def _first_pass(state: AnalysisState, activations, first: int, config: AnalysisConfig) -> None:
+    """Density counts, sums, maxima and the running top-k of one chunk."""
+    import torch
+
+    arrays = state.arrays
+    firing = activations > 0
+    arrays["count"] += firing.sum(dim=0).numpy()
+    arrays["total"] += activations.sum(dim=0, dtype=torch.float64).numpy()
+    np.maximum(arrays["max"], activations.max(dim=0).values.numpy(), out=arrays["max"])
+
+    k = min(config.top_k, activations.shape[0])
+    values, rows = activations.topk(k, dim=0)  # [k, d_sae]
+    candidates = np.concatenate([arrays["top_values"], values.T.numpy()], axis=1)
+    candidate_rows = np.concatenate([arrays["top_rows"], rows.T.numpy() + first], axis=1)
+    candidates = np.where(candidate_rows >= 0, candidates, -np.inf)
+    # Highest value first; among equal values the lower row (stable sort over rows that come in order).
+    by_row = np.argsort(
+        np.where(candidate_rows >= 0, candidate_rows, np.iinfo(np.int64).max), axis=1, kind="stable"
+    )
+    candidates = np.take_along_axis(candidates, by_row, axis=1)
+    candidate_rows = np.take_along_axis(candidate_rows, by_row, axis=1)
+    best = np.argsort(-candidates, axis=1, kind="stable")[:, : config.top_k]
+    top_values = np.take_along_axis(candidates, best, axis=1)
+    top_rows = np.take_along_axis(candidate_rows, best, axis=1)
+    keep = top_values > 0  # a zero is no activation: those slots stay empty
+    arrays["top_values"] = np.where(keep, top_values, 0).astype(np.float32)
+    arrays["top_rows"] = np.where(keep, top_rows, _EMPTY)
+
+
+def interval_of(values: np.ndarray, maxima: np.ndarray, intervals: int) -> np.ndarray:
+    """Which of ``intervals`` equal intervals of ``(0, max]`` each positive value falls in."""
+    scaled = np.ceil(values / np.maximum(maxima, 1e-30) * intervals).astype(np.int64) - 1
+    return np.clip(scaled, 0, intervals - 1)
+
+
+def row_feature_hash(rows: np.ndarray, features: np.ndarray) -> np.ndarray:
+    """A fixed pseudo-random priority per (row, feature) (splitmix64's finaliser), as int64 ≥ 0:
+    the interval examples are the highest priorities of each interval, whatever the chunking."""
+    with np.errstate(over="ignore"):
+        x = rows.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15) + features.astype(np.uint64)
+        x ^= x >> np.uint64(30)
+        x *= np.uint64(0xBF58476D1CE4E5B9)
+        x ^= x >> np.uint64(27)
+        x *= np.uint64(0x94D049BB133111EB)
+        x ^= x >> np.uint64(31)
+    return (x >> np.uint64(1)).astype(np.int64)
+
+
+def _second_pass(state: AnalysisState, activations, first: int, config: AnalysisConfig) -> None:
+    """Histogram counts and the interval examples of one chunk."""
+    arrays = state.arrays
+    d_sae = activations.shape[1]
+    local_rows, features = (index.numpy() for index in activations.nonzero(as_tuple=True))
+    if not len(features):
+        return
+    values = activations[local_rows, features].numpy()
+    maxima = arrays["max"][features]
+    bins = config.histogram_bins
+    cells = features * bins + interval_of(values, maxima, bins)
+    arrays["histogram"] += np.bincount(cells, minlength=d_sae * bins).reshape(d_sae, bins)
+
+    # Interval examples: keep, per (feature, interval), the per_interval highest priorities.
+    per, q = config.per_interval, config.intervals
+    rows = local_rows.astype(np.int64) + first
+    priority = row_feature_hash(rows, features)
+    interval = interval_of(values, maxima, q)
+    slots = arrays["interval_priority"].reshape(d_sae * q, per)
+    key = features * q + interval
+    # Only candidates above their (feature, interval)'s current lowest kept priority can enter.
+    floor = slots.min(axis=1)
+    entering = priority > floor[key]
+    if not entering.any():
+        return
+    key, priority, rows, values = key[entering], priority[entering], rows[entering], values[entering]
+    touched = np.unique(key)
+    old_priority = slots[touched]
+    old_rows = arrays["interval_rows"].reshape(d_sae * q, per)[touched]
+    old_values = arrays["interval_values"].reshape(d_sae * q, per)[touched]
+    position = np.searchsorted(touched, key)
+    all_keys = np.concatenate([np.repeat(np.arange(len(touched)), per), position])
+    all_priority = np.concatenate([old_priority.reshape(-1), priority])
+    all_rows = np.concatenate([old_rows.reshape(-1), rows])
+    all_values = np.concatenate([old_values.reshape(-1), values])
+    order = np.lexsort((-all_priority, all_keys))
+    all_keys, all_priority = all_keys[order], all_priority[order]
+    all_rows, all_values = all_rows[order], all_values[order]
+    starts = np.searchsorted(all_keys, np.arange(len(touched)))
+    rank = np.arange(len(all_keys)) - starts[all_keys]
+    kept = rank < per
+    target = all_keys[kept] * per + rank[kept]
+    new_priority = np.full(len(touched) * per, _EMPTY, dtype=np.int64)
+    new_rows = np.full(len(touched) * per, _EMPTY, dtype=np.int64)
+    new_values = np.zeros(len(touched) * per, dtype=np.float32)
+    new_priority[target], new_rows[target], new_values[target] = (
+        all_priority[kept], all_rows[kept], all_values[kept],
+    )  # fmt: skip
+    slots[touched] = new_priority.reshape(-1, per)
+    arrays["interval_rows"].reshape(d_sae * q, per)[touched] = new_rows.reshape(-1, per)
+    arrays["interval_values"].reshape(d_sae * q, per)[touched] = new_values.reshape(-1, per)
+
+
+class _ContextGather:
+    """The values of each example's feature on its context rows, filled in as chunks go by."""
+
+    def __init__(self, windows: np.ndarray, out: np.ndarray) -> None:
+        # windows [d_sae, examples, window] of rows (-1: none); out has the same shape.
+        d_sae = windows.shape[0]
+        flat = windows.reshape(-1)
+        wanted = np.flatnonzero(flat >= 0)
+        per_feature = windows.shape[1] * windows.shape[2]
+        order = np.argsort(flat[wanted], kind="stable")
+        self.rows = flat[wanted][order]
+        self.features = (wanted[order] // per_feature).astype(np.int64)
+        self.targets = wanted[order]
+        self.out = out.reshape(-1)
+        assert self.features.max(initial=0) < max(1, d_sae)
+
+    def _span(self, first: int, stop: int) -> tuple[int, int]:
+        return int(np.searchsorted(self.rows, first)), int(np.searchsorted(self.rows, stop))
+
+    def take(self, activations, first: int, stop: int) -> None:
+        low, high = self._span(first, stop)
+        if high > low:
+            local = self.rows[low:high] - first
+            self.out[self.targets[low:high]] = activations.numpy()[local, self.features[low:high]]
+
+    def rows_in(self, first: int, stop: int) -> np.ndarray:
+        low, high = self._span(first, stop)
+        return np.unique(self.rows[low:high])
+
+    def take_rows(self, activations, rows: np.ndarray) -> None:
+        """``activations`` are of ``rows`` (sorted, unique) only."""
+        if not len(rows):
+            return
+        low, high = self._span(int(rows[0]), int(rows[-1]) + 1)
+        local = np.searchsorted(rows, self.rows[low:high])
+        self.out[self.targets[low:high]] = activations.numpy()[local, self.features[low:high]]
+
+
+# -- results ----------------------------------------------------------------------------------------
+
+
+def feature_arrays(state: AnalysisState, tokens: TokenTable, config: AnalysisConfig) -> dict[str, np.ndarray]:
+    """The stored per-feature arrays (row ``f`` of each is feature ``f``): statistics, examples
+    with their token ids and sample/position, interval examples sorted strongest first."""
+    arrays = state.arrays
+    num_rows = max(1, state.num_rows)
+    count = arrays["count"]
+    mean = np.where(count > 0, arrays["total"] / np.maximum(count, 1), 0.0)
+    # Interval examples strongest first (empty slots last).
+    interval_values = np.where(arrays["interval_rows"] >= 0, arrays["interval_values"], -np.inf)
+    order = np.argsort(-interval_values, axis=1, kind="stable")
+    interval_rows = np.take_along_axis(arrays["interval_rows"], order, axis=1)
+    interval_context = np.take_along_axis(arrays["interval_context"], order[..., None], axis=1)
+    out = {
+        "density": (count / num_rows).astype(np.float32),
+        "nonzero_count": count,
+        "max": arrays["max"],
+        "mean": mean.astype(np.float32),
+        "histogram": arrays["histogram"].astype(np.int32),
+        "top_values": arrays["top_values"],
+        "top_rows": arrays["top_rows"],
+        "top_context": arrays["top_context"].astype(np.float16),
+        "interval_values": np.take_along_axis(arrays["interval_values"], order, axis=1),
+        "interval_rows": interval_rows,
+        "interval_context": interval_context.astype(np.float16),
+    }
+    for prefix, rows in (("top", arrays["top_rows"]), ("interval", interval_rows)):
+        windows = tokens.windows(rows, config.context_before, config.context_after)
+        out[f"{prefix}_context_tokens"] = tokens.ids(windows)
+        safe = np.maximum(rows, 0)
+        out[f"{prefix}_sample"] = np.where(rows >= 0, tokens.sample_index[safe], _EMPTY).astype(np.int64)
+        out[f"{prefix}_position"] = np.where(rows >= 0, tokens.position[safe], _EMPTY).astype(np.int32)
+    return out
+
+
+def analysis_summary(state: AnalysisState, config: AnalysisConfig) -> dict[str, Any]:
+    count = state.arrays["count"]
+    return {
+        "config": asdict(config),
+        "tokens": state.num_rows,
+        "features": len(count),
+        "dead": int((count == 0).sum()),
+        "seconds": round(state.seconds, 3),
+    }

@@ -1,0 +1,216 @@
+"""Feature analysis against a brute-force computation over all the rows at once.
+
+The reference encodes every row in one call and takes densities, top examples, histograms,
+interval examples and context values with plain numpy over the whole [rows, d_sae] matrix:
+what the streaming passes must reproduce exactly, whatever the chunking and however often the
+sweep is interrupted and resumed. Logit effects and neighbours are checked against the full
+[d_sae, vocab] and [d_sae, d_sae] products.
+"""
+
+import numpy as np
+import pytest
+import torch
+
+from engine.features.analysis import (
+    AnalysisCancelled,
+    AnalysisConfig,
+    AnalysisState,
+    TokenTable,
+    analyze,
+    feature_arrays,
+    interval_of,
+    row_feature_hash,
+)
+from engine.features.decoder import decoder_neighbours, logit_effects
+from engine.features.inference import auto_label
+from engine.sae import SaeShape, SparseAutoencoder
+
+D_IN, D_SAE = 12, 40
+CONFIG = AnalysisConfig(
+    top_k=6, intervals=3, per_interval=2, context_before=3, context_after=2, histogram_bins=7, chunk_rows=97
+)
+
+
+def random_sae(architecture="standard", k=None) -> SparseAutoencoder:
+    generator = torch.Generator().manual_seed(3)
+    sae = SparseAutoencoder(SaeShape(architecture, D_IN, D_SAE, k=k))
+    with torch.no_grad():
+        for name in ("W_enc", "W_dec", "b_enc", "b_dec"):
+            parameter = getattr(sae, name)
+            parameter.copy_(torch.randn(parameter.shape, generator=generator))
+        sae.b_enc -= 1.5  # sparse enough that some features are rare
+        sae.b_enc[:2] = -1e4  # two dead features
+    return sae
+
+
+def cache(rows_per_sample=(5, 17, 1, 30, 9, 12) * 20, *, shuffled=False):
+    """Rows and a token table of samples of unequal lengths (optionally not in sample order)."""
+    generator = torch.Generator().manual_seed(5)
+    samples = np.repeat(np.arange(len(rows_per_sample)), rows_per_sample)
+    positions = np.concatenate([np.arange(n) for n in rows_per_sample])
+    rows = torch.randn(len(samples), D_IN, generator=generator)
+    if shuffled:
+        order = np.random.default_rng(0).permutation(len(samples))
+        samples, positions, rows = samples[order], positions[order], rows[torch.from_numpy(order)]
+    token_ids = (np.arange(len(samples)) * 7 + 3) % 50
+    return rows, TokenTable(token_ids=token_ids, sample_index=samples, position=positions)
+
+
+def brute_force(acts: np.ndarray, tokens: TokenTable, config: AnalysisConfig):
+    """Every number of the analysis from the whole activation matrix."""
+    d_sae = acts.shape[1]
+    firing = acts > 0
+    count = firing.sum(axis=0)
+    maxima = acts.max(axis=0)
+    top_rows = np.full((d_sae, config.top_k), -1)
+    top_values = np.zeros((d_sae, config.top_k), dtype=np.float32)
+    histogram = np.zeros((d_sae, config.histogram_bins), dtype=np.int64)
+    interval_rows = [[] for _ in range(d_sae)]
+    for feature in range(d_sae):
+        column = acts[:, feature]
+        positive = np.flatnonzero(column > 0)
+        order = positive[np.lexsort((positive, -column[positive]))][: config.top_k]
+        top_rows[feature, : len(order)] = order
+        top_values[feature, : len(order)] = column[order]
+        if len(positive):
+            bins = interval_of(
+                column[positive], np.full(len(positive), maxima[feature]), config.histogram_bins
+            )
+            histogram[feature] = np.bincount(bins, minlength=config.histogram_bins)
+            interval = interval_of(
+                column[positive], np.full(len(positive), maxima[feature]), config.intervals
+            )
+            priority = row_feature_hash(positive, np.full(len(positive), feature))
+            for q in range(config.intervals):
+                members = positive[interval == q]
+                chosen = members[np.argsort(-priority[interval == q], kind="stable")][: config.per_interval]
+                interval_rows[feature].extend(chosen.tolist())
+    return {
+        "count": count, "max": maxima, "top_rows": top_rows, "top_values": top_values,
+        "histogram": histogram, "interval_rows": interval_rows,
+    }  # fmt: skip
+
+
+def run(sae, rows, tokens, config=CONFIG, **options):
+    return analyze(
+        sae.encode, lambda start, stop: rows[start:stop], tokens, d_sae=D_SAE, config=config, **options
+    )
+
+
+@pytest.mark.parametrize(("architecture", "k", "shuffled"), [("standard", None, False), ("topk", 5, True)])
+def test_analysis_equals_brute_force(architecture, k, shuffled):
+    sae = random_sae(architecture, k)
+    rows, tokens = cache(shuffled=shuffled)
+    state = run(sae, rows, tokens)
+    result = feature_arrays(state, tokens, CONFIG)
+    with torch.no_grad():
+        acts = sae.encode(rows).numpy()
+    reference = brute_force(acts, tokens, CONFIG)
+
+    assert state.phase == 4
+    np.testing.assert_array_equal(result["nonzero_count"], reference["count"])
+    np.testing.assert_allclose(result["density"], reference["count"] / len(rows), rtol=1e-6)
+    assert (result["nonzero_count"] == 0).sum() >= 2  # the dead ones
+    np.testing.assert_allclose(result["max"], np.maximum(reference["max"], 0), rtol=1e-5)
+    mean = np.where(
+        reference["count"] > 0, np.where(acts > 0, acts, 0).sum(0) / np.maximum(reference["count"], 1), 0
+    )
+    np.testing.assert_allclose(result["mean"], mean, rtol=1e-4, atol=1e-6)
+    np.testing.assert_array_equal(result["top_rows"], reference["top_rows"])
+    np.testing.assert_allclose(result["top_values"], reference["top_values"], rtol=1e-5)
+    np.testing.assert_array_equal(result["histogram"], reference["histogram"])
+    for feature in range(D_SAE):
+        got = result["interval_rows"][feature]
+        assert sorted(got[got >= 0].tolist()) == sorted(reference["interval_rows"][feature])
+        values = result["interval_values"][feature][got >= 0]
+        assert list(values) == sorted(values, reverse=True)  # strongest first
+        np.testing.assert_allclose(values, acts[got[got >= 0], feature], rtol=1e-5)
+
+    # Context: the feature's own value on each token around the example, same sample only.
+    for prefix in ("top", "interval"):
+        example_rows = result[f"{prefix}_rows"]
+        context, context_tokens = result[f"{prefix}_context"], result[f"{prefix}_context_tokens"]
+        for feature in range(0, D_SAE, 3):
+            for slot, row in enumerate(example_rows[feature]):
+                if row < 0:
+                    assert np.isnan(context[feature, slot].astype(np.float32)).all()
+                    continue
+                same = np.flatnonzero(tokens.sample_index == tokens.sample_index[row])
+                same = same[np.argsort(tokens.position[same])]
+                at = int(np.flatnonzero(same == row)[0])
+                for offset in range(-CONFIG.context_before, CONFIG.context_after + 1):
+                    cell = offset + CONFIG.context_before
+                    if 0 <= at + offset < len(same):
+                        neighbour = same[at + offset]
+                        assert context_tokens[feature, slot, cell] == tokens.token_ids[neighbour]
+                        assert context[feature, slot, cell] == pytest.approx(
+                            acts[neighbour, feature], rel=1e-3, abs=1e-3
+                        )
+                    else:
+                        assert context_tokens[feature, slot, cell] == -1
+                assert result[f"{prefix}_position"][feature, slot] == tokens.position[row]
+
+
+def test_interrupted_and_resumed_sweep_gives_the_same_arrays(tmp_path):
+    sae = random_sae()
+    rows, tokens = cache()
+    whole = run(sae, rows, tokens)
+
+    calls = {"n": 0}
+
+    def cancel_every_fifth_chunk():
+        calls["n"] += 1
+        return calls["n"] % 5 == 0
+
+    saved: list[AnalysisState] = []
+    state = None
+    for _ in range(100):  # each round runs until the cancel, then resumes from the saved state
+        try:
+            state = run(
+                sae, rows, tokens, resume=AnalysisState.load(tmp_path),
+                should_cancel=cancel_every_fifth_chunk, checkpoint_seconds=0,
+                on_checkpoint=lambda s: (s.save(tmp_path), saved.append(s)),
+            )  # fmt: skip
+            break
+        except AnalysisCancelled:
+            continue
+    assert state is not None and state.phase == 4 and len(saved) > 5
+    for name, array in whole.arrays.items():
+        np.testing.assert_array_equal(state.arrays[name], array, err_msg=name)
+
+
+def test_logit_effects_and_neighbours_equal_the_full_products():
+    generator = torch.Generator().manual_seed(1)
+    W_dec, W_U, scale = (
+        torch.randn(D_SAE, D_IN, generator=generator),
+        torch.randn(D_IN, 300, generator=generator),
+        torch.rand(D_IN, generator=generator) + 0.5,
+    )
+    effects = logit_effects(W_dec, W_U, scale, top=10, bins=8, block=7)
+    logits = (W_dec * scale).numpy().astype(np.float64) @ W_U.numpy().astype(np.float64)
+    for feature in range(D_SAE):
+        order = np.argsort(-logits[feature])
+        np.testing.assert_array_equal(effects["logit_top_ids"][feature], order[:10])
+        np.testing.assert_allclose(
+            effects["logit_top_values"][feature], logits[feature, order[:10]], rtol=1e-4
+        )
+        np.testing.assert_array_equal(effects["logit_bottom_ids"][feature], order[::-1][:10])
+        assert effects["logit_histogram"][feature].sum() == 300
+        np.testing.assert_allclose(
+            effects["logit_range"][feature], [logits[feature].min(), logits[feature].max()], rtol=1e-4
+        )
+
+    neighbours = decoder_neighbours(W_dec, top=5, block=6)
+    unit = W_dec.numpy() / np.linalg.norm(W_dec.numpy(), axis=1, keepdims=True)
+    cosine = unit @ unit.T
+    np.fill_diagonal(cosine, -np.inf)
+    np.testing.assert_array_equal(neighbours["neighbour_ids"], np.argsort(-cosine, axis=1)[:, :5])
+    np.testing.assert_allclose(
+        neighbours["neighbour_cosines"], np.sort(cosine, axis=1)[:, ::-1][:, :5], rtol=1e-5
+    )
+
+
+def test_auto_label_is_the_most_frequent_activating_tokens():
+    words = {1: " must", 2: " should", 3: "\n", 4: " need", 5: "Must"}
+    assert auto_label([2, 1, 1, 3, 4, 2, 1, 5], words.__getitem__) == "must · should · need"
+    assert auto_label([-1, -1], words.__getitem__) == ""

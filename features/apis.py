@@ -1,0 +1,190 @@
+"""REST API for feature analyses, feature dashboards, labels and live encoding (thin views)."""
+
+from drf_spectacular.utils import extend_schema
+from rest_framework import serializers, status
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from activations.selectors import completed_cache
+from features import selectors, services
+from features.serializers import analysis_state, label_state
+from mistudio.permissions import CanRead, CanWrite
+from mistudio.serializers import StrictSerializer
+from mistudio.streaming import ChunkedStreamingResponse
+from saes.selectors import completed_sae, sae_get
+
+
+class AnalysisListApi(APIView):
+    """An SAE's feature analyses, or start one over an activation cache (202)."""
+
+    permission_classes = [CanWrite]
+
+    class InputSerializer(StrictSerializer):
+        cache_id = serializers.CharField(max_length=64, required=False)
+        shared = serializers.BooleanField(required=False)
+
+    @extend_schema(responses={200: dict})
+    def get(self, request, sae_id: str):
+        sae = sae_get(user=request.user, sae_id=sae_id)
+        analyses = selectors.analysis_list(user=request.user, sae=sae)
+        return Response(
+            {"analyses": [analysis_state(row) for row in analyses[:200]], "total": analyses.count()}
+        )
+
+    @extend_schema(request=InputSerializer, responses={202: dict})
+    def post(self, request, sae_id: str):
+        sae = completed_sae(user=request.user, sae_id=sae_id)
+        data = self.InputSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        cache_id = data.validated_data.get("cache_id")
+        cache = completed_cache(user=request.user, cache_id=cache_id) if cache_id else None
+        analysis = services.analysis_request(
+            owner=request.user, sae=sae, cache=cache, shared=data.validated_data.get("shared")
+        )
+        return Response(analysis_state(analysis), status=status.HTTP_202_ACCEPTED)
+
+
+class AnalysisDetailApi(APIView):
+    permission_classes = [CanWrite]
+
+    class UpdateSerializer(StrictSerializer):
+        shared = serializers.BooleanField()
+
+    @extend_schema(responses={200: dict})
+    def get(self, request, sae_id: str, analysis_id: str):
+        sae = sae_get(user=request.user, sae_id=sae_id)
+        return Response(
+            analysis_state(selectors.analysis_get(user=request.user, sae=sae, analysis_id=analysis_id))
+        )
+
+    @extend_schema(request=UpdateSerializer, responses={200: dict})
+    def patch(self, request, sae_id: str, analysis_id: str):
+        sae = sae_get(user=request.user, sae_id=sae_id)
+        analysis = selectors.analysis_get(user=request.user, sae=sae, analysis_id=analysis_id)
+        data = self.UpdateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        analysis = services.analysis_update(analysis=analysis, actor=request.user, **data.validated_data)
+        return Response(analysis_state(analysis))
+
+    @extend_schema(responses={204: None})
+    def delete(self, request, sae_id: str, analysis_id: str):
+        sae = sae_get(user=request.user, sae_id=sae_id)
+        analysis = selectors.analysis_get(user=request.user, sae=sae, analysis_id=analysis_id)
+        services.analysis_delete(analysis=analysis, actor=request.user)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class AnalysisCancelApi(APIView):
+    permission_classes = [CanWrite]
+
+    @extend_schema(request=None, responses={202: dict})
+    def post(self, request, sae_id: str, analysis_id: str):
+        sae = sae_get(user=request.user, sae_id=sae_id)
+        analysis = selectors.analysis_get(user=request.user, sae=sae, analysis_id=analysis_id)
+        analysis = services.analysis_cancel(analysis=analysis, actor=request.user)
+        return Response(analysis_state(analysis), status=status.HTTP_202_ACCEPTED)
+
+
+class FeatureListApi(APIView):
+    """The features of an SAE's newest completed analysis (or ``analysis``), paged, filtered, sorted."""
+
+    permission_classes = [CanRead]
+
+    class FilterSerializer(StrictSerializer):
+        analysis = serializers.CharField(max_length=64, required=False)
+        density_min = serializers.FloatField(min_value=0, max_value=1, required=False)
+        density_max = serializers.FloatField(min_value=0, max_value=1, required=False)
+        dead = serializers.BooleanField(required=False, allow_null=True, default=None)
+        labelled = serializers.BooleanField(required=False, allow_null=True, default=None)
+        q = serializers.CharField(max_length=200, required=False, allow_blank=True)
+        token = serializers.CharField(max_length=100, required=False, allow_blank=True, trim_whitespace=False)
+        sort = serializers.ChoiceField(choices=list(selectors.SORTS), default="index")
+        page = serializers.IntegerField(min_value=1, default=1)
+        page_size = serializers.IntegerField(min_value=1, max_value=500, default=50)
+
+    @extend_schema(parameters=[FilterSerializer], responses={200: dict})
+    def get(self, request, sae_id: str):
+        sae = sae_get(user=request.user, sae_id=sae_id)
+        filters = self.FilterSerializer(data=request.query_params)
+        filters.is_valid(raise_exception=True)
+        values = dict(filters.validated_data)
+        analysis = selectors.current_analysis(
+            user=request.user, sae=sae, analysis_id=values.pop("analysis", None)
+        )
+        page, page_size = values.pop("page"), values.pop("page_size")
+        return Response(
+            selectors.feature_page(
+                user=request.user, sae=sae, analysis=analysis, filters=values, page=page, page_size=page_size
+            )
+        )
+
+
+class FeatureDetailApi(APIView):
+    """One feature's dashboard data; PATCH sets the caller's own label and notes on it."""
+
+    permission_classes = [CanWrite]
+
+    class QuerySerializer(StrictSerializer):
+        analysis = serializers.CharField(max_length=64, required=False)
+
+    class LabelSerializer(StrictSerializer):
+        label = serializers.CharField(max_length=200, required=False, allow_blank=True)
+        notes = serializers.CharField(max_length=10_000, required=False, allow_blank=True)
+        shared = serializers.BooleanField(required=False)
+
+    @extend_schema(parameters=[QuerySerializer], responses={200: dict})
+    def get(self, request, sae_id: str, index: int):
+        sae = sae_get(user=request.user, sae_id=sae_id)
+        query = self.QuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        analysis = selectors.current_analysis(
+            user=request.user, sae=sae, analysis_id=query.validated_data.get("analysis")
+        )
+        return Response(selectors.feature_detail(user=request.user, sae=sae, analysis=analysis, index=index))
+
+    @extend_schema(request=LabelSerializer, responses={200: dict})
+    def patch(self, request, sae_id: str, index: int):
+        sae = sae_get(user=request.user, sae_id=sae_id)
+        data = self.LabelSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        label = services.feature_label_set(sae=sae, index=index, actor=request.user, **data.validated_data)
+        return Response({"index": index, "label": label_state(label) if label.pk else None})
+
+
+class FeatureEncodeApi(APIView):
+    """Which features fire on a text (the SAE's model must be loaded)."""
+
+    permission_classes = [CanWrite]
+
+    class InputSerializer(StrictSerializer):
+        text = serializers.CharField(max_length=services.MAX_ENCODE_CHARS, trim_whitespace=False)
+        top = serializers.IntegerField(min_value=1, max_value=100, default=10)
+
+    @extend_schema(request=InputSerializer, responses={200: dict})
+    def post(self, request, sae_id: str):
+        sae = sae_get(user=request.user, sae_id=sae_id)
+        data = self.InputSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        result = services.feature_encode(sae=sae, **data.validated_data)
+        return Response(selectors.with_feature_names(user=request.user, sae=sae, result=result))
+
+
+class FeatureExportApi(APIView):
+    """Every feature's dashboard as one JSON document (Neuronpedia-like fields; docs/api.md)."""
+
+    permission_classes = [CanRead]
+
+    @extend_schema(parameters=[FeatureDetailApi.QuerySerializer], responses={(200, "application/json"): dict})
+    def get(self, request, sae_id: str):
+        sae = sae_get(user=request.user, sae_id=sae_id)
+        query = FeatureDetailApi.QuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        analysis = selectors.current_analysis(
+            user=request.user, sae=sae, analysis_id=query.validated_data.get("analysis")
+        )
+        response = ChunkedStreamingResponse(
+            selectors.analysis_export_stream(user=request.user, sae=sae, analysis=analysis),
+            content_type="application/json",
+        )
+        response["Content-Disposition"] = f'attachment; filename="{sae.id}-features.json"'
+        return response

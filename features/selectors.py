@@ -1,0 +1,411 @@
+"""Read queries of analyses, features and labels, for the API, pages, commands and snapshots.
+
+A feature's dashboard is read from its analysis's ``features.safetensors``: row ``index`` of each
+array, sliced from the file without reading the rest (the cache is never touched).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+from django.db.models import Exists, OuterRef, Q, QuerySet
+
+from activations.selectors import model_folder, tokenizer_for
+from features.models import Feature, FeatureAnalysis, FeatureLabel
+from features.serializers import analysis_state, feature_summary, label_state
+from mistudio.access import visible_rows
+from mistudio.errors import ApplicationError
+from mistudio.events import register_group_kind
+from saes.models import SparseAutoencoder
+from saes.selectors import sae_list
+
+SORTS = {
+    "index": ("index",),
+    "density": ("density", "index"),
+    "-density": ("-density", "index"),
+    "max_activation": ("max_activation", "index"),
+    "-max_activation": ("-max_activation", "index"),
+}
+EXPORT_SCHEMA = "mistudio.features/1"
+
+
+# --- analyses --------------------------------------------------------------------------------------
+
+
+def analysis_list(*, user, sae: SparseAutoencoder | None = None) -> QuerySet[FeatureAnalysis]:
+    """Analyses the user may see, of SAEs they may see."""
+    analyses = visible_rows(
+        FeatureAnalysis.objects.select_related("owner", "sae"), user, shareable=True
+    ).filter(sae__in=sae_list(user=user))
+    return analyses if sae is None else analyses.filter(sae=sae)
+
+
+def analysis_get(*, user, sae: SparseAutoencoder, analysis_id: str) -> FeatureAnalysis:
+    analysis = analysis_list(user=user, sae=sae).filter(pk=analysis_id).first()
+    if analysis is None:
+        raise ApplicationError("ANALYSIS_NOT_FOUND", "No such feature analysis of this SAE.", status=404)
+    return analysis
+
+
+def current_analysis(*, user, sae: SparseAutoencoder, analysis_id: str | None = None) -> FeatureAnalysis:
+    """The analysis named, or the newest completed one the user may see (404 ``NO_ANALYSIS``)."""
+    if analysis_id:
+        analysis = analysis_get(user=user, sae=sae, analysis_id=analysis_id)
+        if analysis.status != FeatureAnalysis.Status.COMPLETED:
+            raise ApplicationError("ANALYSIS_NOT_READY", f"The analysis is {analysis.status}.", status=409)
+        return analysis
+    analysis = (
+        analysis_list(user=user, sae=sae)
+        .filter(status=FeatureAnalysis.Status.COMPLETED)
+        .order_by("-finished_at")
+        .first()
+    )
+    if analysis is None:
+        raise ApplicationError(
+            "NO_ANALYSIS", "This SAE has no completed feature analysis yet: run one first.", status=404
+        )
+    return analysis
+
+
+# --- labels ----------------------------------------------------------------------------------------
+
+
+def visible_labels(*, user, sae: SparseAutoencoder) -> QuerySet[FeatureLabel]:
+    return visible_rows(FeatureLabel.objects.select_related("owner"), user, shareable=True).filter(sae=sae)
+
+
+def label_for(labels: list[FeatureLabel], user) -> FeatureLabel | None:
+    """The label a user sees on a feature: their own, else the newest shared one."""
+    own = [label for label in labels if label.owner_id == getattr(user, "pk", None)]
+    return (own or sorted(labels, key=lambda label: label.updated_at, reverse=True) or [None])[0]
+
+
+def labels_by_index(*, user, sae: SparseAutoencoder, indices: list[int]) -> dict[int, FeatureLabel | None]:
+    grouped: dict[int, list[FeatureLabel]] = {}
+    for label in visible_labels(user=user, sae=sae).filter(index__in=indices):
+        grouped.setdefault(label.index, []).append(label)
+    return {index: label_for(labels, user) for index, labels in grouped.items()}
+
+
+# --- the feature list ------------------------------------------------------------------------------
+
+
+def feature_list(
+    *, user, sae: SparseAutoencoder, analysis: FeatureAnalysis, filters: dict[str, Any]
+) -> QuerySet[Feature]:
+    """The analysis's features, filtered (``density_min`` / ``density_max``, ``dead``, ``labelled``,
+    ``q``: label, notes or automatic label text, ``token``: an activating token of its top
+    examples) and sorted (``sort``: one of :data:`SORTS`)."""
+    features = Feature.objects.filter(analysis=analysis)
+    if filters.get("density_min") is not None:
+        features = features.filter(density__gte=filters["density_min"])
+    if filters.get("density_max") is not None:
+        features = features.filter(density__lte=filters["density_max"])
+    if filters.get("dead") is not None:
+        features = features.filter(density=0) if filters["dead"] else features.exclude(density=0)
+    labels = visible_labels(user=user, sae=sae)
+    if filters.get("labelled") is not None:
+        labelled = Exists(labels.filter(index=OuterRef("index")).exclude(label=""))
+        features = features.filter(labelled if filters["labelled"] else ~labelled)
+    if filters.get("q"):
+        text = filters["q"].strip()
+        matching = labels.filter(Q(label__icontains=text) | Q(notes__icontains=text)).values("index")
+        features = features.filter(Q(auto_label__icontains=text) | Q(index__in=matching))
+    if filters.get("token"):
+        features = features.filter(top_tokens__icontains=f"|{filters['token'].strip().lower()}|")
+    return features.order_by(*SORTS[filters.get("sort") or "index"])
+
+
+def feature_page(
+    *,
+    user,
+    sae: SparseAutoencoder,
+    analysis: FeatureAnalysis,
+    filters: dict[str, Any],
+    page: int,
+    page_size: int,
+) -> dict[str, Any]:
+    features = feature_list(user=user, sae=sae, analysis=analysis, filters=filters)
+    total = features.count()
+    rows = list(features[(page - 1) * page_size : page * page_size])
+    labels = labels_by_index(user=user, sae=sae, indices=[row.index for row in rows])
+    return {
+        "analysis_id": analysis.id,
+        "total": total,
+        "page": page,
+        "page_size": page_size,
+        "features": [feature_summary(row, labels.get(row.index)) for row in rows],
+    }
+
+
+# --- one feature's dashboard -----------------------------------------------------------------------
+
+
+class FeatureFile:
+    """Row ``index`` of the arrays of ``features.safetensors``, sliced without reading the rest."""
+
+    def __init__(self, analysis: FeatureAnalysis):
+        from safetensors import safe_open
+
+        try:
+            self._file = safe_open(str(analysis.data_path), framework="numpy")
+        except (OSError, ValueError):
+            raise ApplicationError(
+                "ANALYSIS_FILES_MISSING", "The analysis's files are missing or damaged.", status=409
+            ) from None
+        self.names = set(self._file.keys())
+
+    def row(self, name: str, index: int) -> np.ndarray | None:
+        return self._file.get_slice(name)[index] if name in self.names else None
+
+    def rows(self, name: str, start: int, stop: int) -> np.ndarray:
+        return self._file.get_slice(name)[start:stop]
+
+
+def analysis_tokenizer(sae: SparseAutoencoder):
+    """The SAE's model's tokenizer, or None when its files are not on this machine (ids shown)."""
+    if sae.model is None:
+        return None
+    folder = model_folder(sae.model)
+    try:
+        return tokenizer_for(str(folder)) if folder is not None else None
+    except (OSError, ValueError):
+        return None
+
+
+def token_strings(tokenizer, token_ids) -> list[str]:
+    ids = [int(token) for token in token_ids]
+    if tokenizer is None:
+        return [f"#{token}" if token >= 0 else "" for token in ids]
+    return [tokenizer.decode([token]) if token >= 0 else "" for token in ids]
+
+
+def _examples(
+    data: FeatureFile,
+    prefix: str,
+    index: int,
+    tokenizer,
+    *,
+    before: int,
+    maximum: float,
+    intervals: int | None,
+) -> list[dict[str, Any]]:
+    rows = data.row(f"{prefix}_rows", index)
+    values = data.row(f"{prefix}_values", index)
+    context = data.row(f"{prefix}_context", index).astype(np.float32)
+    context_tokens = data.row(f"{prefix}_context_tokens", index)
+    samples, positions = data.row(f"{prefix}_sample", index), data.row(f"{prefix}_position", index)
+    examples = []
+    for slot, row in enumerate(rows):
+        if row < 0:
+            continue
+        present = context_tokens[slot] >= 0
+        example = {
+            "row": int(row),
+            "value": float(values[slot]),
+            "sample_index": int(samples[slot]),
+            "position": int(positions[slot]),
+            "token_ids": [int(token) for token in context_tokens[slot][present]],
+            "tokens": token_strings(tokenizer, context_tokens[slot][present]),
+            "values": [round(float(value), 5) for value in context[slot][present]],
+            "center": int(present[:before].sum()),
+        }
+        if intervals:
+            interval = min(intervals - 1, max(0, int(np.ceil(values[slot] / maximum * intervals)) - 1))
+            example["interval"] = [
+                round(maximum * interval / intervals, 6),
+                round(maximum * (interval + 1) / intervals, 6),
+            ]
+        examples.append(example)
+    return examples
+
+
+def feature_detail(*, user, sae: SparseAutoencoder, analysis: FeatureAnalysis, index: int) -> dict[str, Any]:
+    """Everything a feature's dashboard shows, as JSON."""
+    if not 0 <= index < sae.d_sae:
+        raise ApplicationError("FEATURE_NOT_FOUND", f"The SAE has features 0 to {sae.d_sae - 1}.", status=404)
+    feature = Feature.objects.filter(analysis=analysis, index=index).first()
+    if feature is None:
+        raise ApplicationError("FEATURE_NOT_FOUND", "The analysis has no such feature.", status=404)
+    data = FeatureFile(analysis)
+    tokenizer = analysis_tokenizer(sae)
+    config = analysis.config
+    before, intervals = config.get("context_before", 8), config.get("intervals", 5)
+    maximum = float(feature.max_activation)
+    histogram = data.row("histogram", index)
+    bins = len(histogram)
+    detail: dict[str, Any] = {
+        "sae_id": sae.id,
+        "analysis_id": analysis.id,
+        **feature_summary(feature, labels_by_index(user=user, sae=sae, indices=[index]).get(index)),
+        "nonzero_count": int(data.row("nonzero_count", index)),
+        "tokens": analysis.tokens,
+        "histogram": {
+            "counts": [int(count) for count in histogram],
+            "edges": [round(maximum * edge / bins, 6) for edge in range(bins + 1)],
+        },
+        "top_examples": _examples(
+            data, "top", index, tokenizer, before=before, maximum=maximum, intervals=None
+        ),
+        "interval_examples": _examples(
+            data, "interval", index, tokenizer, before=before, maximum=maximum or 1.0, intervals=intervals
+        ),
+        "logit_effects": None,
+        "similar": [],
+        "labels": [
+            {**label_state(label), "mine": label.owner_id == getattr(user, "pk", None)}
+            for label in visible_labels(user=user, sae=sae).filter(index=index)
+        ],
+    }
+    if "logit_top_ids" in data.names:
+        low, high = (float(value) for value in data.row("logit_range", index))
+        counts = data.row("logit_histogram", index)
+        detail["logit_effects"] = {
+            direction: [
+                {"token_id": int(token), "token": text, "value": round(float(value), 5)}
+                for token, text, value in zip(
+                    data.row(f"logit_{direction}_ids", index),
+                    token_strings(tokenizer, data.row(f"logit_{direction}_ids", index)),
+                    data.row(f"logit_{direction}_values", index),
+                    strict=True,
+                )
+            ]
+            for direction in ("top", "bottom")
+        }
+        detail["logit_effects"]["histogram"] = {
+            "counts": [int(count) for count in counts],
+            "edges": [round(low + (high - low) * edge / len(counts), 6) for edge in range(len(counts) + 1)],
+        }
+    neighbour_ids = [int(neighbour) for neighbour in data.row("neighbour_ids", index)]
+    neighbours = {
+        row.index: row for row in Feature.objects.filter(analysis=analysis, index__in=neighbour_ids)
+    }
+    detail["similar"] = [
+        {
+            "index": neighbour,
+            "cosine": round(float(cosine), 5),
+            "density": neighbours[neighbour].density if neighbour in neighbours else None,
+            "auto_label": neighbours[neighbour].auto_label if neighbour in neighbours else "",
+        }
+        for neighbour, cosine in zip(neighbour_ids, data.row("neighbour_cosines", index), strict=True)
+    ]
+    return detail
+
+
+def with_feature_names(*, user, sae: SparseAutoencoder, result: dict[str, Any]) -> dict[str, Any]:
+    """A live encoding's result with each feature's label and automatic label (from the newest
+    analysis the user may see; none before the first)."""
+    indices = {entry["index"] for entry in result["overall"]}
+    indices |= {entry["index"] for row in result["per_token"] for entry in row}
+    try:
+        analysis = current_analysis(user=user, sae=sae)
+    except ApplicationError:
+        analysis = None
+    automatic = (
+        dict(Feature.objects.filter(analysis=analysis, index__in=indices).values_list("index", "auto_label"))
+        if analysis
+        else {}
+    )
+    labels = labels_by_index(user=user, sae=sae, indices=list(indices))
+    names = {
+        index: {
+            "auto_label": automatic.get(index, ""),
+            "label": labels[index].label if labels.get(index) else "",
+        }
+        for index in indices
+    }
+    return {
+        **result,
+        "analysis_id": analysis.id if analysis else None,
+        "overall": [{**entry, **names[entry["index"]]} for entry in result["overall"]],
+        "features": {str(index): names[index] for index in sorted(indices)},
+    }
+
+
+# --- export (Neuronpedia-like JSON) ----------------------------------------------------------------
+
+
+def _neuronpedia_feature(detail: dict[str, Any], prompts: int) -> dict[str, Any]:
+    """One feature in the field names of sae-dashboard's Neuronpedia export (documented in docs/api.md)."""
+    logits = detail["logit_effects"] or {"top": [], "bottom": [], "histogram": {"counts": [], "edges": []}}
+
+    def centres(edges: list[float]) -> list[float]:
+        return [round((low + high) / 2, 6) for low, high in itertools.pairwise(edges)]
+
+    def activation(example: dict[str, Any], interval: list[float] | None) -> dict[str, Any]:
+        return {
+            "bin_min": interval[0] if interval else -1,
+            "bin_max": interval[1] if interval else -1,
+            "tokens": example["tokens"],
+            "values": example["values"],
+            "qualifying_token_index": example["center"],
+        }
+
+    label = detail["label"]
+    return {
+        "feature_index": detail["index"],
+        "frac_nonzero": detail["density"],
+        "max_activation": detail["max_activation"],
+        "mean_activation": detail["mean_activation"],
+        "pos_str": [entry["token"] for entry in logits["top"]],
+        "pos_values": [entry["value"] for entry in logits["top"]],
+        "neg_str": [entry["token"] for entry in logits["bottom"]],
+        "neg_values": [entry["value"] for entry in logits["bottom"]],
+        "freq_hist_data_bar_heights": detail["histogram"]["counts"],
+        "freq_hist_data_bar_values": centres(detail["histogram"]["edges"]),
+        "logits_hist_data_bar_heights": logits["histogram"]["counts"],
+        "logits_hist_data_bar_values": centres(logits["histogram"]["edges"]),
+        "topk_cos_sim_indices": [entry["index"] for entry in detail["similar"]],
+        "topk_cos_sim_values": [entry["cosine"] for entry in detail["similar"]],
+        "n_prompts_total": prompts,
+        "activations": [activation(example, None) for example in detail["top_examples"]]
+        + [activation(example, example["interval"]) for example in detail["interval_examples"]],
+        "explanations": [{"description": label["label"]}] if label and label["label"] else [],
+        "auto_label": detail["auto_label"],
+    }
+
+
+def analysis_export_stream(*, user, sae: SparseAutoencoder, analysis: FeatureAnalysis) -> Iterator[bytes]:
+    """Every feature's dashboard as one JSON document, written feature by feature."""
+    head = {
+        "schema": EXPORT_SCHEMA,
+        "model_id": sae.model_name,
+        "sae_id": sae.id,
+        "hook_name": sae.hook_name,
+        "d_sae": sae.d_sae,
+        "analysis_id": analysis.id,
+        "cache_id": analysis.cache_id,
+        "tokens": analysis.tokens,
+    }
+    prompts = analysis.cache.sample_count if analysis.cache is not None else None
+    FeatureFile(analysis)  # missing files: 409 now, not halfway through the stream
+
+    def chunks() -> Iterator[bytes]:
+        yield (json.dumps(head)[:-1] + ', "features": [').encode()
+        for index in range(sae.d_sae):
+            detail = feature_detail(user=user, sae=sae, analysis=analysis, index=index)
+            yield ((", " if index else "") + json.dumps(_neuronpedia_feature(detail, prompts))).encode()
+        yield b"]}"
+
+    return chunks()
+
+
+# --- events ----------------------------------------------------------------------------------------
+
+
+def analysis_snapshot(user, key: str | None) -> dict[str, Any] | None:
+    analysis = analysis_list(user=user).filter(pk=key).first()
+    return None if analysis is None else analysis_state(analysis)
+
+
+def register_event_groups() -> None:
+    register_group_kind(
+        "analysis",
+        keyed=True,
+        snapshot=analysis_snapshot,
+        visible=lambda user, key: analysis_list(user=user).filter(pk=key).exists(),
+    )

@@ -1,0 +1,254 @@
+"""RQ entry points of feature analysis and live encoding. They take ids and run in a miStudio worker."""
+
+import json
+import logging
+import os
+import shutil
+from typing import Any
+
+from django.db import close_old_connections, transaction
+
+from activations.selectors import model_folder, tokenizer_for
+from activations.store import CacheError
+from engine.errors import EngineError
+from engine.features.analysis import (
+    AnalysisCancelled,
+    AnalysisConfig,
+    AnalysisState,
+    TokenTable,
+    analysis_summary,
+    analyze,
+    feature_arrays,
+)
+from engine.features.decoder import decoder_neighbours, logit_effects, unembedding
+from engine.features.inference import auto_label, features_of_text
+from engine.registry import LOADED_MODELS
+from engine.sae.formats import load_saelens
+from features.models import Feature, FeatureAnalysis
+from features.services import (
+    analysis_cancel_requested,
+    analysis_discard,
+    analysis_enqueue,
+    analysis_failed,
+    analysis_publish,
+    encode_reply_key,
+)
+from mistudio.errors import ApplicationError
+from mistudio.events import ProgressThrottle
+from mistudio.redis_client import get_redis
+from models_app.tasks import Requeued, current_worker, model_in_this_worker
+from saes.services import folder_size
+from saes.tasks import open_cache
+
+logger = logging.getLogger(__name__)
+
+CHECKPOINT_SECONDS = float(os.environ.get("FEATURE_ANALYSIS_CHECKPOINT_SECONDS", "30"))
+ENCODE_MAX_TOKENS = 1024
+_SAE_MODULES: dict[str, tuple[float, Any]] = {}  # sae id -> (weights' mtime, module): live encoding
+
+
+def sae_module(sae) -> Any:
+    """The SAE's module, loaded once per worker (again if its weights file changed)."""
+    stamp = (sae.directory / "sae_weights.safetensors").stat().st_mtime
+    cached = _SAE_MODULES.get(sae.id)
+    if cached is None or cached[0] != stamp:
+        module, _ = load_saelens(sae.directory)
+        module.eval()
+        _SAE_MODULES.clear()  # one at a time: a worker's memory is the models'
+        _SAE_MODULES[sae.id] = cached = (stamp, module)
+    return cached[1]
+
+
+def run_feature_analysis(analysis_id: str) -> None:
+    """Sweep the SAE over the cache (three streamed passes, resumable from its saved state), add
+    logit effects and neighbours, write ``features.safetensors`` and one ``Feature`` row per
+    feature. Idempotent: a row no longer queued or running is left alone."""
+    close_old_connections()
+    identity = current_worker()
+    analysis = (
+        FeatureAnalysis.objects.select_related("sae", "sae__model", "cache").filter(pk=analysis_id).first()
+    )
+    if analysis is None or analysis.status not in FeatureAnalysis.ACTIVE:
+        return
+    sae = analysis.sae
+    try:
+        if analysis_cancel_requested(analysis.id):
+            raise AnalysisCancelled
+        loaded = None
+        if sae.model_id:  # for the unembedding (logit effects) and the tokenizer
+            loaded = model_in_this_worker(
+                sae.model_id, identity.name, requeue=lambda: analysis_requeue(analysis),
+                purpose="a feature analysis",
+            )  # fmt: skip
+        store = open_cache(analysis.cache, sae.hook_name)
+        table = store.tokens()
+        tokens = TokenTable(table["token_ids"], table["sample_index"], table["position"])
+        config = AnalysisConfig(**analysis.config) if analysis.config else AnalysisConfig()
+        module, _ = load_saelens(sae.directory)
+        device = identity.device
+        module.to(device)
+        resume = AnalysisState.load(analysis.state_directory)
+        # Read now: the sweep carries the resumed state forward in place.
+        resumed_from = None if resume is None else {"phase": resume.phase, "row": resume.next_row}
+        fields = analysis.mark_running(host_worker=identity.name, tokens=len(tokens))
+        analysis.config = config.__dict__ if not analysis.config else analysis.config
+        analysis_publish(
+            analysis, "analysis:started", [*fields, "config"],
+            resumed_from=resumed_from,
+        )  # fmt: skip
+        throttle = ProgressThrottle(min_step=101.0, min_interval=0.5)
+
+        def on_progress(progress) -> None:
+            if throttle.ready(100 * progress.fraction):
+                fields = analysis.mark_progress(
+                    phase=progress.phase,
+                    fraction=progress.fraction,
+                    tokens_per_second=progress.rows_per_second,
+                )
+                analysis_publish(analysis, "analysis:progress", fields)
+
+        state = analyze(
+            lambda rows: module.encode(rows.to(device)).float().cpu(),
+            lambda start, stop: store.get(sae.hook_name, start, stop, as_torch=True).float(),
+            tokens,
+            d_sae=sae.d_sae,
+            config=config,
+            resume=resume,
+            on_progress=on_progress,
+            should_cancel=lambda: analysis_cancel_requested(analysis.id),
+            on_checkpoint=lambda state: state.save(analysis.state_directory),
+            checkpoint_seconds=CHECKPOINT_SECONDS,
+        )
+        arrays = feature_arrays(state, tokens, config)
+        summary = analysis_summary(state, config)
+        if resumed_from is not None:
+            summary["resumed_from"] = resumed_from
+        arrays.update(decoder_neighbours(module.W_dec))
+        weights = unembedding(loaded.model) if loaded is not None else None
+        if weights is not None and weights[0].shape[0] == sae.d_in:
+            arrays.update(logit_effects(module.W_dec, *weights))
+        else:
+            summary["logit_note"] = (
+                "No logit effects: the SAE names no loaded model with an unembedding"
+                if weights is None
+                else f"No logit effects: the hook's width ({sae.d_in}) is not the residual stream's."
+            )
+        tokenizer = loaded.tokenizer if loaded is not None else None
+        write_results(analysis, arrays, tokenizer=tokenizer, config=config)
+        if analysis_cancel_requested(analysis.id):
+            raise AnalysisCancelled
+    except Requeued:
+        return
+    except AnalysisCancelled:
+        analysis_discard(analysis)
+        return
+    except (ApplicationError, EngineError, CacheError) as error:
+        code, message = getattr(error, "code", "ANALYSIS_FAILED"), getattr(error, "message", str(error))
+        analysis_failed(analysis, code=code, message=message)
+        return
+    except Exception as error:
+        logger.exception("Feature analysis %s failed", analysis_id)
+        analysis_failed(analysis, code="ANALYSIS_FAILED", message=f"Analysis failed: {type(error).__name__}.")
+        return
+    shutil.rmtree(analysis.state_directory, ignore_errors=True)
+    fields = analysis.mark_completed(summary=summary, file_size_bytes=folder_size(analysis.directory))
+    analysis_publish(analysis, "analysis:completed", fields)
+
+
+def analysis_requeue(analysis: FeatureAnalysis) -> None:
+    analysis.rq_job_id = f"analysis-{analysis.id}-r{os.getpid()}"
+    analysis.save(update_fields=["rq_job_id"])
+    analysis_enqueue(analysis)
+
+
+def write_results(analysis: FeatureAnalysis, arrays: dict, *, tokenizer, config: AnalysisConfig) -> None:
+    """``features.safetensors`` (written whole, then renamed) and the ``Feature`` rows, replaced
+    together in one transaction (a retried job leaves no duplicates)."""
+    from safetensors.numpy import save_file
+
+    analysis.directory.mkdir(parents=True, exist_ok=True)
+    temporary = analysis.data_path.with_suffix(".tmp")
+    save_file({name: value for name, value in arrays.items()}, str(temporary))
+    temporary.replace(analysis.data_path)
+
+    if tokenizer is None and analysis.sae.model is not None:
+        folder = model_folder(analysis.sae.model)
+        try:
+            tokenizer = tokenizer_for(str(folder)) if folder is not None else None
+        except (OSError, ValueError):
+            tokenizer = None
+    decoded: dict[int, str] = {}
+
+    def decode(token_id: int) -> str:
+        if token_id not in decoded:
+            text = tokenizer.decode([token_id]) if tokenizer is not None else f"#{token_id}"
+            decoded[token_id] = text.replace("\x00", "")  # PostgreSQL text holds no NUL
+        return decoded[token_id]
+
+    center = config.context_before
+    activating = arrays["top_context_tokens"][:, :, center]  # [d_sae, top_k], -1 when empty
+    rows = []
+    for index in range(len(arrays["density"])):
+        ids = [int(token) for token in activating[index] if token >= 0]
+        distinct = sorted({decode(token).strip().lower() for token in ids} - {""})
+        rows.append(
+            Feature(
+                analysis=analysis,
+                index=index,
+                density=float(arrays["density"][index]),
+                max_activation=float(arrays["max"][index]),
+                mean_activation=float(arrays["mean"][index]),
+                auto_label=auto_label(ids, decode)[:200],
+                top_tokens=f"|{'|'.join(token.replace('|', '¦') for token in distinct)}|" if distinct else "",
+            )
+        )
+    with transaction.atomic():
+        Feature.objects.filter(analysis=analysis).delete()
+        Feature.objects.bulk_create(rows, batch_size=2000)
+
+
+def run_feature_encode(request_id: str, sae_id: str, text: str, top: int) -> None:
+    """Live encoding for ``features.services.feature_encode``: the reply, JSON, goes to a Redis
+    list the web process waits on (``{"error": {...}}`` when it cannot be done here)."""
+    from saes.models import SparseAutoencoder
+
+    close_old_connections()
+    try:
+        sae = SparseAutoencoder.objects.get(pk=sae_id)
+        loaded = LOADED_MODELS.get(sae.model_id) if sae.model_id else None
+        if loaded is None:
+            raise ApplicationError(
+                "MODEL_NOT_LOADED", "The SAE's model is not loaded in this worker.", status=409
+            )
+        module = sae_module(sae)
+        limit = getattr(loaded.model.config, "max_position_embeddings", None) or ENCODE_MAX_TOKENS
+        result = features_of_text(
+            loaded.model, loaded.tokenizer, module, hook_name=sae.hook_name, text=text,
+            max_length=min(ENCODE_MAX_TOKENS, int(limit)),
+        )  # fmt: skip
+        body: dict[str, Any] = {
+            "token_ids": result.token_ids,
+            "tokens": [loaded.tokenizer.decode([token]) for token in result.token_ids],
+            "per_token": [
+                [{"index": index, "value": round(value, 6)} for index, value in row]
+                for row in result.per_token(top)
+            ],
+            "overall": result.overall(top),
+        }
+    except (ApplicationError, EngineError) as error:
+        body = {
+            "error": {"code": error.code, "message": error.message, "status": getattr(error, "status", 409)}
+        }
+    except Exception as error:
+        logger.exception("Live encoding for %s failed", sae_id)
+        body = {
+            "error": {
+                "code": "ENCODE_FAILED",
+                "message": f"Encoding failed: {type(error).__name__}.",
+                "status": 500,
+            }
+        }
+    redis = get_redis()
+    key = encode_reply_key(request_id)
+    redis.rpush(key, json.dumps(body))
+    redis.expire(key, 120)
