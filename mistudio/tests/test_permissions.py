@@ -82,7 +82,11 @@ MATRIX: dict[str, dict[str, tuple]] = {
     "api/saes/{sae}/evaluate": {"POST": OWNER_CHANGES},
     "api/saes/{sae}/export": {"GET": OWNER_READS},
     "api/saes/{sae}/analyses": {"GET": OWNER_READS, "POST": OWNER_CHANGES},
-    "api/saes/{sae}/analyses/{analysis}": {"GET": OWNER_READS, "PATCH": OWNER_CHANGES, "DELETE": OWNER_CHANGES},
+    "api/saes/{sae}/analyses/{analysis}": {
+        "GET": OWNER_READS,
+        "PATCH": OWNER_CHANGES,
+        "DELETE": OWNER_CHANGES,
+    },
     "api/saes/{sae}/analyses/{analysis}/cancel": {"POST": OWNER_CHANGES},
     "api/saes/{sae}/features": {"GET": OWNER_READS},
     "api/saes/{sae}/features/export": {"GET": OWNER_READS},

@@ -1,0 +1,48 @@
+from django.contrib import admin, messages
+
+from features import services
+from features.models import FeatureAnalysis, FeatureLabel
+from mistudio.access import OPERATOR
+from mistudio.errors import ApplicationError
+
+
+@admin.register(FeatureAnalysis)
+class FeatureAnalysisAdmin(admin.ModelAdmin):
+    list_display = ["id", "sae", "cache", "status", "phase", "progress", "tokens", "created_at"]
+    list_filter = ["status", "shared"]
+    search_fields = ["id", "sae__id", "sae__name", "cache__id"]
+    readonly_fields = [field.name for field in FeatureAnalysis._meta.fields if field.name != "shared"]
+    actions = ["cancel_analyses"]
+
+    def has_add_permission(self, request) -> bool:
+        return False  # analyses start from the API, the SAE page or `manage.py analyze_sae`
+
+    def save_model(self, request, obj, form, change) -> None:
+        services.analysis_update(analysis=obj, actor=OPERATOR, shared=form.cleaned_data["shared"])
+
+    def delete_model(self, request, obj) -> None:
+        services.analysis_delete(analysis=obj, actor=OPERATOR)
+
+    def delete_queryset(self, request, queryset) -> None:
+        for analysis in queryset:
+            services.analysis_delete(analysis=analysis, actor=OPERATOR)
+
+    @admin.action(description="Cancel selected analyses")
+    def cancel_analyses(self, request, queryset):
+        for analysis in queryset:
+            try:
+                services.analysis_cancel(analysis=analysis, actor=OPERATOR)
+                self.message_user(request, f"{analysis.id}: cancelled.")
+            except ApplicationError as error:
+                self.message_user(request, f"{analysis.id}: {error.message}", level=messages.WARNING)
+
+
+@admin.register(FeatureLabel)
+class FeatureLabelAdmin(admin.ModelAdmin):
+    list_display = ["sae", "index", "label", "owner", "shared", "updated_at"]
+    list_filter = ["shared"]
+    search_fields = ["label", "notes", "sae__id", "sae__name"]
+    readonly_fields = ["sae", "index", "owner", "created_at", "updated_at"]
+
+    def has_add_permission(self, request) -> bool:
+        return False  # labels are set on the feature's page, through the API or the admin's edits

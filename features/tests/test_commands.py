@@ -1,0 +1,52 @@
+"""The feature commands: analyze_sae (waiting with its progress bar on a real worker) and show_feature."""
+
+import io
+import threading
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from features.models import Feature, FeatureAnalysis
+from mistudio.workers import run_worker, shared_queue
+from models_app.tests.live_stack import wait_until
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def run(*arguments) -> str:
+    out = io.StringIO()
+    call_command(*arguments, stdout=out)
+    return out.getvalue()
+
+
+def test_analyze_then_show_a_feature_from_the_command_line(sae_row):
+    def worker_when_queued() -> None:
+        wait_until(lambda: shared_queue().count > 0, timeout=30, what="the analysis job")
+        run_worker(name="feature-cli-worker", device="cpu", burst=True)
+
+    worker = threading.Thread(target=worker_when_queued)
+    worker.start()
+    output = run("analyze_sae", sae_row.id)
+    worker.join(timeout=60)
+    analysis = FeatureAnalysis.objects.get()
+    assert analysis.status == "completed"
+    assert (
+        f"Analysis {analysis.id} completed: {sae_row.d_sae} features over {analysis.tokens:,} tokens"
+        in output
+    )
+
+    busiest = Feature.objects.filter(analysis=analysis).order_by("-density").first()
+    shown = run("show_feature", sae_row.id, str(busiest.index))
+    assert shown.startswith(f"Feature {busiest.index} of {sae_row.id}")
+    assert f"density {busiest.density:.3%}" in shown and "Top activations:" in shown
+    assert "Promotes:" in shown and "Similar features (decoder cosine):" in shown
+    assert shown.count("[") >= 10  # ten examples, each with its activating token in brackets
+
+
+def test_feature_command_errors_are_clear(sae_row):
+    with pytest.raises(CommandError, match="No SAE"):
+        run("analyze_sae", "sae_missing")
+    with pytest.raises(CommandError, match="No activation cache"):
+        run("analyze_sae", sae_row.id, "--cache", "act_missing")
+    with pytest.raises(CommandError, match="NO_ANALYSIS"):
+        run("show_feature", sae_row.id, "0")
