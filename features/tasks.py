@@ -2,10 +2,11 @@
 
 import json
 import logging
-import os
 import shutil
+import uuid
 from typing import Any
 
+from django.conf import settings
 from django.db import close_old_connections, transaction
 
 from activations.selectors import model_folder, tokenizer_for
@@ -42,7 +43,6 @@ from saes.tasks import open_cache
 
 logger = logging.getLogger(__name__)
 
-CHECKPOINT_SECONDS = float(os.environ.get("FEATURE_ANALYSIS_CHECKPOINT_SECONDS", "30"))
 ENCODE_MAX_TOKENS = 1024
 _SAE_MODULES: dict[str, tuple[float, Any]] = {}  # sae id -> (weights' mtime, module): live encoding
 
@@ -117,7 +117,7 @@ def run_feature_analysis(analysis_id: str) -> None:
             on_progress=on_progress,
             should_cancel=lambda: analysis_cancel_requested(analysis.id),
             on_checkpoint=lambda state: state.save(analysis.state_directory),
-            checkpoint_seconds=CHECKPOINT_SECONDS,
+            checkpoint_seconds=settings.FEATURE_ANALYSIS_CHECKPOINT_SECONDS,
         )
         arrays = feature_arrays(state, tokens, config)
         summary = analysis_summary(state, config)
@@ -156,7 +156,7 @@ def run_feature_analysis(analysis_id: str) -> None:
 
 
 def analysis_requeue(analysis: FeatureAnalysis) -> None:
-    analysis.rq_job_id = f"analysis-{analysis.id}-r{os.getpid()}"
+    analysis.rq_job_id = f"analysis-{analysis.id}-{uuid.uuid4().hex[:6]}"
     analysis.save(update_fields=["rq_job_id"])
     analysis_enqueue(analysis)
 

@@ -147,6 +147,8 @@ SAE_DIR = env_directory("SAE_DIR", DATA_DIR / "saes")
 SAE_CHECKPOINT_EVERY_STEPS = int(env_number("SAE_CHECKPOINT_EVERY_STEPS", 200, minimum=1, integer=True))
 # Feature analyses: one folder of per-feature arrays (features.safetensors) per analysis.
 FEATURES_DIR = env_directory("FEATURES_DIR", DATA_DIR / "features")
+# How often a running feature analysis saves the state it resumes from after a crash (seconds).
+FEATURE_ANALYSIS_CHECKPOINT_SECONDS = env_number("FEATURE_ANALYSIS_CHECKPOINT_SECONDS", 30, minimum=1)
 ACTIVATION_CACHE_MAX_BYTES = int(
     env_number("ACTIVATION_CACHE_MAX_BYTES", 50 * 2**30, minimum=1, integer=True)
 )
