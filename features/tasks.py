@@ -3,6 +3,7 @@
 import json
 import logging
 import shutil
+import time
 import uuid
 from typing import Any
 
@@ -10,6 +11,7 @@ from django.conf import settings
 from django.db import close_old_connections, transaction
 
 from activations.selectors import model_folder, tokenizer_for
+from activations.services import cache_touch
 from activations.store import CacheError
 from engine.errors import EngineError
 from engine.features.analysis import (
@@ -44,6 +46,7 @@ from saes.tasks import open_cache
 logger = logging.getLogger(__name__)
 
 ENCODE_MAX_TOKENS = 1024
+LEASE_SECONDS = 900
 _SAE_MODULES: dict[str, tuple[float, Any]] = {}  # sae id -> (weights' mtime, module): live encoding
 
 
@@ -97,8 +100,14 @@ def run_feature_analysis(analysis_id: str) -> None:
             resumed_from=resumed_from,
         )  # fmt: skip
         throttle = ProgressThrottle(min_step=101.0, min_interval=0.5)
+        cache_touch(analysis.cache, lease_seconds=LEASE_SECONDS)  # eviction leaves a cache being read
+        last_lease = time.monotonic()
 
         def on_progress(progress) -> None:
+            nonlocal last_lease
+            if time.monotonic() - last_lease > LEASE_SECONDS / 10:
+                cache_touch(analysis.cache, lease_seconds=LEASE_SECONDS)
+                last_lease = time.monotonic()
             if throttle.ready(100 * progress.fraction):
                 fields = analysis.mark_progress(
                     phase=progress.phase,
