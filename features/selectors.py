@@ -44,6 +44,12 @@ def analysis_list(*, user, sae: SparseAutoencoder | None = None) -> QuerySet[Fea
     return analyses if sae is None else analyses.filter(sae=sae)
 
 
+def analysed_sae_ids(*, user) -> set[str]:
+    """Ids of the SAEs with a completed analysis the user may see (the SAE list links their features)."""
+    completed = analysis_list(user=user).filter(status=FeatureAnalysis.Status.COMPLETED)
+    return set(completed.order_by().values_list("sae_id", flat=True).distinct())
+
+
 def analysis_get(*, user, sae: SparseAutoencoder, analysis_id: str) -> FeatureAnalysis:
     analysis = analysis_list(user=user, sae=sae).filter(pk=analysis_id).first()
     if analysis is None:
@@ -224,76 +230,118 @@ def _examples(
     return examples
 
 
-def feature_detail(*, user, sae: SparseAutoencoder, analysis: FeatureAnalysis, index: int) -> dict[str, Any]:
-    """Everything a feature's dashboard shows, as JSON."""
-    if not 0 <= index < sae.d_sae:
-        raise ApplicationError("FEATURE_NOT_FOUND", f"The SAE has features 0 to {sae.d_sae - 1}.", status=404)
-    feature = Feature.objects.filter(analysis=analysis, index=index).first()
-    if feature is None:
-        raise ApplicationError("FEATURE_NOT_FOUND", "The analysis has no such feature.", status=404)
-    data = FeatureFile(analysis)
-    tokenizer = analysis_tokenizer(sae)
-    config = analysis.config
-    before, intervals = config.get("context_before", 8), config.get("intervals", 5)
-    maximum = float(feature.max_activation)
-    histogram = data.row("histogram", index)
-    bins = len(histogram)
-    detail: dict[str, Any] = {
-        "sae_id": sae.id,
-        "analysis_id": analysis.id,
-        **feature_summary(feature, labels_by_index(user=user, sae=sae, indices=[index]).get(index)),
-        "nonzero_count": int(data.row("nonzero_count", index)),
-        "tokens": analysis.tokens,
-        "histogram": {
-            "counts": [int(count) for count in histogram],
-            "edges": [round(maximum * edge / bins, 6) for edge in range(bins + 1)],
-        },
-        "top_examples": _examples(
-            data, "top", index, tokenizer, before=before, maximum=maximum, intervals=None
-        ),
-        "interval_examples": _examples(
-            data, "interval", index, tokenizer, before=before, maximum=maximum or 1.0, intervals=intervals
-        ),
-        "logit_effects": None,
-        "similar": [],
-        "labels": [
-            {**label_state(label), "mine": label.owner_id == getattr(user, "pk", None)}
-            for label in visible_labels(user=user, sae=sae).filter(index=index)
-        ],
-    }
-    if "logit_top_ids" in data.names:
+class Dashboards:
+    """Reads dashboards of one analysis: its file opened once, the tokenizer once, and (``preload``,
+    for the export) every Feature row and visible label read once instead of per feature."""
+
+    def __init__(self, *, user, sae: SparseAutoencoder, analysis: FeatureAnalysis, preload: bool = False):
+        self.user, self.sae, self.analysis = user, sae, analysis
+        self.data = FeatureFile(analysis)
+        self.tokenizer = analysis_tokenizer(sae)
+        self.before = analysis.config.get("context_before", 8)
+        self.intervals = analysis.config.get("intervals", 5)
+        self._features: dict[int, Feature] | None = None
+        self._labels: dict[int, list[FeatureLabel]] | None = None
+        if preload:
+            self._features = {row.index: row for row in Feature.objects.filter(analysis=analysis)}
+            self._labels = {}
+            for label in visible_labels(user=user, sae=sae):
+                self._labels.setdefault(label.index, []).append(label)
+
+    def features(self, indices: list[int]) -> dict[int, Feature]:
+        if self._features is not None:
+            return {index: self._features[index] for index in indices if index in self._features}
+        return {row.index: row for row in Feature.objects.filter(analysis=self.analysis, index__in=indices)}
+
+    def labels(self, index: int) -> list[FeatureLabel]:
+        if self._labels is not None:
+            return self._labels.get(index, [])
+        return list(visible_labels(user=self.user, sae=self.sae).filter(index=index))
+
+    def detail(self, index: int) -> dict[str, Any]:
+        """Everything a feature's dashboard shows, as JSON."""
+        sae, data, tokenizer = self.sae, self.data, self.tokenizer
+        if not 0 <= index < sae.d_sae:
+            raise ApplicationError(
+                "FEATURE_NOT_FOUND", f"The SAE has features 0 to {sae.d_sae - 1}.", status=404
+            )
+        feature = self.features([index]).get(index)
+        if feature is None:
+            raise ApplicationError("FEATURE_NOT_FOUND", "The analysis has no such feature.", status=404)
+        labels = self.labels(index)
+        maximum = float(feature.max_activation)
+        histogram = data.row("histogram", index)
+        bins = len(histogram)
+        detail: dict[str, Any] = {
+            "sae_id": sae.id,
+            "analysis_id": self.analysis.id,
+            **feature_summary(feature, label_for(labels, self.user)),
+            "nonzero_count": int(data.row("nonzero_count", index)),
+            "tokens": self.analysis.tokens,
+            "histogram": {
+                "counts": [int(count) for count in histogram],
+                "edges": [round(maximum * edge / bins, 6) for edge in range(bins + 1)],
+            },
+            "top_examples": _examples(
+                data, "top", index, tokenizer, before=self.before, maximum=maximum, intervals=None
+            ),
+            "interval_examples": _examples(
+                data,
+                "interval",
+                index,
+                tokenizer,
+                before=self.before,
+                maximum=maximum or 1.0,
+                intervals=self.intervals,
+            ),
+            "logit_effects": None,
+            "similar": [],
+            "labels": [
+                {**label_state(label), "mine": label.owner_id == getattr(self.user, "pk", None)}
+                for label in labels
+            ],
+        }
+        if "logit_top_ids" in data.names:
+            detail["logit_effects"] = self._logit_effects(index)
+        neighbour_ids = [int(neighbour) for neighbour in data.row("neighbour_ids", index)]
+        neighbours = self.features(neighbour_ids)
+        detail["similar"] = [
+            {
+                "index": neighbour,
+                "cosine": round(float(cosine), 5),
+                "density": neighbours[neighbour].density if neighbour in neighbours else None,
+                "auto_label": neighbours[neighbour].auto_label if neighbour in neighbours else "",
+            }
+            for neighbour, cosine in zip(neighbour_ids, data.row("neighbour_cosines", index), strict=True)
+        ]
+        return detail
+
+    def _logit_effects(self, index: int) -> dict[str, Any]:
+        data = self.data
         low, high = (float(value) for value in data.row("logit_range", index))
         counts = data.row("logit_histogram", index)
-        detail["logit_effects"] = {
-            direction: [
+        effects: dict[str, Any] = {}
+        for direction in ("top", "bottom"):
+            ids = data.row(f"logit_{direction}_ids", index)
+            effects[direction] = [
                 {"token_id": int(token), "token": text, "value": round(float(value), 5)}
                 for token, text, value in zip(
-                    data.row(f"logit_{direction}_ids", index),
-                    token_strings(tokenizer, data.row(f"logit_{direction}_ids", index)),
+                    ids,
+                    token_strings(self.tokenizer, ids),
                     data.row(f"logit_{direction}_values", index),
                     strict=True,
                 )
             ]
-            for direction in ("top", "bottom")
-        }
-        detail["logit_effects"]["histogram"] = {
+        effects["histogram"] = {
             "counts": [int(count) for count in counts],
             "edges": [round(low + (high - low) * edge / len(counts), 6) for edge in range(len(counts) + 1)],
         }
-    neighbour_ids = [int(neighbour) for neighbour in data.row("neighbour_ids", index)]
-    neighbours = {
-        row.index: row for row in Feature.objects.filter(analysis=analysis, index__in=neighbour_ids)
-    }
-    detail["similar"] = [
-        {
-            "index": neighbour,
-            "cosine": round(float(cosine), 5),
-            "density": neighbours[neighbour].density if neighbour in neighbours else None,
-            "auto_label": neighbours[neighbour].auto_label if neighbour in neighbours else "",
-        }
-        for neighbour, cosine in zip(neighbour_ids, data.row("neighbour_cosines", index), strict=True)
-    ]
-    return detail
+        return effects
+
+
+def feature_detail(*, user, sae: SparseAutoencoder, analysis: FeatureAnalysis, index: int) -> dict[str, Any]:
+    """Everything a feature's dashboard shows, as JSON (``GET /api/saes/{id}/features/{index}``)."""
+    return Dashboards(user=user, sae=sae, analysis=analysis).detail(index)
 
 
 def with_feature_names(*, user, sae: SparseAutoencoder, result: dict[str, Any]) -> dict[str, Any]:
@@ -382,12 +430,12 @@ def analysis_export_stream(*, user, sae: SparseAutoencoder, analysis: FeatureAna
         "tokens": analysis.tokens,
     }
     prompts = analysis.cache.sample_count if analysis.cache is not None else None
-    FeatureFile(analysis)  # missing files: 409 now, not halfway through the stream
+    dashboards = Dashboards(user=user, sae=sae, analysis=analysis, preload=True)  # missing files: 409 now
 
     def chunks() -> Iterator[bytes]:
         yield (json.dumps(head)[:-1] + ', "features": [').encode()
         for index in range(sae.d_sae):
-            detail = feature_detail(user=user, sae=sae, analysis=analysis, index=index)
+            detail = dashboards.detail(index)
             yield ((", " if index else "") + json.dumps(_neuronpedia_feature(detail, prompts))).encode()
         yield b"]}"
 
