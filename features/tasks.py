@@ -77,13 +77,13 @@ def run_feature_analysis(analysis_id: str) -> None:
     try:
         if analysis_cancel_requested(analysis.id):
             raise AnalysisCancelled
+        store = open_cache(analysis.cache, sae.hook_name)  # first: a bad cache fails before a model load
         loaded = None
         if sae.model_id:  # for the unembedding (logit effects) and the tokenizer
             loaded = model_in_this_worker(
                 sae.model_id, identity.name, requeue=lambda: analysis_requeue(analysis),
                 purpose="a feature analysis",
             )  # fmt: skip
-        store = open_cache(analysis.cache, sae.hook_name)
         table = store.tokens()
         tokens = TokenTable(table["token_ids"], table["sample_index"], table["position"])
         config = AnalysisConfig(**analysis.config) if analysis.config else AnalysisConfig()

@@ -224,3 +224,16 @@ def test_bad_requests_and_cancel(sae_row, planted_cache, writer, reader, client_
     assert FeatureLabel.objects.filter(sae=sae_row, index=4).count() == 1
     api.patch(f"/api/saes/{sae_row.id}/features/4", {"label": ""}, format="json")
     assert not FeatureLabel.objects.filter(sae=sae_row, index=4).exists()
+
+
+def test_a_cache_gone_under_a_queued_analysis_fails_it_cleanly(sae_row, planted_cache, writer, client_for):
+    import shutil
+
+    api = client_for(writer)
+    analysis_id = api.post(f"/api/saes/{sae_row.id}/analyses", {}, format="json").json()["id"]
+    shutil.rmtree(planted_cache.directory)
+    burst()
+    analysis = FeatureAnalysis.objects.get(pk=analysis_id)
+    assert (analysis.status, analysis.error_code) == ("failed", "CACHE_CORRUPT")
+    assert analysis.error_message and not analysis.directory.exists()
+    assert not Feature.objects.filter(analysis=analysis).exists()
