@@ -3,7 +3,16 @@ from django.urls import path
 from drf_spectacular.views import SpectacularSwaggerSplitView
 
 from frontend.access import reader_required
-from frontend.views import activations, datasets, models, playground, saes, workers
+from frontend.views import (
+    activations,
+    datasets,
+    feature_encode,
+    features,
+    models,
+    playground,
+    saes,
+    workers,
+)
 
 app_name = "frontend"
 urlpatterns = [
@@ -16,6 +25,10 @@ urlpatterns = [
     path("saes/", saes.sae_list_page, name="saes"),
     path("saes/import/", saes.sae_import_page, name="sae-import"),
     path("saes/<str:sae_id>/", saes.sae_detail_page, name="sae"),
+    path("saes/<str:sae_id>/analyses/", features.analysis_action_page, name="sae-analyses"),
+    path("saes/<str:sae_id>/features/", features.feature_list_page, name="features"),
+    path("saes/<str:sae_id>/features/<int:index>/", features.feature_detail_page, name="feature"),
+    path("saes/<str:sae_id>/encode/", feature_encode.feature_encode_page, name="feature-encode"),
     path("playground/", playground.playground_page, name="playground"),
     path("workers/", workers.workers_page, name="workers"),
     # The interactive API documentation is a page (sign-in, role), the schema it reads is API.

@@ -35,3 +35,12 @@ def significant(value, digits: int = 4) -> str:
     if value in (None, ""):
         return "—"
     return f"{float(value):.{int(digits)}g}"
+
+
+@register.filter
+def percent(value, digits: int = 3) -> str:
+    """A fraction as a percentage to ``digits`` significant digits (``0.00123`` → ``0.123 %``):
+    feature densities span orders of magnitude too."""
+    if value in (None, ""):
+        return "—"
+    return f"{float(value) * 100:.{int(digits)}g} %"

@@ -5,9 +5,9 @@ The forms are plain HTML forms posted to these views, which validate them with t
 serializers and call the same services as ``/api/saes`` (one path per operation), then redirect
 (or show the errors in the form). The SAE page follows ``sae.<id>`` over ``/ws/events/`` and
 fetches its changing parts again as fragments rendered by the templates of the first load:
-``?fragment=training`` (status, progress, curves) and ``?fragment=results`` (held-out metrics and
-the facts that change when a training ends); the list fetches one
-row as ``?fragment=row&sae=<id>``.
+``?fragment=training`` (status, progress, curves), ``?fragment=results`` (held-out metrics and
+the facts that change when a training ends) and ``?fragment=analyses`` (its feature analyses, as
+:mod:`frontend.views.features` lists them); the list fetches one row as ``?fragment=row&sae=<id>``.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import messages
-from django.http import Http404, HttpResponse
+from django.http import Http404
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_http_methods, require_POST
@@ -23,9 +23,10 @@ from rest_framework.exceptions import ValidationError
 
 from activations import selectors as activation_selectors
 from activations.models import ActivationCache
-from frontend.access import reader_required
+from features.selectors import analysed_sae_ids
+from frontend.access import reader_required, sae_or_404, writer_refusal
 from frontend.charts import line_chart_svg
-from mistudio import roles
+from frontend.views.features import analyses_context
 from mistudio.access import may_change
 from mistudio.errors import ApplicationError
 from models_app.selectors import model_get, model_list
@@ -77,13 +78,6 @@ CURVES = [
 # --- page parts -------------------------------------------------------------------------------------
 
 
-def _sae_or_404(user, sae_id: str) -> SparseAutoencoder:
-    try:
-        return selectors.sae_get(user=user, sae_id=sae_id)
-    except ApplicationError as error:
-        raise Http404(error.message) from None
-
-
 def _posted(request, names) -> dict[str, Any]:
     """The form's non-empty values among ``names`` (an empty input means "the default")."""
     values: dict[str, Any] = {}
@@ -115,14 +109,16 @@ def training_caches(user) -> list[ActivationCache]:
     return caches
 
 
-def sae_row_numbers(sae: SparseAutoencoder) -> SparseAutoencoder:
-    """The held-out numbers a row shows, read once from ``evaluation`` (None when not measured)."""
+def sae_row_numbers(sae: SparseAutoencoder, *, analysed: set[str]) -> SparseAutoencoder:
+    """The held-out numbers a row shows, read once from ``evaluation`` (None when not measured),
+    and whether it has features to browse (its id in ``analysed``: a completed analysis)."""
     evaluation = sae.evaluation or {}
     sae.held_out = {
         key: evaluation.get(key)
         for key in ("explained_variance", "l0", "dead_features", "ce_loss_recovered", "mse")
     }
     sae.active = sae.status in SparseAutoencoder.ACTIVE
+    sae.has_features = sae.id in analysed
     return sae
 
 
@@ -171,8 +167,9 @@ def list_context(request, *, train_values=None, train_errors=None, import_values
     chosen = next((cache for cache in caches if cache.id == requested), caches[0] if caches else None)
     # ?cache= chooses the form's cache (the cache page's "Train an SAE" link); ?model= filters the list.
     filters = {"model": request.GET.get("model", "").strip()}
+    analysed = analysed_sae_ids(user=request.user)
     saes = [
-        sae_row_numbers(sae)
+        sae_row_numbers(sae, analysed=analysed)
         for sae in selectors.sae_list(user=request.user, filters=filters).select_related("cache")
     ]
     return {
@@ -194,12 +191,6 @@ def list_context(request, *, train_values=None, train_errors=None, import_values
     }
 
 
-def _forbidden_unless_writer(request) -> HttpResponse | None:
-    if request.user.has_perm(roles.WRITE):
-        return None
-    return render(request, "frontend/no_role.html", {"needs_write": True}, status=403)
-
-
 # --- views ------------------------------------------------------------------------------------------
 
 
@@ -215,13 +206,14 @@ def sae_list_page(request):
     if request.method == "POST":
         return train(request)
     if request.GET.get("fragment") == "row":
-        sae = sae_row_numbers(_sae_or_404(request.user, request.GET.get("sae", "")))
+        sae = sae_or_404(request.user, request.GET.get("sae", ""))
+        sae = sae_row_numbers(sae, analysed=analysed_sae_ids(user=request.user))
         return render(request, "frontend/partials/sae_row.html", {"sae": sae})
     return render(request, "frontend/saes.html", list_context(request))
 
 
 def train(request):
-    refused = _forbidden_unless_writer(request)
+    refused = writer_refusal(request)
     if refused:
         return refused
     names = ["cache_id", "hook", "architecture", "expansion_factor", "lr", "batch_size", "total_tokens"]
@@ -260,7 +252,7 @@ def train(request):
 def sae_import_page(request):
     """The import form: ``sae_import`` (a SAELens folder or Gemma Scope ``params.npz`` under
     ``LOCAL_MODEL_ROOTS``), then the new SAE's page; errors come back in the form on the list."""
-    refused = _forbidden_unless_writer(request)
+    refused = writer_refusal(request)
     if refused:
         return refused
     shown = _posted(request, ["local_path", "format", "model_id", "hook", "name"])
@@ -290,24 +282,32 @@ def sae_detail_page(request, sae_id: str):
     """One SAE: status and progress, live training curves, held-out metrics, hyperparameters,
     and (for whoever may change it) cancel, evaluate and delete — POSTed here as ``action``.
 
-    ``?fragment=training`` / ``?fragment=results`` return just those parts, for ``saes.js``.
+    ``?fragment=training`` / ``?fragment=results`` / ``?fragment=analyses`` return just those
+    parts, for ``saes.js``.
     """
     if request.method == "POST":
-        refused = _forbidden_unless_writer(request)
+        refused = writer_refusal(request)
         return refused or act(request, sae_id)
-    sae = _sae_or_404(request.user, sae_id)
+    sae = sae_or_404(request.user, sae_id)
     fragment = request.GET.get("fragment")
     if fragment == "training":
         return render(request, "frontend/partials/sae_training.html", training_context(sae))
     if fragment == "results":
         return render(request, "frontend/partials/sae_results.html", {"sae": sae, **evaluation_rows(sae)})
+    if fragment == "analyses":
+        return render(request, "frontend/partials/sae_analysis_list.html", analyses_context(request, sae))
     hyperparameters = sorted((sae.hyperparameters or {}).items())
+    # The caches an evaluation or a feature analysis can read: the SAE's hook at its width.
+    matching_caches = [
+        cache for cache in training_caches(request.user) if (sae.hook_name, sae.d_in) in cache.hook_widths
+    ]
     return render(
         request,
         "frontend/sae_detail.html",
         {
             **training_context(sae),
             **evaluation_rows(sae),
+            **analyses_context(request, sae),
             "can_change": may_change(sae, request.user),
             "hyperparameters": hyperparameters,
             "architecture_label": ARCHITECTURE_LABELS.get(sae.architecture, sae.architecture),
@@ -316,11 +316,7 @@ def sae_detail_page(request, sae_id: str):
                 sae.cache_id
                 and activation_selectors.cache_list(user=request.user).filter(pk=sae.cache_id).exists()
             ),
-            "evaluation_caches": [
-                cache
-                for cache in training_caches(request.user)
-                if (sae.hook_name, sae.d_in) in cache.hook_widths
-            ],
+            "evaluation_caches": matching_caches,
         },
     )
 

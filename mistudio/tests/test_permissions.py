@@ -112,6 +112,10 @@ MATRIX: dict[str, dict[str, tuple]] = {
     "saes/": {"GET": PAGE, "POST": PAGE_WRITERS},
     "saes/import/": {"POST": PAGE_WRITERS},
     "saes/{sae}/": {"GET": OWNER_PAGE, "POST": OWNER_PAGE_CHANGES},
+    "saes/{sae}/analyses/": {"POST": OWNER_PAGE_CHANGES},  # run or cancel a feature analysis
+    "saes/{sae}/features/": {"GET": OWNER_PAGE},
+    "saes/{sae}/features/{index}/": {"GET": OWNER_PAGE, "POST": OWNER_PAGE_CHANGES},  # POST: a label
+    "saes/{sae}/encode/": {"GET": OWNER_PAGE, "POST": OWNER_PAGE_CHANGES},
     "playground/": {"GET": PAGE},
     "workers/": {"GET": PAGE},
     "login/": {"GET": (OK, 302, 302, 302, 302, 302)},  # the signed-in are sent on to the models page

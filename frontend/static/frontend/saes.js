@@ -2,8 +2,9 @@
 // architecture), live rows on the list, and the SAE page following its training. What changes is
 // rendered by the server (the same templates as the first load) and fetched as fragments:
 // `?fragment=training` (status, progress, curves), `?fragment=results` (held-out metrics, facts),
-// `?fragment=row&sae=<id>`.
-// Events over `sae.<id>` only say *when* to fetch, at most once a second.
+// `?fragment=analyses` (its feature analyses: phase, percent, tokens/s, ETA), `?fragment=row&sae=<id>`.
+// Events over `sae.<id>` (`sae:*`, and `analysis:*` of its analyses) only say *when* to fetch, at
+// most once a second.
 (function () {
   "use strict";
 
@@ -116,7 +117,9 @@
     const id = page.dataset.saeId;
     const live = document.getElementById("sae-live");
     const results = document.getElementById("sae-results");
+    const analyses = document.getElementById("sae-analyses");
     const state = () => document.getElementById("sae-training").dataset;
+    const analysing = () => Boolean(analyses?.querySelector("[data-active]"));
 
     // Buttons and panels that depend on the status: data-when="active" | "idle" | "completed".
     function applyState() {
@@ -141,6 +144,10 @@
         const { html, ok } = await mi.fragment(`${base}?fragment=results`);
         if (ok) results.innerHTML = html;
       }
+      if (parts.includes("analyses") && analyses) {
+        const { html, ok } = await mi.fragment(`${base}?fragment=analyses`);
+        if (ok) analyses.innerHTML = html;
+      }
       applyState();
       mi.localizeTimes(page);
     });
@@ -155,11 +162,19 @@
         return;
       }
       if (message.event === "sae:deleted") return;
+      if (message.event?.startsWith("analysis:")) {
+        refresh(["analyses"]);
+        return;
+      }
       refresh(message.event === "sae:progress" ? ["training"] : ["training", "results"]);
     });
     mi.live.poll(() => {
       const { status, evaluationStatus } = state();
       if (status === "queued" || status === "running" || evaluationStatus) refresh(["training", "results"]);
+      if (analysing()) refresh(["analyses"]);
+    });
+    document.getElementById("analysis-form")?.addEventListener("submit", () => {
+      document.getElementById("run-analysis").disabled = true; // one analysis per click
     });
     applyState();
     mi.localizeTimes(page);
