@@ -2,7 +2,12 @@
 "Train an SAE" link opens the form with that cache chosen, the form shows the fields of the chosen
 architecture, submitting opens the SAE's page, and the page follows the training without a reload
 (the curves fill in, the status turns "completed", the held-out metrics and then CE loss recovered
-appear as the evaluation ends). Saves the "saes" and "sae-detail" screenshots."""
+appear as the evaluation ends). Then the same SAE's features: a feature analysis run from its page
+(followed live to "completed"), the feature list sorted by density, a feature's dashboard
+(examples, logit effects, similar features), its label, keyboard navigation, finding it again by
+its label, and which features fire on a typed text (the evaluation left the model loaded in the
+live worker). Saves the "saes", "sae-detail", "features", "feature-detail" and "feature-encode"
+screenshots."""
 
 import re
 
@@ -10,6 +15,7 @@ import pytest
 from django.contrib.auth import get_user_model
 from playwright.sync_api import expect
 
+from features.models import FeatureAnalysis, FeatureLabel
 from frontend.tests.browser import LIVE_TIMEOUT_MS, screenshot
 from models_app.services import model_register
 from saes.models import SparseAutoencoder
@@ -76,8 +82,12 @@ def test_train_from_the_form_and_watch_the_curves_fill_in(page, site, tiny_gpt2_
     expect(page.locator("#export-sae")).to_be_visible()
     expect(page.locator("#cancel-sae")).to_be_hidden()
     assert page.evaluate("window.__marker") == 1
+
+    analysis = run_the_feature_analysis(page, sae, cache)
     page.evaluate("document.getElementById('toasts').replaceChildren()")  # "queued", long since
+    page.evaluate("window.scrollTo(0, 0)")  # from #features: the sticky top bar at the top
     screenshot(page, "sae-detail")
+    browse_label_find_and_encode(page, sae, analysis)
 
     page.click('nav[aria-label="Main"] >> text=SAEs')
     row = page.locator(f'tr[data-sae-id="{sae.id}"]')
@@ -85,4 +95,85 @@ def test_train_from_the_form_and_watch_the_curves_fill_in(page, site, tiny_gpt2_
     expect(row.locator('[data-metric="explained_variance"]')).to_have_text(
         f"{sae.evaluation['explained_variance']:.3f}"
     )
+    expect(row.locator('[data-testid="features-link"]')).to_be_visible()
     screenshot(page, "saes")
+
+
+def run_the_feature_analysis(page, sae, cache) -> FeatureAnalysis:
+    """From the SAE's page: the form defaults to the training cache; the analysis's row follows
+    its events to "completed" without a reload."""
+    expect(page.locator("#analysis-cache")).to_have_value(cache.id)
+    page.click("#run-analysis")
+    page.wait_for_url(re.compile(rf"/saes/{sae.id}/#features$"))
+    page.evaluate(
+        """() => {
+        window.__marker = 2;
+        window.__statuses = [];
+        new MutationObserver(() => {
+          const row = document.querySelector('#analysis-list li');
+          if (row) window.__statuses.push(row.dataset.status);
+        }).observe(document.getElementById('sae-analyses'), { childList: true });
+      }"""
+    )
+    row = page.locator("#analysis-list li").first
+    expect(row).to_have_attribute("data-status", "completed", timeout=LIVE_TIMEOUT_MS)
+    analysis = FeatureAnalysis.objects.get(sae=sae)
+    assert analysis.status == "completed", (analysis.error_code, analysis.error_message)
+    assert page.evaluate("window.__marker") == 2 and page.evaluate("window.__statuses")[-1] == "completed"
+    expect(row.locator('[data-testid="analysis-dead"]')).to_have_text(str(analysis.summary["dead"]))
+    return analysis
+
+
+def browse_label_find_and_encode(page, sae, analysis) -> None:
+    """Browse the features densest first, open one (examples, logit effects, similar features),
+    label it, step to its neighbour and back by keyboard, find it again by its label, and see
+    which features fire on a typed text."""
+    page.click('[data-testid="browse-features"]')
+    page.wait_for_url(re.compile(rf"/saes/{sae.id}/features/\?analysis={analysis.id}$"))
+    expect(page.locator("#feature-table tbody tr")).to_have_count(50)
+    page.click("#sort-density")
+    page.wait_for_url(re.compile(r"sort=-density"))
+    densities = [float(value) for value in page.locator("#feature-table tbody tr").evaluate_all(
+        "rows => rows.map((row) => row.dataset.density)"
+    )]  # fmt: skip
+    assert densities == sorted(densities, reverse=True) and densities[0] > 0
+    screenshot(page, "features")
+
+    first = page.locator("#feature-table tbody tr").first
+    index = int(first.get_attribute("data-index"))
+    first.locator("a.feature-link").click()
+    page.wait_for_url(re.compile(rf"/features/{index}/\?analysis="))
+    expect(page.locator("#top-examples .example-list li").first).to_be_visible()
+    expect(page.locator("#top-examples .tok.center").first).to_be_visible()
+    expect(page.locator("#promoted tr")).to_have_count(10)  # the model was loaded: logit effects
+    expect(page.locator("#similar-features tbody tr")).to_have_count(10)
+    page.fill("#label-text", "densest in the browser")
+    page.fill("#label-notes", "found by the browser test")
+    page.click("#save-label")
+    expect(page.locator('[data-testid="feature-label"]')).to_have_text("densest in the browser")
+    assert FeatureLabel.objects.get(sae=sae, index=index).notes == "found by the browser test"
+    page.evaluate("document.getElementById('toasts').replaceChildren()")
+    screenshot(page, "feature-detail")
+    # ← / → and j / k: the keys follow the page's previous / next links.
+    neighbour = index + 1 if index + 1 < sae.d_sae else index - 1
+    page.keyboard.press("ArrowRight" if neighbour > index else "ArrowLeft")
+    page.wait_for_url(re.compile(rf"/features/{neighbour}/"))
+    page.keyboard.press("k" if neighbour > index else "j")
+    page.wait_for_url(re.compile(rf"/features/{index}/"))
+
+    page.click("nav.crumbs >> text=Features")
+    page.fill("#filter-q", "densest in the")
+    page.click("#apply-filters")
+    expect(page.locator("#feature-table tbody tr")).to_have_count(1)
+    expect(page.locator("#feature-table tbody tr")).to_have_attribute("data-index", str(index))
+
+    page.fill("#list-encode-text", "The river runs down to the sea, and the sea runs on.")
+    page.locator("#list-encode-form button[type=submit]").click()
+    page.wait_for_url(re.compile(rf"/saes/{sae.id}/encode/$"))
+    expect(page.locator("#per-token tbody tr").first).to_be_visible(timeout=LIVE_TIMEOUT_MS)
+    assert page.locator("#per-token tbody tr").count() > 5
+    expect(page.locator("#overall-features tbody tr").first).to_be_visible()
+    screenshot(page, "feature-encode")
+    page.locator("#overall-features a.feature-link").first.click()
+    page.wait_for_url(re.compile(rf"/saes/{sae.id}/features/\d+/$"))
+    expect(page.locator("#top-examples")).to_be_visible()
