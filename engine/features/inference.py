@@ -66,14 +66,15 @@ def features_of_text(
 
 def auto_label(token_ids: Sequence[int], decode: Callable[[int], str], *, words: int = 3) -> str:
     """A short, deterministic summary of what a feature fires on: its most frequent activating
-    tokens (``token_ids``, strongest example first; ties keep that order), joined by `` · ``.
+    tokens (``token_ids``, strongest example first; ties keep that order), joined by `` · ``;
+    whitespace-only tokens and pieces of a UTF-8 character (decoded as U+FFFD) are skipped.
     ``""`` for a feature that never fires."""
     counts = Counter(token for token in token_ids if token >= 0)
     ranked = sorted(counts, key=lambda token: -counts[token])  # stable: first seen wins a tie
     labels: list[str] = []
     for token in ranked:
         text = decode(token).strip()
-        if text and text not in labels:
+        if text and "\ufffd" not in text and text not in labels:  # not half a UTF-8 character
             labels.append(text)
         if len(labels) == words:
             break

@@ -211,6 +211,6 @@ def test_logit_effects_and_neighbours_equal_the_full_products():
 
 
 def test_auto_label_is_the_most_frequent_activating_tokens():
-    words = {1: " must", 2: " should", 3: "\n", 4: " need", 5: "Must"}
-    assert auto_label([2, 1, 1, 3, 4, 2, 1, 5], words.__getitem__) == "must · should · need"
+    words = {1: " must", 2: " should", 3: "\n", 4: " need", 5: "Must", 6: "\ufffd"}
+    assert auto_label([2, 1, 1, 3, 6, 6, 4, 2, 1, 5], words.__getitem__) == "must · should · need"
     assert auto_label([-1, -1], words.__getitem__) == ""
