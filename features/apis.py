@@ -23,7 +23,7 @@ class AnalysisListApi(APIView):
         cache_id = serializers.CharField(max_length=64, required=False)
         shared = serializers.BooleanField(required=False)
 
-    @extend_schema(responses={200: dict})
+    @extend_schema(operation_id="api_saes_analyses_list", responses={200: dict})
     def get(self, request, sae_id: str):
         sae = sae_get(user=request.user, sae_id=sae_id)
         analyses = selectors.analysis_list(user=request.user, sae=sae)
@@ -102,7 +102,9 @@ class FeatureListApi(APIView):
         page = serializers.IntegerField(min_value=1, default=1)
         page_size = serializers.IntegerField(min_value=1, max_value=500, default=50)
 
-    @extend_schema(parameters=[FilterSerializer], responses={200: dict})
+    @extend_schema(
+        operation_id="api_saes_features_list", parameters=[FilterSerializer], responses={200: dict}
+    )
     def get(self, request, sae_id: str):
         sae = sae_get(user=request.user, sae_id=sae_id)
         filters = self.FilterSerializer(data=request.query_params)

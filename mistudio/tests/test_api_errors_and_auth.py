@@ -26,7 +26,11 @@ def api_routes() -> list[tuple[str, str]]:
                 view_class = getattr(pattern.callback, "cls", None)
                 if view_class is None or not issubclass(view_class, APIView) or not route.startswith("api/"):
                     continue
-                path = "/" + re.sub(r"<(?:\w+:)?(\w+)>", "x_placeholder", route)
+                path = "/" + re.sub(
+                    r"<(?:(\w+):)?\w+>",
+                    lambda match: "1" if match.group(1) == "int" else "x_placeholder",
+                    route,
+                )
                 routes.extend((path, method) for method in HTTP_METHODS if hasattr(view_class, method))
 
     walk(get_resolver().url_patterns, "")
