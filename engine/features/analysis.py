@@ -18,6 +18,7 @@ for a resumable job. Nothing here imports Django; the cache is read through ``re
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 from collections.abc import Callable
@@ -28,11 +29,13 @@ from typing import Any
 import numpy as np
 
 from engine.errors import EngineError
+from engine.memory import drop_mapped_pages, release_freed_heap
 
 STATE_FILE = "state.safetensors"
 STATE_META = "state.json"
 STATE_VERSION = 1
 _EMPTY = -1  # an example slot with no row, a context slot with no token
+TRIM_EVERY_CHUNKS = 8
 
 
 class AnalysisError(EngineError):
@@ -79,9 +82,9 @@ class TokenTable:
         self.token_ids = np.asarray(self.token_ids)
         self.sample_index = np.asarray(self.sample_index)
         self.position = np.asarray(self.position)
-        sample_steps, position_steps = np.diff(self.sample_index), np.diff(self.position)
-        if not np.all((sample_steps > 0) | ((sample_steps == 0) & (position_steps > 0))):
-            # Rows not in (sample, position) order (a generation's cache): windows go through an index.
+        if not _samples_contiguous(self.sample_index, self.position):
+            # A sample's rows scattered through the table (a generation's cache, written a step
+            # at a time): windows go through an index (16 bytes a token).
             self._order = np.lexsort((self.position, self.sample_index))
             self._rank = np.empty_like(self._order)
             self._rank[self._order] = np.arange(len(self._order))
@@ -102,13 +105,61 @@ class TokenTable:
         inside = (window_ranks >= 0) & (window_ranks < len(self))
         window_ranks = np.clip(window_ranks, 0, max(0, len(self) - 1))
         window_rows = window_ranks if self._order is None else self._order[window_ranks]
-        same = self.sample_index[window_rows] == self.sample_index[safe][..., None]
+        same = self.take(self.sample_index, window_rows) == self.take(self.sample_index, safe)[..., None]
         return np.where(inside & same & valid[..., None], window_rows, _EMPTY)
 
     def ids(self, rows: np.ndarray) -> np.ndarray:
         """Token ids of rows (``-1`` for ``-1``), int32."""
         rows = np.asarray(rows, dtype=np.int64)
-        return np.where(rows >= 0, self.token_ids[np.maximum(rows, 0)], _EMPTY).astype(np.int32)
+        return np.where(rows >= 0, self.take(self.token_ids, np.maximum(rows, 0)), _EMPTY).astype(np.int32)
+
+    @staticmethod
+    def take(column: np.ndarray, rows: np.ndarray, block: int = 1 << 20) -> np.ndarray:
+        """``column[rows]`` (rows in range, any shape), read in row order ``block`` rows of the
+        table at a time, each block's pages of a memory-mapped column dropped after: the examples'
+        rows are all over the table, and reading them straight would leave the whole column
+        resident (8 bytes a token)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        if not isinstance(column, np.memmap) and not isinstance(column.base, np.memmap):
+            return column[rows]
+        flat = rows.reshape(-1)
+        order = np.argsort(flat, kind="stable")
+        ordered = flat[order]
+        out = np.empty(len(flat), dtype=column.dtype)
+        edges = np.searchsorted(ordered, np.arange(0, len(column) + block, block))
+        for low, high in itertools.pairwise(edges):
+            if high > low:
+                out[order[low:high]] = column[ordered[low:high]]
+                drop_mapped_pages(column)
+        return out.reshape(rows.shape)
+
+
+def _samples_contiguous(sample_index: np.ndarray, position: np.ndarray, block: int = 1 << 20) -> bool:
+    """Whether each sample's rows form one run of the table, in position order (an extraction's
+    cache: samples in any order, e.g. longest first, each one's tokens together), so a row's
+    context is the rows beside it. Checked ``block`` rows at a time, with one flag per sample:
+    whole-table temporaries would add ~20 bytes a token to the job's peak memory."""
+    seen = np.zeros(0, dtype=bool)
+    for start in range(0, len(sample_index), block):
+        stop = min(len(sample_index), start + block)
+        samples = np.array(sample_index[max(0, start - 1) : stop])  # copies: the map's pages go back
+        positions = np.array(position[max(0, start - 1) : stop])
+        drop_mapped_pages(sample_index)
+        drop_mapped_pages(position)
+        same = samples[1:] == samples[:-1]
+        if not np.all(~same | (positions[1:] > positions[:-1])):
+            return False
+        # The first row of each run (the block's first row counts when it starts a run).
+        starts = samples[1:][~same] if start else np.concatenate([samples[:1], samples[1:][~same]])
+        if len(starts):
+            if starts.min() < 0:
+                return False
+            if starts.max() >= len(seen):
+                seen = np.concatenate([seen, np.zeros(int(starts.max()) + 1 - len(seen), dtype=bool)])
+            if seen[starts].any() or len(np.unique(starts)) < len(starts):
+                return False
+            seen[starts] = True
+    return True
 
 
 # -- state ------------------------------------------------------------------------------------------
@@ -213,9 +264,10 @@ def analyze(
     started = time.monotonic() - state.seconds
     call_started = last_checkpoint = time.monotonic()
     rows_at_start = _rows_done(state)
+    chunks_done = 0
 
     def step(phase: int, next_row: int, rows_done: int, total: float) -> None:
-        nonlocal last_checkpoint
+        nonlocal last_checkpoint, chunks_done
         state.phase, state.next_row = phase, next_row
         state.seconds = time.monotonic() - started
         if on_progress is not None:
@@ -227,6 +279,9 @@ def analyze(
                     rows_per_second=(rows_done - rows_at_start) / max(1e-9, time.monotonic() - call_started),
                 )
             )
+        chunks_done += 1
+        if chunks_done % TRIM_EVERY_CHUNKS == 0:
+            release_freed_heap()  # the chunks' temporaries fragment the heap (see engine.memory)
         if on_checkpoint is not None and time.monotonic() - last_checkpoint >= checkpoint_seconds:
             on_checkpoint(state)
             last_checkpoint = time.monotonic()
@@ -456,8 +511,12 @@ def feature_arrays(state: AnalysisState, tokens: TokenTable, config: AnalysisCon
         windows = tokens.windows(rows, config.context_before, config.context_after)
         out[f"{prefix}_context_tokens"] = tokens.ids(windows)
         safe = np.maximum(rows, 0)
-        out[f"{prefix}_sample"] = np.where(rows >= 0, tokens.sample_index[safe], _EMPTY).astype(np.int64)
-        out[f"{prefix}_position"] = np.where(rows >= 0, tokens.position[safe], _EMPTY).astype(np.int32)
+        out[f"{prefix}_sample"] = np.where(rows >= 0, tokens.take(tokens.sample_index, safe), _EMPTY).astype(
+            np.int64
+        )
+        out[f"{prefix}_position"] = np.where(rows >= 0, tokens.take(tokens.position, safe), _EMPTY).astype(
+            np.int32
+        )
     return out
 
 

@@ -16,6 +16,7 @@ from engine.features.analysis import (
     AnalysisConfig,
     AnalysisState,
     TokenTable,
+    _samples_contiguous,
     analyze,
     feature_arrays,
     interval_of,
@@ -43,15 +44,22 @@ def random_sae(architecture="standard", k=None) -> SparseAutoencoder:
     return sae
 
 
-def cache(rows_per_sample=(5, 17, 1, 30, 9, 12) * 20, *, shuffled=False):
-    """Rows and a token table of samples of unequal lengths (optionally not in sample order)."""
+def cache(rows_per_sample=(5, 17, 1, 30, 9, 12) * 20, *, order="rows"):
+    """Rows and a token table of samples of unequal lengths, stored in sample order (``rows``),
+    longest sample first as an extraction writes them (``samples``: each sample's rows together),
+    or every row anywhere (``shuffled``, as a generation's cache may be)."""
     generator = torch.Generator().manual_seed(5)
-    samples = np.repeat(np.arange(len(rows_per_sample)), rows_per_sample)
+    if order == "samples":
+        rows_per_sample = tuple(sorted(rows_per_sample, reverse=True))
+    sample_ids = np.arange(len(rows_per_sample))
+    if order == "samples":
+        sample_ids = np.random.default_rng(1).permutation(sample_ids)
+    samples = np.repeat(sample_ids, rows_per_sample)
     positions = np.concatenate([np.arange(n) for n in rows_per_sample])
     rows = torch.randn(len(samples), D_IN, generator=generator)
-    if shuffled:
-        order = np.random.default_rng(0).permutation(len(samples))
-        samples, positions, rows = samples[order], positions[order], rows[torch.from_numpy(order)]
+    if order == "shuffled":
+        scatter = np.random.default_rng(0).permutation(len(samples))
+        samples, positions, rows = samples[scatter], positions[scatter], rows[torch.from_numpy(scatter)]
     token_ids = (np.arange(len(samples)) * 7 + 3) % 50
     return rows, TokenTable(token_ids=token_ids, sample_index=samples, position=positions)
 
@@ -97,10 +105,15 @@ def run(sae, rows, tokens, config=CONFIG, **options):
     )
 
 
-@pytest.mark.parametrize(("architecture", "k", "shuffled"), [("standard", None, False), ("topk", 5, True)])
-def test_analysis_equals_brute_force(architecture, k, shuffled):
+@pytest.mark.parametrize(
+    ("architecture", "k", "order"),
+    [("standard", None, "rows"), ("topk", 5, "samples"), ("topk", 5, "shuffled")],
+)
+def test_analysis_equals_brute_force(architecture, k, order):
     sae = random_sae(architecture, k)
-    rows, tokens = cache(shuffled=shuffled)
+    rows, tokens = cache(order=order)
+    # Only a table whose samples are scattered needs the (16 bytes a token) index.
+    assert (tokens._order is not None) == (order == "shuffled")
     state = run(sae, rows, tokens)
     result = feature_arrays(state, tokens, CONFIG)
     with torch.no_grad():
@@ -149,6 +162,18 @@ def test_analysis_equals_brute_force(architecture, k, shuffled):
                     else:
                         assert context_tokens[feature, slot, cell] == -1
                 assert result[f"{prefix}_position"][feature, slot] == tokens.position[row]
+
+
+def test_contiguity_check_across_blocks():
+    samples = np.array([4, 4, 4, 0, 0, 7, 7, 7, 7, 2])
+    positions = np.array([0, 1, 2, 0, 1, 0, 1, 2, 3, 0])
+    for block in (1, 2, 3, 4, 100):
+        assert _samples_contiguous(samples, positions, block=block)
+        # Sample 4 again after others: its rows are in two runs.
+        assert not _samples_contiguous(np.append(samples, 4), np.append(positions, 3), block=block)
+        # Positions going back within a sample.
+        assert not _samples_contiguous(samples, np.array([0, 2, 1, 0, 1, 0, 1, 2, 3, 0]), block=block)
+    assert _samples_contiguous(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
 
 
 def test_interrupted_and_resumed_sweep_gives_the_same_arrays(tmp_path):
@@ -214,3 +239,15 @@ def test_auto_label_is_the_most_frequent_activating_tokens():
     words = {1: " must", 2: " should", 3: "\n", 4: " need", 5: "Must", 6: "\ufffd"}
     assert auto_label([2, 1, 1, 3, 6, 6, 4, 2, 1, 5], words.__getitem__) == "must · should · need"
     assert auto_label([-1, -1], words.__getitem__) == ""
+
+
+def test_take_from_a_memory_map_reads_blocks_in_row_order(tmp_path):
+    values = np.arange(1000, dtype=np.int64) * 3 + 1
+    mapped = np.memmap(tmp_path / "column", dtype=np.int64, mode="w+", shape=values.shape)
+    mapped[:] = values
+    mapped.flush()
+    column = np.memmap(tmp_path / "column", dtype=np.int64, mode="r", shape=values.shape)
+    rows = np.random.default_rng(2).integers(0, 1000, size=(13, 7))
+    for block in (1, 64, 1 << 20):
+        np.testing.assert_array_equal(TokenTable.take(column, rows, block=block), values[rows])
+    np.testing.assert_array_equal(TokenTable.take(values, rows), values[rows])  # plain memory
