@@ -99,10 +99,7 @@ def run_extraction(job_id: str) -> None:
             dtype=job.dtype,
             should_cancel=lambda: extraction_cancel_requested(job.id),
         ):
-            writer.add_batch(
-                batch.batch_index, token_ids=batch.token_ids, sample_index=batch.sample_index,
-                positions=batch.positions, activations=batch.activations,
-            )  # fmt: skip
+            writer.add_extracted(batch)
             samples_done += len(batch.sample_indices)
             tokens_done += int(batch.token_ids.numel())
             progress = 100 * samples_done / max(len(samples), 1)

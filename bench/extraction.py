@@ -57,6 +57,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from peers import load_transformer_lens  # noqa: E402  (bench/, the script's own folder)
+
 BATCH_SIZE = 16
 MIN_LENGTH, MAX_LENGTH = 16, 256
 SEED = 0
@@ -187,13 +189,7 @@ def extract_to_cache(model, tokenized: list[list[int]], hooks: list[str], direct
         shard_max_tokens=shard_tokens_for(widths, "float32"),  # as the worker task (64 MiB default)
     )
     for batch in extract(model, tokenized, plan, hooks=hooks, dtype="float32", start_batch=writer.next_batch):
-        writer.add_batch(
-            batch.batch_index,
-            token_ids=batch.token_ids,
-            sample_index=batch.sample_index,
-            positions=batch.positions,
-            activations=batch.activations,
-        )
+        writer.add_extracted(batch)
     return writer.finalize(num_samples=len(tokenized))
 
 
@@ -221,43 +217,13 @@ def run_mistudio(model, tokenized: list[list[int]], hooks: list[str], *, repeats
 # -- T and N (benchmark environment, subprocess) --------------------------------------------------------
 
 
-def load_transformer_lens(folder: Path):
-    """A HookedTransformer with the folder's GPT-2 weights, built without the Hub."""
-    from transformer_lens import HookedTransformer, HookedTransformerConfig
-    from transformer_lens.pretrained.weight_conversions.gpt2 import convert_gpt2_weights
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    hf_model = AutoModelForCausalLM.from_pretrained(folder).eval()
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    config = hf_model.config
-    # The fields TransformerLens's own convert_hf_model_config fills for GPT2LMHeadModel.
-    cfg = HookedTransformerConfig(
-        d_model=config.n_embd,
-        d_head=config.n_embd // config.n_head,
-        n_heads=config.n_head,
-        d_mlp=config.n_embd * 4,
-        n_layers=config.n_layer,
-        n_ctx=config.n_positions,
-        eps=config.layer_norm_epsilon,
-        d_vocab=config.vocab_size,
-        act_fn=config.activation_function,
-        normalization_type="LN",
-        original_architecture="GPT2LMHeadModel",
-        default_prepend_bos=False,
-        device="cpu",
-    )
-    model = HookedTransformer(cfg, tokenizer=tokenizer)
-    # As from_pretrained_no_processing: activations equal the Hugging Face model's.
-    model.load_and_process_state_dict(
-        convert_gpt2_weights(hf_model, cfg), fold_ln=False, center_writing_weights=False, center_unembed=False
-    )
-    return model.eval(), config.pad_token_id if config.pad_token_id is not None else config.eos_token_id
-
-
 def run_transformer_lens(folder: Path, tokenized: list[list[int]], layers: list[int], *, repeats: int):
     import torch
+    from transformers import AutoConfig
 
-    model, pad = load_transformer_lens(folder)
+    model = load_transformer_lens(folder)
+    config = AutoConfig.from_pretrained(folder)
+    pad = config.pad_token_id if config.pad_token_id is not None else config.eos_token_id
     names = hook_names(layers)
     stop_at_layer = max(layers) + 1
     batches = [padded_batch(tokenized, batch, pad) for batch in dataset_batches(len(tokenized))]

@@ -306,6 +306,13 @@ class CacheWriter:
 
     # -- writing --
 
+    def add_extracted(self, batch: Any) -> bool:
+        """:meth:`add_batch` of one batch of ``engine.extraction.extract`` (a ``BatchActivations``)."""
+        return self.add_batch(
+            batch.batch_index, token_ids=batch.token_ids, sample_index=batch.sample_index,
+            positions=batch.positions, activations=batch.activations,
+        )  # fmt: skip
+
     def add_batch(
         self,
         batch_index: int,
