@@ -28,7 +28,8 @@ from engine.generation.params import (
 )
 from engine.generation.sampling import sample_step
 from engine.generation.text_stream import TextStream
-from engine.hooks import HookSite, base_model_path, hook_sites
+from engine.hooks import MODULE_PREFIX, HookSite, base_model_path, hook_sites, list_hook_points
+from engine.interventions import Intervention, Interventions, check_interventions
 from engine.runtime import HookRuntime, grad_free_mode, pad_token_id
 
 
@@ -62,23 +63,18 @@ class Row:
 
 
 class _Recorder:
-    """Every forward pass's rows of the requested hook points, kept on the CPU.
+    """Every forward pass's rows of the captured hook points, kept on the CPU.
 
     Each pass appends one [tokens, width] copy per hook point; they are concatenated once,
-    after the loop. The hooks are the shared :class:`~engine.runtime.HookRuntime`'s.
+    after the loop.
     """
 
-    def __init__(self, model: Any, sites: dict[str, HookSite], dtype: Any) -> None:
+    def __init__(self, sites: dict[str, HookSite], dtype: Any) -> None:
         self.sites = sites
         self.dtype = dtype
         self.chunks: dict[str, list[Any]] = {name: [] for name in sites}
-        self.runtime = HookRuntime(model, sites, self._keep, purpose="captured")
 
-    def begin_pass(self, tokens: int, *, last: bool = False) -> None:
-        # The last pass only captures: it stops as soon as every hook point is in.
-        self.runtime.begin_pass(1, tokens, stop_when_complete=last)
-
-    def _keep(self, name: str, tensor: Any) -> None:
+    def keep(self, name: str, tensor: Any) -> None:
         rows = tensor.detach().reshape(tensor.shape[1], -1)
         self.chunks[name].append(rows.to(device="cpu", dtype=self.dtype, copy=True))
 
@@ -98,6 +94,36 @@ class _Recorder:
         return result
 
 
+class _Hooks:
+    """The run's hook points on one :class:`~engine.runtime.HookRuntime`: interventions write
+    first, then capture reads (so captured activations are the steered ones)."""
+
+    def __init__(
+        self,
+        model: Any,
+        sites: dict[str, HookSite],
+        recorder: _Recorder | None,
+        steering: Interventions | None,
+    ) -> None:
+        self.recorder = recorder
+        self.steering = steering
+        purpose = "captured" if recorder is not None else "intervened on"
+        self.runtime = HookRuntime(model, sites, self._visit, purpose=purpose)
+
+    def begin_pass(self, absolute: Any, *, last: bool = False) -> None:
+        """A pass over tokens at ``absolute`` [batch, tokens] positions of their rows (< 0:
+        padding). The last pass only captures: it stops as soon as every hook point is in."""
+        self.runtime.begin_pass(absolute.shape[0], absolute.shape[1], stop_when_complete=last)
+        if self.steering is not None:
+            self.steering.begin_pass(absolute)
+
+    def _visit(self, name: str, tensor: Any) -> Any:
+        replaced = self.steering.apply(name, tensor) if self.steering is not None else None
+        if self.recorder is not None and name in self.recorder.sites:
+            self.recorder.keep(name, tensor if replaced is None else replaced)
+        return replaced
+
+
 def generate(
     model: Any,
     tokenizer: Any,
@@ -108,6 +134,7 @@ def generate(
     capture_dtype: str = "float32",
     on_token: Callable[[TokenEvent], None] | None = None,
     cancelled_rows: Callable[[], Collection[int]] | None = None,
+    interventions: Sequence[Sequence[Intervention]] | None = None,
 ) -> list[GenerationResult]:
     """Generate a completion for each prompt (token ids) with its own :class:`SamplingParams`.
 
@@ -117,6 +144,8 @@ def generate(
     string or an incomplete character is then dropped, so the result text stays the
     concatenation of the streamed texts). ``capture`` (hook point names, one prompt only)
     returns the activations of every prompt and generated token in ``capture_dtype``.
+    ``interventions[r]`` (see :mod:`engine.interventions`) change row ``r``'s activations as it
+    runs, and only row ``r``'s; captured activations are the changed ones.
 
     Everything is validated before the model runs: :class:`GenerationError` (codes on the
     class) or :class:`HookError` for an unknown hook point. Hooks are removed before this
@@ -144,19 +173,39 @@ def generate(
         if capture_dtype not in CAPTURE_DTYPES:
             raise invalid("capture_dtype", f"capture_dtype must be one of {', '.join(CAPTURE_DTYPES)}.")
         sites = hook_sites(model, list(capture))
-    recorder = _Recorder(model, sites, getattr(torch, capture_dtype)) if sites else None
+    recorder = _Recorder(sites, getattr(torch, capture_dtype)) if sites else None
+    steering = _checked_interventions(model, interventions, token_lists)
+    if steering is not None:
+        sites = {**sites, **hook_sites(model, steering.hooks)}
+    hooks = _Hooks(model, sites, recorder, steering) if sites else None
 
-    attached = recorder.runtime.attached() if recorder is not None else contextlib.nullcontext()
+    attached = hooks.runtime.attached() if hooks is not None else contextlib.nullcontext()
     with grad_free_mode(model)(), attached:
         return _run(
             model,
             tokenizer,
             token_lists,
             params,
-            recorder=recorder,
+            hooks=hooks,
             on_token=on_token,
             cancelled_rows=cancelled_rows,
         )
+
+
+def _checked_interventions(
+    model: Any, interventions: Sequence[Sequence[Intervention]] | None, prompts: list[list[int]]
+) -> Interventions | None:
+    if not interventions or not any(interventions):
+        return None
+    if len(interventions) != len(prompts):
+        raise invalid("interventions", "Give one list of interventions per prompt.")
+    names = list(dict.fromkeys(item.hook for items in interventions for item in items))
+    hook_sites(model, names)  # INVALID_HOOK for an unknown name, all of them at once
+    widths: dict[str, int | None] = {point.name: point.width for point in list_hook_points(model)}
+    widths.update({name: None for name in names if name.startswith(MODULE_PREFIX)})
+    for items in interventions:
+        check_interventions(items, widths)
+    return Interventions(interventions, [len(prompt) for prompt in prompts])
 
 
 def _forward_arguments(model: Any) -> tuple[bool, str | None]:
@@ -173,7 +222,7 @@ def _run(
     prompts: list[list[int]],
     params: list[SamplingParams],
     *,
-    recorder: _Recorder | None,
+    hooks: _Hooks | None,
     on_token: Callable[[TokenEvent], None] | None,
     cancelled_rows: Callable[[], Collection[int]] | None,
 ) -> list[GenerationResult]:
@@ -240,14 +289,18 @@ def _run(
     # A module: hook point outside the base model (the LM head) needs every prompt row, so the
     # prefill then computes all logits.
     base = base_model_path(model)
-    hooks_outside_base = recorder is not None and any(
-        not site.module_path.startswith(base + ".") for site in recorder.sites.values()
+    hooks_outside_base = hooks is not None and any(
+        not site.module_path.startswith(base + ".") for site in hooks.runtime.sites.values()
     )
+    # Each row's position of each prompt column (negative: left padding), and of decode steps.
+    starts = torch.tensor([row.start for row in rows], device=device)
+    prompt_absolute = torch.arange(prompt_length, device=device)[None, :] - starts[:, None]
+    row_lengths = torch.tensor(lengths, device=device)
 
     started = time.perf_counter()
     prompt_ids = sequence[:, :prompt_length].contiguous()
-    if recorder is not None:
-        recorder.begin_pass(prompt_length)
+    if hooks is not None:
+        hooks.begin_pass(prompt_absolute)
     output = forward(prompt_ids, prompt_length, prompt_positions, None, keep_last=not hooks_outside_base)
     past = output.past_key_values
     next_tokens = sample_step(rows, output.logits[:, -1, :], sequence, prompt_length, track_sequence)
@@ -265,8 +318,8 @@ def _run(
                     row.finish_reason = FINISH_CANCELLED
             if all(row.done for row in rows):
                 break
-        if recorder is not None:
-            recorder.begin_pass(1)
+        if hooks is not None:
+            hooks.begin_pass((row_lengths + step - 1)[:, None])
         output = forward(
             next_tokens[:, None],
             prompt_length + step,
@@ -283,13 +336,13 @@ def _run(
         step += 1
 
     activations = None
-    if recorder is not None:
+    if hooks is not None and hooks.recorder is not None:
         (only_row,) = rows
         generated = len(only_row.token_ids)
         # The last token was sampled but never fed: one more pass captures its rows (its logits
         # are not needed, and the pass stops as soon as every hook point is in).
-        recorder.begin_pass(1, last=True)
-        recorder.runtime.run(
+        hooks.begin_pass((row_lengths + generated - 1)[:, None], last=True)
+        hooks.runtime.run(
             forward,
             input_ids=torch.tensor([[only_row.token_ids[-1]]], device=device),
             length=prompt_length + generated,
@@ -297,7 +350,7 @@ def _run(
             past=past,
             keep_last=True,
         )
-        activations = recorder.tensors(len(only_row.prompt) + generated)
+        activations = hooks.recorder.tensors(len(only_row.prompt) + generated)
 
     prefill_seconds = first_token_at - started
     return [
