@@ -41,25 +41,12 @@ from mistudio.events import ProgressThrottle
 from mistudio.redis_client import get_redis
 from models_app.tasks import Requeued, current_worker, model_in_this_worker
 from saes.services import folder_size
-from saes.tasks import open_cache
+from saes.tasks import open_cache, sae_module
 
 logger = logging.getLogger(__name__)
 
 ENCODE_MAX_TOKENS = 1024
 LEASE_SECONDS = 900
-_SAE_MODULES: dict[str, tuple[float, Any]] = {}  # sae id -> (weights' mtime, module): live encoding
-
-
-def sae_module(sae) -> Any:
-    """The SAE's module, loaded once per worker (again if its weights file changed)."""
-    stamp = (sae.directory / "sae_weights.safetensors").stat().st_mtime
-    cached = _SAE_MODULES.get(sae.id)
-    if cached is None or cached[0] != stamp:
-        module, _ = load_saelens(sae.directory)
-        module.eval()
-        _SAE_MODULES.clear()  # one at a time: a worker's memory is the models'
-        _SAE_MODULES[sae.id] = cached = (stamp, module)
-    return cached[1]
 
 
 def run_feature_analysis(analysis_id: str) -> None:

@@ -207,6 +207,7 @@ async def generate(request: HttpRequest) -> JsonResponse | StreamingHttpResponse
             capture=capture.get("capture") or [],
             capture_dtype=capture.get("dtype", "float32"),
             store_activations=capture.get("store", True),
+            interventions=capture.get("interventions"),
             interface=Generation.Interface.API,
         )
         if data["stream"]:

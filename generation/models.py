@@ -53,6 +53,8 @@ class Generation(models.Model):
     max_tokens_explicit = models.BooleanField(default=False)
     capture_hooks = models.JSONField(default=list, blank=True)
     capture_dtype = models.CharField(max_length=20, default="float32")
+    # Interventions applied while generating (generation.interventions' JSON shape, validated).
+    interventions = models.JSONField(default=list, blank=True)
     store_activations = models.BooleanField(default=True)
 
     status = models.CharField(max_length=20, choices=Status.choices, default=Status.QUEUED, db_index=True)

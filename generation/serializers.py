@@ -27,11 +27,13 @@ class MessageSerializer(StrictSerializer):
 
 
 class CaptureSerializer(StrictSerializer):
-    """The ``mistudio`` extension: capture hook points during generation."""
+    """The ``mistudio`` extension: capture hook points during generation, and intervene
+    (``interventions``: checked against the model by ``generation.interventions``)."""
 
     capture = serializers.ListField(child=serializers.CharField(max_length=300), max_length=64, default=list)
     store = serializers.BooleanField(default=True)
     dtype = serializers.ChoiceField(choices=CAPTURE_DTYPES, default="float32")
+    interventions = serializers.JSONField(required=False)
 
 
 def string_or_list(value: Any, *, field: str, max_items: int, max_length: int) -> list[str]:

@@ -18,7 +18,10 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
+from activations.model_structure import skeleton
 from activations.services import hook_names_for
+from engine.hooks import MODULE_PREFIX, list_hook_points
+from generation.interventions import interventions_request
 from generation.models import Generation
 from generation.selectors import generation_get
 from generation.streams import GenerationStream, request_cancel
@@ -114,13 +117,15 @@ def generation_request(
     capture: list[str] | None = None,
     capture_dtype: str = "float32",
     store_activations: bool = True,
+    interventions: list[dict[str, Any]] | None = None,
     interface: str = Generation.Interface.API,
 ) -> list[Generation]:
     """Create one queued generation per prompt (or one for ``messages``) and queue them on the host.
 
     Rows of one request share a ``batch_id`` and are created in one transaction before any job is
     queued, so the worker runs them as one batch. Raises 409 ``MODEL_NOT_LOADED`` when the model
-    is not ready, 400 for bad prompts or hook names. Permissions are the caller's to check
+    is not ready, 400 for bad prompts, hook names or interventions (``generation.interventions``,
+    which every row of the request gets). Permissions are the caller's to check
     (:func:`generation_model` finds a model the way an API user may see it).
     """
 
@@ -138,6 +143,11 @@ def generation_request(
         check_prompt_text(
             "\n".join(message["content"] for message in messages) + system_prompt, field_name="messages"
         )
+    steering = (
+        interventions_request(interventions, widths=hook_widths(model, interventions), user=owner)
+        if interventions
+        else []
+    )
     if model.status != LanguageModel.Status.READY or not model.host_worker:
         state = "still loading" if model.status == LanguageModel.Status.LOADING else model.status
         raise ApplicationError(
@@ -175,6 +185,7 @@ def generation_request(
                 capture_hooks=hooks,
                 capture_dtype=capture_dtype,
                 store_activations=store_activations,
+                interventions=steering,
             )
             for prompt in (prompts if prompts is not None else [""])
         ]
@@ -190,6 +201,24 @@ def generation_request(
                 result_ttl=0,
             )
     return rows
+
+
+def hook_widths(model: LanguageModel, interventions: Any) -> dict[str, int | None]:
+    """The width of each hook point of ``model``, and None for the ``module:`` paths the
+    interventions name (valid ones: 400 ``INVALID_HOOK`` otherwise)."""
+    structure = skeleton(model)
+    widths: dict[str, int | None] = {point.name: point.width for point in list_hook_points(structure)}
+    items = interventions if isinstance(interventions, list) else []
+    modules = [
+        item["hook"]
+        for item in items
+        if isinstance(item, dict)
+        and isinstance(item.get("hook"), str)
+        and item["hook"].startswith(MODULE_PREFIX)
+    ]
+    if modules:
+        widths.update(dict.fromkeys(hook_names_for(model, hooks=modules, layers=None)))
+    return widths
 
 
 def generation_cancel(*, user, generation_id: str) -> Generation:

@@ -22,6 +22,7 @@ from activations.services import cache_store_completed, cache_store_failed, cach
 from engine.errors import EngineError
 from engine.generation import SamplingParams, check_context, context_length, generate, render_prompt
 from engine.registry import LOADED_MODELS
+from generation.interventions import resolved_interventions
 from generation.models import Generation
 from generation.selectors import generation_state
 from generation.streams import GenerationStream, cancel_requested
@@ -327,9 +328,11 @@ def run_batch(rows: list[Generation]) -> None:
         return
     started = time.monotonic()
     context = context_length(loaded.model)
+    device = loaded.model.get_input_embeddings().weight.device
     ready: list[Generation] = []
     prompts: list[list[int]] = []
     params = []
+    interventions = []
     for row in rows:
         try:
             input_ids = render_prompt(
@@ -343,6 +346,7 @@ def run_batch(rows: list[Generation]) -> None:
             sampling = sampling_params(row, prompt_tokens=len(input_ids), context=context)
             # Checked per row here, so that one prompt too long fails alone rather than its batch.
             check_context(loaded.model, [input_ids], [sampling])
+            steering = resolved_interventions(row.interventions, device=device)
         except (ApplicationError, EngineError) as error:
             fail(row, error.code, error.message)
             continue
@@ -350,6 +354,7 @@ def run_batch(rows: list[Generation]) -> None:
         ready.append(row)
         prompts.append(input_ids)
         params.append(sampling)
+        interventions.append(steering)
     if not ready:
         return
     streams = [GenerationStream(row.id) for row in ready]
@@ -375,6 +380,7 @@ def run_batch(rows: list[Generation]) -> None:
             capture_dtype=ready[0].capture_dtype,
             on_token=relay,
             cancelled_rows=CancelPoll(ready),
+            interventions=interventions,
         )
     except (ApplicationError, EngineError) as error:
         for row in ready:

@@ -5,6 +5,7 @@ from typing import Any
 
 from django.db.models import QuerySet
 
+from generation.interventions import SaeReference
 from mistudio.access import check_may_change, visible_rows
 from mistudio.errors import ApplicationError
 from mistudio.events import register_group_kind
@@ -50,6 +51,14 @@ def completed_sae(*, user, sae_id: str) -> SparseAutoencoder:
     if sae.status != SparseAutoencoder.Status.COMPLETED:
         raise ApplicationError("SAE_NOT_READY", f"The SAE is {sae.status}.", status=409)
     return sae
+
+
+def sae_reference(user, sae_id: str) -> SaeReference | None:
+    """What an intervention needs of a completed SAE the user can see; None otherwise."""
+    sae = sae_list(user=user).filter(pk=sae_id, status=SparseAutoencoder.Status.COMPLETED).first()
+    if sae is None:
+        return None
+    return SaeReference(id=sae.id, hook_name=sae.hook_name, d_in=sae.d_in, d_sae=sae.d_sae)
 
 
 def sae_export_stream(sae: SparseAutoencoder) -> Iterator[bytes]:

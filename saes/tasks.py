@@ -45,6 +45,30 @@ logger = logging.getLogger(__name__)
 CURVE_POINTS = 400  # points kept per training curve (every n-th step, and the last)
 LEASE_RENEW_SECONDS = 60
 SHUFFLE_BUFFER_BATCHES = 16  # the shuffle buffer holds this many batches of rows
+SAE_MODULES_KEPT = 4  # SAEs a worker keeps loaded for live encoding and steering
+_SAE_MODULES: dict[str, tuple[float, Any]] = {}  # sae id -> (weights' mtime, module), oldest first
+
+
+def sae_module(sae: SparseAutoencoder) -> Any:
+    """The SAE's module (eval mode), loaded once per worker (again if its weights file changed);
+    the last few used are kept. Callers move it to their device."""
+    stamp = (sae.directory / "sae_weights.safetensors").stat().st_mtime
+    cached = _SAE_MODULES.pop(sae.id, None)
+    if cached is None or cached[0] != stamp:
+        module, _ = load_saelens(sae.directory)
+        cached = (stamp, module.eval())
+    _SAE_MODULES[sae.id] = cached  # now the newest
+    while len(_SAE_MODULES) > SAE_MODULES_KEPT:
+        _SAE_MODULES.pop(next(iter(_SAE_MODULES)))
+    return cached[1]
+
+
+def sae_module_by_id(sae_id: str) -> Any:
+    """:func:`sae_module` of a completed SAE; 404 ``SAE_NOT_FOUND`` if it is gone meanwhile."""
+    sae = SparseAutoencoder.objects.filter(pk=sae_id, status=SparseAutoencoder.Status.COMPLETED).first()
+    if sae is None:
+        raise ApplicationError("SAE_NOT_FOUND", f"The SAE {sae_id} is gone.", status=404)
+    return sae_module(sae)
 
 
 class TrainingCancelled(Exception):

@@ -220,6 +220,7 @@ async def start_generation(
         capture=capture.get("capture") or [],
         capture_dtype=capture.get("dtype", "float32"),
         store_activations=capture.get("store", True),
+        interventions=capture.get("interventions"),
         **inputs(data),
     )
     return data, model, rows

@@ -1,0 +1,233 @@
+"""The intervention spec of a generation request: validated when the request comes in, stored on
+its rows as JSON, resolved into the engine's :class:`~engine.interventions.Intervention` by the
+worker that generates.
+
+One JSON shape for every front door (``mistudio.interventions`` in ``/api/generate`` and the
+``/v1`` endpoints' ``extra_body``, the playground, ``play``'s ``/steer``, ``generate --steer``);
+documented in docs/api.md, "Interventions". Every problem is a 400 ``INVALID_INTERVENTION``
+naming the intervention by its index (404 ``SAE_NOT_FOUND`` for an SAE the user cannot see).
+
+An SAE named by an intervention belongs to the ``saes`` app, above this one: it registers how
+to describe one for a user and how to load one in a worker (:func:`register_sae_source`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from engine.interventions import KINDS, POSITION_KINDS, Intervention
+from mistudio.errors import ApplicationError
+
+MAX_INTERVENTIONS = 16
+MAX_POSITIONS = 4096
+MAX_INDICES = 4096
+MAX_VECTOR = 65_536
+_FIELDS = {
+    "add": {"type", "hook", "positions", "vector", "sae", "feature", "coefficient", "normalize"},
+    "clamp_feature": {"type", "hook", "positions", "sae", "feature", "value"},
+    "ablate": {"type", "hook", "positions", "sae", "features", "neurons"},
+    "replace": {"type", "hook", "positions", "vector"},
+}
+
+
+@dataclass(frozen=True)
+class SaeReference:
+    """What a request needs to know of an SAE: where it reads and its sizes."""
+
+    id: str
+    hook_name: str
+    d_in: int
+    d_sae: int
+
+
+@dataclass(frozen=True)
+class _SaeSource:
+    describe: Callable[[Any, str], SaeReference | None]  # (user, sae id) -> reference if visible
+    load: Callable[[str], Any]  # sae id -> engine SparseAutoencoder, in a worker
+
+
+_sae_source: _SaeSource | None = None
+
+
+def register_sae_source(
+    describe: Callable[[Any, str], SaeReference | None], load: Callable[[str], Any]
+) -> None:
+    global _sae_source
+    _sae_source = _SaeSource(describe, load)
+
+
+def _error(index: int, message: str, field: str | None = None) -> ApplicationError:
+    details: dict[str, Any] = {"intervention": index}
+    if field is not None:
+        details["fields"] = {f"interventions[{index}].{field}": [message]}
+    return ApplicationError(
+        "INVALID_INTERVENTION", f"Intervention {index}: {message}", details=details, status=400
+    )
+
+
+def _integer(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _indices(index: int, item: dict, field: str, limit: int) -> list[int]:
+    values = item.get(field)
+    if not isinstance(values, list) or not values or len(values) > MAX_INDICES:
+        raise _error(index, f"{field} must be a list of 1 to {MAX_INDICES} indices.", field)
+    if not all(_integer(value) and 0 <= value < limit for value in values):
+        raise _error(index, f"{field} must be integers in [0, {limit}).", field)
+    return sorted(set(values))
+
+
+def interventions_request(raw: Any, *, widths: dict[str, int], user) -> list[dict[str, Any]]:
+    """The validated, normalised spec of ``raw`` (a list of intervention objects) for a model whose
+    hook points have ``widths`` (``module:`` paths: None, their width shows when they run)."""
+    if raw in (None, []):
+        return []
+    if not isinstance(raw, list) or len(raw) > MAX_INTERVENTIONS:
+        raise ApplicationError(
+            "INVALID_INTERVENTION",
+            f"interventions must be a list of at most {MAX_INTERVENTIONS} objects.",
+            status=400,
+        )
+    return [_checked(index, item, widths, user) for index, item in enumerate(raw)]
+
+
+def _checked(index: int, item: Any, widths: dict[str, int], user) -> dict[str, Any]:
+    if not isinstance(item, dict):
+        raise _error(index, "must be an object.")
+    kind = item.get("type")
+    if kind not in KINDS:
+        raise _error(index, f"type must be one of {', '.join(KINDS)}.", "type")
+    unknown = sorted(set(item) - _FIELDS[kind])
+    if unknown:
+        raise _error(index, f"{kind} takes no {', '.join(unknown)}.", unknown[0])
+    spec: dict[str, Any] = {"type": kind}
+
+    sae = None
+    if "sae" in item:
+        if kind == "replace" or not isinstance(item["sae"], str):
+            raise _error(index, "sae must be an SAE id.", "sae")
+        sae = _sae_source.describe(user, item["sae"]) if _sae_source is not None else None
+        if sae is None:
+            raise ApplicationError(
+                "SAE_NOT_FOUND",
+                f"Intervention {index}: no SAE {item['sae']!r}.",
+                details={"intervention": index},
+                status=404,
+            )
+        spec["sae"] = sae.id
+    hook = item.get("hook", sae.hook_name if sae is not None else None)
+    if not isinstance(hook, str) or hook not in widths:
+        raise _error(index, f"hook must be a hook point of the model, not {hook!r}.", "hook")
+    width = widths[hook]
+    spec["hook"] = hook
+    if sae is not None and width is not None and sae.d_in != width:
+        raise _error(index, f"the SAE reads a width of {sae.d_in}; {hook} has {width}.", "sae")
+
+    positions = item.get("positions", "all")
+    if isinstance(positions, list):
+        if (
+            not positions
+            or len(positions) > MAX_POSITIONS
+            or not all(_integer(p) and p >= 0 for p in positions)
+        ):
+            raise _error(index, f"positions must list 1 to {MAX_POSITIONS} positions >= 0.", "positions")
+        positions = sorted(set(positions))
+    elif positions not in POSITION_KINDS:
+        raise _error(
+            index, f"positions must be {', '.join(POSITION_KINDS)} or a list of positions.", "positions"
+        )
+    spec["positions"] = positions
+
+    if kind in ("add", "replace") and "vector" in item:
+        vector = item["vector"]
+        if not isinstance(vector, list) or not vector or len(vector) > MAX_VECTOR:
+            raise _error(index, "vector must be a list of numbers.", "vector")
+        if not all(_number(value) for value in vector):
+            raise _error(index, "vector must hold finite numbers only.", "vector")
+        if width is not None and len(vector) != width:
+            raise _error(index, f"vector has {len(vector)} values; {hook} has a width of {width}.", "vector")
+        spec["vector"] = [float(value) for value in vector]
+    if kind == "replace" and "vector" not in spec:
+        raise _error(index, "replace needs a vector.", "vector")
+    if kind in ("add", "clamp_feature"):
+        if kind == "add" and ("vector" in spec) == (sae is not None):
+            raise _error(index, "add takes either a vector or an sae and a feature.", "vector")
+        if sae is not None:
+            feature = item.get("feature")
+            if not _integer(feature) or not 0 <= feature < sae.d_sae:
+                raise _error(index, f"feature must be an integer in [0, {sae.d_sae}).", "feature")
+            spec["feature"] = feature
+        elif kind == "clamp_feature":
+            raise _error(index, "clamp_feature needs an sae and a feature.", "sae")
+    if kind == "add":
+        coefficient = item.get("coefficient", 1.0)
+        if not _number(coefficient):
+            raise _error(index, "coefficient must be a finite number.", "coefficient")
+        if not isinstance(item.get("normalize", False), bool):
+            raise _error(index, "normalize must be true or false.", "normalize")
+        spec["coefficient"] = float(coefficient)
+        spec["normalize"] = item.get("normalize", False)
+    if kind == "clamp_feature":
+        if not _number(item.get("value")):
+            raise _error(index, "value must be a finite number.", "value")
+        spec["value"] = float(item["value"])
+    if kind == "ablate":
+        if sae is not None:
+            spec["features"] = _indices(index, item, "features", sae.d_sae)
+        elif "neurons" in item and width is not None:
+            spec["neurons"] = _indices(index, item, "neurons", width)
+        elif "neurons" in item:
+            spec["neurons"] = _indices(index, item, "neurons", MAX_VECTOR)
+        else:
+            raise _error(index, "ablate needs neurons, or an sae and features.", "neurons")
+    return spec
+
+
+def resolved_interventions(specs: list[dict[str, Any]], device: Any = None) -> list[Intervention]:
+    """The engine's interventions for a stored spec, with SAEs loaded (once each) on ``device``."""
+    import torch
+
+    modules: dict[str, Any] = {}
+
+    def sae_of(spec: dict[str, Any]) -> Any:
+        if spec["sae"] not in modules:
+            if _sae_source is None:
+                raise ApplicationError("SAE_NOT_FOUND", f"No SAE {spec['sae']!r}.", status=404)
+            modules[spec["sae"]] = _sae_source.load(spec["sae"]).to(device or "cpu")
+        return modules[spec["sae"]]
+
+    interventions = []
+    for index, spec in enumerate(specs):
+        positions = spec["positions"] if isinstance(spec["positions"], str) else tuple(spec["positions"])
+        common = {"kind": spec["type"], "hook": spec["hook"], "positions": positions, "index": index}
+        kind = spec["type"]
+        if kind in ("add", "replace"):
+            if "vector" in spec:
+                vector = torch.tensor(spec["vector"], dtype=torch.float32)
+            else:
+                vector = sae_of(spec).W_dec[spec["feature"]].detach()
+            interventions.append(
+                Intervention(
+                    **common,
+                    vector=vector,
+                    coefficient=spec.get("coefficient", 1.0),
+                    normalize=spec.get("normalize", False),
+                )
+            )
+        elif kind == "clamp_feature":
+            interventions.append(
+                Intervention(**common, sae=sae_of(spec), features=(spec["feature"],), value=spec["value"])
+            )
+        elif "sae" in spec:
+            interventions.append(Intervention(**common, sae=sae_of(spec), features=tuple(spec["features"])))
+        else:
+            interventions.append(Intervention(**common, neurons=tuple(spec["neurons"])))
+    return interventions
