@@ -9,21 +9,25 @@ generation cleanly, colours, and the one-line summaries.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from django.core.management.base import CommandError
 
 from activations.services import hook_names_for
+from generation.interventions import interventions_request
 from generation.models import Generation
 from generation.serializers import SamplingSerializer
-from generation.services import generation_check, generation_request, generation_stop
+from generation.services import generation_check, generation_request, generation_stop, hook_widths
 from generation.streams import iter_events
 from mistudio.access import OPERATOR
 from mistudio.errors import ApplicationError
@@ -84,6 +88,73 @@ def hook_list(values: list[str] | str | None) -> list[str]:
     if isinstance(values, str):
         values = [values]
     return [name.strip() for value in values for name in value.split(",") if name.strip()]
+
+
+STEER_SHORTHAND = re.compile(r"(?P<sae>[\w-]+):(?P<feature>\d+)(?:(?P<op>[*=])(?P<number>[-+0-9.eE]+))?")
+
+
+def steering_list(values: list[str] | str | None) -> list[dict[str, Any]]:
+    """``--steer`` / ``/steer`` arguments as intervention objects (docs/api.md, "Interventions"):
+    JSON (one object or a list), ``@file.json``, or the shorthands ``SAE:FEATURE*COEFFICIENT``
+    (add the feature's decoder direction, times 1 without ``*``) and ``SAE:FEATURE=VALUE`` (clamp
+    the feature). Raises :class:`InvalidSetting`."""
+    if values is None:
+        return []
+    items: list[dict[str, Any]] = []
+    for value in [values] if isinstance(values, str) else values:
+        text = value.strip()
+        if text.startswith("@"):
+            try:
+                text = Path(text[1:]).read_text()
+            except OSError as error:
+                raise InvalidSetting(f"steer: cannot read {text[1:]}: {error.strerror}.") from None
+        if text.startswith(("{", "[")):
+            try:
+                parsed = json.loads(text)
+            except ValueError as error:
+                raise InvalidSetting(f"steer: not valid JSON ({error}).") from None
+            items.extend(parsed if isinstance(parsed, list) else [parsed])
+            continue
+        match = STEER_SHORTHAND.fullmatch(text)
+        if match is None:
+            raise InvalidSetting(
+                "steer: give JSON, @file.json, SAE:FEATURE*COEFFICIENT (add) or SAE:FEATURE=VALUE (clamp)."
+            )
+        try:
+            number = float(match["number"]) if match["number"] is not None else 1.0
+        except ValueError:
+            raise InvalidSetting(f"steer: {match['number']!r} is not a number.") from None
+        item: dict[str, Any] = {"sae": match["sae"], "feature": int(match["feature"])}
+        if match["op"] == "=":
+            items.append({"type": "clamp_feature", **item, "value": number})
+        else:
+            items.append({"type": "add", **item, "coefficient": number})
+    return items
+
+
+def checked_steering(model: LanguageModel, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Interventions validated for ``model`` as ``/api/generate`` does; :class:`InvalidSetting`."""
+    try:
+        return interventions_request(items, widths=hook_widths(model, items), user=OPERATOR)
+    except ApplicationError as error:
+        raise InvalidSetting(f"{error.code}: {error.message}") from None
+
+
+def steering_text(item: dict[str, Any]) -> str:
+    """One line for an intervention: ``add sae_…#812 x 8 at blocks.2.hook_resid_post (all)``."""
+    what = f"{item['sae']}#{item['feature']}" if "sae" in item and "feature" in item else ""
+    if item["type"] == "add":
+        what = what or f"a vector of {len(item['vector'])}"
+        detail = f"add {what} x {item['coefficient']:g}{' (normalised)' if item.get('normalize') else ''}"
+    elif item["type"] == "clamp_feature":
+        detail = f"clamp {what} = {item['value']:g}"
+    elif item["type"] == "ablate":
+        indices = item.get("features") or item.get("neurons")
+        detail = f"ablate {'features' if 'features' in item else 'neurons'} {indices}"
+    else:
+        detail = "replace"
+    positions = item["positions"] if isinstance(item["positions"], str) else f"positions {item['positions']}"
+    return f"{detail} at {item['hook']} ({positions})"
 
 
 # --- loading ------------------------------------------------------------------------------------

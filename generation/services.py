@@ -27,6 +27,7 @@ from generation.selectors import generation_get
 from generation.streams import GenerationStream, request_cancel
 from generation.tasks import final_event, finish_cancelled
 from mistudio import roles
+from mistudio.access import OPERATOR
 from mistudio.errors import ApplicationError
 from mistudio.workers import enqueue, read_heartbeats, worker_queue
 from models_app.models import LanguageModel
@@ -144,7 +145,11 @@ def generation_request(
             "\n".join(message["content"] for message in messages) + system_prompt, field_name="messages"
         )
     steering = (
-        interventions_request(interventions, widths=hook_widths(model, interventions), user=owner)
+        interventions_request(
+            interventions,
+            widths=hook_widths(model, interventions),
+            user=owner if owner is not None else OPERATOR,
+        )
         if interventions
         else []
     )

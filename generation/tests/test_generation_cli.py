@@ -20,11 +20,14 @@ import pytest
 from django.conf import settings
 from django.core.management import CommandError, call_command
 
+from features.tests.conftest import completed_sae_row
+from generation.cli import InvalidSetting, steering_list
 from generation.models import Generation, storable_text
 from mistudio.access import OPERATOR
 from models_app.models import LanguageModel
 from models_app.services import model_load_request, model_register
 from models_app.tests.live_stack import process_environment, wait_until
+from saes.tests.conftest import write_planted_cache
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -125,6 +128,45 @@ def test_generate_streams_the_text_the_generation_keeps(worker, tiny_gpt2_folder
     out, err = generate(gpt2.name, "Once upon a time", "--max-tokens", "4", "--capture", HOOK)
     row = latest(gpt2)
     assert row.cache_id and f"activations: {row.cache_id} ({HOOK} [" in err
+
+
+def test_steering_arguments(tmp_path):
+    file = tmp_path / "steer.json"
+    file.write_text(json.dumps([{"type": "ablate", "hook": HOOK, "neurons": [1]}]))
+    assert steering_list(["sae_ab12:7*-8.5", "sae_ab12:3", "sae_ab12:9=2e1", f"@{file}"]) == [
+        {"type": "add", "sae": "sae_ab12", "feature": 7, "coefficient": -8.5},
+        {"type": "add", "sae": "sae_ab12", "feature": 3, "coefficient": 1.0},
+        {"type": "clamp_feature", "sae": "sae_ab12", "feature": 9, "value": 20.0},
+        {"type": "ablate", "hook": HOOK, "neurons": [1]},
+    ]
+    assert steering_list('{"type": "replace", "hook": "x"}') == [{"type": "replace", "hook": "x"}]
+    for bad, message in [
+        ("sae_ab12", "give JSON"),
+        ("sae_ab12:7*lots", "give JSON"),
+        ("{not json", "not valid JSON"),
+        (f"@{tmp_path / 'missing.json'}", "cannot read"),
+    ]:
+        with pytest.raises(InvalidSetting, match=message):
+            steering_list(bad)
+
+
+@pytest.mark.slow
+def test_generate_steer_changes_the_text_and_keeps_the_request(worker, tiny_gpt2_folder):
+    gpt2 = loaded(tiny_gpt2_folder, "tiny-gpt2")
+    sae = completed_sae_row(gpt2, write_planted_cache(gpt2, None, samples=8), None)
+    base = [gpt2.name, "Once upon a time", "--greedy", "--max-tokens", "12", "--ignore-eos"]
+    plain, _ = generate(*base)
+    steered, _ = generate(*base, "--steer", f"{sae.id}:7*12")
+    assert steered != plain
+    assert latest(gpt2).interventions == [
+        {"type": "add", "sae": sae.id, "hook": HOOK, "positions": "all", "feature": 7,
+         "coefficient": 12.0, "normalize": False}
+    ]  # fmt: skip
+    spelled_out = json.dumps({"type": "add", "sae": sae.id, "feature": 7, "coefficient": 12})
+    same, _ = generate(*base, "--steer", spelled_out)
+    assert same == steered
+    with pytest.raises(CommandError, match="INVALID_INTERVENTION: Intervention 0: vector has 3 values"):
+        generate(*base, "--steer", json.dumps({"type": "add", "hook": HOOK, "vector": [1, 2, 3]}))
 
 
 @pytest.mark.slow
@@ -264,6 +306,31 @@ def test_play_chats_with_a_model(worker, tiny_gpt2_folder, tiny_llama_folder):
             rf"activations: {row.cache_id} \({re.escape(HOOK)} \[\d+, 64\]\)", after
         )
         session.command("/capture off")
+
+        # /steer: every reply runs with the interventions; /unsteer drops them.
+        sae = completed_sae_row(ready, write_planted_cache(ready, None, samples=8), None)
+        listed = session.command(f"/steer {sae.id}:7=5")
+        assert f"1) clamp {sae.id}#7 = 5 at {HOOK} (all)" in listed
+        assert "INVALID_INTERVENTION: Intervention 1: feature must be" in session.command(
+            f"/steer {sae.id}:100000"
+        )
+        session.chat("Steer this")
+        row = latest(cold)
+        assert row.status == "completed"
+        assert row.interventions == [
+            {
+                "type": "clamp_feature",
+                "sae": sae.id,
+                "hook": HOOK,
+                "positions": "all",
+                "feature": 7,
+                "value": 5.0,
+            }
+        ]
+        assert "clamp" in session.command("/show")
+        assert "interventions off" in session.command("/unsteer")
+        session.chat("Plain again")
+        assert latest(cold).interventions == []
 
         # Ctrl-C during a long reply stops it in the worker and returns to the prompt.
         for line in ("/max 2000", "/temp 1", "/ignore_eos on"):

@@ -15,11 +15,13 @@ from generation.cli import (
     InvalidSetting,
     checked_hooks,
     checked_sampling,
+    checked_steering,
     failure_text,
     hook_list,
     load_and_wait,
     not_loaded_message,
     palette_for,
+    steering_list,
     stream_generation,
     summary_line,
     terminal_safe,
@@ -61,6 +63,13 @@ class Command(BaseCommand):
         )
         parser.add_argument("--capture-dtype", choices=CAPTURE_DTYPES, default="float32")
         parser.add_argument(
+            "--steer",
+            action="append",
+            metavar="SPEC",
+            help="intervene while generating (repeatable): SAE:FEATURE*COEFFICIENT adds the feature's "
+            "direction, SAE:FEATURE=VALUE clamps it, or JSON / @file.json in /api/generate's shape",
+        )
+        parser.add_argument(
             "--load", action="store_true", help="load the model first when it is not loaded (and wait)"
         )
         parser.add_argument(
@@ -84,6 +93,7 @@ class Command(BaseCommand):
                 }
             )
             capture = checked_hooks(model, hook_list(options["capture"])) if options["capture"] else []
+            steering = checked_steering(model, steering_list(options["steer"])) if options["steer"] else []
         except InvalidSetting as error:
             raise CommandError(f"INVALID_PARAMETER: {error}") from None
         request = {
@@ -95,6 +105,7 @@ class Command(BaseCommand):
             "sampling": sampling,
             "capture": capture,
             "capture_dtype": options["capture_dtype"],
+            "interventions": steering,
         }
         streaming = not options["json"]
         on_terminal = self.stdout.isatty()

@@ -28,12 +28,15 @@ from generation.cli import (
     activations_text,
     checked_hooks,
     checked_sampling,
+    checked_steering,
     failure_text,
     hook_list,
     load_and_wait,
     not_loaded_message,
     palette_for,
     rate_text,
+    steering_list,
+    steering_text,
     stream_generation,
     terminal_safe,
 )
@@ -54,6 +57,10 @@ HELP = """\
 /system [TEXT]          set the system prompt (alone: clear it)
 /capture HOOK[,HOOK] | off
                         capture these hook points' activations for each reply
+/steer SPEC             intervene in every reply: SAE:FEATURE*COEFFICIENT adds the
+                        feature's direction, SAE:FEATURE=VALUE clamps it, or JSON
+                        (alone: list the interventions)
+/unsteer [N]            drop intervention N (alone: all of them)
 /reset                  forget the conversation
 /show                   the current settings
 /help                   this list
@@ -73,6 +80,7 @@ class ChatSettings:
     ignore_eos: bool = False
     system: str = ""
     capture: list[str] = field(default_factory=list)
+    interventions: list[dict[str, Any]] = field(default_factory=list)
 
     def sampling_options(self, **changes: Any) -> dict[str, Any]:
         options = {
@@ -191,6 +199,8 @@ class Chat:
             "/ignore_eos": self.set_ignore_eos,
             "/system": self.set_system,
             "/capture": self.set_capture,
+            "/steer": self.steer,
+            "/unsteer": self.unsteer,
             "/reset": self.reset,
             "/clear": self.reset,
             "/show": self.show,
@@ -296,6 +306,26 @@ class Chat:
         self.settings.capture = checked_hooks(self.model, hook_list(argument))
         self.note(f"capturing {', '.join(self.settings.capture)} for each reply")
 
+    def steer(self, argument: str) -> None:
+        if argument:
+            added = checked_steering(self.model, self.settings.interventions + steering_list(argument))
+            self.settings.interventions = added
+        if not self.settings.interventions:
+            self.note("no interventions")
+        for number, item in enumerate(self.settings.interventions, start=1):
+            self.note(f"{number}) {steering_text(item)}")
+
+    def unsteer(self, argument: str) -> None:
+        items = self.settings.interventions
+        if not argument:
+            items.clear()
+            self.note("interventions off")
+            return
+        if not argument.isdigit() or not 1 <= int(argument) <= len(items):
+            raise InvalidSetting(f"unsteer: give a number from 1 to {len(items)} (/steer lists them).")
+        removed = items.pop(int(argument) - 1)
+        self.note(f"dropped: {steering_text(removed)}")
+
     def reset(self, argument: str) -> None:
         self.history.clear()
         self.note("conversation cleared")
@@ -312,6 +342,7 @@ class Chat:
             ("ignore_eos", "on" if settings.ignore_eos else "off"),
             ("system", settings.system or "(none)"),
             ("capture", ", ".join(settings.capture) or "off"),
+            ("steering", "; ".join(steering_text(item) for item in settings.interventions) or "off"),
             ("history", f"{len(self.history)} messages"),
         ]
         for name, value in rows:
@@ -364,6 +395,7 @@ class Chat:
             "system_prompt": self.settings.system,
             "chat_template": None,
             "capture": self.settings.capture,
+            "interventions": self.settings.interventions,
         }
         try:
             request["sampling"] = checked_sampling(self.settings.sampling_options())
