@@ -8,12 +8,14 @@ import pytest
 from django.test import Client
 
 from activations.store import ActivationStore
+from conftest import make_user
 from generation.models import Generation
 from generation.services import SamplingRequest, generation_request
 from mistudio.access import OPERATOR
 from mistudio.workers import run_worker
 from models_app.models import LanguageModel
 from models_app.services import model_load_request, model_register
+from saes.models import SparseAutoencoder
 
 WORKER = "playground-worker"
 
@@ -62,6 +64,46 @@ def test_a_reader_sees_the_form_with_generate_switched_off(reader, tiny_gpt2_fol
     page = signed_in(reader).get("/playground/").content.decode()
     assert "needs the <code>model:write</code> role" in page
     assert re.search(r'id="generate-button"[^>]*disabled', page)
+
+
+def sae_row(model, owner, name: str, *, status: str = "completed", shared: bool = False) -> SparseAutoencoder:
+    return SparseAutoencoder.objects.create(
+        name=name, model=model, hook_name="blocks.0.hook_resid_post", architecture="standard",
+        d_in=64, d_sae=256, status=status, owner=owner, shared=shared,
+    )  # fmt: skip
+
+
+@pytest.mark.django_db
+def test_the_steering_panel_offers_visible_completed_saes_preset_from_the_query(writer, tiny_gpt2_folder):
+    model = registered(tiny_gpt2_folder, "ready-one", LanguageModel.Status.READY)
+    mine = sae_row(model, writer, "mine")
+    sae_row(model, writer, "still training", status="training")
+    sae_row(model, make_user("olga-other", "model:write"), "not shared")
+    browser = signed_in(writer)
+
+    query = {"model": model.id, "sae": mine.id, "feature": "17", "coefficient": "-12.5"}
+    page = browser.get("/playground/", query).content.decode()
+    panel = re.search(r'id="steer-card".*?</section>', page, re.S).group(0)
+    assert re.search(r'<input type="checkbox" id="steer" checked>', panel)  # the preset turns it on
+    assert re.search(r'id="steer-fields"\s*>', panel)  # shown
+    options = re.findall(r'<option value="(sae_[^"]+)"([^>]*)>', panel)
+    assert [value for value, _ in options] == [mine.id]  # completed and visible only
+    assert f'data-model="{model.id}"' in options[0][1] and "selected" in options[0][1]
+    assert 'id="steer-index" min="0" step="1" value="17"' in panel
+    assert 'data-mirror="steer-amount"' in panel and 'id="steer-amount" step="0.5" value="-12.5"' in panel
+    assert re.search(r'value="add" checked>', panel) and 'value="clamp_feature" >' in panel
+    for label in ("SAE", "Feature", "Positions"):
+        assert re.search(rf'<label for="steer-[a-z]+">{label}</label>', panel)
+    assert 'id="steered-pane"' in page and 'id="baseline-pane"' in page
+
+    # Without a preset the panel is off; an unknown or unfinished SAE is named, not dropped silently.
+    plain = browser.get("/playground/").content.decode()
+    assert '<input type="checkbox" id="steer" >' in plain and re.search(r'id="steer-fields" hidden', plain)
+    query = {"sae": "sae_nope", "feature": "x", "coefficient": "inf", "kind": "clamp_feature"}
+    unknown = browser.get("/playground/", query).content.decode()
+    assert 'id="steer-missing"' in unknown and "<code>sae_nope</code>" in unknown
+    assert 'id="steer-index" min="0" step="1" value="0"' in unknown and 'value="8.0"' in unknown
+    assert re.search(r'value="clamp_feature" checked>', unknown) and ">Value</label>" in unknown
 
 
 def test_anonymous_visitors_sign_in_first(client):

@@ -1,4 +1,8 @@
-"""Pages: the playground (generate with a loaded model, streamed; optional capture and heatmap)."""
+"""Pages: the playground (generate with a loaded model, streamed; optional capture and heatmap;
+optional steering with an SAE feature, baseline and steered side by side)."""
+
+import math
+from typing import Any
 
 from django.shortcuts import render
 from django.views.decorators.http import require_safe
@@ -17,6 +21,12 @@ from generation.services import (
 from mistudio.errors import ApplicationError
 from models_app.models import LanguageModel
 from models_app.selectors import model_list
+from saes.models import SparseAutoencoder
+from saes.selectors import sae_list
+
+DEFAULT_STEERING_COEFFICIENT = 8.0
+STEERING_KINDS = ("add", "clamp_feature")
+STEERING_POSITIONS = ("all", "prompt", "generated")
 
 
 @reader_required
@@ -26,6 +36,10 @@ def playground_page(request):
 
     Generation goes through ``POST /api/generate`` with ``"stream": true`` from ``playground.js``;
     this view only renders the form (ready models, defaults and ranges as the API validates them).
+    The Steering panel lists the completed SAEs the user can see; ``?sae=<id>&feature=<n>``
+    (optionally ``&coefficient=``, ``&kind=``, ``&positions=``) presets it, as the feature page's
+    "Steer" link does. With steering on, ``playground.js`` sends two requests with one seed: the
+    baseline and the same one with ``mistudio.interventions``.
     With ``?heatmap=<cache_id>&hook=…&neuron=…`` it answers the per-token heatmap fragment of a
     stored cache instead (see :func:`heatmap_fragment`).
     """
@@ -51,8 +65,43 @@ def playground_page(request):
                 "prompt_characters": MAX_PROMPT_CHARACTERS,
                 "stop_sequences": MAX_STOP_SEQUENCES,
             },
+            **steering_context(request),
         },
     )
+
+
+def steering_context(request) -> dict[str, Any]:
+    """The Steering panel: completed SAEs the user can see (each names its model, so the page can
+    offer those of the chosen model first) and the preset from the query string; a preset SAE that
+    is not among them is named in a notice rather than silently dropped."""
+    completed = {"status": SparseAutoencoder.Status.COMPLETED}
+    saes = list(sae_list(user=request.user, filters=completed).order_by("name", "id"))
+    wanted = request.GET.get("sae", "")
+    found = any(sae.id == wanted for sae in saes)
+    feature = request.GET.get("feature", "")
+    coefficient = _finite(request.GET.get("coefficient"))
+    kind = request.GET.get("kind", "add")
+    positions = request.GET.get("positions", "all")
+    return {
+        "steering_saes": saes,
+        "steering": {
+            "on": found,
+            "sae": wanted if found else "",
+            "missing_sae": wanted if wanted and not found else "",
+            "feature": int(feature) if feature.isdigit() else 0,
+            "coefficient": DEFAULT_STEERING_COEFFICIENT if coefficient is None else coefficient,
+            "kind": kind if kind in STEERING_KINDS else "add",
+            "positions": positions if positions in STEERING_POSITIONS else "all",
+        },
+    }
+
+
+def _finite(text: str | None) -> float | None:
+    try:
+        value = float(text) if text else None
+    except ValueError:
+        return None
+    return value if value is not None and math.isfinite(value) else None
 
 
 def heatmap_fragment(request):

@@ -3,6 +3,9 @@
 // small reader here). Stop aborts the fetch; the server hears the disconnect and cancels the generation.
 // With capture on, the finished result names an activation cache, and the heatmap of one neuron over
 // its tokens comes from this page's own fragment (/playground/?heatmap=<cache>&hook=&neuron=).
+// With steering on, Generate sends two streamed requests with one seed (filled in when the field is
+// empty): the baseline as above, and the same body with mistudio.interventions = [one SAE feature],
+// whose text streams into the second pane beside it.
 (function () {
   "use strict";
 
@@ -16,6 +19,8 @@
   const runState = $("run-state"), liveCount = $("live-count");
   const modelSelect = $("model"), hookSelect = $("hook"), neuronInput = $("neuron"), captureBox = $("capture");
   const canWrite = form.dataset.canWrite === "true";
+  const steerBox = $("steer"), steerSae = $("steer-sae"), steerIndex = $("steer-index");
+  const steerAmount = $("steer-amount"), steerError = $("steer-error"), seedInput = $("seed");
 
   const state = {
     running: false,
@@ -57,8 +62,94 @@
       option.dataset.worker && `on ${option.dataset.worker}`];
     $("model-meta").textContent = parts.filter(Boolean).join(" · ");
   }
-  modelSelect.addEventListener("change", () => { describeModel(); if (captureBox.checked) loadHooks(); });
+  modelSelect.addEventListener("change", () => { describeModel(); if (captureBox.checked) loadHooks(); offerSaes(); });
   describeModel();
+
+  // --- steering: one SAE feature, added or clamped -------------------------------------------------
+
+  const steering = () => steerBox.checked && Boolean(steerSae);
+  const steerKind = () => form.querySelector('input[name="steer_kind"]:checked').value;
+
+  function showSteering() {
+    $("steer-fields").hidden = !steerBox.checked;
+    const on = steering();
+    $("output-panes").classList.toggle("split", on);
+    $("steered-pane").hidden = !on;
+    $("baseline-title").hidden = !on;
+    if (!on) $("steer-caption").hidden = true;
+  }
+
+  // SAEs of the chosen model (or of no recorded model) are offered; one chosen before stays, flagged.
+  function offerSaes() {
+    if (!steerSae) return;
+    for (const option of steerSae.options) {
+      const other = option.value && option.dataset.model && option.dataset.model !== modelSelect.value;
+      option.hidden = Boolean(other) && !option.selected;
+    }
+    describeSae();
+  }
+
+  function describeSae() {
+    const option = steerSae.selectedOptions[0];
+    const meta = $("steer-sae-meta"), link = $("steer-feature-link");
+    if (!option || !option.value) {
+      meta.textContent = "";
+      $("steer-index-range").textContent = "";
+      link.hidden = true;
+      return;
+    }
+    const width = Number(option.dataset.width);
+    const elsewhere = option.dataset.model && option.dataset.model !== modelSelect.value;
+    meta.textContent = `${option.dataset.hook} · ${width} features`
+      + (elsewhere ? ` · trained on ${option.dataset.modelName || "another model"}, not the chosen one` : "");
+    meta.classList.toggle("warn-text", Boolean(elsewhere));
+    steerIndex.max = String(width - 1);
+    $("steer-index-range").textContent = `0–${width - 1}`;
+    const index = steerIndex.value.trim();
+    link.hidden = index === "";
+    link.href = `/saes/${encodeURIComponent(option.value)}/features/${encodeURIComponent(index)}/`;
+  }
+
+  function describeKind() {
+    const clamp = steerKind() === "clamp_feature";
+    $("steer-amount-label").textContent = clamp ? "Value" : "Coefficient";
+    $("steer-amount-help").textContent = clamp
+      ? "The feature's activation is set to this value"
+      : "Times the feature's decoder direction, added to the activation";
+  }
+
+  // The one intervention, or null after saying in the panel what is missing.
+  function intervention() {
+    const option = steerSae.selectedOptions[0];
+    const index = steerIndex.value.trim(), amount = steerAmount.value.trim();
+    let problem = null;
+    if (!option || !option.value) problem = "Choose an SAE to steer with.";
+    else if (!/^\d+$/.test(index)) problem = "The feature is a whole number from 0.";
+    else if (amount === "" || !Number.isFinite(Number(amount))) problem = `The ${steerKind() === "clamp_feature" ? "value" : "coefficient"} must be a number.`;
+    if (problem) {
+      showSteerError(problem);
+      return null;
+    }
+    const item = { type: steerKind(), sae: option.value, feature: Number(index), positions: $("steer-positions").value };
+    item[item.type === "add" ? "coefficient" : "value"] = Number(amount);
+    return item;
+  }
+
+  function showSteerError(message) {
+    steerError.textContent = message;
+    steerError.hidden = !message;
+  }
+
+  if (steerBox) {
+    steerBox.addEventListener("change", showSteering);
+    if (steerSae) {
+      steerSae.addEventListener("change", () => { describeSae(); showSteerError(""); });
+      steerIndex.addEventListener("input", () => { describeSae(); showSteerError(""); });
+      form.querySelectorAll('input[name="steer_kind"]').forEach((radio) => radio.addEventListener("change", describeKind));
+      offerSaes();
+    }
+    showSteering();
+  }
 
   // --- capture: hook points of the chosen model -------------------------------------------------------
 
@@ -232,6 +323,19 @@
   async function generate() {
     if (state.running || !canWrite) return;
     mi.clearErrors(form);
+    let steered = null;
+    if (steering()) {
+      showSteerError("");
+      const item = intervention();
+      if (!item) return;
+      // One seed for both requests, so the intervention is the only difference; a seed the page
+      // chose is chosen afresh next time, one the user typed is kept.
+      if (seedInput.value.trim() === "" || seedInput.value === seedInput.dataset.auto) {
+        seedInput.value = String(Math.floor(Math.random() * 2 ** 31));
+        seedInput.dataset.auto = seedInput.value;
+      }
+      steered = item;
+    }
     const body = requestBody();
     resetOutput(body);
     setRunning(true);
@@ -240,6 +344,7 @@
     state.controller = controller;
     const clicked = performance.now();
     let firstToken = null, tokens = 0, finished = false, requestId = null;
+    const steeredRun = steered ? streamSteered(steeredBody(body, steered), controller.signal) : null;
     try {
       const response = await fetch("/api/generate", {
         method: "POST",
@@ -301,9 +406,84 @@
         setRunState("Failed", "failed");
       }
     } finally {
+      if (steeredRun) await steeredRun;
       setRunning(false);
       state.controller = null;
       liveCount.textContent = "";
+    }
+  }
+
+  // --- the steered request: the baseline's body (seed included) plus the intervention --------------
+
+  function steeredBody(body, item) {
+    const copy = { ...body, mistudio: { interventions: [item] } }; // no capture: one cache per click
+    return copy;
+  }
+
+  function resetSteered(body, item) {
+    $("steered-text").textContent = "";
+    $("steered-prompt").textContent = body.prompt !== undefined ? body.prompt : "";
+    $("steered-error").hidden = true;
+    $("steered-stats").textContent = "";
+    const amount = item.type === "add" ? `${item.coefficient >= 0 ? "+" : ""}${item.coefficient} × direction` : `clamped to ${item.value}`;
+    const caption = $("steer-caption");
+    caption.textContent = `Seed ${body.seed} for both · feature ${item.feature} of ${item.sae}, ${amount}, ${item.positions} positions`;
+    caption.hidden = false;
+  }
+
+  // Streams the steered text into its pane; never throws (its errors show in the pane and the panel).
+  async function streamSteered(body, signal) {
+    const item = body.mistudio.interventions[0];
+    resetSteered(body, item);
+    const text = $("steered-text"), pane = $("steered-output"), caret = $("steered-caret");
+    caret.hidden = false;
+    pane.setAttribute("aria-busy", "true");
+    let tokens = 0;
+    try {
+      const response = await fetch("/api/generate", {
+        method: "POST",
+        credentials: "same-origin",
+        headers: {
+          "Content-Type": "application/json",
+          Accept: "text/event-stream",
+          "X-CSRFToken": document.querySelector('meta[name="csrf-token"]')?.content || "",
+        },
+        body: JSON.stringify(body),
+        signal,
+      });
+      if (!response.ok) throw await errorOf(response);
+      for await (const event of serverSentEvents(response)) {
+        if (event.type === "token") {
+          tokens += 1;
+          text.append(event.text);
+          pane.scrollTop = pane.scrollHeight;
+        } else if (event.type === "done") {
+          text.textContent = event.output_text; // authoritative, as for the baseline
+          const link = document.createElement("a");
+          link.className = "mono";
+          link.href = `/api/generations/${encodeURIComponent(event.request_id)}`;
+          link.textContent = event.request_id;
+          $("steered-stats").replaceChildren(`${event.usage.completion_tokens} tokens · ${event.finish_reason || "done"} · request `, link);
+          return;
+        } else if (event.type === "error") {
+          throw new mi.ApiError(500, event);
+        }
+      }
+      throw new mi.ApiError(0, { error: { code: "STREAM_ENDED", message: "The stream ended before the result arrived." } });
+    } catch (error) {
+      if (error.name === "AbortError") {
+        $("steered-stats").textContent = `${tokens} tokens · cancelled`;
+        return;
+      }
+      const message = error instanceof mi.ApiError ? error.message : "The server cannot be reached.";
+      const code = error.code && !String(error.code).startsWith("HTTP_") ? ` (${error.code})` : "";
+      $("steered-error").textContent = `${message}${code}`;
+      $("steered-error").hidden = false;
+      // An invalid intervention is the panel's business: say it where it can be fixed.
+      if (error.code === "INVALID_INTERVENTION" || error.code === "SAE_NOT_FOUND" || error.status === 400) showSteerError(`${message}${code}`);
+    } finally {
+      caret.hidden = true;
+      pane.setAttribute("aria-busy", "false");
     }
   }
 
