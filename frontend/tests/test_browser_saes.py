@@ -6,8 +6,9 @@ appear as the evaluation ends). Then the same SAE's features: a feature analysis
 (followed live to "completed"), the feature list sorted by density, a feature's dashboard
 (examples, logit effects, similar features), its label, keyboard navigation, finding it again by
 its label, and which features fire on a typed text (the evaluation left the model loaded in the
-live worker). Saves the "saes", "sae-detail", "features", "feature-detail" and "feature-encode"
-screenshots."""
+live worker); "Steer" from a feature's page opens the playground with the feature preset, where a
+large coefficient makes the steered output differ from the baseline beside it. Saves the "saes",
+"sae-detail", "features", "feature-detail", "feature-encode" and "playground-steering" screenshots."""
 
 import re
 
@@ -88,6 +89,7 @@ def test_train_from_the_form_and_watch_the_curves_fill_in(page, site, tiny_gpt2_
     page.evaluate("window.scrollTo(0, 0)")  # from #features: the sticky top bar at the top
     screenshot(page, "sae-detail")
     browse_label_find_and_encode(page, sae, analysis)
+    steer_from_the_feature_page(page, sae)
 
     page.click('nav[aria-label="Main"] >> text=SAEs')
     row = page.locator(f'tr[data-sae-id="{sae.id}"]')
@@ -177,3 +179,38 @@ def browse_label_find_and_encode(page, sae, analysis) -> None:
     page.locator("#overall-features a.feature-link").first.click()
     page.wait_for_url(re.compile(rf"/saes/{sae.id}/features/\d+/$"))
     expect(page.locator("#top-examples")).to_be_visible()
+
+
+def steer_from_the_feature_page(page, sae) -> None:
+    """From a feature's page to the playground's Steering panel: the feature is preset; an index
+    past the SAE's width is the API's 400, shown in the panel; a large coefficient gives a steered
+    output that differs from the baseline generated with the same seed."""
+    index = int(page.locator("#feature-page").get_attribute("data-index"))
+    page.click("#steer-feature")
+    page.wait_for_url(re.compile(rf"/playground/\?model={sae.model_id}&sae={sae.id}&feature={index}$"))
+    expect(page.locator("#steer")).to_be_checked()
+    expect(page.locator("#model")).to_have_value(sae.model_id)
+    expect(page.locator("#steer-sae")).to_have_value(sae.id)
+    expect(page.locator("#steer-index")).to_have_value(str(index))
+    expect(page.locator("#steered-pane")).to_be_visible()
+    page.fill("#prompt", "The river runs down to the sea, and the")
+    page.fill("#max_tokens", "12")
+
+    page.fill("#steer-index", str(sae.d_sae))
+    page.keyboard.press("Control+Enter")
+    expect(page.locator("#steer-error")).to_contain_text("Intervention 0:", timeout=LIVE_TIMEOUT_MS)
+    expect(page.locator("#steer-error")).to_contain_text("INVALID_INTERVENTION")
+    expect(page.locator("#generate-button")).to_be_enabled(timeout=LIVE_TIMEOUT_MS)  # the baseline ran
+
+    page.fill("#steer-index", str(index))
+    page.fill("#steer-amount", "50")
+    page.click("#generate-button")
+    expect(page.locator("#steered-stats")).to_contain_text("tokens", timeout=LIVE_TIMEOUT_MS)
+    expect(page.locator("#generate-button")).to_be_enabled(timeout=LIVE_TIMEOUT_MS)
+    expect(page.locator("#steer-error")).to_be_hidden()
+    seed = page.input_value("#seed")
+    assert seed.isdigit()  # chosen by the page, shown, and the same for both requests
+    expect(page.locator("#steer-caption")).to_contain_text(f"Seed {seed} for both")
+    baseline, steered = page.inner_text("#output-text"), page.inner_text("#steered-text")
+    assert baseline and steered and baseline != steered
+    screenshot(page, "playground-steering")

@@ -244,7 +244,11 @@ def test_the_feature_page_shows_the_dashboard_of_feature_detail(sae, writer):
     assert f'href="/saes/{sae.id}/features/{live.index - 1}/" id="previous-feature"' in page
     assert f'href="/saes/{sae.id}/features/{live.index + 1}/" id="next-feature"' in page
     assert 'aria-keyshortcuts="ArrowLeft k"' in page and "features.js" in page
-    assert 'id="steer-feature"' in page and "steering arrives with the next release" in page
+    # "Steer" opens the playground with the SAE's model and this feature preset.
+    steer_url = f"/playground/?model={sae.model_id}&sae={sae.id}&feature={live.index}"
+    assert f'href="{html.escape(steer_url)}" id="steer-feature"' in page and "next release" not in page
+    playground = browser.get(steer_url).content.decode()
+    assert f'id="steer-index" min="0" step="1" value="{live.index}"' in playground
     first_page = browser.get(f"/saes/{sae.id}/features/0/").content.decode()
     assert 'id="previous-feature"' not in first_page and 'id="next-feature"' in first_page
     last_page = browser.get(f"/saes/{sae.id}/features/{sae.d_sae - 1}/").content.decode()

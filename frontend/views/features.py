@@ -9,9 +9,8 @@ serializers and call the same services and selectors as ``/api/saes/<id>/analyse
 page follows ``sae.<id>``, where ``analysis:*`` events arrive too, and refetches its analyses as
 ``/saes/<id>/?fragment=analyses`` (:func:`analyses_context`).
 
-The feature page's "Steer with this feature" button is disabled, saying so in its tooltip and
-beside it: steering with a feature arrives with the next release, and the playground cannot do it
-yet, so no link pretends otherwise.
+The feature page's "Steer with this feature" link opens the playground with the feature in its
+Steering panel (``?model=<the SAE's model>&sae=<id>&feature=<n>``, :func:`steer_url`).
 """
 
 from __future__ import annotations
@@ -301,6 +300,13 @@ def logit_rows(entries: list[dict[str, Any]], tokenizer) -> list[dict[str, Any]]
     return [{**entry, "text": text, "raw": raw} for entry, (text, raw) in zip(entries, texts, strict=True)]
 
 
+def steer_url(sae: SparseAutoencoder, index: int) -> str:
+    """The playground with this feature preset in its Steering panel, and the SAE's model chosen
+    (the playground ignores a model that is not loaded)."""
+    query = {"model": sae.model_id} if sae.model_id else {}
+    return reverse("frontend:playground") + "?" + urlencode({**query, "sae": sae.id, "feature": index})
+
+
 def feature_context(request, sae: SparseAutoencoder, index: int) -> tuple[dict[str, Any], int]:
     """The dashboard's context from ``feature_detail`` (the API's JSON), and the status to answer;
     an error (no analysis, missing files, no such feature) is shown on the page."""
@@ -309,6 +315,7 @@ def feature_context(request, sae: SparseAutoencoder, index: int) -> tuple[dict[s
     context["list_url"] = reverse("frontend:features", args=[sae.id]) + (
         f"?{urlencode({'analysis': named})}" if named else ""
     )
+    context["steer_url"] = steer_url(sae, index)
     context["previous_url"] = feature_url(sae.id, index - 1, named) if 0 < index < sae.d_sae else None
     context["next_url"] = feature_url(sae.id, index + 1, named) if 0 <= index < sae.d_sae - 1 else None
     try:
