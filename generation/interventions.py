@@ -26,7 +26,17 @@ MAX_POSITIONS = 4096
 MAX_INDICES = 4096
 MAX_VECTOR = 65_536
 _FIELDS = {
-    "add": {"type", "hook", "positions", "vector", "sae", "feature", "coefficient", "normalize"},
+    "add": {
+        "type",
+        "hook",
+        "positions",
+        "vector",
+        "steering_vector",
+        "sae",
+        "feature",
+        "coefficient",
+        "normalize",
+    },
     "clamp_feature": {"type", "hook", "positions", "sae", "feature", "value"},
     "ablate": {"type", "hook", "positions", "sae", "features", "neurons"},
     "replace": {"type", "hook", "positions", "vector"},
@@ -49,7 +59,17 @@ class _SaeSource:
     load: Callable[[str], Any]  # sae id -> engine SparseAutoencoder, in a worker
 
 
+@dataclass(frozen=True)
+class VectorReference:
+    """What a request needs to know of a stored steering vector."""
+
+    id: str
+    hook_name: str
+    width: int
+
+
 _sae_source: _SaeSource | None = None
+_vector_source: _SaeSource | None = None
 
 
 def register_sae_source(
@@ -57,6 +77,14 @@ def register_sae_source(
 ) -> None:
     global _sae_source
     _sae_source = _SaeSource(describe, load)
+
+
+def register_vector_source(
+    describe: Callable[[Any, str], VectorReference | None], load: Callable[[str], Any]
+) -> None:
+    """How the ``steering`` app describes a vector for a user and loads it (a [width] tensor)."""
+    global _vector_source
+    _vector_source = _SaeSource(describe, load)
 
 
 def _error(index: int, message: str, field: str | None = None) -> ApplicationError:
@@ -123,13 +151,33 @@ def _checked(index: int, item: Any, widths: dict[str, int], user) -> dict[str, A
                 status=404,
             )
         spec["sae"] = sae.id
-    hook = item.get("hook", sae.hook_name if sae is not None else None)
+    stored = None
+    if "steering_vector" in item:
+        if not isinstance(item["steering_vector"], str):
+            raise _error(index, "steering_vector must be a steering vector id.", "steering_vector")
+        stored = (
+            _vector_source.describe(user, item["steering_vector"]) if _vector_source is not None else None
+        )
+        if stored is None:
+            raise ApplicationError(
+                "STEERING_VECTOR_NOT_FOUND",
+                f"Intervention {index}: no steering vector {item['steering_vector']!r}.",
+                details={"intervention": index},
+                status=404,
+            )
+        spec["steering_vector"] = stored.id
+    default_hook = sae.hook_name if sae is not None else stored.hook_name if stored is not None else None
+    hook = item.get("hook", default_hook)
     if not isinstance(hook, str) or hook not in widths:
         raise _error(index, f"hook must be a hook point of the model, not {hook!r}.", "hook")
     width = widths[hook]
     spec["hook"] = hook
     if sae is not None and width is not None and sae.d_in != width:
         raise _error(index, f"the SAE reads a width of {sae.d_in}; {hook} has {width}.", "sae")
+    if stored is not None and width is not None and stored.width != width:
+        raise _error(
+            index, f"the vector has a width of {stored.width}; {hook} has {width}.", "steering_vector"
+        )
 
     positions = item.get("positions", "all")
     if isinstance(positions, list):
@@ -158,8 +206,8 @@ def _checked(index: int, item: Any, widths: dict[str, int], user) -> dict[str, A
     if kind == "replace" and "vector" not in spec:
         raise _error(index, "replace needs a vector.", "vector")
     if kind in ("add", "clamp_feature"):
-        if kind == "add" and ("vector" in spec) == (sae is not None):
-            raise _error(index, "add takes either a vector or an sae and a feature.", "vector")
+        if kind == "add" and ("vector" in spec) + (sae is not None) + (stored is not None) != 1:
+            raise _error(index, "add takes one of vector, steering_vector, or sae and feature.", "vector")
         if sae is not None:
             feature = item.get("feature")
             if not _integer(feature) or not 0 <= feature < sae.d_sae:
@@ -212,6 +260,12 @@ def resolved_interventions(specs: list[dict[str, Any]], device: Any = None) -> l
         if kind in ("add", "replace"):
             if "vector" in spec:
                 vector = torch.tensor(spec["vector"], dtype=torch.float32)
+            elif "steering_vector" in spec:
+                if _vector_source is None:
+                    raise ApplicationError(
+                        "STEERING_VECTOR_NOT_FOUND", "No steering vectors here.", status=404
+                    )
+                vector = _vector_source.load(spec["steering_vector"])
             else:
                 vector = sae_of(spec).W_dec[spec["feature"]].detach()
             interventions.append(

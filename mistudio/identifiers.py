@@ -36,3 +36,7 @@ def new_sae_id() -> str:
 
 def new_analysis_id() -> str:
     return new_id("fa")
+
+
+def new_steering_vector_id() -> str:
+    return new_id("sv")

@@ -46,6 +46,7 @@ api_patterns = [
     path("", include("generation.urls")),
     path("", include("saes.urls")),
     path("", include("features.urls")),
+    path("", include("steering.urls")),
     path("schema/", SpectacularJSONAPIView.as_view(), name="schema"),
     path("<path:unmatched>", api_not_found),
 ]

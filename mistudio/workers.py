@@ -107,6 +107,7 @@ TASK_TIMEOUT_SECONDS = {
     "saes.tasks.run_sae_evaluation": 6 * 3600,
     "features.tasks.run_feature_analysis": 2 * 24 * 3600,
     "features.tasks.run_feature_encode": 120,
+    "steering.tasks.run_steering_vector": 3600,
 }
 
 

@@ -10,6 +10,7 @@ when a route exists that the matrix does not list, so a new route cannot arrive 
 from __future__ import annotations
 
 import pytest
+import torch
 from django.conf import settings
 from django.contrib.auth.models import AnonymousUser
 from django.test import Client
@@ -24,6 +25,8 @@ from generation.models import Generation
 from models_app.models import LanguageModel
 from models_app.services import model_register
 from saes.models import SparseAutoencoder
+from steering.models import SteeringVector
+from steering.services import vector_store
 
 pytestmark = pytest.mark.django_db
 
@@ -78,6 +81,10 @@ MATRIX: dict[str, dict[str, tuple]] = {
     "api/saes": {"GET": ANY_READER, "POST": WRITERS},
     "api/saes/import": {"POST": WRITERS},
     "api/saes/{sae}": {"GET": OWNER_READS, "PATCH": OWNER_CHANGES, "DELETE": OWNER_CHANGES},
+    "api/steering-vectors": {"GET": ANY_READER, "POST": WRITERS},
+    "api/steering-vectors/import": {"POST": WRITERS},
+    "api/steering-vectors/{vector}": {"GET": OWNER_READS, "PATCH": OWNER_CHANGES, "DELETE": OWNER_CHANGES},
+    "api/steering-vectors/{vector}/export": {"GET": OWNER_READS},
     "api/saes/{sae}/cancel": {"POST": OWNER_CHANGES},
     "api/saes/{sae}/evaluate": {"POST": OWNER_CHANGES},
     "api/saes/{sae}/export": {"GET": OWNER_READS},
@@ -136,6 +143,7 @@ PLACEHOLDERS = {
     "sae_id": "{sae}",
     "analysis_id": "{analysis}",
     "index": "{index}",
+    "vector_id": "{vector}",
     "unmatched": "{unmatched}",
 }
 
@@ -198,7 +206,12 @@ def owned_rows(owner, folder) -> dict[str, str]:
     )  # fmt: skip
     analysis = FeatureAnalysis.objects.create(sae=sae, cache=cache, status="completed", owner=owner)
     Feature.objects.create(analysis=analysis, index=5, density=0.1, max_activation=1, mean_activation=0.5)
+    vector = SteeringVector.objects.create(
+        model=model, hook_name="blocks.0.hook_resid_post", width=64, status="completed", owner=owner
+    )
+    vector_store(vector, torch.ones(64))
     return {
+        "{vector}": vector.id,
         "{analysis}": analysis.id,
         "{index}": "5",
         "{model}": model.id,

@@ -1,0 +1,120 @@
+"""REST API for steering vectors (thin views)."""
+
+from django.http import HttpResponse
+from drf_spectacular.utils import extend_schema
+from rest_framework import serializers, status
+from rest_framework.parsers import MultiPartParser
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from generation.services import generation_model
+from mistudio.permissions import CanRead, CanWrite
+from mistudio.serializers import StrictSerializer
+from steering import selectors, services
+from steering.models import SteeringVector
+from steering.serializers import vector_state
+
+MAX_IMPORT_BYTES = 64 * 1024 * 1024
+
+
+class VectorListApi(APIView):
+    """The steering vectors you can see, or compute one from two prompt lists (202)."""
+
+    permission_classes = [CanWrite]
+
+    class FilterSerializer(StrictSerializer):
+        model_id = serializers.CharField(max_length=64, required=False)
+
+    class InputSerializer(StrictSerializer):
+        model_id = serializers.CharField(max_length=500)
+        hook_name = serializers.CharField(max_length=300)
+        positive = serializers.ListField(child=serializers.CharField(trim_whitespace=False))
+        negative = serializers.ListField(child=serializers.CharField(trim_whitespace=False))
+        reduction = serializers.ChoiceField(choices=SteeringVector.Reduction.values, default="mean")
+        name = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")
+        shared = serializers.BooleanField(default=False)
+
+    @extend_schema(
+        operation_id="api_steering_vectors_list", parameters=[FilterSerializer], responses={200: dict}
+    )
+    def get(self, request):
+        filters = self.FilterSerializer(data=request.query_params)
+        filters.is_valid(raise_exception=True)
+        vectors = selectors.vector_list(user=request.user, model_id=filters.validated_data.get("model_id"))
+        return Response({"vectors": [vector_state(row) for row in vectors[:500]], "total": vectors.count()})
+
+    @extend_schema(request=InputSerializer, responses={202: dict})
+    def post(self, request):
+        data = self.InputSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        values = dict(data.validated_data)
+        model = generation_model(user=request.user, model_ref=values.pop("model_id"))
+        vector = services.vector_request(owner=request.user, model=model, **values)
+        return Response(vector_state(vector), status=status.HTTP_202_ACCEPTED)
+
+
+class VectorImportApi(APIView):
+    """Import a vector from a safetensors file (multipart: ``file``, ``model_id``, ``hook_name``)."""
+
+    permission_classes = [CanWrite]
+    parser_classes = [MultiPartParser]
+
+    class InputSerializer(StrictSerializer):
+        file = serializers.FileField()
+        model_id = serializers.CharField(max_length=500)
+        hook_name = serializers.CharField(max_length=300)
+        name = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")
+        shared = serializers.BooleanField(default=False)
+
+    @extend_schema(request=InputSerializer, responses={201: dict})
+    def post(self, request):
+        data = self.InputSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        values = dict(data.validated_data)
+        upload = values.pop("file")
+        if upload.size > MAX_IMPORT_BYTES:
+            return Response(
+                {"error": {"code": "FILE_TOO_LARGE", "message": "At most 64 MiB.", "details": {}}}, status=413
+            )
+        model = generation_model(user=request.user, model_ref=values.pop("model_id"))
+        vector = services.vector_import(owner=request.user, model=model, data=upload.read(), **values)
+        return Response(vector_state(vector), status=status.HTTP_201_CREATED)
+
+
+class VectorDetailApi(APIView):
+    permission_classes = [CanWrite]
+
+    class UpdateSerializer(StrictSerializer):
+        name = serializers.CharField(max_length=500, required=False, allow_blank=True)
+        shared = serializers.BooleanField(required=False)
+
+    @extend_schema(responses={200: dict})
+    def get(self, request, vector_id: str):
+        return Response(vector_state(selectors.vector_get(user=request.user, vector_id=vector_id)))
+
+    @extend_schema(request=UpdateSerializer, responses={200: dict})
+    def patch(self, request, vector_id: str):
+        vector = selectors.vector_get(user=request.user, vector_id=vector_id)
+        data = self.UpdateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        vector = services.vector_update(vector=vector, actor=request.user, **data.validated_data)
+        return Response(vector_state(vector))
+
+    @extend_schema(responses={204: None})
+    def delete(self, request, vector_id: str):
+        vector = selectors.vector_get(user=request.user, vector_id=vector_id)
+        services.vector_delete(vector=vector, actor=request.user)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class VectorExportApi(APIView):
+    """The vector's safetensors file (one tensor, ``vector``; its hook in the metadata)."""
+
+    permission_classes = [CanRead]
+
+    @extend_schema(responses={200: bytes})
+    def get(self, request, vector_id: str):
+        vector = selectors.completed_vector(user=request.user, vector_id=vector_id)
+        response = HttpResponse(vector.path.read_bytes(), content_type="application/octet-stream")
+        response["Content-Disposition"] = f'attachment; filename="{vector.id}.safetensors"'
+        return response

@@ -1,0 +1,168 @@
+"""Steering vectors: computed by the real job (a burst worker over the tiny GPT-2), checked against
+transformers' ``output_hidden_states``; exported, imported, used by an ``add`` intervention."""
+
+import io
+import json
+
+import pytest
+import torch
+from safetensors.torch import load, save
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from generation.interventions import interventions_request, resolved_interventions
+from generation.services import hook_widths
+from mistudio.workers import run_worker
+from models_app.services import model_register
+from steering.models import SteeringVector
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+HOOK = "blocks.0.hook_resid_post"
+POSITIVE = ["I love this, it is wonderful", "What a great and happy day", "Joy and delight everywhere"]
+NEGATIVE = ["I hate this, it is awful", "What a terrible and sad day"]
+
+
+@pytest.fixture
+def tiny_model(tiny_gpt2_folder, writer):
+    return model_register(source="local", identifier=str(tiny_gpt2_folder), name="tiny", owner=writer)
+
+
+def reference(folder, prompts, *, last_only: bool) -> torch.Tensor:
+    """Mean of block 0's output over the prompts' tokens (or last tokens), by transformers."""
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    rows = []
+    for prompt in prompts:
+        ids = tokenizer(prompt, add_special_tokens=True).input_ids
+        with torch.no_grad():
+            hidden = model(torch.tensor([ids]), output_hidden_states=True).hidden_states[1][0]
+        rows.append(hidden[-1:] if last_only else hidden)
+    return torch.cat(rows).double().mean(dim=0).float()
+
+
+def test_contrastive_vectors_equal_the_difference_of_means(tiny_model, tiny_gpt2_folder, writer, client_for):
+    api = client_for(writer)
+    made = {}
+    for reduction in ("mean", "last"):
+        body = {
+            "model_id": tiny_model.id, "hook_name": HOOK, "positive": POSITIVE, "negative": NEGATIVE,
+            "reduction": reduction, "name": f"joy ({reduction})",
+        }  # fmt: skip
+        response = api.post("/api/steering-vectors", body, format="json")
+        assert response.status_code == 202, response.content
+        assert response.json()["status"] == "queued"
+        made[reduction] = response.json()["id"]
+    run_worker(name="steering-worker", device="cpu", burst=True)
+
+    for reduction, vector_id in made.items():
+        detail = api.get(f"/api/steering-vectors/{vector_id}").json()
+        assert detail["status"] == "completed", detail
+        exported = api.get(f"/api/steering-vectors/{vector_id}/export")
+        assert exported.status_code == 200
+        values = load(exported.content)["vector"]
+        last_only = reduction == "last"
+        expected = reference(tiny_gpt2_folder, POSITIVE, last_only=last_only) - reference(
+            tiny_gpt2_folder, NEGATIVE, last_only=last_only
+        )
+        torch.testing.assert_close(values, expected, atol=1e-5, rtol=0)
+        assert detail["width"] == 64 and detail["norm"] == pytest.approx(float(expected.norm()), rel=1e-5)
+    assert api.get("/api/steering-vectors").json()["total"] == 2
+
+    # An add intervention names the vector by id: its hook and values come from the row.
+    raw = [{"type": "add", "steering_vector": made["mean"], "coefficient": 2.0}]
+    spec = interventions_request(raw, widths=hook_widths(tiny_model, raw), user=writer)
+    assert spec[0]["hook"] == HOOK and spec[0]["steering_vector"] == made["mean"]
+    (intervention,) = resolved_interventions(spec)
+    stored = load(api.get(f"/api/steering-vectors/{made['mean']}/export").content)["vector"]
+    assert torch.equal(intervention.vector, stored) and intervention.coefficient == 2.0
+
+
+def test_import_export_and_refusals(tiny_model, writer, reader, client_for):
+    api = client_for(writer)
+
+    def upload(tensors: dict, hook=HOOK):
+        file = io.BytesIO(save(tensors))
+        file.name = "vector.safetensors"
+        return api.post(
+            "/api/steering-vectors/import",
+            {"file": file, "model_id": tiny_model.id, "hook_name": hook, "name": "imported"},
+            format="multipart",
+        )
+
+    values = torch.linspace(-1, 1, 64)
+    response = upload({"vector": values})
+    assert response.status_code == 201, response.content
+    vector = SteeringVector.objects.get(pk=response.json()["id"])
+    assert vector.source == "imported" and vector.width == 64
+    assert torch.equal(load(api.get(f"/api/steering-vectors/{vector.id}/export").content)["vector"], values)
+
+    for tensors in (
+        {"vector": torch.ones(63)},
+        {"vector": torch.full((64,), float("nan"))},
+        {"a": torch.ones(64), "b": torch.ones(64)},
+    ):
+        refused = upload(tensors)
+        assert refused.status_code == 400 and refused.json()["error"]["code"] == "INVALID_VECTOR"
+    assert upload({"vector": values}, hook="blocks.9.hook_nothing").status_code == 400
+    not_safetensors = io.BytesIO(b"\x80\x04pickle")
+    not_safetensors.name = "vector.pt"
+    refused = api.post(
+        "/api/steering-vectors/import",
+        {"file": not_safetensors, "model_id": tiny_model.id, "hook_name": HOOK},
+        format="multipart",
+    )
+    assert refused.status_code == 400 and refused.json()["error"]["code"] == "INVALID_VECTOR"
+    assert SteeringVector.objects.count() == 1
+
+    # Private to its owner: another user's request cannot name it.
+    other = client_for(reader)
+    assert other.get(f"/api/steering-vectors/{vector.id}").status_code == 404
+    body = {
+        "model_id": tiny_model.id, "prompt": "x",
+        "mistudio": {"interventions": [{"type": "add", "steering_vector": "sv_nope"}]},
+    }  # fmt: skip
+    response = api.post("/api/generate", json.dumps(body), content_type="application/json")
+    assert response.status_code == 404 and response.json()["error"]["code"] == "STEERING_VECTOR_NOT_FOUND"
+
+    # Rename, share, delete: the file goes with the row.
+    assert api.patch(f"/api/steering-vectors/{vector.id}", {"shared": True}, format="json").status_code == 200
+    assert other.get(f"/api/steering-vectors/{vector.id}").status_code == 200
+    path = vector.path
+    assert api.delete(f"/api/steering-vectors/{vector.id}").status_code == 204
+    assert not path.exists() and not SteeringVector.objects.exists()
+
+
+def test_the_steering_vector_command(tiny_model, tmp_path):
+    import threading
+
+    from django.core.management import call_command
+
+    from models_app.tests.live_stack import wait_until
+
+    out = io.StringIO()
+    prompts = tmp_path / "negative.txt"
+    prompts.write_text("\n".join(NEGATIVE) + "\n\n")
+    command = threading.Thread(
+        target=call_command,
+        args=("steering_vector", "create", tiny_model.name, HOOK, "--positive", POSITIVE[0]),
+        kwargs={"negative": [f"@{prompts}"], "name": "cli", "stdout": out, "stderr": io.StringIO()},
+    )
+    command.start()
+    wait_until(lambda: SteeringVector.objects.exists(), timeout=30, what="the queued vector")
+    run_worker(name="steering-cli-worker", device="cpu", burst=True)
+    command.join(timeout=60)
+    vector = SteeringVector.objects.get()
+    assert vector.status == "completed" and vector.negative == NEGATIVE and vector.positive == POSITIVE[:1]
+    assert out.getvalue().startswith(f"{vector.id}  cli  {HOOK} [64]  norm ")
+
+    target = tmp_path / "out.safetensors"
+    call_command("steering_vector", "export", vector.id, str(target), stdout=io.StringIO())
+    imported = io.StringIO()
+    call_command(
+        "steering_vector", "import", tiny_model.id, HOOK, str(target), "--name", "again", stdout=imported
+    )
+    listing = io.StringIO()
+    call_command("steering_vector", "list", stdout=listing)
+    assert listing.getvalue().count(f"{HOOK} [64]") == 2 and "again" in listing.getvalue()
+    again = SteeringVector.objects.get(name="again")
+    assert torch.equal(load(again.path.read_bytes())["vector"], load(target.read_bytes())["vector"])

@@ -1,0 +1,14 @@
+from django.urls import path
+
+from steering import apis
+
+urlpatterns = [
+    path("steering-vectors", apis.VectorListApi.as_view(), name="steering-vector-list"),
+    path("steering-vectors/import", apis.VectorImportApi.as_view(), name="steering-vector-import"),
+    path("steering-vectors/<str:vector_id>", apis.VectorDetailApi.as_view(), name="steering-vector-detail"),
+    path(
+        "steering-vectors/<str:vector_id>/export",
+        apis.VectorExportApi.as_view(),
+        name="steering-vector-export",
+    ),
+]
