@@ -18,7 +18,7 @@ from activations.models import ActivationCache, Dataset, ExtractionJob
 from activations.services import job_state
 from activations.store import ActivationStore, CacheError, iter_files
 from engine.hooks import list_hook_points
-from mistudio.access import check_may_change, is_admin, visible_rows
+from mistudio.access import check_may_change, completed_row, is_admin, visible_row, visible_rows
 from mistudio.errors import ApplicationError
 from mistudio.events import register_group_kind
 from mistudio.streaming import tar_stream
@@ -34,10 +34,7 @@ def dataset_list(*, user) -> QuerySet[Dataset]:
 
 
 def dataset_get(*, user, dataset_id: str) -> Dataset:
-    dataset = dataset_list(user=user).filter(pk=dataset_id).first()
-    if dataset is None:
-        raise ApplicationError("DATASET_NOT_FOUND", "No such dataset.", status=404)
-    return dataset
+    return visible_row(dataset_list(user=user), dataset_id, code="DATASET_NOT_FOUND", what="dataset")
 
 
 def dataset_get_to_change(*, user, dataset_id: str) -> Dataset:
@@ -147,10 +144,7 @@ def with_shown_dataset(caches: QuerySet[ActivationCache], *, user) -> QuerySet[A
 
 
 def cache_get(*, user, cache_id: str) -> ActivationCache:
-    cache = cache_list(user=user).filter(pk=cache_id).first()
-    if cache is None:
-        raise ApplicationError("CACHE_NOT_FOUND", "No such activation cache.", status=404)
-    return cache
+    return visible_row(cache_list(user=user), cache_id, code="CACHE_NOT_FOUND", what="activation cache")
 
 
 def cache_get_to_change(*, user, cache_id: str) -> ActivationCache:
@@ -161,10 +155,7 @@ def cache_get_to_change(*, user, cache_id: str) -> ActivationCache:
 
 
 def completed_cache(*, user, cache_id: str) -> ActivationCache:
-    cache = cache_get(user=user, cache_id=cache_id)
-    if cache.status != ActivationCache.Status.COMPLETED:
-        raise ApplicationError("CACHE_NOT_READY", f"The cache is {cache.status}.", status=409)
-    return cache
+    return completed_row(cache_get(user=user, cache_id=cache_id), code="CACHE_NOT_READY", what="cache")
 
 
 def cache_manifest(cache: ActivationCache, *, user) -> dict[str, Any] | None:

@@ -17,7 +17,7 @@ from django.db.models import Exists, OuterRef, Q, QuerySet
 from activations.selectors import model_folder, tokenizer_for
 from features.models import Feature, FeatureAnalysis, FeatureLabel
 from features.serializers import analysis_state, feature_summary, label_state
-from mistudio.access import visible_rows
+from mistudio.access import visible_row, visible_rows
 from mistudio.errors import ApplicationError
 from mistudio.events import register_group_kind
 from saes.models import SparseAutoencoder
@@ -51,10 +51,12 @@ def analysed_sae_ids(*, user) -> set[str]:
 
 
 def analysis_get(*, user, sae: SparseAutoencoder, analysis_id: str) -> FeatureAnalysis:
-    analysis = analysis_list(user=user, sae=sae).filter(pk=analysis_id).first()
-    if analysis is None:
-        raise ApplicationError("ANALYSIS_NOT_FOUND", "No such feature analysis of this SAE.", status=404)
-    return analysis
+    return visible_row(
+        analysis_list(user=user, sae=sae),
+        analysis_id,
+        code="ANALYSIS_NOT_FOUND",
+        what="feature analysis of this SAE",
+    )
 
 
 def current_analysis(*, user, sae: SparseAutoencoder, analysis_id: str | None = None) -> FeatureAnalysis:

@@ -5,8 +5,7 @@ from typing import Any
 from django.db.models import QuerySet
 
 from generation.models import Generation
-from mistudio.access import visible_rows
-from mistudio.errors import ApplicationError
+from mistudio.access import visible_row, visible_rows
 from mistudio.events import register_group_kind
 
 
@@ -16,10 +15,9 @@ def generation_list(*, user) -> QuerySet[Generation]:
 
 
 def generation_get(*, user, generation_id: str) -> Generation:
-    generation = generation_list(user=user).filter(pk=generation_id).first()
-    if generation is None:
-        raise ApplicationError("GENERATION_NOT_FOUND", "No such generation.", status=404)
-    return generation
+    return visible_row(
+        generation_list(user=user), generation_id, code="GENERATION_NOT_FOUND", what="generation"
+    )
 
 
 def generation_state(generation: Generation) -> dict[str, Any]:

@@ -58,6 +58,22 @@ def visible_rows(query: QuerySet, user, *, shareable: bool, also: Q | None = Non
     return query.filter(visible if also is None else visible | also)
 
 
+def visible_row(rows: QuerySet, pk: str, *, code: str, what: str) -> Any:
+    """Row ``pk`` of ``rows`` (already narrowed to what the user may see); 404 ``code`` otherwise,
+    the same answer whether the row is missing or someone else's."""
+    row = rows.filter(pk=pk).first()
+    if row is None:
+        raise ApplicationError(code, f"No such {what}.", status=404)
+    return row
+
+
+def completed_row(row: Any, *, code: str, what: str) -> Any:
+    """``row`` when its status is ``completed``; 409 ``code`` naming its status otherwise."""
+    if row.status != "completed":
+        raise ApplicationError(code, f"The {what} is {row.status}.", status=409)
+    return row
+
+
 def may_change(row: Model, user) -> bool:
     return (
         user is OPERATOR

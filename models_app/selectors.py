@@ -5,8 +5,7 @@ from typing import Any
 import django_filters
 from django.db.models import Q, QuerySet
 
-from mistudio.access import check_may_change, is_admin, visible_rows
-from mistudio.errors import ApplicationError
+from mistudio.access import check_may_change, is_admin, visible_row, visible_rows
 from mistudio.events import register_group_kind
 from mistudio.health import database_status, redis_and_workers_status
 from mistudio.workers import queue_lengths, read_heartbeats
@@ -44,10 +43,7 @@ def models_named(models: QuerySet[LanguageModel], reference: str) -> list[Langua
 
 
 def model_get(*, user, model_id: str) -> LanguageModel:
-    model = model_list(user=user).filter(pk=model_id).first()
-    if model is None:
-        raise ApplicationError("MODEL_NOT_FOUND", "No such model.", status=404)
-    return model
+    return visible_row(model_list(user=user), model_id, code="MODEL_NOT_FOUND", what="model")
 
 
 def model_get_to_change(*, user, model_id: str) -> LanguageModel:

@@ -6,7 +6,7 @@ from typing import Any
 from django.db.models import QuerySet
 
 from generation.interventions import SaeReference
-from mistudio.access import check_may_change, visible_rows
+from mistudio.access import check_may_change, completed_row, visible_row, visible_rows
 from mistudio.errors import ApplicationError
 from mistudio.events import register_group_kind
 from mistudio.streaming import tar_stream
@@ -33,10 +33,7 @@ def sae_list(*, user, filters: dict[str, Any] | None = None) -> QuerySet[SparseA
 
 
 def sae_get(*, user, sae_id: str) -> SparseAutoencoder:
-    sae = sae_list(user=user).filter(pk=sae_id).first()
-    if sae is None:
-        raise ApplicationError("SAE_NOT_FOUND", "No such SAE.", status=404)
-    return sae
+    return visible_row(sae_list(user=user), sae_id, code="SAE_NOT_FOUND", what="SAE")
 
 
 def sae_get_to_change(*, user, sae_id: str) -> SparseAutoencoder:
@@ -47,10 +44,7 @@ def sae_get_to_change(*, user, sae_id: str) -> SparseAutoencoder:
 
 
 def completed_sae(*, user, sae_id: str) -> SparseAutoencoder:
-    sae = sae_get(user=user, sae_id=sae_id)
-    if sae.status != SparseAutoencoder.Status.COMPLETED:
-        raise ApplicationError("SAE_NOT_READY", f"The SAE is {sae.status}.", status=409)
-    return sae
+    return completed_row(sae_get(user=user, sae_id=sae_id), code="SAE_NOT_READY", what="SAE")
 
 
 def sae_reference(user, sae_id: str) -> SaeReference | None:
