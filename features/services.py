@@ -4,7 +4,6 @@ Every front door (API, pages, admin, ``manage.py`` commands) calls these. Rows c
 their ``mark_*`` methods and every change is announced by :func:`analysis_publish` (on commit).
 """
 
-import json
 import shutil
 import uuid
 from typing import Any
@@ -19,7 +18,7 @@ from mistudio.access import check_may_change
 from mistudio.errors import ApplicationError
 from mistudio.events import publish, rows_audience
 from mistudio.redis_client import get_redis
-from mistudio.workers import cancel_if_queued, enqueue, worker_queue
+from mistudio.workers import call_worker, cancel_if_queued, enqueue
 from models_app.models import LanguageModel
 from models_app.services import model_job_queue
 from saes.models import SparseAutoencoder
@@ -186,10 +185,6 @@ def feature_label_set(
 # --- live encoding -------------------------------------------------------------------------------
 
 
-def encode_reply_key(request_id: str) -> str:
-    return f"{settings.REDIS_KEY_PREFIX}:features:encode:{request_id}"
-
-
 def feature_encode(*, sae: SparseAutoencoder, text: str, top: int = 10) -> dict[str, Any]:
     """Which features fire on ``text``: the worker holding the SAE's model runs it up to the hook,
     the SAE encodes; this waits for its JSON reply (``ENCODE_WAIT_SECONDS`` at most)."""
@@ -207,24 +202,11 @@ def feature_encode(*, sae: SparseAutoencoder, text: str, top: int = 10) -> dict[
             details={"model_id": sae.model_id},
             status=409,
         )
-    request_id = uuid.uuid4().hex
-    redis = get_redis()
-    key = encode_reply_key(request_id)
-    if transaction.get_connection().in_atomic_block:  # the job would wait for a commit this waits on
-        raise RuntimeError("feature_encode must not run inside a transaction")
-    enqueue(
-        worker_queue(model.host_worker), "features.tasks.run_feature_encode", request_id, sae.id, text, top
+    return call_worker(
+        model.host_worker,
+        "features.tasks.run_feature_encode",
+        sae.id,
+        text,
+        top,
+        wait_seconds=ENCODE_WAIT_SECONDS,
     )
-    reply = redis.blpop([key], timeout=ENCODE_WAIT_SECONDS)
-    redis.delete(key)
-    if reply is None:
-        raise ApplicationError(
-            "MODEL_BUSY",
-            "The model's worker did not answer in time (it may be busy with a long job).",
-            status=503,
-        )
-    body = json.loads(reply[1])
-    if "error" in body:
-        error = body["error"]
-        raise ApplicationError(error["code"], error["message"], status=error.get("status", 409))
-    return body

@@ -1,6 +1,5 @@
 """RQ entry points of feature analysis and live encoding. They take ids and run in a miStudio worker."""
 
-import json
 import logging
 import shutil
 import time
@@ -34,11 +33,10 @@ from features.services import (
     analysis_enqueue,
     analysis_failed,
     analysis_publish,
-    encode_reply_key,
 )
 from mistudio.errors import ApplicationError
 from mistudio.events import ProgressThrottle
-from mistudio.redis_client import get_redis
+from mistudio.workers import answer_call
 from models_app.tasks import Requeued, current_worker, model_in_this_worker
 from saes.services import folder_size
 from saes.tasks import open_cache, sae_module
@@ -204,12 +202,12 @@ def write_results(analysis: FeatureAnalysis, arrays: dict, *, tokenizer, config:
 
 
 def run_feature_encode(request_id: str, sae_id: str, text: str, top: int) -> None:
-    """Live encoding for ``features.services.feature_encode``: the reply, JSON, goes to a Redis
-    list the web process waits on (``{"error": {...}}`` when it cannot be done here)."""
+    """Live encoding for ``features.services.feature_encode`` (answered through ``answer_call``)."""
     from saes.models import SparseAutoencoder
 
     close_old_connections()
-    try:
+
+    def encode() -> dict[str, Any]:
         sae = SparseAutoencoder.objects.get(pk=sae_id)
         loaded = LOADED_MODELS.get(sae.model_id) if sae.model_id else None
         if loaded is None:
@@ -222,7 +220,7 @@ def run_feature_encode(request_id: str, sae_id: str, text: str, top: int) -> Non
             loaded.model, loaded.tokenizer, module, hook_name=sae.hook_name, text=text,
             max_length=min(ENCODE_MAX_TOKENS, int(limit)),
         )  # fmt: skip
-        body: dict[str, Any] = {
+        return {
             "token_ids": result.token_ids,
             "tokens": [loaded.tokenizer.decode([token]) for token in result.token_ids],
             "per_token": [
@@ -231,20 +229,5 @@ def run_feature_encode(request_id: str, sae_id: str, text: str, top: int) -> Non
             ],
             "overall": result.overall(top),
         }
-    except (ApplicationError, EngineError) as error:
-        body = {
-            "error": {"code": error.code, "message": error.message, "status": getattr(error, "status", 409)}
-        }
-    except Exception as error:
-        logger.exception("Live encoding for %s failed", sae_id)
-        body = {
-            "error": {
-                "code": "ENCODE_FAILED",
-                "message": f"Encoding failed: {type(error).__name__}.",
-                "status": 500,
-            }
-        }
-    redis = get_redis()
-    key = encode_reply_key(request_id)
-    redis.rpush(key, json.dumps(body))
-    redis.expire(key, 120)
+
+    answer_call(request_id, encode, failure_code="ENCODE_FAILED")

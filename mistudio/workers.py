@@ -108,6 +108,8 @@ TASK_TIMEOUT_SECONDS = {
     "features.tasks.run_feature_analysis": 2 * 24 * 3600,
     "features.tasks.run_feature_encode": 120,
     "steering.tasks.run_steering_vector": 3600,
+    "steering.tasks.run_patching": 600,
+    "steering.tasks.run_logit_lens": 120,
 }
 
 
@@ -117,6 +119,69 @@ def enqueue(queue: Queue, task: str, *args: Any, **options: Any) -> None:
     The one way any code queues a job."""
     timeout = TASK_TIMEOUT_SECONDS[task]
     transaction.on_commit(lambda: queue.enqueue(task, *args, job_timeout=timeout, **options))
+
+
+def call_worker_key(request_id: str) -> str:
+    return f"{settings.REDIS_KEY_PREFIX}:call:{request_id}"
+
+
+def call_worker(worker_name: str, task: str, *args: Any, wait_seconds: float) -> dict[str, Any]:
+    """Run ``task(request_id, *args)`` on ``worker_name``'s own queue (where its models are loaded)
+    and wait for the JSON it answers with :func:`answer_call`: the way a request that needs a
+    loaded model (live encoding, patching, the logit lens) gets a quick answer from a worker.
+
+    503 ``MODEL_BUSY`` when no answer comes in ``wait_seconds`` (a long job ahead of it); an
+    ``{"error": …}`` answer is raised as the ApplicationError it describes.
+    """
+    from mistudio.errors import ApplicationError
+
+    if transaction.get_connection().in_atomic_block:  # the job would wait for a commit this waits on
+        raise RuntimeError("call_worker must not run inside a transaction")
+    request_id = os.urandom(16).hex()
+    key = call_worker_key(request_id)
+    enqueue(worker_queue(worker_name), task, request_id, *args)
+    redis_client = get_redis()
+    reply = redis_client.blpop([key], timeout=wait_seconds)
+    redis_client.delete(key)
+    if reply is None:
+        raise ApplicationError(
+            "MODEL_BUSY",
+            "The model's worker did not answer in time (it may be busy with a long job).",
+            status=503,
+        )
+    body = json.loads(reply[1])
+    if "error" in body:
+        error = body["error"]
+        raise ApplicationError(
+            error["code"],
+            error["message"],
+            details=error.get("details") or {},
+            status=error.get("status", 409),
+        )
+    return body
+
+
+def answer_call(request_id: str, compute: Callable[[], dict[str, Any]], *, failure_code: str) -> None:
+    """The worker's side of :func:`call_worker`: ``compute()``'s JSON, or the error it raised, to
+    the Redis list the caller waits on (kept two minutes for a caller that gave up)."""
+    from engine.errors import EngineError
+    from mistudio.errors import ApplicationError
+
+    try:
+        body = compute()
+    except (ApplicationError, EngineError) as error:
+        status = getattr(error, "status", 400 if isinstance(error, EngineError) else 409)
+        details = getattr(error, "details", None) or {}
+        body = {"error": {"code": error.code, "message": error.message, "details": details, "status": status}}
+    except Exception as error:
+        logger.exception("worker call %s failed", request_id)
+        body = {
+            "error": {"code": failure_code, "message": f"It failed: {type(error).__name__}.", "status": 500}
+        }
+    redis_client = get_redis()
+    key = call_worker_key(request_id)
+    redis_client.rpush(key, json.dumps(body))
+    redis_client.expire(key, 120)
 
 
 def device_memory(device: str) -> tuple[int, int]:

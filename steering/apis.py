@@ -118,3 +118,42 @@ class VectorExportApi(APIView):
         response = HttpResponse(vector.path.read_bytes(), content_type="application/octet-stream")
         response["Content-Disposition"] = f'attachment; filename="{vector.id}.safetensors"'
         return response
+
+
+class PatchingApi(APIView):
+    """Activation patching: the metric grid over hook points x positions (the model's worker runs it)."""
+
+    permission_classes = [CanWrite]
+
+    class InputSerializer(StrictSerializer):
+        clean = serializers.CharField(max_length=4000, trim_whitespace=False)
+        corrupted = serializers.CharField(max_length=4000, trim_whitespace=False)
+        answer = serializers.CharField(max_length=200, trim_whitespace=False)
+        wrong_answer = serializers.CharField(max_length=200, trim_whitespace=False)
+        hooks = serializers.ListField(
+            child=serializers.CharField(max_length=300), required=False, max_length=128
+        )
+
+    @extend_schema(request=InputSerializer, responses={200: dict})
+    def post(self, request, model_id: str):
+        model = generation_model(user=request.user, model_ref=model_id)
+        data = self.InputSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        return Response(services.patching_request(model=model, **data.validated_data))
+
+
+class LogitLensApi(APIView):
+    """The logit lens: top next-token predictions after every block at every position."""
+
+    permission_classes = [CanWrite]
+
+    class InputSerializer(StrictSerializer):
+        prompt = serializers.CharField(max_length=4000, trim_whitespace=False)
+        top = serializers.IntegerField(min_value=1, max_value=20, default=5)
+
+    @extend_schema(request=InputSerializer, responses={200: dict})
+    def post(self, request, model_id: str):
+        model = generation_model(user=request.user, model_ref=model_id)
+        data = self.InputSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        return Response(services.logit_lens_request(model=model, **data.validated_data))

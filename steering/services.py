@@ -16,7 +16,7 @@ from activations.services import hook_names_for
 from generation.services import hook_widths
 from mistudio.access import check_may_change
 from mistudio.errors import ApplicationError
-from mistudio.workers import enqueue
+from mistudio.workers import call_worker, enqueue
 from models_app.models import LanguageModel
 from models_app.services import model_job_queue
 from steering.models import SteeringVector
@@ -177,3 +177,52 @@ def vector_files_follow_row(sender, instance: SteeringVector, **kwargs) -> None:
 def files_removed_on_commit(vector: SteeringVector) -> None:
     directory = vector.directory
     transaction.on_commit(lambda: shutil.rmtree(directory, ignore_errors=True))
+
+
+# --- patching and the logit lens (answered by the model's worker) ---------------------------------
+
+MAX_PROBE_TOKENS = 64
+MAX_PATCH_HOOKS = 128
+PROBE_WAIT_SECONDS = 120
+
+
+def _loaded(model: LanguageModel) -> str:
+    if model.status != LanguageModel.Status.READY or not model.host_worker:
+        raise ApplicationError(
+            "MODEL_NOT_LOADED",
+            f"Load the model first (POST /api/models/{model.id}/load).",
+            details={"model_id": model.id, "status": model.status},
+            status=409,
+        )
+    return model.host_worker
+
+
+def patching_request(
+    *,
+    model: LanguageModel,
+    clean: str,
+    corrupted: str,
+    answer: str,
+    wrong_answer: str,
+    hooks: list[str] | None = None,
+) -> dict[str, Any]:
+    """The activation-patching grid (``engine.patching.patching_grid``) of two prompts of the same
+    token length, the metric being logit(answer) - logit(wrong_answer) at the last position; by
+    default every block's ``hook_resid_pre``. Runs on the model's worker."""
+    if hooks:
+        hooks = hook_names_for(model, hooks=hooks, layers=None)
+        if len(hooks) > MAX_PATCH_HOOKS:
+            raise ApplicationError("TOO_MANY_HOOKS", f"At most {MAX_PATCH_HOOKS} hook points.", status=400)
+    worker = _loaded(model)
+    return call_worker(
+        worker, "steering.tasks.run_patching", model.id, clean, corrupted, answer, wrong_answer, hooks or [],
+        wait_seconds=PROBE_WAIT_SECONDS,
+    )  # fmt: skip
+
+
+def logit_lens_request(*, model: LanguageModel, prompt: str, top: int = 5) -> dict[str, Any]:
+    """The top next-token predictions read out after every block at every position of ``prompt``."""
+    worker = _loaded(model)
+    return call_worker(
+        worker, "steering.tasks.run_logit_lens", model.id, prompt, top, wait_seconds=PROBE_WAIT_SECONDS
+    )

@@ -3,15 +3,26 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from django.db import close_old_connections
 
 from engine.errors import EngineError
 from engine.extraction import extract, plan_batches, tokenize_samples
+from engine.hooks import num_layers
+from engine.patching import logit_lens, patching_grid
+from engine.registry import LOADED_MODELS
 from mistudio.errors import ApplicationError
+from mistudio.workers import answer_call
 from models_app.tasks import Requeued, current_worker, model_in_this_worker
 from steering.models import SteeringVector
-from steering.services import MAX_TOKENS_PER_PROMPT, vector_enqueue, vector_failed, vector_store
+from steering.services import (
+    MAX_PROBE_TOKENS,
+    MAX_TOKENS_PER_PROMPT,
+    vector_enqueue,
+    vector_failed,
+    vector_store,
+)
 
 logger = logging.getLogger(__name__)
 BATCH_SIZE = 16
@@ -66,3 +77,91 @@ def run_steering_vector(vector_id: str) -> None:
     except Exception as error:
         logger.exception("steering vector %s failed", vector_id)
         vector_failed(vector, code="STEERING_VECTOR_FAILED", message=f"{type(error).__name__}: {error}")
+
+
+def _loaded_here(model_id: str):
+    loaded = LOADED_MODELS.get(model_id)
+    if loaded is None:
+        raise ApplicationError("MODEL_NOT_LOADED", "The model is not loaded in this worker.", status=409)
+    return loaded
+
+
+def _probe_ids(tokenizer, text: str, field: str) -> list[int]:
+    ids = tokenize_samples(tokenizer, [text], MAX_PROBE_TOKENS + 1)[0]
+    if not ids or len(ids) > MAX_PROBE_TOKENS:
+        raise ApplicationError(
+            "INVALID_PROMPT", f"{field} must be 1 to {MAX_PROBE_TOKENS} tokens.", details={"field": field}
+        )
+    return ids
+
+
+def _one_token(tokenizer, text: str, field: str) -> int:
+    ids = tokenizer(text, add_special_tokens=False).input_ids
+    if len(ids) != 1:
+        raise ApplicationError(
+            "ANSWER_NOT_ONE_TOKEN",
+            f"{field} must be exactly one token; {text!r} is {len(ids)}.",
+            details={"field": field, "token_ids": ids},
+        )
+    return ids[0]
+
+
+def run_patching(
+    request_id: str, model_id: str, clean: str, corrupted: str, answer: str, wrong: str, hooks: list[str]
+) -> None:
+    def compute() -> dict[str, Any]:
+        loaded = _loaded_here(model_id)
+        tokenizer = loaded.tokenizer
+        clean_ids = _probe_ids(tokenizer, clean, "clean")
+        corrupted_ids = _probe_ids(tokenizer, corrupted, "corrupted")
+        answer_id, wrong_id = (
+            _one_token(tokenizer, answer, "answer"),
+            _one_token(tokenizer, wrong, "wrong_answer"),
+        )
+        names = hooks or [f"blocks.{layer}.hook_resid_pre" for layer in range(num_layers(loaded.model))]
+        result = patching_grid(
+            loaded.model, clean_ids, corrupted_ids, answer_id=answer_id, wrong_id=wrong_id, hooks=names
+        )
+        spread = result.clean_metric - result.corrupted_metric
+
+        def normalized(value: float) -> float | None:
+            return round((value - result.corrupted_metric) / spread, 6) if abs(spread) > 1e-9 else None
+
+        return {
+            "tokens": [tokenizer.decode([token]) for token in clean_ids],
+            "corrupted_tokens": [tokenizer.decode([token]) for token in corrupted_ids],
+            "answer_id": answer_id,
+            "wrong_id": wrong_id,
+            "hooks": result.hooks,
+            "clean_metric": result.clean_metric,
+            "corrupted_metric": result.corrupted_metric,
+            "grid": result.grid,
+            "normalized": [[normalized(value) for value in row] for row in result.grid],
+            "all_positions": result.all_positions,
+        }
+
+    answer_call(request_id, compute, failure_code="PATCHING_FAILED")
+
+
+def run_logit_lens(request_id: str, model_id: str, prompt: str, top: int) -> None:
+    def compute() -> dict[str, Any]:
+        loaded = _loaded_here(model_id)
+        ids = _probe_ids(loaded.tokenizer, prompt, "prompt")
+        lens = logit_lens(loaded.model, ids, top=top)
+        decode = loaded.tokenizer.decode
+        return {
+            "tokens": [decode([token]) for token in ids],
+            "layers": lens.layers,
+            "top": [
+                [
+                    [
+                        {"token_id": token, "token": decode([token]), "probability": round(p, 6)}
+                        for token, p in row
+                    ]
+                    for row in layer
+                ]
+                for layer in lens.top
+            ],
+        }
+
+    answer_call(request_id, compute, failure_code="LOGIT_LENS_FAILED")

@@ -11,4 +11,6 @@ urlpatterns = [
         apis.VectorExportApi.as_view(),
         name="steering-vector-export",
     ),
+    path("models/<str:model_id>/patching", apis.PatchingApi.as_view(), name="model-patching"),
+    path("models/<str:model_id>/logit-lens", apis.LogitLensApi.as_view(), name="model-logit-lens"),
 ]

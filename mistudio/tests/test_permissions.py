@@ -59,6 +59,8 @@ MATRIX: dict[str, dict[str, tuple]] = {
     "api/models/{model}/cancel": {"POST": OWNER_CHANGES},
     "api/models/{model}/memory-estimate": {"GET": OWNER_READS},
     "api/models/{model}/hook-points": {"GET": OWNER_READS},
+    "api/models/{model}/patching": {"POST": OWNER_CHANGES},
+    "api/models/{model}/logit-lens": {"POST": OWNER_CHANGES},
     "api/models/{model}/extract-activations": {"POST": OWNER_CHANGES},
     "api/models/{model}/activations/{extraction}": {"GET": OWNER_READS},
     "api/workers": {"GET": ANY_READER},
