@@ -38,7 +38,7 @@ _FIELDS = {
         "normalize",
     },
     "clamp_feature": {"type", "hook", "positions", "sae", "feature", "value"},
-    "ablate": {"type", "hook", "positions", "sae", "features", "neurons"},
+    "ablate": {"type", "hook", "positions", "sae", "features", "neurons", "mean_from"},
     "replace": {"type", "hook", "positions", "vector"},
 }
 
@@ -236,7 +236,63 @@ def _checked(index: int, item: Any, widths: dict[str, int], user) -> dict[str, A
             spec["neurons"] = _indices(index, item, "neurons", MAX_VECTOR)
         else:
             raise _error(index, "ablate needs neurons, or an sae and features.", "neurons")
+        if "mean_from" in item:
+            spec["mean_from"] = _mean_source(index, item["mean_from"], hook, width, user)
     return spec
+
+
+def _mean_source(index: int, cache_id: Any, hook: str, width: int | None, user) -> str:
+    """The id of a completed cache the user can see that holds ``hook`` at its width: mean
+    ablation takes its means from there."""
+    from activations.selectors import completed_cache
+
+    if not isinstance(cache_id, str):
+        raise _error(index, "mean_from must be an activation cache id.", "mean_from")
+    try:
+        cache = completed_cache(user=user, cache_id=cache_id)
+    except ApplicationError as error:
+        raise _error(index, f"mean_from: {error.message}", "mean_from") from None
+    stored = (cache.activation_shapes.get(hook) or [0, None])[1]
+    if hook not in cache.hooks or (width is not None and stored != width):
+        raise _error(
+            index, f"the cache {cache.id} holds no {hook} activations to take means from.", "mean_from"
+        )
+    return cache.id
+
+
+_MEANS: dict[tuple[str, str, int | None], Any] = {}  # a worker's cache means (caches never change)
+MEANS_KEPT = 16
+
+
+def cache_means(cache_id: str, hook: str, sae: Any = None, *, chunk: int = 65_536) -> Any:
+    """Mean over a cache's tokens of ``hook``'s activations ([width]), or of ``sae``'s features
+    ([d_sae], the cache's rows encoded a chunk at a time); float32 on the CPU, kept per worker."""
+    key = (cache_id, hook, None if sae is None else id(sae))
+    if key not in _MEANS:
+        if len(_MEANS) >= MEANS_KEPT:
+            _MEANS.pop(next(iter(_MEANS)))
+        _MEANS[key] = _cache_means(cache_id, hook, sae, chunk=chunk)
+    return _MEANS[key]
+
+
+def _cache_means(cache_id: str, hook: str, sae: Any, *, chunk: int) -> Any:
+    import torch
+
+    from activations.models import ActivationCache
+    from activations.selectors import cache_store
+
+    store = cache_store(ActivationCache.objects.get(pk=cache_id), hook)
+    if sae is None:
+        return torch.from_numpy(store.stats(hook)["mean"]).float()
+    total, count = None, 0
+    device = sae.W_enc.device
+    with torch.no_grad():
+        for start in range(0, store.num_tokens, chunk):
+            rows = store.get(hook, start, start + chunk, as_torch=True).float().to(device)
+            summed = sae.encode(rows).sum(dim=0, dtype=torch.float64)
+            total = summed if total is None else total + summed
+            count += len(rows)
+    return (total / max(count, 1)).float().cpu()
 
 
 def resolved_interventions(specs: list[dict[str, Any]], device: Any = None) -> list[Intervention]:
@@ -281,7 +337,12 @@ def resolved_interventions(specs: list[dict[str, Any]], device: Any = None) -> l
                 Intervention(**common, sae=sae_of(spec), features=(spec["feature"],), value=spec["value"])
             )
         elif "sae" in spec:
-            interventions.append(Intervention(**common, sae=sae_of(spec), features=tuple(spec["features"])))
+            module = sae_of(spec)
+            means = cache_means(spec["mean_from"], spec["hook"], module) if "mean_from" in spec else None
+            interventions.append(
+                Intervention(**common, sae=module, features=tuple(spec["features"]), means=means)
+            )
         else:
-            interventions.append(Intervention(**common, neurons=tuple(spec["neurons"])))
+            means = cache_means(spec["mean_from"], spec["hook"]) if "mean_from" in spec else None
+            interventions.append(Intervention(**common, neurons=tuple(spec["neurons"]), means=means))
     return interventions

@@ -14,6 +14,7 @@ from django.conf import settings
 
 from activations.store import ActivationStore
 from features.tests.conftest import completed_sae_row, random_sae_module
+from mistudio.errors import ApplicationError
 from models_app.models import LanguageModel
 from models_app.services import model_register
 from saes.tests.conftest import HOOK, write_planted_cache
@@ -207,3 +208,30 @@ def test_an_sae_the_user_cannot_see_is_a_404(client, writer, reader, tiny_gpt2_f
     )
     assert response.status_code == 404, response.content
     assert response.json()["error"]["code"] == "SAE_NOT_FOUND"
+
+
+def test_mean_ablation_takes_its_means_from_a_cache(writer, tiny_gpt2_folder):
+    from activations.store import ActivationStore
+    from generation.interventions import interventions_request, resolved_interventions
+    from generation.services import hook_widths
+
+    model = model_register(source="local", identifier=str(tiny_gpt2_folder), name="tiny", owner=writer)
+    cache = write_planted_cache(model, writer, samples=16)
+    sae = completed_sae_row(model, cache, writer)
+    raw = [
+        {"type": "ablate", "hook": HOOK, "neurons": [3, 5], "mean_from": cache.id},
+        {"type": "ablate", "sae": sae.id, "features": [7], "mean_from": cache.id},
+    ]
+    spec = interventions_request(raw, widths=hook_widths(model, raw), user=writer)
+    neurons, features = resolved_interventions(spec)
+
+    rows = torch.from_numpy(ActivationStore.open(cache.directory).get(HOOK)).float()
+    torch.testing.assert_close(neurons.means, rows.mean(dim=0), atol=1e-5, rtol=0)
+    with torch.no_grad():
+        encoded = random_sae_module().encode(rows).mean(dim=0)
+    torch.testing.assert_close(features.means, encoded, atol=1e-5, rtol=0)
+
+    bad = [{"type": "ablate", "hook": "blocks.1.hook_resid_post", "neurons": [1], "mean_from": cache.id}]
+    with pytest.raises(ApplicationError) as raised:
+        interventions_request(bad, widths=hook_widths(model, bad), user=writer)
+    assert raised.value.code == "INVALID_INTERVENTION" and "mean_from" in str(raised.value.details)
