@@ -7,7 +7,9 @@ from rest_framework.parsers import MultiPartParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from activations.selectors import dataset_get
 from generation.services import generation_model
+from mistudio.errors import ApplicationError
 from mistudio.permissions import CanRead, CanWrite
 from mistudio.serializers import StrictSerializer
 from steering import selectors, services
@@ -28,8 +30,10 @@ class VectorListApi(APIView):
     class InputSerializer(StrictSerializer):
         model_id = serializers.CharField(max_length=500)
         hook_name = serializers.CharField(max_length=300)
-        positive = serializers.ListField(child=serializers.CharField(trim_whitespace=False))
-        negative = serializers.ListField(child=serializers.CharField(trim_whitespace=False))
+        positive = serializers.ListField(child=serializers.CharField(trim_whitespace=False), required=False)
+        negative = serializers.ListField(child=serializers.CharField(trim_whitespace=False), required=False)
+        positive_dataset_id = serializers.CharField(max_length=64, required=False)
+        negative_dataset_id = serializers.CharField(max_length=64, required=False)
         reduction = serializers.ChoiceField(choices=SteeringVector.Reduction.values, default="mean")
         name = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")
         shared = serializers.BooleanField(default=False)
@@ -49,6 +53,16 @@ class VectorListApi(APIView):
         data.is_valid(raise_exception=True)
         values = dict(data.validated_data)
         model = generation_model(user=request.user, model_ref=values.pop("model_id"))
+        for side in ("positive", "negative"):
+            dataset_id = values.pop(f"{side}_dataset_id", None)
+            if (dataset_id is None) == (side not in values):
+                raise ApplicationError(
+                    "INVALID_PROMPTS",
+                    f"Give either {side} (prompts) or {side}_dataset_id.",
+                    details={"fields": {side: ["Prompts or a dataset."]}},
+                )
+            if dataset_id is not None:
+                values[side] = services.dataset_prompts(dataset_get(user=request.user, dataset_id=dataset_id))
         vector = services.vector_request(owner=request.user, model=model, **values)
         return Response(vector_state(vector), status=status.HTTP_202_ACCEPTED)
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from django.db import transaction
 
-from activations.services import hook_names_for
+from activations.services import dataset_samples, hook_names_for
 from generation.services import hook_widths
 from mistudio.access import check_may_change
 from mistudio.errors import ApplicationError
@@ -42,6 +42,13 @@ def _prompt_list(prompts: Any, field: str) -> list[str]:
             status=400,
         )
     return prompts
+
+
+def dataset_prompts(dataset) -> list[str]:
+    """A dataset's first ``MAX_PROMPTS`` samples as prompts (each cut to ``MAX_PROMPT_CHARACTERS``)."""
+    return [
+        text[:MAX_PROMPT_CHARACTERS] for text in dataset_samples(dataset, limit=MAX_PROMPTS) if text.strip()
+    ]
 
 
 def vector_request(

@@ -9,6 +9,7 @@ import torch
 from safetensors.torch import load, save
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from activations.services import dataset_create_from_texts
 from generation.interventions import interventions_request, resolved_interventions
 from generation.services import hook_widths
 from mistudio.workers import run_worker
@@ -52,6 +53,20 @@ def test_contrastive_vectors_equal_the_difference_of_means(tiny_model, tiny_gpt2
         assert response.status_code == 202, response.content
         assert response.json()["status"] == "queued"
         made[reduction] = response.json()["id"]
+    # The same prompts given as two datasets.
+    positive, negative = (
+        dataset_create_from_texts(name=name, texts=texts, owner=writer, source="upload")
+        for name, texts in (("joy", POSITIVE), ("gloom", NEGATIVE))
+    )
+    body = {
+        "model_id": tiny_model.id, "hook_name": HOOK, "positive_dataset_id": positive.id,
+        "negative_dataset_id": negative.id,
+    }  # fmt: skip
+    response = api.post("/api/steering-vectors", body, format="json")
+    assert response.status_code == 202, response.content
+    from_datasets = response.json()["id"]
+    both = api.post("/api/steering-vectors", {**body, "positive": POSITIVE}, format="json")
+    assert both.status_code == 400 and both.json()["error"]["code"] == "INVALID_PROMPTS"
     run_worker(name="steering-worker", device="cpu", burst=True)
 
     for reduction, vector_id in made.items():
@@ -66,7 +81,12 @@ def test_contrastive_vectors_equal_the_difference_of_means(tiny_model, tiny_gpt2
         )
         torch.testing.assert_close(values, expected, atol=1e-5, rtol=0)
         assert detail["width"] == 64 and detail["norm"] == pytest.approx(float(expected.norm()), rel=1e-5)
-    assert api.get("/api/steering-vectors").json()["total"] == 2
+    assert api.get("/api/steering-vectors").json()["total"] == 3
+    same = [
+        load(api.get(f"/api/steering-vectors/{key}/export").content)["vector"]
+        for key in (made["mean"], from_datasets)
+    ]
+    torch.testing.assert_close(same[0], same[1], atol=1e-6, rtol=0)
 
     # An add intervention names the vector by id: its hook and values come from the row.
     raw = [{"type": "add", "steering_vector": made["mean"], "coefficient": 2.0}]
