@@ -10,6 +10,7 @@ from frontend.views import (
     features,
     models,
     playground,
+    probes,
     saes,
     workers,
 )
@@ -18,6 +19,8 @@ app_name = "frontend"
 urlpatterns = [
     path("", models.model_list_page, name="models"),
     path("models/<str:model_id>/", models.model_detail_page, name="model"),
+    path("models/<str:model_id>/patching/", probes.patching_page, name="model-patching"),
+    path("models/<str:model_id>/logit-lens/", probes.logit_lens_page, name="model-logit-lens"),
     path("datasets/", datasets.dataset_list_page, name="datasets"),
     path("datasets/<str:dataset_id>/", datasets.dataset_detail_page, name="dataset"),
     path("activations/", activations.cache_list_page, name="caches"),

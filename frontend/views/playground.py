@@ -1,5 +1,5 @@
 """Pages: the playground (generate with a loaded model, streamed; optional capture and heatmap;
-optional steering with an SAE feature, baseline and steered side by side)."""
+optional steering with an SAE feature or a saved steering vector, baseline and steered side by side)."""
 
 import math
 from typing import Any
@@ -23,6 +23,8 @@ from models_app.models import LanguageModel
 from models_app.selectors import model_list
 from saes.models import SparseAutoencoder
 from saes.selectors import sae_list
+from steering.models import SteeringVector
+from steering.selectors import vector_list
 
 DEFAULT_STEERING_COEFFICIENT = 8.0
 STEERING_KINDS = ("add", "clamp_feature")
@@ -36,10 +38,12 @@ def playground_page(request):
 
     Generation goes through ``POST /api/generate`` with ``"stream": true`` from ``playground.js``;
     this view only renders the form (ready models, defaults and ranges as the API validates them).
-    The Steering panel lists the completed SAEs the user can see; ``?sae=<id>&feature=<n>``
-    (optionally ``&coefficient=``, ``&kind=``, ``&positions=``) presets it, as the feature page's
-    "Steer" link does. With steering on, ``playground.js`` sends two requests with one seed: the
-    baseline and the same one with ``mistudio.interventions``.
+    The Steering panel lists the completed SAEs and steering vectors the user can see;
+    ``?sae=<id>&feature=<n>`` (optionally ``&coefficient=``, ``&kind=``, ``&positions=``) presets
+    it, as the feature page's "Steer" link does; ``?vector=<id>`` presets a saved steering vector
+    instead (an ``add`` intervention naming it, with ``&coefficient=`` and ``&positions=``). With
+    steering on, ``playground.js`` sends two requests with one seed: the baseline and the same one
+    with ``mistudio.interventions``.
     With ``?heatmap=<cache_id>&hook=…&neuron=…`` it answers the per-token heatmap fragment of a
     stored cache instead (see :func:`heatmap_fragment`).
     """
@@ -71,23 +75,35 @@ def playground_page(request):
 
 
 def steering_context(request) -> dict[str, Any]:
-    """The Steering panel: completed SAEs the user can see (each names its model, so the page can
-    offer those of the chosen model first) and the preset from the query string; a preset SAE that
-    is not among them is named in a notice rather than silently dropped."""
+    """The Steering panel: completed SAEs and steering vectors the user can see (each names its
+    model, so the page can offer those of the chosen model) and the preset from the query string;
+    a preset SAE or vector that is not among them is named in a notice rather than silently dropped."""
     completed = {"status": SparseAutoencoder.Status.COMPLETED}
     saes = list(sae_list(user=request.user, filters=completed).order_by("name", "id"))
+    vectors = list(
+        vector_list(user=request.user)
+        .filter(status=SteeringVector.Status.COMPLETED)
+        .select_related("model")
+        .order_by("name", "id")
+    )
     wanted = request.GET.get("sae", "")
     found = any(sae.id == wanted for sae in saes)
+    wanted_vector = request.GET.get("vector", "")
+    found_vector = any(vector.id == wanted_vector for vector in vectors)
     feature = request.GET.get("feature", "")
     coefficient = _finite(request.GET.get("coefficient"))
     kind = request.GET.get("kind", "add")
     positions = request.GET.get("positions", "all")
     return {
         "steering_saes": saes,
+        "steering_vectors": vectors,
         "steering": {
-            "on": found,
+            "on": found or found_vector,
+            "source": "vector" if found_vector or (vectors and not saes) else "feature",
             "sae": wanted if found else "",
             "missing_sae": wanted if wanted and not found else "",
+            "vector": wanted_vector if found_vector else "",
+            "missing_vector": wanted_vector if wanted_vector and not found_vector else "",
             "feature": int(feature) if feature.isdigit() else 0,
             "coefficient": DEFAULT_STEERING_COEFFICIENT if coefficient is None else coefficient,
             "kind": kind if kind in STEERING_KINDS else "add",

@@ -114,6 +114,8 @@ MATRIX: dict[str, dict[str, tuple]] = {
     "docs/api/": {"GET": PAGE},
     "": {"GET": PAGE},
     "models/{model}/": {"GET": OWNER_PAGE},
+    "models/{model}/patching/": {"GET": OWNER_PAGE},
+    "models/{model}/logit-lens/": {"GET": OWNER_PAGE},
     "datasets/": {"GET": PAGE},
     "datasets/{dataset}/": {"GET": OWNER_PAGE},
     "activations/": {"GET": PAGE},

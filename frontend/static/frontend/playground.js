@@ -4,7 +4,8 @@
 // With capture on, the finished result names an activation cache, and the heatmap of one neuron over
 // its tokens comes from this page's own fragment (/playground/?heatmap=<cache>&hook=&neuron=).
 // With steering on, Generate sends two streamed requests with one seed (filled in when the field is
-// empty): the baseline as above, and the same body with mistudio.interventions = [one SAE feature],
+// empty): the baseline as above, and the same body with mistudio.interventions = [one SAE feature,
+// or a saved steering vector added],
 // whose text streams into the second pane beside it.
 (function () {
   "use strict";
@@ -21,6 +22,7 @@
   const canWrite = form.dataset.canWrite === "true";
   const steerBox = $("steer"), steerSae = $("steer-sae"), steerIndex = $("steer-index");
   const steerAmount = $("steer-amount"), steerError = $("steer-error"), seedInput = $("seed");
+  const steerVector = $("steer-vector");
 
   const state = {
     running: false,
@@ -62,13 +64,46 @@
       option.dataset.worker && `on ${option.dataset.worker}`];
     $("model-meta").textContent = parts.filter(Boolean).join(" · ");
   }
-  modelSelect.addEventListener("change", () => { describeModel(); if (captureBox.checked) loadHooks(); offerSaes(); });
+  modelSelect.addEventListener("change", () => { describeModel(); if (captureBox.checked) loadHooks(); offerSaes(); offerVectors(); });
   describeModel();
 
-  // --- steering: one SAE feature, added or clamped -------------------------------------------------
+  // --- steering: one SAE feature, added or clamped, or a saved steering vector, added ---------------
 
-  const steering = () => steerBox.checked && Boolean(steerSae);
-  const steerKind = () => form.querySelector('input[name="steer_kind"]:checked').value;
+  const steerSource = () => form.querySelector('input[name="steer_source"]:checked')?.value || "feature";
+  const steering = () => steerBox.checked && Boolean(steerSource() === "vector" ? steerVector : steerSae);
+  const steerKind = () => form.querySelector('input[name="steer_kind"]:checked')?.value || "add";
+
+  function showSource() {
+    const vector = steerSource() === "vector";
+    $("steer-feature-fields").hidden = vector;
+    $("steer-vector-fields").hidden = !vector;
+    describeKind();
+    showSteerError("");
+    showSteering();
+  }
+
+  // Vectors of the chosen model are offered (a vector has its model's width); one chosen before stays, flagged.
+  function offerVectors() {
+    if (!steerVector) return;
+    for (const option of steerVector.options) {
+      const other = option.value && option.dataset.model !== modelSelect.value;
+      option.hidden = Boolean(other) && !option.selected;
+    }
+    describeVector();
+  }
+
+  function describeVector() {
+    const option = steerVector.selectedOptions[0], meta = $("steer-vector-meta");
+    if (!option || !option.value) {
+      meta.textContent = "";
+      return;
+    }
+    const elsewhere = option.dataset.model !== modelSelect.value;
+    meta.textContent = [option.dataset.hook, option.dataset.width && `width ${option.dataset.width}`,
+      option.dataset.norm && `norm ${option.dataset.norm}`].filter(Boolean).join(" · ")
+      + (elsewhere ? ` · computed on ${option.dataset.modelName || "another model"}, not the chosen one` : "");
+    meta.classList.toggle("warn-text", elsewhere);
+  }
 
   function showSteering() {
     $("steer-fields").hidden = !steerBox.checked;
@@ -111,15 +146,19 @@
   }
 
   function describeKind() {
-    const clamp = steerKind() === "clamp_feature";
+    const vector = steerSource() === "vector";
+    const clamp = !vector && steerKind() === "clamp_feature";
     $("steer-amount-label").textContent = clamp ? "Value" : "Coefficient";
-    $("steer-amount-help").textContent = clamp
-      ? "The feature's activation is set to this value"
-      : "Times the feature's decoder direction, added to the activation";
+    $("steer-amount-help").textContent = vector
+      ? "Times the vector, added to the activation at its hook point"
+      : clamp
+        ? "The feature's activation is set to this value"
+        : "Times the feature's decoder direction, added to the activation";
   }
 
   // The one intervention, or null after saying in the panel what is missing.
   function intervention() {
+    if (steerSource() === "vector") return vectorIntervention();
     const option = steerSae.selectedOptions[0];
     const index = steerIndex.value.trim(), amount = steerAmount.value.trim();
     let problem = null;
@@ -135,6 +174,18 @@
     return item;
   }
 
+  function vectorIntervention() {
+    const option = steerVector.selectedOptions[0], amount = steerAmount.value.trim();
+    let problem = null;
+    if (!option || !option.value) problem = "Choose a steering vector.";
+    else if (amount === "" || !Number.isFinite(Number(amount))) problem = "The coefficient must be a number.";
+    if (problem) {
+      showSteerError(problem);
+      return null;
+    }
+    return { type: "add", steering_vector: option.value, coefficient: Number(amount), positions: $("steer-positions").value };
+  }
+
   function showSteerError(message) {
     steerError.textContent = message;
     steerError.hidden = !message;
@@ -142,6 +193,11 @@
 
   if (steerBox) {
     steerBox.addEventListener("change", showSteering);
+    form.querySelectorAll('input[name="steer_source"]').forEach((radio) => radio.addEventListener("change", showSource));
+    if (steerVector) {
+      steerVector.addEventListener("change", () => { describeVector(); showSteerError(""); });
+      offerVectors();
+    }
     if (steerSae) {
       steerSae.addEventListener("change", () => { describeSae(); showSteerError(""); });
       steerIndex.addEventListener("input", () => { describeSae(); showSteerError(""); });
@@ -427,7 +483,8 @@
     $("steered-stats").textContent = "";
     const amount = item.type === "add" ? `${item.coefficient >= 0 ? "+" : ""}${item.coefficient} × direction` : `clamped to ${item.value}`;
     const caption = $("steer-caption");
-    caption.textContent = `Seed ${body.seed} for both · feature ${item.feature} of ${item.sae}, ${amount}, ${item.positions} positions`;
+    const what = item.steering_vector ? `vector ${item.steering_vector}` : `feature ${item.feature} of ${item.sae}`;
+    caption.textContent = `Seed ${body.seed} for both · ${what}, ${amount}, ${item.positions} positions`;
     caption.hidden = false;
   }
 

@@ -1,0 +1,178 @@
+// The activation-patching page: posts the form to POST /api/models/{id}/patching (the model's worker
+// answers within the request) and draws the answer as a heatmap: one row per hook point, one column
+// per position (headed by the clean prompt's tokens) and a last column with every position patched.
+// The colour is the normalized effect, (metric - corrupted) / (clean - corrupted), on a diverging
+// scale clamped to [-1, 1]; when the two runs tie (normalized is null) it is the metric's change
+// scaled by its largest |change|. Each cell is focusable; hover or focus reads its value out.
+(function () {
+  "use strict";
+
+  const form = document.getElementById("patching-form");
+  if (!form) return;
+  const $ = (id) => document.getElementById(id);
+  const submit = $("patch-submit"), state = $("patch-state"), table = $("patch-heatmap");
+  const number = (value) => (value === null || value === undefined ? "—" : Number(value).toFixed(3));
+
+  form.querySelectorAll("[data-hooks]").forEach((button) => {
+    button.addEventListener("click", () => { $("patch-hooks").value = button.dataset.hooks; });
+  });
+
+  function body() {
+    const data = {
+      clean: form.elements.clean.value,
+      corrupted: form.elements.corrupted.value,
+      answer: form.elements.answer.value,
+      wrong_answer: form.elements.wrong_answer.value,
+    };
+    const hooks = form.elements.hooks.value.split(",").map((name) => name.trim()).filter(Boolean);
+    if (hooks.length) data.hooks = hooks;
+    return data;
+  }
+
+  // The value each cell is coloured by, in [-1, 1], and what the legend's ends mean.
+  function scaled(result) {
+    const tie = result.normalized.every((row) => row.every((value) => value === null));
+    if (!tie) {
+      const clamp = (value) => Math.max(-1, Math.min(1, value));
+      const all = result.all_positions.map((metric) => (metric - result.corrupted_metric) / (result.clean_metric - result.corrupted_metric));
+      return { cells: result.normalized.map((row) => row.map(clamp)), all: all.map(clamp), normalized: true };
+    }
+    const changes = result.grid.map((row) => row.map((metric) => metric - result.corrupted_metric));
+    const allChanges = result.all_positions.map((metric) => metric - result.corrupted_metric);
+    const largest = Math.max(1e-9, ...changes.flat().map(Math.abs), ...allChanges.map(Math.abs));
+    return { cells: changes.map((row) => row.map((value) => value / largest)), all: allChanges.map((value) => value / largest), normalized: false, largest };
+  }
+
+  function cell(value, shown, label) {
+    const td = document.createElement("td");
+    td.className = `heat-cell ${value >= 0 ? "pos" : "neg"}`;
+    td.style.setProperty("--alpha", Math.min(0.9, Math.abs(value)).toFixed(3));
+    td.tabIndex = 0;
+    td.textContent = shown;
+    td.dataset.label = label;
+    td.setAttribute("aria-label", label);
+    return td;
+  }
+
+  function draw(result) {
+    const scale = scaled(result);
+    const head = document.createElement("thead"), headRow = document.createElement("tr");
+    const corner = document.createElement("th");
+    corner.scope = "col";
+    corner.textContent = "Hook point";
+    headRow.appendChild(corner);
+    result.tokens.forEach((token, position) => {
+      const th = document.createElement("th");
+      th.scope = "col";
+      th.className = "token-head";
+      th.title = `position ${position}, corrupted: ${JSON.stringify(result.corrupted_tokens[position])}`;
+      const text = document.createElement("span");
+      text.className = "mono token-text";
+      text.textContent = token.replace(/ /g, "·").replace(/\n/g, "⏎");
+      const index = document.createElement("small");
+      index.textContent = String(position);
+      th.append(text, index);
+      headRow.appendChild(th);
+    });
+    const allHead = document.createElement("th");
+    allHead.scope = "col";
+    allHead.textContent = "All";
+    allHead.title = "Every position of the hook point patched at once";
+    headRow.appendChild(allHead);
+    head.appendChild(headRow);
+
+    const rows = document.createElement("tbody");
+    result.hooks.forEach((hook, row) => {
+      const tr = document.createElement("tr");
+      const th = document.createElement("th");
+      th.scope = "row";
+      th.className = "mono";
+      th.textContent = hook;
+      tr.appendChild(th);
+      result.tokens.forEach((token, position) => {
+        const normalized = result.normalized[row][position];
+        const shown = scale.normalized ? number(normalized) : number(result.grid[row][position] - result.corrupted_metric);
+        const label = `${hook}, position ${position} ${JSON.stringify(token)}: normalized ${number(normalized)}, metric ${number(result.grid[row][position])}`;
+        tr.appendChild(cell(scale.cells[row][position], shown, label));
+      });
+      const allMetric = result.all_positions[row];
+      const allNormalized = (allMetric - result.corrupted_metric) / (result.clean_metric - result.corrupted_metric);
+      const label = `${hook}, every position: ${scale.normalized ? `normalized ${number(allNormalized)}, ` : ""}metric ${number(allMetric)}`;
+      const allCell = cell(scale.all[row], number(scale.normalized ? allNormalized : allMetric - result.corrupted_metric), label);
+      allCell.classList.add("all-cell");
+      tr.appendChild(allCell);
+      rows.appendChild(tr);
+    });
+    table.replaceChildren(head, rows);
+
+    $("clean-metric").textContent = number(result.clean_metric);
+    $("corrupted-metric").textContent = number(result.corrupted_metric);
+    if (scale.normalized) {
+      $("legend-low").textContent = "−1";
+      $("legend-high").textContent = "1";
+      $("legend-text").textContent = "Colour: the normalized effect, (metric − corrupted) / (clean − corrupted). 1 (red): the clean answer fully restored; 0: no effect; negative (blue): further toward the wrong answer. Values beyond ±1 are shown in full but coloured as ±1.";
+      $("patch-scale-note").textContent = `${result.hooks.length} hook point${result.hooks.length === 1 ? "" : "s"} × ${result.tokens.length} positions`;
+    } else {
+      const largest = number(scale.largest);
+      $("legend-low").textContent = `−${largest}`;
+      $("legend-high").textContent = largest;
+      $("legend-text").textContent = "The clean and corrupted runs give the same metric, so nothing can be normalized: each cell shows the metric's change from the corrupted run (red: toward the answer, blue: toward the wrong answer).";
+      $("patch-scale-note").textContent = "clean and corrupted tie";
+    }
+    $("cell-readout").textContent = "Hover or focus a cell to read its value.";
+    $("patching-result").hidden = false;
+  }
+
+  function readout(event) {
+    const target = event.target.closest(".heat-cell");
+    if (target) $("cell-readout").textContent = target.dataset.label;
+  }
+  table.addEventListener("mouseover", readout);
+  table.addEventListener("focusin", readout);
+  // Arrow keys move between cells, as in a spreadsheet.
+  table.addEventListener("keydown", (event) => {
+    const current = event.target.closest(".heat-cell");
+    const moves = { ArrowLeft: [0, -1], ArrowRight: [0, 1], ArrowUp: [-1, 0], ArrowDown: [1, 0] };
+    if (!current || !moves[event.key]) return;
+    const [down, across] = moves[event.key];
+    const row = current.parentElement, rows = [...table.tBodies[0].rows];
+    const target = rows[rows.indexOf(row) + down]?.cells[current.cellIndex + across];
+    if (target && target.classList.contains("heat-cell")) {
+      event.preventDefault();
+      target.focus();
+    }
+  });
+
+  function showError(error) {
+    mi.showErrors(form, error);
+    const summary = form.querySelector(".form-error");
+    summary.id = "patch-error";
+    summary.dataset.code = error.code;
+    const code = document.createElement("code");
+    code.textContent = error.code;
+    summary.prepend(code, " ");
+    if (error.code === "MODEL_NOT_LOADED") {
+      const link = document.createElement("a");
+      link.href = `/models/${encodeURIComponent(form.dataset.modelId)}/`;
+      link.textContent = "Load it on the model's page";
+      summary.append(" ", link, ", then try again.");
+    }
+  }
+
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    mi.clearErrors(form);
+    submit.disabled = true;
+    state.textContent = "Running on the model's worker…";
+    try {
+      const result = await mi.api("POST", `models/${encodeURIComponent(form.dataset.modelId)}/patching`, body());
+      draw(result);
+      state.textContent = "Done";
+    } catch (error) {
+      showError(error);
+      state.textContent = "";
+    } finally {
+      submit.disabled = false;
+    }
+  });
+})();
