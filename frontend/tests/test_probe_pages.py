@@ -50,7 +50,11 @@ def test_the_logit_lens_page_offers_a_prompt_and_the_table(writer, tiny_gpt2_fol
     model = tiny_gpt2(tiny_gpt2_folder, loaded=True)
     page = signed_in(writer).get(f"/models/{model.id}/logit-lens/").content.decode()
 
-    assert 'id="lens-form"' in page and '<label for="lens-prompt">' in page and 'name="prompt"' in page
+    assert (
+        'id="lens-form"' in page
+        and '<label class="visually-hidden" for="lens-prompt">' in page
+        and 'name="prompt"' in page
+    )
     assert 'id="lens-top" name="top" type="number" min="1" max="20"' in page  # the API's range
     assert 'id="lens-table"' in page and "frontend/logit_lens.js" in page
     assert 'id="model-not-loaded"' not in page

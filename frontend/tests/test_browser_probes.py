@@ -1,0 +1,71 @@
+"""Activation patching and the logit lens in a real browser, on the tiny GPT-2 loaded by a real
+worker: the heatmap is drawn (and reads out by keyboard), an API error shows in the form, the lens
+fills its table."""
+
+import pytest
+from playwright.sync_api import expect
+from transformers import AutoTokenizer
+
+from frontend.tests.browser import LIVE_TIMEOUT_MS, screenshot
+from models_app.tests.live_stack import register_and_load
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+# The corrupted prompt swaps the clean one's last token: same length, and the answers are one token.
+CLEAN = "The river runs down to the"
+CORRUPTED = "The river runs down to and"
+
+
+def test_patching_draws_the_heatmap_and_the_lens_fills_its_table(page, site, tiny_gpt2_folder):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_gpt2_folder)
+    tokens = len(tokenizer.encode(CLEAN))
+    assert tokens == len(tokenizer.encode(CORRUPTED))
+    assert len(tokenizer.encode(" the")) == len(tokenizer.encode(" and")) == 1
+    model_id = register_and_load(tiny_gpt2_folder, name="probe-gpt2")
+
+    page.goto(site.url(f"/models/{model_id}/"))
+    page.click("#patching-link")
+    page.fill("#patch-clean", CLEAN)
+    page.fill("#patch-corrupted", CORRUPTED + " sea")  # one token too many: the API's 400 shows
+    page.fill("#patch-answer", " the")
+    page.fill("#patch-wrong", " and")
+    page.click("#patch-submit")
+    expect(page.locator("#patch-error")).to_contain_text("PROMPT_LENGTHS_DIFFER", timeout=LIVE_TIMEOUT_MS)
+
+    page.fill("#patch-corrupted", CORRUPTED)
+    page.click("#patch-submit")
+    expect(page.locator("#patching-result")).to_be_visible(timeout=LIVE_TIMEOUT_MS)
+    expect(page.locator("#patch-error")).to_have_count(0)
+    rows = page.locator("#patch-heatmap tbody tr")
+    expect(rows).to_have_count(2)  # each block's hook_resid_pre
+    expect(rows.first.locator(".heat-cell")).to_have_count(tokens + 1)  # every position, then "All"
+    expect(page.locator("#patch-heatmap thead th")).to_have_count(tokens + 2)
+    # Only the last token differs: patching it into block 0's input gives back the whole clean run.
+    last = rows.first.locator(".heat-cell").nth(tokens - 1)
+    expect(last).to_have_text("1.000")
+    expect(rows.first.locator(".all-cell")).to_have_text("1.000")
+    expect(rows.first.locator(".heat-cell").first).to_have_text("0.000")  # identical position: no effect
+    expect(page.locator("#clean-metric")).not_to_have_text("—")
+
+    rows.first.locator(".heat-cell").first.focus()
+    expect(page.locator("#cell-readout")).to_contain_text("blocks.0.hook_resid_pre, position 0")
+    page.keyboard.press("ArrowDown")
+    page.keyboard.press("ArrowRight")
+    expect(page.locator("#cell-readout")).to_contain_text("blocks.1.hook_resid_pre, position 1")
+    page.evaluate("window.scrollTo(0, 0)")
+    screenshot(page, "patching")
+
+    page.goto(site.url(f"/models/{model_id}/"))
+    page.click("#logit-lens-link")
+    page.fill("#lens-prompt", CLEAN)
+    page.fill("#lens-top", "3")
+    page.click("#lens-submit")
+    expect(page.locator("#lens-result")).to_be_visible(timeout=LIVE_TIMEOUT_MS)
+    expect(page.locator("#lens-table tbody tr")).to_have_count(2)  # one row per layer
+    expect(page.locator("#lens-table tbody tr").first.locator(".lens-cell")).to_have_count(tokens)
+    cell = page.locator("#lens-table .lens-cell").first
+    expect(cell.locator(".lens-others")).to_be_hidden()
+    cell.focus()
+    expect(cell.locator(".lens-others li")).to_have_count(3)
+    expect(cell.locator(".lens-others")).to_be_visible()
+    screenshot(page, "logit-lens")
