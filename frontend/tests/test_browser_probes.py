@@ -1,13 +1,17 @@
 """Activation patching and the logit lens in a real browser, on the tiny GPT-2 loaded by a real
 worker: the heatmap is drawn (and reads out by keyboard), an API error shows in the form, the lens
-fills its table."""
+fills its table. And the playground steered by a saved steering vector."""
 
 import pytest
+import torch
 from playwright.sync_api import expect
+from safetensors.torch import save
 from transformers import AutoTokenizer
 
 from frontend.tests.browser import LIVE_TIMEOUT_MS, screenshot
+from models_app.models import LanguageModel
 from models_app.tests.live_stack import register_and_load
+from steering.services import vector_import
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -69,3 +73,31 @@ def test_patching_draws_the_heatmap_and_the_lens_fills_its_table(page, site, tin
     expect(cell.locator(".lens-others li")).to_have_count(3)
     expect(cell.locator(".lens-others")).to_be_visible()
     screenshot(page, "logit-lens")
+
+
+def test_the_playground_steers_with_a_saved_vector_preset_by_its_id(page, site, tiny_gpt2_folder):
+    model = LanguageModel.objects.get(pk=register_and_load(tiny_gpt2_folder, name="vector-gpt2"))
+    direction = torch.randn(model.hidden_size, generator=torch.Generator().manual_seed(0))
+    vector = vector_import(
+        owner=None,
+        model=model,
+        hook_name="blocks.1.hook_resid_pre",
+        data=save({"vector": direction}),
+        name="random",
+    )
+
+    page.goto(site.url(f"/playground/?model={model.id}&vector={vector.id}&coefficient=50"))
+    expect(page.locator("#steer")).to_be_checked()
+    expect(page.locator("#steer-vector")).to_have_value(vector.id)
+    expect(page.locator("#steer-vector-meta")).to_contain_text("blocks.1.hook_resid_pre · width 64")
+    expect(page.locator("#steer-feature-fields")).to_be_hidden()
+    page.fill("#prompt", "The river runs down to the sea, and the")
+    page.fill("#max_tokens", "10")
+    page.check("#ignore_eos")
+    page.click("#generate-button")
+    expect(page.locator("#steered-stats")).to_contain_text("tokens", timeout=LIVE_TIMEOUT_MS)
+    expect(page.locator("#generate-button")).to_be_enabled(timeout=LIVE_TIMEOUT_MS)
+    expect(page.locator("#steer-error")).to_be_hidden()
+    expect(page.locator("#steer-caption")).to_contain_text(f"vector {vector.id}, +50 ")
+    baseline, steered = page.inner_text("#output-text"), page.inner_text("#steered-text")
+    assert baseline and steered and baseline != steered
