@@ -101,3 +101,4 @@ def test_the_playground_steers_with_a_saved_vector_preset_by_its_id(page, site, 
     expect(page.locator("#steer-caption")).to_contain_text(f"vector {vector.id}, +50 ")
     baseline, steered = page.inner_text("#output-text"), page.inner_text("#steered-text")
     assert baseline and steered and baseline != steered
+    screenshot(page, "playground-vector")

@@ -481,7 +481,8 @@
     $("steered-prompt").textContent = body.prompt !== undefined ? body.prompt : "";
     $("steered-error").hidden = true;
     $("steered-stats").textContent = "";
-    const amount = item.type === "add" ? `${item.coefficient >= 0 ? "+" : ""}${item.coefficient} × direction` : `clamped to ${item.value}`;
+    const unit = item.steering_vector ? "vector" : "direction";
+    const amount = item.type === "add" ? `${item.coefficient >= 0 ? "+" : ""}${item.coefficient} × ${unit}` : `clamped to ${item.value}`;
     const caption = $("steer-caption");
     const what = item.steering_vector ? `vector ${item.steering_vector}` : `feature ${item.feature} of ${item.sae}`;
     caption.textContent = `Seed ${body.seed} for both · ${what}, ${amount}, ${item.positions} positions`;
