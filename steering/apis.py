@@ -10,6 +10,7 @@ from rest_framework.views import APIView
 from activations.selectors import dataset_get
 from generation.services import generation_model
 from mistudio.errors import ApplicationError
+from mistudio.json_input import JSONParser as MistudioJSONParser
 from mistudio.permissions import CanRead, CanWrite
 from mistudio.serializers import StrictSerializer
 from steering import selectors, services
@@ -71,7 +72,8 @@ class VectorImportApi(APIView):
     """Import a vector from a safetensors file (multipart: ``file``, ``model_id``, ``hook_name``)."""
 
     permission_classes = [CanWrite]
-    parser_classes = [MultiPartParser]
+    # Multipart carries the file; JSON is parsed too, so a JSON body gets the same 400s as elsewhere.
+    parser_classes = [MultiPartParser, MistudioJSONParser]
 
     class InputSerializer(StrictSerializer):
         file = serializers.FileField()
