@@ -380,6 +380,8 @@ def main() -> None:
     ]  # fmt: skip
     try:
         while not any(beat["name"] == "bench-worker" for beat in read_heartbeats()):
+            if processes[0].poll() is not None:
+                raise SystemExit(f"the worker exited ({processes[0].returncode}); see {worker_log.name}")
             time.sleep(0.1)
         while True:
             try:
