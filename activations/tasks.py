@@ -17,7 +17,7 @@ from activations.services import (
     extraction_enqueue,
     job_publish,
 )
-from activations.store import CacheError
+from activations.store import BackgroundWriter, CacheError
 from engine.errors import EngineError
 from engine.extraction import extract, plan_batches, tokenize_samples
 from engine.hooks import list_hook_points
@@ -90,7 +90,7 @@ def run_extraction(job_id: str) -> None:
         tokens_done = writer.num_tokens
         resumed_tokens, started = tokens_done, time.monotonic()
         throttle = ProgressThrottle()
-        for batch in extract(
+        batches = extract(
             loaded.model,
             tokenized,
             plan,
@@ -98,17 +98,20 @@ def run_extraction(job_id: str) -> None:
             hooks=job.hooks,
             dtype=job.dtype,
             should_cancel=lambda: extraction_cancel_requested(job.id),
-        ):
-            writer.add_extracted(batch)
-            samples_done += len(batch.sample_indices)
-            tokens_done += int(batch.token_ids.numel())
-            progress = 100 * samples_done / max(len(samples), 1)
-            if throttle.ready(progress, final=samples_done >= len(samples)):
-                rate = (tokens_done - resumed_tokens) / max(time.monotonic() - started, 1e-6)
-                fields = job.mark_progress(
-                    samples_processed=samples_done, tokens_processed=tokens_done, tokens_per_second=rate
-                )
-                job_publish(job, "extraction:progress", fields)
+        )
+        # The next batch's forward pass runs while this one is written (activations.store.pipeline).
+        with BackgroundWriter(writer) as background:
+            for batch in batches:
+                background.add_extracted(batch)
+                samples_done += len(batch.sample_indices)
+                tokens_done += int(batch.token_ids.numel())
+                progress = 100 * samples_done / max(len(samples), 1)
+                if throttle.ready(progress, final=samples_done >= len(samples)):
+                    rate = (tokens_done - resumed_tokens) / max(time.monotonic() - started, 1e-6)
+                    fields = job.mark_progress(
+                        samples_processed=samples_done, tokens_processed=tokens_done, tokens_per_second=rate
+                    )
+                    job_publish(job, "extraction:progress", fields)
         manifest = writer.finalize(num_samples=len(samples))
     except ExtractionCancelled:
         extraction_discard(job)

@@ -67,6 +67,7 @@ DEFAULT_BENCH_PYTHON = ROOT / ".venv-bench" / "bin" / "python"
 GOAL_LIMIT_RATIO = 0.90
 GOAL_COMPETITOR_RATIO = 1.5
 GOAL_RSS_GROWTH = 0.10
+GOAL_PIPELINE_RATIO = 1.1  # issue 17: pipelined extraction with a slow disk <= 1.1 x max(compute, write)
 
 
 def hook_names(layers: list[int]) -> list[str]:
@@ -173,9 +174,20 @@ def run_limit(model, tokenized: list[list[int]], deepest: int, *, repeats: int) 
     return timed(run, repeats=repeats)
 
 
-def extract_to_cache(model, tokenized: list[list[int]], hooks: list[str], directory: Path) -> dict:
-    """(M): the worker task's path from the token ids to a finalized cache in ``directory``."""
-    from activations.store import CacheWriter, shard_tokens_for
+def extract_to_cache(
+    model,
+    tokenized: list[list[int]],
+    hooks: list[str],
+    directory: Path,
+    *,
+    pipelined: bool = True,
+    shard_max_tokens: int | None = None,
+    write_delay: float = 0.0,
+) -> dict:
+    """(M): the worker task's path from the token ids to a finalized cache in ``directory``: the
+    batches written by a ``BackgroundWriter`` thread (``pipelined=False``: inline, as before
+    issue 17). ``write_delay`` seconds are added to every shard write (a slow disk)."""
+    from activations.store import BackgroundWriter, CacheWriter, shard_tokens_for
     from engine.extraction import extract, plan_batches
 
     plan = plan_batches([len(ids) for ids in tokenized], BATCH_SIZE)
@@ -186,11 +198,75 @@ def extract_to_cache(model, tokenized: list[list[int]], hooks: list[str], direct
         provenance={"batch_size": BATCH_SIZE},
         hooks=widths,
         dtype="float32",
-        shard_max_tokens=shard_tokens_for(widths, "float32"),  # as the worker task (64 MiB default)
+        # As the worker task (64 MiB shards) unless the pipeline experiment asks for more shards.
+        shard_max_tokens=shard_max_tokens or shard_tokens_for(widths, "float32"),
     )
-    for batch in extract(model, tokenized, plan, hooks=hooks, dtype="float32", start_batch=writer.next_batch):
-        writer.add_extracted(batch)
-    return writer.finalize(num_samples=len(tokenized))
+    writer.write_delay_seconds = write_delay
+    batches = extract(model, tokenized, plan, hooks=hooks, dtype="float32", start_batch=writer.next_batch)
+    if pipelined:
+        with BackgroundWriter(writer) as background:
+            for batch in batches:
+                background.add_extracted(batch)
+    else:
+        for batch in batches:
+            writer.add_extracted(batch)
+    manifest = writer.finalize(num_samples=len(tokenized))
+    writer.close()
+    return manifest
+
+
+def run_pipeline(model, tokenized: list[list[int]], hooks: list[str], *, shards: int = 16) -> dict:
+    """Issue 17's proof on a CPU: the forward pass alone (compute), the cache writes alone with a
+    fixed delay per shard chosen so that writing takes about as long as computing (write), and
+    the whole extraction inline (≈ compute + write) and pipelined (≈ max(compute, write))."""
+    from engine.extraction import extract, plan_batches
+
+    plan = plan_batches([len(ids) for ids in tokenized], BATCH_SIZE)
+    tokens = real_token_count(tokenized)
+    shard_tokens = max(1, tokens // shards)
+    started = time.perf_counter()
+    collected = list(extract(model, tokenized, plan, hooks=hooks, dtype="float32"))
+    compute = time.perf_counter() - started
+    # The shards the writer will make (it writes once it holds shard_tokens or more, and at the end).
+    expected, held = 0, 0
+    for batch in collected:
+        held += int(batch.token_ids.numel())
+        if held >= shard_tokens:
+            expected, held = expected + 1, 0
+    expected += held > 0
+    delay = compute / expected  # the disk as slow as the model: the case that gains the most
+
+    def write_only(directory: Path) -> float:
+        from activations.store import CacheWriter
+
+        widths = dict.fromkeys(hooks, model.config.n_embd)
+        writer = CacheWriter.create_or_resume(
+            directory, key={"bench": "write-only"}, provenance={}, hooks=widths, dtype="float32",
+            shard_max_tokens=shard_tokens,
+        )  # fmt: skip
+        writer.write_delay_seconds = delay
+        began = time.perf_counter()
+        for batch in collected:
+            writer.add_extracted(batch)
+        writer.finalize(num_samples=len(tokenized))
+        writer.close()
+        return time.perf_counter() - began
+
+    results = {"compute": compute, "delay": delay, "tokens": tokens}
+    directory = Path(tempfile.mkdtemp(prefix="bench-pipeline-"))
+    try:
+        results["write"] = write_only(directory / "write-only")
+        for name, pipelined in (("inline", False), ("pipelined", True)):
+            began = time.perf_counter()
+            manifest = extract_to_cache(
+                model, tokenized, hooks, directory / name, pipelined=pipelined, shard_max_tokens=shard_tokens,
+                write_delay=delay,
+            )  # fmt: skip
+            results[name] = time.perf_counter() - began
+            results["shards"] = len(manifest["shards"])
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    return results
 
 
 def run_mistudio(model, tokenized: list[list[int]], hooks: list[str], *, repeats: int) -> dict:
@@ -393,6 +469,9 @@ def main() -> None:
     parser.add_argument("--layers", default="0,6,11")
     parser.add_argument("--bench-python", type=Path, default=DEFAULT_BENCH_PYTHON)
     parser.add_argument("--skip", default="", help="comma-separated parts to skip: T,N,rss,layers01,target")
+    parser.add_argument(
+        "--pipeline-only", action="store_true", help="only the slow-disk experiment (inline vs pipelined)"
+    )
     # Internal: the subprocess entry points.
     parser.add_argument("--contender", help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
@@ -432,6 +511,20 @@ def main() -> None:
             f"batch size {BATCH_SIZE}; torch {torch.__version__}, {torch.get_num_threads()} threads"
         )
         print(f"  tokenization (shared, not in any rate): {tokenize_seconds:.2f} s")
+
+        print("running the slow-disk experiment (inline vs pipelined cache writes) ...", flush=True)
+        # Samples of one length (128 tokens), so that every shard costs the model the same time and
+        # the fixed delay per shard write can match it; with the lengths above sorted longest
+        # first, the late shards compute fast and their writes queue up whatever the pipeline.
+        from engine.extraction import tokenize_samples
+
+        even = tokenize_samples(
+            tokenizer, build_texts(tokenizer, args.samples, lengths=(128, 128), seed=SEED), 128
+        )
+        pipeline = run_pipeline(model, even, hooks)
+        report_pipeline(pipeline)
+        if args.pipeline_only:
+            return
 
         results: dict[str, dict | None] = {}
         print("running L ...", flush=True)
@@ -520,6 +613,20 @@ def main() -> None:
             )
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def report_pipeline(result: dict) -> None:
+    compute, write = result["compute"], result["write"]
+    bound = max(compute, write)
+    ratio = result["pipelined"] / bound
+    print(
+        f"  slow disk ({result['shards']} shards, {result['delay'] * 1000:.0f} ms added to each write): "
+        f"compute alone {compute:.2f} s, writes alone {write:.2f} s; inline {result['inline']:.2f} s "
+        f"({result['inline'] / (compute + write):.2f} x the sum), pipelined {result['pipelined']:.2f} s = "
+        f"{ratio:.2f} x max(compute, write) (goal <= {GOAL_PIPELINE_RATIO}: "
+        f"{'met' if ratio <= GOAL_PIPELINE_RATIO else 'MISSED'})",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

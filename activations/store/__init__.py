@@ -23,7 +23,8 @@ manifest lists are removed when the writer resumes.
 torch is imported lazily: writing needs it, reading float32/float16 caches does not.
 
 Modules: ``format`` (names, constants, errors, safetensors headers and streams, the manifest,
-durable writes), ``writer`` (``CacheWriter``), ``integrity`` (``verify``), ``reader``
+durable writes), ``writer`` (``CacheWriter``), ``pipeline`` (``BackgroundWriter``: the writer on a
+thread), ``integrity`` (``verify``), ``reader``
 (``ActivationStore``) and ``analysis`` (its statistics). Import from this package; the format
 itself is pinned by ``activations/tests/fixtures/cache_format_v1`` (a cache written before the split).
 """
@@ -53,6 +54,7 @@ from activations.store.format import (
     write_durably,
 )
 from activations.store.integrity import verify
+from activations.store.pipeline import BackgroundWriter
 from activations.store.reader import ActivationStore
 from activations.store.writer import CacheWriter
 
@@ -73,6 +75,7 @@ __all__ = [
     "TOKENS_FILE",
     "TOKEN_COLUMNS",
     "ActivationStore",
+    "BackgroundWriter",
     "CacheError",
     "CacheWriter",
     "hook_directory_name",

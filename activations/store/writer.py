@@ -6,6 +6,7 @@ import contextlib
 import copy
 import errno
 import os
+import time
 import weakref
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -101,6 +102,9 @@ class CacheWriter:
     tokens on disk and ``pending_tokens`` those buffered. After a resume ``next_batch`` equals
     ``durable_next_batch``. ``complete`` is True once finalized (also when resuming a complete cache).
     """
+
+    # Seconds to wait before each shard write: a slow disk, for tests and bench/extraction.py only.
+    write_delay_seconds: float = 0.0
 
     def __init__(self, directory: Path, manifest: dict, *, shard_max_tokens: int, lock: int | None):
         self.directory = directory
@@ -381,6 +385,8 @@ class CacheWriter:
         self._check_writable()
         if not self._pending:
             return
+        if self.write_delay_seconds:
+            time.sleep(self.write_delay_seconds)
         root = self.directory
         index = len(self.manifest["shards"])
         name = _shard_file_name(index)

@@ -401,3 +401,24 @@ def test_a_reused_cache_names_each_users_own_dataset(tiny_gpt2_folder, writer, c
     assert served["dataset_id"] is None
     assert served["manifest"]["provenance"]["dataset_name"] == "alice-confidential-corpus"
     assert_shown(bob, None, hidden=[alices.id, alices.name])
+
+
+def test_a_full_disk_fails_the_job_from_the_writer_thread(setup, monkeypatch, settings):
+    """Shards are written on the job's background writer thread: a full disk there still ends the
+    job ``failed`` with DISK_FULL and removes the partial cache, as when writing inline."""
+    import errno
+
+    from activations.store import format as cache_format
+
+    settings.ACTIVATION_SHARD_MAX_TOKENS = 8  # small shards: the disk fills during the loop
+    model, dataset, api = setup
+
+    def full(handle, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(cache_format, "_write_bytes", full)
+    response = extract(api, model, dataset)
+    burst()
+    job = ExtractionJob.objects.get(pk=response.json()["extraction_id"])
+    assert job.status == "failed" and job.error_code == "DISK_FULL", (job.error_code, job.error_message)
+    assert job.cache is None or not job.cache.directory.exists() or not any(job.cache.directory.iterdir())
