@@ -124,6 +124,39 @@
     form.prepend(summary);
   }
 
+  // A form a model's worker answers (patching, the logit lens): the button is off while it runs,
+  // ``request()``'s result goes to ``draw``, an error shows on the form with its code (the summary
+  // gets ``errorId``), and a model that is not loaded gets a link to its page.
+  function workerForm(form, { submit, state, errorId, request, draw }) {
+    form.addEventListener("submit", async (event) => {
+      event.preventDefault();
+      clearErrors(form);
+      submit.disabled = true;
+      state.textContent = "Running on the model's worker…";
+      try {
+        draw(await request());
+        state.textContent = "Done";
+      } catch (error) {
+        showErrors(form, error);
+        const summary = form.querySelector(".form-error");
+        summary.id = errorId;
+        summary.dataset.code = error.code;
+        const code = document.createElement("code");
+        code.textContent = error.code;
+        summary.prepend(code, " ");
+        if (error.code === "MODEL_NOT_LOADED") {
+          const link = document.createElement("a");
+          link.href = `/models/${encodeURIComponent(form.dataset.modelId)}/`;
+          link.textContent = "Load it on the model's page";
+          summary.append(" ", link, ", then try again.");
+        }
+        state.textContent = "";
+      } finally {
+        submit.disabled = false;
+      }
+    });
+  }
+
   // --- toasts and confirmation ---------------------------------------------------------------------
 
   function toast(message, kind = "info", seconds = 6) {
@@ -351,7 +384,7 @@
   };
 
   window.mi = {
-    api, fragment, elementsOf, ApiError, showErrors, clearErrors, toast, confirm: confirmAction,
+    api, fragment, elementsOf, ApiError, showErrors, clearErrors, workerForm, toast, confirm: confirmAction,
     bytes, duration, localTime, shortTime, localizeTimes, escapeHtml, setProgress, live, toggleTheme,
   };
 

@@ -143,36 +143,8 @@
     }
   });
 
-  function showError(error) {
-    mi.showErrors(form, error);
-    const summary = form.querySelector(".form-error");
-    summary.id = "patch-error";
-    summary.dataset.code = error.code;
-    const code = document.createElement("code");
-    code.textContent = error.code;
-    summary.prepend(code, " ");
-    if (error.code === "MODEL_NOT_LOADED") {
-      const link = document.createElement("a");
-      link.href = `/models/${encodeURIComponent(form.dataset.modelId)}/`;
-      link.textContent = "Load it on the model's page";
-      summary.append(" ", link, ", then try again.");
-    }
-  }
-
-  form.addEventListener("submit", async (event) => {
-    event.preventDefault();
-    mi.clearErrors(form);
-    submit.disabled = true;
-    state.textContent = "Running on the model's worker…";
-    try {
-      const result = await mi.api("POST", `models/${encodeURIComponent(form.dataset.modelId)}/patching`, body());
-      draw(result);
-      state.textContent = "Done";
-    } catch (error) {
-      showError(error);
-      state.textContent = "";
-    } finally {
-      submit.disabled = false;
-    }
+  mi.workerForm(form, {
+    submit, state, errorId: "patch-error", draw,
+    request: () => mi.api("POST", `models/${encodeURIComponent(form.dataset.modelId)}/patching`, body()),
   });
 })();
