@@ -32,6 +32,7 @@ from typing import Any
 
 from engine.errors import EngineError
 from engine.hooks import HookSite, hook_sites
+from engine.placement import input_device
 from engine.runtime import HookRuntime, grad_free_mode, smallest_runner
 from engine.runtime import pad_token_id as runtime_pad_token_id
 
@@ -345,7 +346,7 @@ def _extract_batches(
     parameters = inspect.signature(runner.forward).parameters
     takes_position_ids = "position_ids" in parameters
     takes_use_cache = "use_cache" in parameters
-    device = model.get_input_embeddings().weight.device
+    device = input_device(model)
     grad_free = grad_free_mode(model)
     # hook point -> [capacity, width] buffer, allocated on first use and reused by every batch.
     buffers: dict[str, Any] = {}

@@ -39,6 +39,7 @@ from engine.inspection import (
     SUPPORTED_MODEL_TYPES,
     confined_folder_entries,
 )
+from engine.placement import DISK, Placement, bytes_by_device, input_device
 
 __all__ = [
     "ENCODER_MODEL_TYPES",
@@ -72,7 +73,10 @@ class LoadedWeights:
     # ``model.num_parameters()``: the unquantized count, also for packed 4-bit weights.
     parameter_count: int
     quantization: str = "none"
+    # The placement's device: cpu, cuda:N, or auto (split across devices and disk).
     device: str = "cpu"
+    # Bytes on each device ("cpu", "cuda:0", "disk"): one entry unless the placement is split.
+    bytes_by_device: dict[str, int] = field(default_factory=dict)
     # bitsandbytes Linear8bitLt / Linear4bit modules in the model (0 unless int8/int4/fp4).
     quantized_module_count: int = 0
     # Seconds per stage: "weights" (which includes "tokenizer"), "place", and "warm-up" once
@@ -116,18 +120,24 @@ def torch_dtype_for(quantization: str, device: str = "cpu"):
     return torch.float32
 
 
-def quantization_config_for(quantization: str, device: str = "cpu"):
-    """The ``BitsAndBytesConfig`` for ``quantization``, or None when it is not a bitsandbytes one."""
+def quantization_config_for(quantization: str, device: str = "cpu", *, split: bool = False):
+    """The ``BitsAndBytesConfig`` for ``quantization``, or None when it is not a bitsandbytes one.
+
+    ``split``: the model may be spread over devices; layers placed on the CPU or disk then stay
+    unquantized in the compute dtype (bitsandbytes' "fp32 CPU offload", which transformers
+    requires for any split quantized load).
+    """
     if quantization not in _BITSANDBYTES:
         return None
     from transformers import BitsAndBytesConfig
 
     if quantization == "int8":
-        return BitsAndBytesConfig(load_in_8bit=True)
+        return BitsAndBytesConfig(load_in_8bit=True, llm_int8_enable_fp32_cpu_offload=split)
     return BitsAndBytesConfig(
         load_in_4bit=True,
         bnb_4bit_quant_type=_FOUR_BIT[quantization],
         bnb_4bit_compute_dtype=unquantized_dtype(device),
+        llm_int8_enable_fp32_cpu_offload=split,
     )
 
 
@@ -195,11 +205,16 @@ def load_weights(
     *,
     model_type: str,
     quantization: str,
-    device: str,
+    device: str | Placement,
     on_stage: StageCallback | None = None,
     roots: Sequence[Path | str] | None = None,
+    free_memory: dict[str, int] | None = None,
 ) -> LoadedWeights:
     """Load the model and tokenizer in ``folder`` onto ``device`` in eval mode.
+
+    ``device`` is a device name or a :class:`~engine.placement.Placement`; with ``auto`` the
+    model is split over the placement's devices up to their budgets (lowered to ``free_memory``,
+    bytes free per device now) and the rest is offloaded to disk.
 
     transformers follows links in the folder, so every entry of it must lie, links resolved,
     inside ``roots`` (default: the folder itself; a Hugging Face cache's snapshot links to its
@@ -220,12 +235,22 @@ def load_weights(
     started = time.perf_counter()
     report("weights", 0.0)
     model_class = AutoModel if model_type in ENCODER_MODEL_TYPES else AutoModelForCausalLM
-    quantization_config = quantization_config_for(quantization, device)
+    placement = device if isinstance(device, Placement) else Placement(device=device)
+    compute_device = placement.compute_device
+    if placement.split and quantization in _BITSANDBYTES and _device_type(compute_device) != "cuda":
+        # bitsandbytes quantizes only what sits on a GPU: a split load without one fails inside it.
+        raise LoadError(
+            "UNSUPPORTED_QUANTIZATION",
+            f"A {quantization} model can be split across devices only with a GPU among them; load it "
+            "in bf16 or fp16 on this worker, or on one device.",
+            {"quantization": quantization, "device": placement.device},
+        )
+    quantization_config = quantization_config_for(quantization, compute_device, split=placement.split)
     kwargs: dict[str, Any] = {
         "use_safetensors": True,
         "trust_remote_code": False,
-        "dtype": torch_dtype_for(quantization, device),
-        "device_map": {"": device},
+        "dtype": torch_dtype_for(quantization, compute_device),
+        **placement.from_pretrained_arguments(free=free_memory),
     }
     if quantization_config is not None:
         kwargs["quantization_config"] = quantization_config
@@ -251,13 +276,20 @@ def load_weights(
                 {"model_type": model_type, "quantization": quantization},
             )
         _return_free_heap_to_os()
+        placed = bytes_by_device(model)
         loaded = LoadedWeights(
             model=model,
             tokenizer=tokenizer,
-            memory_usage_bytes=int(model.get_memory_footprint()),
+            # What the model holds in memory: a split model's disk part is read per forward.
+            memory_usage_bytes=(
+                sum(size for name, size in placed.items() if name != DISK)
+                if placement.split
+                else int(model.get_memory_footprint())
+            ),
             parameter_count=int(model.num_parameters()),
             quantization=quantization,
-            device=device,
+            device=placement.device,
+            bytes_by_device=placed,
             quantized_module_count=quantized_modules,
             timings=timings,
         )
@@ -266,7 +298,7 @@ def load_weights(
     except BaseException:
         # Nothing of a failed or cancelled load may stay in memory.
         model = loaded = None
-        _free_memory(on_cuda=_device_type(device) == "cuda")
+        _free_memory(on_cuda=_device_type(compute_device) == "cuda")
         raise
     return loaded
 
@@ -296,8 +328,7 @@ def warm_up(weights: LoadedWeights, *, on_stage: StageCallback | None = None) ->
     started = time.perf_counter()
     report("warm-up", 0.0)
     model = weights.model
-    device = next(model.parameters()).device
-    input_ids = torch.tensor([[_warm_up_token_id(weights.tokenizer)]], device=device)
+    input_ids = torch.tensor([[_warm_up_token_id(weights.tokenizer)]], device=input_device(model))
     arguments: dict[str, Any] = {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids)}
     if model.config.model_type not in ENCODER_MODEL_TYPES:
         arguments["use_cache"] = False

@@ -19,6 +19,7 @@ from engine.errors import EngineError
 from engine.extraction import extract
 from engine.hooks import LN_FINAL, hook_site, hook_sites, num_layers
 from engine.interventions import Intervention, Interventions
+from engine.placement import execution_device, input_device
 from engine.runtime import HookRuntime, grad_free_mode
 
 
@@ -71,7 +72,7 @@ def patching_grid(
             {"clean_tokens": len(clean_ids), "corrupted_tokens": len(corrupted_ids)},
         )
     hooks = list(hook_sites(model, list(hooks)))
-    device = model.get_input_embeddings().weight.device
+    device = input_device(model)
     tokens = len(clean_ids)
     (clean_run,) = extract(model, [list(clean_ids)], [[0]], hooks=hooks, dtype="float32")
     clean = {name: clean_run.activations[name] for name in hooks}
@@ -122,7 +123,7 @@ def logit_lens(model: Any, token_ids: Sequence[int], *, top: int = 5) -> LensRes
     result = []
     with grad_free_mode(model)():
         for name in names:
-            residual = run.activations[name].to(device=parameter.device, dtype=parameter.dtype)
+            residual = run.activations[name].to(device=execution_device(norm), dtype=parameter.dtype)
             probabilities = torch.softmax(head(norm(residual)).float(), dim=-1)
             values, ids = probabilities.topk(min(top, probabilities.shape[-1]), dim=-1)
             result.append(

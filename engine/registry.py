@@ -13,6 +13,8 @@ class LoadedModel:
     tokenizer: Any
     quantization: str
     memory_usage_bytes: int
+    # Where it sits: device -> bytes ("disk" for a split model's offloaded part).
+    memory_by_device: dict[str, int] = field(default_factory=dict)
     loaded_at: float = field(default_factory=time.time)
     last_used: float = field(default_factory=time.time)
 
@@ -59,6 +61,7 @@ class ModelRegistry:
                     "model_id": entry.model_id,
                     "quantization": entry.quantization,
                     "memory_usage_bytes": entry.memory_usage_bytes,
+                    "memory_by_device": entry.memory_by_device,
                     "idle_seconds": round(time.time() - entry.last_used, 1),
                 }
                 for entry in self._models.values()

@@ -73,7 +73,7 @@ def run_feature_analysis(analysis_id: str) -> None:
         tokens = TokenTable(table["token_ids"], table["sample_index"], table["position"])
         config = AnalysisConfig(**analysis.config) if analysis.config else AnalysisConfig()
         module, _ = load_saelens(sae.directory)
-        device = identity.device
+        device = identity.compute_device
         module.to(device)
         resume = AnalysisState.load(analysis.state_directory)
         # Read now: the sweep carries the resumed state forward in place.

@@ -21,6 +21,7 @@ from activations.models import ActivationCache
 from activations.services import cache_store_completed, cache_store_failed, cache_store_open, key_hash
 from engine.errors import EngineError
 from engine.generation import SamplingParams, check_context, context_length, generate, render_prompt
+from engine.placement import input_device
 from engine.registry import LOADED_MODELS
 from generation.interventions import resolved_interventions
 from generation.models import Generation
@@ -328,7 +329,7 @@ def run_batch(rows: list[Generation]) -> None:
         return
     started = time.monotonic()
     context = context_length(loaded.model)
-    device = loaded.model.get_input_embeddings().weight.device
+    device = input_device(loaded.model)
     ready: list[Generation] = []
     prompts: list[list[int]] = []
     params = []

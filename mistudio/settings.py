@@ -137,6 +137,9 @@ def env_proxy_ssl_header(name: str) -> tuple[str, str] | None:
 # --- Paths -----------------------------------------------------------------------------------
 DATA_DIR = env_directory("MISTUDIO_DATA_DIR", BASE_DIR / "data")
 MODEL_CACHE_DIR = env_directory("MODEL_CACHE_DIR", DATA_DIR / "model_cache")
+# A worker run with --device auto puts what fits on no device here (one folder per worker;
+# safetensors weights are read in place from the model cache, so little or nothing is written).
+MODEL_OFFLOAD_DIR = env_directory("MODEL_OFFLOAD_DIR", DATA_DIR / "offload")
 ACTIVATION_CACHE_DIR = env_directory("ACTIVATION_CACHE_DIR", DATA_DIR / "activations")
 DATASET_DIR = env_directory("MISTUDIO_DATASET_DIR", DATA_DIR / "datasets")
 LOCAL_MODEL_ROOTS = env_roots("LOCAL_MODEL_ROOTS", [DATA_DIR / "local_models"])

@@ -24,6 +24,7 @@ from rq import Queue, SimpleWorker
 from rq.job import Job
 from rq.timeouts import TimerDeathPenalty
 
+from engine.placement import Placement
 from engine.registry import LOADED_MODELS
 from mistudio.redis_client import get_redis
 from mistudio.structured_logging import job_context
@@ -34,7 +35,23 @@ logger = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class WorkerIdentity:
     name: str
+    # cpu, cuda:N, or auto: models split across the devices of ``max_memory`` and disk.
     device: str
+    # Per-device budgets for ``auto`` (device -> bytes); empty: what each device has free.
+    max_memory: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def placement(self) -> Placement:
+        return Placement(
+            device=self.device,
+            max_memory=dict(self.max_memory),
+            offload_folder=str(settings.MODEL_OFFLOAD_DIR / self.name) if self.device == "auto" else None,
+        )
+
+    @property
+    def compute_device(self) -> str:
+        """Where the worker's own tensors go (SAE training, encoding): see Placement.compute_device."""
+        return self.placement.compute_device
 
 
 # Set once by ``run_worker`` in a worker process; None in the web process.
@@ -197,14 +214,37 @@ def device_memory(device: str) -> tuple[int, int]:
     return int(memory.total), int(memory.available)
 
 
+def free_memory_by_device(placement: Placement) -> dict[str, int]:
+    """Bytes free now on each device the placement may fill, each capped by its budget."""
+    free = {}
+    for device in placement.memory_devices():
+        budget = placement.max_memory.get(device)
+        available = device_memory(device)[1]
+        free[device] = available if budget is None else min(available, budget)
+    return free
+
+
+def placement_memory(placement: Placement) -> tuple[int, int]:
+    """(total, free) bytes a placement may fill: one device's, or the sum over a split
+    placement's devices, each capped by its budget."""
+    total = free = 0
+    for device in placement.memory_devices():
+        device_total, device_free = device_memory(device)
+        budget = placement.max_memory.get(device)
+        total += device_total if budget is None else min(device_total, budget)
+        free += device_free if budget is None else min(device_free, budget)
+    return total, free
+
+
 def memory_limit_bytes() -> int:
     """MODEL_MEMORY_LIMIT_GB as bytes; 0 means no budget beyond the device's own memory."""
     return int(settings.MODEL_MEMORY_LIMIT_GB * 2**30)
 
 
-def available_memory(device: str) -> int:
-    """Bytes a new model may take now: free device memory, capped by what the budget leaves."""
-    free = device_memory(device)[1]
+def available_memory(placement: Placement) -> int:
+    """Bytes a new model may take now: free memory where the placement puts models, capped by
+    what the budget leaves."""
+    free = placement_memory(placement)[1]
     if limit := memory_limit_bytes():
         free = min(free, limit - LOADED_MODELS.total_bytes())
     return free
@@ -217,10 +257,11 @@ def default_device() -> str:
 
 
 def heartbeat_payload(identity: WorkerIdentity, started_at: float) -> dict:
-    total, free = device_memory(identity.device)
+    total, free = placement_memory(identity.placement)
     return {
         "name": identity.name,
         "device": identity.device,
+        "placement": identity.placement.describe(),
         "memory_total_bytes": total,
         "memory_free_bytes": free,
         "memory_limit_bytes": memory_limit_bytes(),
@@ -364,10 +405,21 @@ def start_worker_watch() -> None:
         _WORKER_WATCH.start()
 
 
-def run_worker(*, name: str, device: str, burst: bool = False, max_jobs: int | None = None) -> None:
-    """Run a named SimpleWorker on its own queue and the shared queue until stopped."""
+def run_worker(
+    *,
+    name: str,
+    device: str,
+    max_memory: dict[str, int] | None = None,
+    burst: bool = False,
+    max_jobs: int | None = None,
+) -> None:
+    """Run a named SimpleWorker on its own queue and the shared queue until stopped.
+
+    ``device`` ``auto`` splits each model over the devices of ``max_memory`` (device -> bytes)
+    and disk; see :mod:`engine.placement`.
+    """
     global CURRENT_WORKER
-    identity = WorkerIdentity(name=name, device=device)
+    identity = WorkerIdentity(name=name, device=device, max_memory=tuple((max_memory or {}).items()))
     CURRENT_WORKER = identity
     for hook in _HOOKS["start"]:
         hook(identity)

@@ -21,10 +21,10 @@ class LanguageModelAdmin(admin.ModelAdmin):
     fields = [
         "id", "name", "source", "identifier", "revision", "commit_sha", "model_type", "architecture",
         "quantization", "pinned", "keep_alive_seconds", "status", "progress", "stage", "status_message",
-        "memory_usage_bytes", "memory_estimates", "load_time_seconds", "parameter_count", "hidden_size",
-        "num_layers", "vocab_size", "context_length", "host_worker", "unload_reason", "rq_job_id",
-        "error_code", "error_message", "owner", "created_at", "loaded_at", "last_used_at", "updated_at",
-        "config",
+        "memory_usage_bytes", "memory_by_device", "memory_estimates", "load_time_seconds", "parameter_count",
+        "hidden_size", "num_layers", "vocab_size", "context_length", "host_worker", "unload_reason",
+        "rq_job_id", "error_code", "error_message", "owner", "created_at", "loaded_at", "last_used_at",
+        "updated_at", "config",
     ]  # fmt: skip
     readonly_fields = [field for field in fields if field not in {"name", "pinned", "keep_alive_seconds"}]
     actions = ["load_models", "unload_models", "delete_models"]

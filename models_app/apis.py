@@ -24,7 +24,8 @@ class ModelOutputSerializer(serializers.ModelSerializer):
         fields = [
             "id", "name", "model_type", "architecture", "source", "identifier", "revision", "commit_sha",
             "config", "quantization", "status", "progress", "stage", "status_message",
-            "download_bytes_done", "download_bytes_total", "memory_usage_bytes", "memory_estimates",
+            "download_bytes_done", "download_bytes_total", "memory_usage_bytes", "memory_by_device",
+            "memory_estimates",
             "load_time_seconds", "parameter_count", "hidden_size", "num_layers", "vocab_size",
             "context_length", "pinned", "shared", "owner", "keep_alive_seconds", "host_worker",
             "unload_reason", "rq_job_id", "error_code", "error_message", "error_details", "created_at",

@@ -68,6 +68,11 @@ class LanguageModel(models.Model):
     download_bytes_total = models.BigIntegerField(null=True, blank=True)
     unload_reason = models.CharField(max_length=50, blank=True)
     memory_usage_bytes = models.BigIntegerField(null=True, blank=True)
+    memory_by_device = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text='Bytes of the loaded model on each device, e.g. {"cuda:0": ..., "cpu": ..., "disk": ...}',
+    )
     load_time_seconds = models.FloatField(null=True, blank=True)
     parameter_count = models.BigIntegerField(null=True, blank=True)
     hidden_size = models.IntegerField(null=True, blank=True)
@@ -153,18 +158,28 @@ class LanguageModel(models.Model):
             )
         return fields
 
-    def mark_ready(self, *, host_worker: str, memory_usage_bytes: int, load_time_seconds: float) -> list[str]:
+    def mark_ready(
+        self,
+        *,
+        host_worker: str,
+        memory_usage_bytes: int,
+        load_time_seconds: float,
+        memory_by_device: dict[str, int] | None = None,
+    ) -> list[str]:
+        """``memory_usage_bytes`` is what the model holds in memory; ``memory_by_device`` where
+        it sits (a split model's disk part included)."""
         self.status = self.Status.READY
         self.progress = 100
         self.stage = ""
         self.status_message = "Ready"
         self.host_worker = host_worker
         self.memory_usage_bytes = memory_usage_bytes
+        self.memory_by_device = memory_by_device or {}
         self.load_time_seconds = load_time_seconds
         self.loaded_at = self.last_used_at = timezone.now()
         return [
             "status", "progress", "stage", "status_message", "host_worker", "memory_usage_bytes",
-            "load_time_seconds", "loaded_at", "last_used_at",
+            "memory_by_device", "load_time_seconds", "loaded_at", "last_used_at",
         ]  # fmt: skip
 
     def mark_failed(self, *, code: str, message: str, details: dict | None = None) -> list[str]:
@@ -175,9 +190,10 @@ class LanguageModel(models.Model):
         self.stage = ""
         self.host_worker = ""
         self.memory_usage_bytes = None
+        self.memory_by_device = {}
         return [
             "status", "error_code", "error_message", "error_details", "status_message", "stage",
-            "host_worker", "memory_usage_bytes",
+            "host_worker", "memory_usage_bytes", "memory_by_device",
         ]  # fmt: skip
 
     def mark_unloaded(self, *, reason: str, code: str = "", message: str = "") -> list[str]:
@@ -191,7 +207,8 @@ class LanguageModel(models.Model):
         self.error_details = {}
         self.host_worker = ""
         self.memory_usage_bytes = None
+        self.memory_by_device = {}
         return [
             "status", "progress", "stage", "status_message", "unload_reason", "error_code", "error_message",
-            "error_details", "host_worker", "memory_usage_bytes",
+            "error_details", "host_worker", "memory_usage_bytes", "memory_by_device",
         ]  # fmt: skip

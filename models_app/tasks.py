@@ -9,10 +9,11 @@ from django.db import close_old_connections
 
 from engine.errors import EngineError
 from engine.loading import load_weights, release, warm_up
+from engine.placement import Placement
 from engine.registry import LOADED_MODELS, LoadedModel
 from mistudio import workers
 from mistudio.errors import ApplicationError
-from mistudio.workers import available_memory
+from mistudio.workers import available_memory, free_memory_by_device
 from models_app.models import LanguageModel
 from models_app.services import (
     application_error,
@@ -60,17 +61,23 @@ def unload_loaded(model_id: str, *, reason: str) -> None:
         model_publish(model, "model:unloaded", model.mark_unloaded(reason=reason), reason=reason)
 
 
-def make_room(model: LanguageModel, *, device: str) -> None:
-    """Evict least-recently-used unpinned models until the estimate fits and the count allows."""
+def make_room(model: LanguageModel, *, placement: Placement) -> None:
+    """Evict least-recently-used unpinned models until the estimate fits and the count allows.
+
+    On a split placement (``auto``) a model that still does not fit once nothing is left to
+    evict is loaded anyway: what fits on no device goes to disk.
+    """
 
     required = model.memory_estimates.get(model.quantization, 0)
     while True:
-        available = available_memory(device)
+        available = available_memory(placement)
         too_many = settings.MAX_LOADED_MODELS and len(LOADED_MODELS) >= settings.MAX_LOADED_MODELS
         if required <= available and not too_many:
             return
         pinned = set(LanguageModel.objects.filter(pinned=True).values_list("pk", flat=True))
         victims = [entry for entry in LOADED_MODELS.by_last_use() if entry.model_id not in pinned]
+        if not victims and placement.split and not too_many:
+            return
         if not victims:
             raise insufficient_memory(required, available)
         logger.info("evicting %s to make room for %s", victims[0].model_id, model.id)
@@ -90,7 +97,8 @@ def load_once(model: LanguageModel, identity) -> LoadedModel:
     stage("resolve", "Resolving files")
     folder = model_download(model=model)
     stage("weights", "Making room")
-    make_room(model, device=identity.device)
+    placement = identity.placement
+    make_room(model, placement=placement)
     messages = {"weights": "Loading weights", "place": "Placing on the device", "warm-up": "Warming up"}
 
     def on_stage(name: str, fraction: float) -> None:
@@ -98,8 +106,9 @@ def load_once(model: LanguageModel, identity) -> LoadedModel:
             stage(name, messages[name], fraction)
 
     weights = load_weights(
-        folder, model_type=model.model_type, quantization=model.quantization, device=identity.device,
+        folder, model_type=model.model_type, quantization=model.quantization, device=placement,
         on_stage=on_stage, roots=model_file_roots(model),
+        free_memory=free_memory_by_device(placement) if placement.split else None,
     )  # fmt: skip
     warm_up(weights, on_stage=on_stage)
     return LoadedModel(
@@ -108,6 +117,7 @@ def load_once(model: LanguageModel, identity) -> LoadedModel:
         tokenizer=weights.tokenizer,
         quantization=model.quantization,
         memory_usage_bytes=weights.memory_usage_bytes,
+        memory_by_device=weights.bytes_by_device,
     )
 
 
@@ -159,6 +169,7 @@ def load_model(model_id: str) -> None:
     fields = model.mark_ready(
         host_worker=identity.name,
         memory_usage_bytes=loaded.memory_usage_bytes,
+        memory_by_device=loaded.memory_by_device,
         load_time_seconds=round(time.monotonic() - started, 3),
     )
     model_publish(model, "model:ready", fields)

@@ -183,7 +183,7 @@ def run_sae_training(sae_id: str) -> None:
             resume=checkpoint,
             checkpoint_every_steps=settings.SAE_CHECKPOINT_EVERY_STEPS,
             on_checkpoint=on_checkpoint,
-            device=identity.device,  # the worker's: a GPU worker trains on its GPU
+            device=identity.compute_device,  # the worker's: a GPU worker trains on its GPU
         )
         if sae_cancel_requested(sae.id):
             raise TrainingCancelled

@@ -30,6 +30,7 @@ from engine.generation.sampling import sample_step
 from engine.generation.text_stream import TextStream
 from engine.hooks import MODULE_PREFIX, HookSite, base_model_path, hook_sites, list_hook_points
 from engine.interventions import Intervention, Interventions, check_interventions
+from engine.placement import input_device
 from engine.runtime import HookRuntime, grad_free_mode, pad_token_id
 
 
@@ -228,7 +229,7 @@ def _run(
 ) -> list[GenerationResult]:
     import torch
 
-    device = model.get_input_embeddings().weight.device
+    device = input_device(model)
     batch_size = len(prompts)
     lengths = [len(prompt) for prompt in prompts]
     prompt_length = max(lengths)

@@ -26,6 +26,7 @@ import torch
 from engine.errors import EngineError
 from engine.extraction import plan_batches
 from engine.hooks import hook_sites
+from engine.placement import input_device
 from engine.runtime import HookRuntime, grad_free_mode, pad_token_id
 from engine.sae.model import SparseAutoencoder
 
@@ -252,7 +253,7 @@ def ce_loss_recovered(
         for batch in plan_batches([len(sequences[i]) for i in kept], batch_size)
     ]
     parameters = inspect.signature(model.forward).parameters
-    device = model.get_input_embeddings().weight.device
+    device = input_device(model)
     pad = pad_token_id(model)
     grad_free = grad_free_mode(model)
     summed = {"clean": 0.0, "sae": 0.0, "zero": 0.0}
