@@ -407,5 +407,29 @@ def _extract_batches(
             sample_index=inputs["sample_index"],
             positions=inputs["positions"],
             # A fresh CPU copy: the buffers are overwritten by the next batch.
-            activations={name: buffers[name][:count].to("cpu", copy=True) for name in names},
+            activations=_copy_to_host({name: buffers[name][:count] for name in names}),
         )
+
+
+def _copy_to_host(tensors: dict[str, Any]) -> dict[str, Any]:
+    """Fresh CPU copies of ``tensors``, which the caller owns.
+
+    From a GPU: into page-locked host memory (torch's caching host allocator hands the same
+    blocks back batch after batch once their tensors are freed, so nothing is pinned anew in
+    steady state) with asynchronous copies, all queued before one wait for the last, instead of
+    one blocking pageable copy per hook point.
+    """
+    import torch
+
+    on_gpu = [tensor for tensor in tensors.values() if tensor.device.type == "cuda"]
+    if not on_gpu:
+        return {name: tensor.to("cpu", copy=True) for name, tensor in tensors.items()}
+    copies = {}
+    for name, tensor in tensors.items():
+        host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=tensor.device.type == "cuda")
+        copies[name] = host.copy_(tensor, non_blocking=True)
+    # The copies are the caller's to read as soon as this returns (a split model's hook points
+    # may sit on several GPUs: each one's stream is waited for).
+    for device in {tensor.device for tensor in on_gpu}:
+        torch.cuda.current_stream(device).synchronize()
+    return copies
