@@ -1,5 +1,6 @@
 """RQ entry points of SAE training and evaluation. They take ids and run in a miStudio worker."""
 
+import contextlib
 import logging
 import shutil
 import time
@@ -14,6 +15,7 @@ from activations.models import ActivationCache
 from activations.selectors import cache_store
 from activations.store import ActivationStore, CacheError
 from engine.errors import EngineError
+from engine.prefetch import prefetched
 from engine.registry import LOADED_MODELS
 from engine.sae import TrainingCheckpoint, shuffled_batches, train
 from engine.sae.evaluation import ce_loss_recovered, evaluate_activations, log_feature_density
@@ -45,6 +47,7 @@ logger = logging.getLogger(__name__)
 CURVE_POINTS = 400  # points kept per training curve (every n-th step, and the last)
 LEASE_RENEW_SECONDS = 60
 SHUFFLE_BUFFER_BATCHES = 16  # the shuffle buffer holds this many batches of rows
+PREFETCH_BATCHES = 4  # batches read and shuffled ahead of the training step
 SAE_MODULES_KEPT = 4  # SAEs a worker keeps loaded for live encoding and steering
 _SAE_MODULES: dict[str, tuple[float, Any]] = {}  # sae id -> (weights' mtime, module), oldest first
 
@@ -167,24 +170,31 @@ def run_sae_training(sae_id: str) -> None:
         def on_checkpoint(state) -> None:
             state.save(sae.checkpoint_directory)
 
-        batches = shuffled_batches(
-            row_chunks(store, sae.hook_name, 0, split.train_stop, epochs=epochs),
-            batch_size=config.batch_size,
-            buffer_rows=SHUFFLE_BUFFER_BATCHES * config.batch_size,
-            seed=config.seed,
+        device = identity.compute_device  # the worker's: a GPU worker trains on its GPU
+        # Batches are read and shuffled on a thread while the step runs (page-locked for a GPU).
+        batches = prefetched(
+            shuffled_batches(
+                row_chunks(store, sae.hook_name, 0, split.train_stop, epochs=epochs),
+                batch_size=config.batch_size,
+                buffer_rows=SHUFFLE_BUFFER_BATCHES * config.batch_size,
+                seed=config.seed,
+            ),
+            depth=PREFETCH_BATCHES,
+            pin_memory=device.startswith("cuda"),
         )
-        trained = train(
-            batches,
-            d_in=sae.d_in,
-            config=config,
-            sample=spread_sample(store, sae.hook_name, split.train_stop),
-            on_step=on_step,
-            should_cancel=lambda: sae_cancel_requested(sae.id),
-            resume=checkpoint,
-            checkpoint_every_steps=settings.SAE_CHECKPOINT_EVERY_STEPS,
-            on_checkpoint=on_checkpoint,
-            device=identity.compute_device,  # the worker's: a GPU worker trains on its GPU
-        )
+        with contextlib.closing(batches):
+            trained = train(
+                batches,
+                d_in=sae.d_in,
+                config=config,
+                sample=spread_sample(store, sae.hook_name, split.train_stop),
+                on_step=on_step,
+                should_cancel=lambda: sae_cancel_requested(sae.id),
+                resume=checkpoint,
+                checkpoint_every_steps=settings.SAE_CHECKPOINT_EVERY_STEPS,
+                on_checkpoint=on_checkpoint,
+                device=device,
+            )
         if sae_cancel_requested(sae.id):
             raise TrainingCancelled
         loaded = LOADED_MODELS.get(sae.model_id) if sae.model_id else None
