@@ -3,7 +3,7 @@ PYTHON ?= python3.11
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: run test worker lint format
+.PHONY: run test worker lint format gpu-check
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt
 	@command -v $(PYTHON) >/dev/null || { echo "miStudio needs Python 3.11 ($(PYTHON) not found)"; exit 1; }
@@ -23,6 +23,10 @@ test: $(VENV)/.installed
 ## worker: a second worker against the same data directory (NAME=worker-2 DEVICE=cpu)
 worker: $(VENV)/.installed
 	$(PY) manage.py worker --name $(or $(NAME),worker-2) $(if $(DEVICE),--device $(DEVICE))
+
+## gpu-check: on a machine with a CUDA device, the tests marked gpu, then bench/gpu.py (BENCH_ARGS=--quick)
+gpu-check: $(VENV)/.installed
+	PYTHON=$(PY) scripts/gpu-check $(BENCH_ARGS)
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check . && $(VENV)/bin/lint-imports --no-cache

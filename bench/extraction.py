@@ -148,26 +148,36 @@ class _Stop(Exception):
 
 
 def run_limit(model, tokenized: list[list[int]], deepest: int, *, repeats: int) -> dict:
-    """(L): a bare forward over the planned batches, through block ``deepest`` only."""
+    """(L): a bare forward over the planned batches, through block ``deepest`` only.
+
+    Any family, on the model's device (bench/gpu.py): the inputs are put there before the clock
+    starts, and a pass on a GPU ends when the device has finished its work."""
     import torch
 
     from engine.extraction import plan_batches
+    from engine.hooks import hook_site
+    from engine.runtime import pad_token_id, smallest_runner
 
     plan = plan_batches([len(ids) for ids in tokenized], BATCH_SIZE)
-    pad = model.config.pad_token_id if model.config.pad_token_id is not None else model.config.eos_token_id
-    inputs = [padded_batch(tokenized, batch, pad) for batch in plan]
-    base = model.transformer
+    device = model.get_input_embeddings().weight.device
+    pad = pad_token_id(model)
+    inputs = [tuple(tensor.to(device) for tensor in padded_batch(tokenized, batch, pad)) for batch in plan]
+    site = hook_site(model, f"blocks.{deepest}.hook_resid_post")
+    block = model.get_submodule(site.module_path)
+    base = smallest_runner(model, [site])
 
     def stop(module, args, output):
         raise _Stop
 
     def run(*, warm_up: bool) -> None:
-        handle = base.h[deepest].register_forward_hook(stop)
+        handle = block.register_forward_hook(stop)
         try:
             with torch.inference_mode():
                 for input_ids, attention_mask in inputs[:WARM_UP_BATCHES] if warm_up else inputs:
                     with contextlib.suppress(_Stop):
                         base(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
         finally:
             handle.remove()
 
@@ -191,7 +201,7 @@ def extract_to_cache(
     from engine.extraction import extract, plan_batches
 
     plan = plan_batches([len(ids) for ids in tokenized], BATCH_SIZE)
-    widths = dict.fromkeys(hooks, model.config.n_embd)
+    widths = dict.fromkeys(hooks, model.config.hidden_size)
     writer = CacheWriter.create_or_resume(
         directory,
         key={"bench": "extraction", "hooks": hooks},
@@ -239,7 +249,7 @@ def run_pipeline(model, tokenized: list[list[int]], hooks: list[str], *, shards:
     def write_only(directory: Path) -> float:
         from activations.store import CacheWriter
 
-        widths = dict.fromkeys(hooks, model.config.n_embd)
+        widths = dict.fromkeys(hooks, model.config.hidden_size)
         writer = CacheWriter.create_or_resume(
             directory, key={"bench": "write-only"}, provenance={}, hooks=widths, dtype="float32",
             shard_max_tokens=shard_tokens,
@@ -293,16 +303,31 @@ def run_mistudio(model, tokenized: list[list[int]], hooks: list[str], *, repeats
 # -- T and N (benchmark environment, subprocess) --------------------------------------------------------
 
 
-def run_transformer_lens(folder: Path, tokenized: list[list[int]], layers: list[int], *, repeats: int):
+def _on_device(batch, device: str):
+    return tuple(tensor.to(device) for tensor in batch)
+
+
+def run_transformer_lens(
+    folder: Path,
+    tokenized: list[list[int]],
+    layers: list[int],
+    *,
+    repeats: int,
+    device: str = "cpu",
+    dtype: str = "float32",
+):
+    """(T) on ``device`` in ``dtype`` (GPT-2 only: bench/peers.py converts GPT-2 weights)."""
     import torch
     from transformers import AutoConfig
 
-    model = load_transformer_lens(folder)
+    model = load_transformer_lens(folder).to(device).to(getattr(torch, dtype))
     config = AutoConfig.from_pretrained(folder)
     pad = config.pad_token_id if config.pad_token_id is not None else config.eos_token_id
     names = hook_names(layers)
     stop_at_layer = max(layers) + 1
-    batches = [padded_batch(tokenized, batch, pad) for batch in dataset_batches(len(tokenized))]
+    batches = [
+        _on_device(padded_batch(tokenized, batch, pad), device) for batch in dataset_batches(len(tokenized))
+    ]
 
     def run(*, warm_up: bool) -> None:
         kept = []
@@ -320,17 +345,35 @@ def run_transformer_lens(folder: Path, tokenized: list[list[int]], layers: list[
     return result
 
 
-def run_nnsight(folder: Path, tokenized: list[list[int]], layers: list[int], *, repeats: int):
+def run_nnsight(
+    folder: Path,
+    tokenized: list[list[int]],
+    layers: list[int],
+    *,
+    repeats: int,
+    device: str = "cpu",
+    dtype: str = "float32",
+    blocks: str = "transformer.h",
+):
+    """(N) on ``device`` in ``dtype``; ``blocks`` is the path of the model's block list."""
     import nnsight
     import torch
     from nnsight import TransformersModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    hf_model = AutoModelForCausalLM.from_pretrained(folder).eval()
+    hf_model = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype)).to(device).eval()
     model = TransformersModel(hf_model, tokenizer=AutoTokenizer.from_pretrained(folder))
     config = hf_model.config
     pad = config.pad_token_id if config.pad_token_id is not None else config.eos_token_id
-    batches = [padded_batch(tokenized, batch, pad) for batch in dataset_batches(len(tokenized))]
+    batches = [
+        _on_device(padded_batch(tokenized, batch, pad), device) for batch in dataset_batches(len(tokenized))
+    ]
+
+    def block_list():
+        envoy = model
+        for part in blocks.split("."):
+            envoy = getattr(envoy, part)
+        return envoy
 
     def run(*, warm_up: bool) -> None:
         kept = []
@@ -338,7 +381,7 @@ def run_nnsight(folder: Path, tokenized: list[list[int]], layers: list[int], *, 
             inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
             with torch.no_grad(), model.trace(inputs) as tracer:
                 # Only objects passed to save() leave the trace; a plain list would not.
-                outputs = nnsight.save([model.transformer.h[layer].output for layer in layers])
+                outputs = nnsight.save([block_list()[layer].output for layer in layers])
                 tracer.stop()
             real = attention_mask.bool()
             kept.append([output[real].cpu() for output in outputs])
@@ -361,7 +404,12 @@ def contender_main(args) -> None:
         "transformer_lens": (run_transformer_lens, "transformer-lens"),
         "nnsight": (run_nnsight, "nnsight"),
     }[args.contender]
-    result = runner(Path(args.model_dir), data["tokenized"], data["layers"], repeats=args.repeats)
+    # bench/gpu.py adds where and how to run (device, dtype) and, for nnsight, the block list's path.
+    keys = ("device", "dtype", "blocks") if args.contender == "nnsight" else ("device", "dtype")
+    placement = {key: data[key] for key in keys if key in data}
+    result = runner(
+        Path(args.model_dir), data["tokenized"], data["layers"], repeats=args.repeats, **placement
+    )
     result["version"] = importlib.metadata.version(package)
     result["torch"] = torch.__version__
     result["transformers"] = importlib.metadata.version("transformers")
