@@ -19,8 +19,7 @@ from mistudio.errors import ApplicationError
 from mistudio.events import publish, rows_audience
 from mistudio.redis_client import get_redis
 from mistudio.workers import call_worker, cancel_if_queued, enqueue
-from models_app.models import LanguageModel
-from models_app.services import model_job_queue
+from models_app.services import model_host, model_job_queue
 from saes.models import SparseAutoencoder
 
 ENCODE_WAIT_SECONDS = 60
@@ -195,15 +194,9 @@ def feature_encode(*, sae: SparseAutoencoder, text: str, top: int = 10) -> dict[
     if len(text) > MAX_ENCODE_CHARS:
         raise ApplicationError("INVALID_TEXT", f"The text is over {MAX_ENCODE_CHARS:,} characters.")
     model = sae.model
-    if model is None or model.status != LanguageModel.Status.READY or not model.host_worker:
-        raise ApplicationError(
-            "MODEL_NOT_LOADED",
-            "Load the SAE's model first: live encoding runs it up to the SAE's hook.",
-            details={"model_id": sae.model_id},
-            status=409,
-        )
+    host = model_host(model, needed_for="live encoding runs it up to the SAE's hook")
     return call_worker(
-        model.host_worker,
+        host,
         "features.tasks.run_feature_encode",
         sae.id,
         text,

@@ -54,7 +54,7 @@ class SaeReference:
 
 
 @dataclass(frozen=True)
-class _SaeSource:
+class _Source:
     describe: Callable[[Any, str], SaeReference | None]  # (user, sae id) -> reference if visible
     load: Callable[[str], Any]  # sae id -> engine SparseAutoencoder, in a worker
 
@@ -68,15 +68,15 @@ class VectorReference:
     width: int
 
 
-_sae_source: _SaeSource | None = None
-_vector_source: _SaeSource | None = None
+_sae_source: _Source | None = None
+_vector_source: _Source | None = None
 
 
 def register_sae_source(
     describe: Callable[[Any, str], SaeReference | None], load: Callable[[str], Any]
 ) -> None:
     global _sae_source
-    _sae_source = _SaeSource(describe, load)
+    _sae_source = _Source(describe, load)
 
 
 def register_vector_source(
@@ -84,7 +84,7 @@ def register_vector_source(
 ) -> None:
     """How the ``steering`` app describes a vector for a user and loads it (a [width] tensor)."""
     global _vector_source
-    _vector_source = _SaeSource(describe, load)
+    _vector_source = _Source(describe, load)
 
 
 def _error(index: int, message: str, field: str | None = None) -> ApplicationError:

@@ -32,6 +32,7 @@ from mistudio.errors import ApplicationError
 from mistudio.workers import enqueue, read_heartbeats, worker_queue
 from models_app.models import LanguageModel
 from models_app.selectors import model_list, models_named
+from models_app.services import model_host
 
 MAX_TOKENS_LIMIT = 2048
 DEFAULT_MAX_TOKENS = 128
@@ -153,14 +154,7 @@ def generation_request(
         if interventions
         else []
     )
-    if model.status != LanguageModel.Status.READY or not model.host_worker:
-        state = "still loading" if model.status == LanguageModel.Status.LOADING else model.status
-        raise ApplicationError(
-            "MODEL_NOT_LOADED",
-            f"The model is {state}; load it first (POST /api/models/{model.id}/load).",
-            details={"model_id": model.id, "status": model.status},
-            status=409,
-        )
+    model_host(model)
     hooks = hook_names_for(model, hooks=capture, layers=None) if capture else []
     if hooks and prompts is not None and len(prompts) > 1:
         raise ApplicationError(

@@ -292,6 +292,25 @@ def insufficient_memory(required: int, available: int) -> ApplicationError:
     )
 
 
+def model_host(model: LanguageModel | None, *, needed_for: str = "") -> str:
+    """The worker hosting ``model``, or 409 ``MODEL_NOT_LOADED`` when it is not ready on one.
+
+    The one check behind every request that needs a loaded model (generation, patching, the lens,
+    live encoding); ``needed_for`` completes the message ("live encoding runs it up to the SAE's
+    hook")."""
+    if model is not None and model.status == LanguageModel.Status.READY and model.host_worker:
+        return model.host_worker
+    status = model.status if model is not None else "missing"
+    state = "still loading" if status == LanguageModel.Status.LOADING else status
+    load = f" (POST /api/models/{model.id}/load)" if model is not None else ""
+    raise ApplicationError(
+        "MODEL_NOT_LOADED",
+        f"The model is {state}; load it first{load}{': ' + needed_for if needed_for else ''}.",
+        details={"model_id": model.id if model is not None else None, "status": status},
+        status=409,
+    )
+
+
 def model_load_request(*, model_id: str, actor, quantization: str | None = None) -> LanguageModel:
     """Mark the model ``loading`` and queue its load on the shared queue; return the row (with rq_job_id).
 

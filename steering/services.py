@@ -18,7 +18,7 @@ from mistudio.access import check_may_change
 from mistudio.errors import ApplicationError
 from mistudio.workers import call_worker, enqueue
 from models_app.models import LanguageModel
-from models_app.services import model_job_queue
+from models_app.services import model_host, model_job_queue
 from steering.models import SteeringVector
 
 MAX_PROMPTS = 512
@@ -193,17 +193,6 @@ MAX_PATCH_HOOKS = 128
 PROBE_WAIT_SECONDS = 120
 
 
-def _loaded(model: LanguageModel) -> str:
-    if model.status != LanguageModel.Status.READY or not model.host_worker:
-        raise ApplicationError(
-            "MODEL_NOT_LOADED",
-            f"Load the model first (POST /api/models/{model.id}/load).",
-            details={"model_id": model.id, "status": model.status},
-            status=409,
-        )
-    return model.host_worker
-
-
 def patching_request(
     *,
     model: LanguageModel,
@@ -220,7 +209,7 @@ def patching_request(
         hooks = hook_names_for(model, hooks=hooks, layers=None)
         if len(hooks) > MAX_PATCH_HOOKS:
             raise ApplicationError("TOO_MANY_HOOKS", f"At most {MAX_PATCH_HOOKS} hook points.", status=400)
-    worker = _loaded(model)
+    worker = model_host(model)
     return call_worker(
         worker, "steering.tasks.run_patching", model.id, clean, corrupted, answer, wrong_answer, hooks or [],
         wait_seconds=PROBE_WAIT_SECONDS,
@@ -229,7 +218,7 @@ def patching_request(
 
 def logit_lens_request(*, model: LanguageModel, prompt: str, top: int = 5) -> dict[str, Any]:
     """The top next-token predictions read out after every block at every position of ``prompt``."""
-    worker = _loaded(model)
+    worker = model_host(model)
     return call_worker(
         worker, "steering.tasks.run_logit_lens", model.id, prompt, top, wait_seconds=PROBE_WAIT_SECONDS
     )
