@@ -110,12 +110,19 @@ def cache_batches(directory: str, batch_size: int):
     return store, shuffled_batches(chunks(), batch_size=batch_size, buffer_rows=BUFFER_BATCHES * batch_size)
 
 
-def train_ours(directory: str, save_to: str, expansion: int, k: int, batch_size: int) -> dict:
-    """One run of our trainer over the whole cache, in this process (called in a fresh one)."""
+def train_ours(
+    directory: str, save_to: str, expansion: int, k: int, batch_size: int, *, prefetch: bool = True
+) -> dict:
+    """One run of our trainer over the whole cache, in this process (called in a fresh one).
+
+    ``prefetch``: batches read on a thread ahead of the step, as the SAE training job does."""
+    from engine.prefetch import prefetched
     from engine.sae import TrainingConfig, train
     from engine.sae.formats import save_saelens
 
     store, batches = cache_batches(directory, batch_size)
+    if prefetch:
+        batches = prefetched(batches, depth=4)
     rows, d_in = store.shape(HOOK)
     _, warmup, _ = schedule(rows, batch_size)
     config = TrainingConfig(
@@ -254,12 +261,13 @@ def main() -> None:
     parser.add_argument("--bench-python", default=str(BENCH_PYTHON), help="the interpreter with sae-lens")
     # internal: one run in this process
     parser.add_argument("--train", nargs=2, metavar=("CACHE", "SAVE_TO"), help=argparse.SUPPRESS)
+    parser.add_argument("--no-prefetch", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--train-saelens", nargs=2, metavar=("CACHE", "SAVE_TO"), help=argparse.SUPPRESS)
     parser.add_argument("--evaluate", nargs="+", metavar="FOLDER", help=argparse.SUPPRESS)
     arguments = parser.parse_args()
     shape = (arguments.expansion, arguments.k, arguments.batch_size)
     if arguments.train:
-        print(json.dumps(train_ours(*arguments.train, *shape)))
+        print(json.dumps(train_ours(*arguments.train, *shape, prefetch=not arguments.no_prefetch)))
         return
     if arguments.train_saelens:
         print(json.dumps(train_saelens(*arguments.train_saelens, *shape)))

@@ -18,10 +18,11 @@ for a resumable job. Nothing here imports Django; the cache is read through ``re
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ import numpy as np
 
 from engine.errors import EngineError
 from engine.memory import drop_mapped_pages, release_freed_heap
+from engine.prefetch import prefetched
 
 STATE_FILE = "state.safetensors"
 STATE_META = "state.json"
@@ -294,24 +296,26 @@ def analyze(
     total_work = 2.0 * num_rows + (num_rows * 0.25)
     with torch.no_grad():
         if state.phase == 1:
-            for first in range(state.next_row, num_rows, config.chunk_rows):
-                check_cancel()
-                stop = min(num_rows, first + config.chunk_rows)
-                _first_pass(state, encode(read_rows(first, stop)), first, config)
-                step(1, stop, stop, total_work)
+            chunks = _read_ahead(read_rows, state.next_row, num_rows, config.chunk_rows)
+            with contextlib.closing(chunks):  # a cancel stops the reading thread at once
+                for first, stop, rows in chunks:
+                    check_cancel()
+                    _first_pass(state, encode(rows), first, config)
+                    step(1, stop, stop, total_work)
             state.phase, state.next_row = 2, 0
         if state.phase == 2:
             gather = _ContextGather(
                 tokens.windows(state.arrays["top_rows"], config.context_before, config.context_after),
                 state.arrays["top_context"],
             )
-            for first in range(state.next_row, num_rows, config.chunk_rows):
-                check_cancel()
-                stop = min(num_rows, first + config.chunk_rows)
-                activations = encode(read_rows(first, stop))
-                _second_pass(state, activations, first, config)
-                gather.take(activations, first, stop)
-                step(2, stop, num_rows + stop, total_work)
+            chunks = _read_ahead(read_rows, state.next_row, num_rows, config.chunk_rows)
+            with contextlib.closing(chunks):
+                for first, stop, rows in chunks:
+                    check_cancel()
+                    activations = encode(rows)
+                    _second_pass(state, activations, first, config)
+                    gather.take(activations, first, stop)
+                    step(2, stop, num_rows + stop, total_work)
             state.phase, state.next_row = 3, 0
         if state.phase == 3:
             gather = _ContextGather(
@@ -329,6 +333,15 @@ def analyze(
             state.phase, state.next_row = 4, num_rows
     state.seconds = time.monotonic() - started
     return state
+
+
+def _read_ahead(
+    read_rows: Callable[[int, int], Any], start: int, num_rows: int, chunk_rows: int
+) -> Iterator[tuple[int, int, Any]]:
+    """``(first, stop, read_rows(first, stop))`` chunk by chunk from ``start``, the next chunk
+    read on a thread while the caller encodes this one (one chunk ahead: memory stays flat)."""
+    spans = ((first, min(num_rows, first + chunk_rows)) for first in range(start, num_rows, chunk_rows))
+    return prefetched(((first, stop, read_rows(first, stop)) for first, stop in spans), depth=1)
 
 
 def _rows_done(state: AnalysisState) -> int:
