@@ -31,6 +31,7 @@ from engine.hooks import list_hook_points
 from engine.inspection import inspect_folder, memory_estimates
 from engine.interventions import Intervention
 from engine.loading import load_weights, release
+from engine.placement import DISK, Placement
 from engine.sae import SaeShape, SparseAutoencoder, TrainingConfig, shuffled_batches, train
 from engine.testing.tiny_models import build_tiny_model, local_corpus
 from engine.tests.device_comparison import (
@@ -256,6 +257,45 @@ def test_extraction_of_a_bf16_model_on_the_gpu_is_within_bf16_error(cpu_models, 
         assert got.dtype == torch.bfloat16 and got.shape == want.shape
         relative = relative_error(got, want)
         assert relative <= max_relative, f"{family} {name}: relative error {relative:.5f}"
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_model_split_between_the_gpu_the_cpu_and_disk_equals_the_cpu(
+    cpu_models, folders, texts, tmp_path, family
+):
+    """``--device auto`` with budgets below the model (3/4 of it on the GPU, 3/20 on the CPU:
+    accelerate also keeps room for the largest layer) puts the layers on cuda:0 and on the CPU
+    or disk; hooks on all of them, and generation, give the CPU model's values."""
+    cpu = cpu_models[family]
+    size = cpu.memory_usage_bytes
+    placement = Placement(
+        device="auto", max_memory={DEVICE: 3 * size // 4, "cpu": 3 * size // 20}, offload_folder=str(tmp_path)
+    )
+    split = load_weights(folders[family, "tiny"], model_type=family, quantization="none", device=placement)
+    try:
+        places = set(split.bytes_by_device)
+        assert DEVICE in places and places - {DEVICE}, split.model.hf_device_map
+        assert split.memory_usage_bytes == sum(
+            size for name, size in split.bytes_by_device.items() if name != DISK
+        )
+        tokenized = tokenize_samples(cpu.tokenizer, texts, 32)
+        names, reference = _extract_all(cpu, tokenized)
+        _, batches = _extract_all(split, tokenized)
+        for got, want in zip(batches, reference, strict=True):
+            for name in names:
+                torch.testing.assert_close(
+                    got.activations[name],
+                    want.activations[name],
+                    atol=FLOAT32_ATOL,
+                    rtol=FLOAT32_ATOL,
+                    msg=name,
+                )
+        ids = _prompt(cpu.tokenizer)
+        (want,) = generate(cpu.model, cpu.tokenizer, [ids], [GREEDY], capture=CAPTURED)
+        (got,) = generate(split.model, split.tokenizer, [ids], [GREEDY], capture=CAPTURED)
+        _assert_same_run(got, want, len(ids))
+    finally:
+        release(split)
 
 
 # --- generation ---------------------------------------------------------------------------------
