@@ -32,8 +32,9 @@ from engine.inspection import inspect_folder, memory_estimates
 from engine.interventions import Intervention
 from engine.loading import load_weights, release
 from engine.placement import DISK, Placement
-from engine.sae import SaeShape, SparseAutoencoder, TrainingConfig, shuffled_batches, train
+from engine.sae import TrainingConfig, shuffled_batches, train
 from engine.testing.tiny_models import build_tiny_model, local_corpus
+from engine.testing.tiny_saes import random_sae
 from engine.tests.device_comparison import (
     allocation_bounds,
     allocation_count,
@@ -350,23 +351,13 @@ def _random_vector(width: int, *, seed: int, scale: float = 4.0) -> torch.Tensor
     return scale * torch.randn(width, generator=torch.Generator().manual_seed(seed))
 
 
-def _sae(width: int) -> SparseAutoencoder:
-    sae = SparseAutoencoder(SaeShape("standard", width, 4 * width))
-    generator = torch.Generator().manual_seed(7)
-    with torch.no_grad():
-        for name in ("W_enc", "W_dec", "b_enc", "b_dec"):
-            parameter = getattr(sae, name)
-            parameter.copy_(0.3 * torch.randn(parameter.shape, generator=generator))
-    return sae.eval()
-
-
 def _steering(kind: str, width: int, device: str) -> Intervention:
     """A steering intervention whose tensors are on ``device`` as the apps put them: a vector
     stays on the CPU (the engine moves it), an SAE is moved to the model's device."""
     hook = f"blocks.{STEERED_LAYER}.hook_resid_post"
     if kind == "add":
         return Intervention("add", hook, vector=_random_vector(width, seed=0), coefficient=0.75)
-    sae = _sae(width).to(device)
+    sae = random_sae(width).to(device)
     return Intervention("clamp_feature", hook, sae=sae, features=(3,), value=25.0)
 
 

@@ -13,7 +13,7 @@ import torch
 
 from engine.generation import SamplingParams, generate
 from engine.interventions import Intervention, InterventionError
-from engine.sae import SaeShape, SparseAutoencoder
+from engine.testing.tiny_saes import random_sae
 
 ATOL = 1e-5
 PROMPT = "The module provides functions for working with"
@@ -150,23 +150,13 @@ def test_ablate_and_replace_equal_forward_hooks(load_tiny):
         _assert_matches(result, reference, len(ids))
 
 
-def _sae(width, architecture="standard", k=None):
-    sae = SparseAutoencoder(SaeShape(architecture, width, 4 * width, k=k))
-    generator = torch.Generator().manual_seed(7)
-    with torch.no_grad():
-        for name in ("W_enc", "W_dec", "b_enc", "b_dec"):
-            parameter = getattr(sae, name)
-            parameter.copy_(0.3 * torch.randn(parameter.shape, generator=generator))
-    return sae.eval()
-
-
 @pytest.mark.parametrize(("architecture", "k"), [("standard", None), ("topk", 8)])
 def test_clamp_feature_keeps_the_reconstruction_error(load_tiny, architecture, k):
     weights = load_tiny("gpt2")
     model, tokenizer = weights.model, weights.tokenizer
     ids = _ids(tokenizer)
     hook = f"blocks.{LAYER}.hook_resid_post"
-    sae = _sae(model.config.hidden_size, architecture, k)
+    sae = random_sae(model.config.hidden_size, architecture, k=k)
     (plain,) = generate(model, tokenizer, [ids], [GREEDY], capture=[hook])
     features = sae.encode(plain.activations[hook]).detach()
     position = 3
@@ -235,8 +225,8 @@ def test_bad_interventions_are_refused_by_index(load_tiny):
         Intervention("add", hook, vector=torch.full((width,), float("nan")), index=1),
         Intervention("add", hook, vector=torch.ones(width), coefficient=float("inf"), index=1),
         Intervention("ablate", hook, neurons=(width,), index=1),
-        Intervention("clamp_feature", hook, sae=_sae(width), features=(4 * width,), index=1),
-        Intervention("clamp_feature", hook, sae=_sae(width + 2), features=(0,), index=1),
+        Intervention("clamp_feature", hook, sae=random_sae(width), features=(4 * width,), index=1),
+        Intervention("clamp_feature", hook, sae=random_sae(width + 2), features=(0,), index=1),
         Intervention("add", hook, positions="later", vector=torch.ones(width), index=1),
     ]
     for bad in cases:
