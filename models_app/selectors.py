@@ -5,6 +5,7 @@ from typing import Any
 import django_filters
 from django.db.models import Q, QuerySet
 
+from engine.placement import AUTO
 from mistudio.access import check_may_change, is_admin, visible_row, visible_rows
 from mistudio.events import register_group_kind
 from mistudio.health import database_status, redis_and_workers_status
@@ -75,6 +76,12 @@ def model_state(model: LanguageModel) -> dict[str, Any]:
     }
 
 
+def splits_models(beat: dict) -> bool:
+    """Whether the worker splits models across devices and disk (``--device auto``): it loads a
+    model whatever its size, offloading what fits nowhere."""
+    return beat.get("device") == AUTO
+
+
 def memory_capacity(beat: dict) -> int:
     """What a worker could free for a new model: free memory plus its unpinned models (its budget too)."""
     pinned = set(
@@ -102,7 +109,11 @@ def model_memory_report(model: LanguageModel) -> dict[str, Any]:
                 "device": beat["device"],
                 "memory_free_bytes": beat["memory_free_bytes"],
                 "capacity_bytes": capacity,
-                "fits": {option: size <= capacity for option, size in model.memory_estimates.items()},
+                "splits_models": splits_models(beat),
+                "fits": {
+                    option: size <= capacity or splits_models(beat)
+                    for option, size in model.memory_estimates.items()
+                },
             }
         )
     return {

@@ -29,7 +29,7 @@ from mistudio.local_paths import path_inside_roots
 from mistudio.redis_client import get_redis
 from mistudio.workers import enqueue, read_heartbeats, shared_queue, worker_queue
 from models_app.models import LanguageModel
-from models_app.selectors import memory_capacity, model_state
+from models_app.selectors import memory_capacity, model_state, splits_models
 
 logger = logging.getLogger(__name__)
 
@@ -333,7 +333,7 @@ def model_load_request(*, model_id: str, actor, quantization: str | None = None)
             model.refresh_from_db()
         required = model.memory_estimates.get(model.quantization)
         beats = read_heartbeats()
-        if required and beats:
+        if required and beats and not any(splits_models(beat) for beat in beats):
             best = max(memory_capacity(beat) for beat in beats)
             if best < required:
                 raise insufficient_memory(required, best)

@@ -8,7 +8,7 @@ from django.conf import settings as django_settings
 from engine.registry import LOADED_MODELS
 from engine.testing.tiny_models import build_tiny_model
 from mistudio.access import OPERATOR
-from mistudio.workers import WorkerIdentity, heartbeat_key, run_worker, write_heartbeat
+from mistudio.workers import WorkerIdentity, heartbeat_key, run_worker, shared_queue, write_heartbeat
 from models_app.models import LanguageModel
 from models_app.services import model_load_request, model_register, unload_idle_models
 
@@ -95,6 +95,32 @@ def test_the_web_refuses_at_once_when_no_live_worker_could_fit_it(three_models, 
     assert error["details"]["required_gb"] > error["details"]["available_gb"]
     alpha.refresh_from_db()
     assert alpha.status == "pending"  # nothing queued, nothing changed
+
+
+def test_a_worker_that_splits_models_takes_one_too_big_for_its_memory(
+    three_models, settings, writer, client_for
+):
+    """A --device auto worker offloads what does not fit: the web does not refuse the load, and
+    the memory report says it fits there."""
+    alpha = three_models[0]
+    budget_for(0.5, alpha, settings)
+    half = alpha.memory_estimates["none"] // 2
+    split = WorkerIdentity(name=WORKER, device="auto", max_memory=(("cpu", half),))
+    write_heartbeat(split, started_at=time.time())
+    api = client_for(writer)
+    try:
+        report = api.get(f"/api/models/{alpha.id}/memory-estimate").json()
+        response = api.post(f"/api/models/{alpha.id}/load", {}, format="json")
+    finally:
+        from mistudio.redis_client import get_redis
+
+        get_redis().delete(heartbeat_key(WORKER))
+        shared_queue().empty()  # the load is not run here
+    (worker,) = report["workers"]
+    assert worker["splits_models"] is True and worker["capacity_bytes"] < alpha.memory_estimates["none"]
+    assert worker["fits"]["none"] is True
+    assert response.status_code == 202, response.content
+    assert response.json()["status"] == "loading"
 
 
 def test_an_idle_model_past_its_keep_alive_is_unloaded(three_models):
