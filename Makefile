@@ -20,9 +20,11 @@ run: $(VENV)/.installed
 test: $(VENV)/.installed
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-## worker: a second worker against the same data directory (NAME=worker-2 DEVICE=cpu)
+## worker: a second worker against the same data directory (NAME=worker-2 DEVICE=cpu|cuda:N|auto,
+## MAX_MEMORY=cuda:0=20GiB,cpu=64GiB with DEVICE=auto)
 worker: $(VENV)/.installed
-	$(PY) manage.py worker --name $(or $(NAME),worker-2) $(if $(DEVICE),--device $(DEVICE))
+	$(PY) manage.py worker --name $(or $(NAME),worker-2) $(if $(DEVICE),--device $(DEVICE)) \
+		$(if $(MAX_MEMORY),--max-memory $(MAX_MEMORY))
 
 ## gpu-check: on a machine with a CUDA device, the tests marked gpu, then bench/gpu.py (BENCH_ARGS=--quick)
 gpu-check: $(VENV)/.installed

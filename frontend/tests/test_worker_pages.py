@@ -88,6 +88,28 @@ def test_a_live_worker_with_a_loaded_model_and_queued_jobs(
     assert abs(body["server_time"] - time.time()) < 60
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_split_worker_shows_its_budgets_and_what_a_model_keeps_on_disk(
+    writer, client_for, tiny_llama_folder, clean_queues
+):
+    model = model_register(source="local", identifier=str(tiny_llama_folder), name="split-llama", owner=None)
+    budgets = {"cpu": int(0.9 * model.memory_estimates["none"])}
+    assert client_for(writer).post(f"/api/models/{model.id}/load", {}, format="json").status_code == 202
+    run_worker(name=WORKER, device="auto", max_memory=budgets, burst=True)
+    model.refresh_from_db()
+    assert model.status == "ready" and model.memory_by_device["disk"] > 0
+    identity = WorkerIdentity(name=WORKER, device="auto", max_memory=tuple(budgets.items()))
+    write_heartbeat(identity, started_at=time.time())
+
+    page = signed_in(writer).get("/workers/").content.decode()
+
+    assert f'data-testid="device">{identity.placement.describe()}<' in page
+    assert "rest on disk" in page and "Memory within the budgets" in page
+    assert re.search(r'class="mem">[^<]+ \+ [^<]+ on disk<', page)
+    detail = signed_in(writer).get(f"/models/{model.id}/").content.decode()
+    assert 'data-field="placement"' in detail and "disk" in detail
+
+
 @pytest.mark.django_db
 def test_an_unreachable_redis_is_said_on_the_page_and_in_the_api(writer, client_for, settings):
     settings.EMBEDDED_REDIS = False
