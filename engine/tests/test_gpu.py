@@ -299,6 +299,31 @@ def test_a_model_split_between_the_gpu_the_cpu_and_disk_equals_the_cpu(
         release(split)
 
 
+@pytest.mark.parametrize("quantization", ["int8", "int4"])
+def test_a_quantized_model_split_between_the_gpu_and_the_cpu_loads_and_computes(
+    cpu_models, folders, quantization
+):
+    """int8/int4 with --device auto: the layers on the GPU quantized, those on the CPU kept in the
+    compute dtype (bitsandbytes' CPU offload); logits within the quantization's error."""
+    folder = folders["llama", "tiny"]
+    half = memory_estimates(inspect_folder(folder))[quantization] // 2
+    placement = Placement(device="auto", max_memory={DEVICE: half, "cpu": 2**30})
+    split = load_weights(folder, model_type="llama", quantization=quantization, device=placement)
+    try:
+        assert split.quantized_module_count > 0
+        assert DEVICE in split.bytes_by_device and "cpu" in split.bytes_by_device, split.model.hf_device_map
+        input_ids = torch.randint(5, 1000, (2, 24), generator=torch.Generator().manual_seed(0))
+        with torch.inference_mode():
+            reference = cpu_models["llama"].model(input_ids=input_ids).logits.float()
+        with torch.no_grad():
+            output = split.model(input_ids=input_ids.to(DEVICE)).logits.float().cpu()
+        max_relative, smallest_cosine = LOGIT_TOLERANCES[quantization]
+        assert relative_error(output, reference) <= max_relative
+        assert min_cosine(output, reference) >= smallest_cosine
+    finally:
+        release(split)
+
+
 # --- generation ---------------------------------------------------------------------------------
 
 
