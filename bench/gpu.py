@@ -39,6 +39,7 @@ Progress goes to stderr; stdout is the heading line and the table.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import platform
@@ -494,6 +495,7 @@ def measure_sae_training(
 ) -> tuple[float, str]:
     """The trainer's tokens/s on ``hook``'s cache (written first, not timed), and the SAE's shape."""
     from activations.store import ActivationStore
+    from engine.prefetch import prefetched
     from engine.sae import TrainingConfig, shuffled_batches, train
 
     extract_to_cache(model, tokenized, [hook], directory)
@@ -517,8 +519,11 @@ def measure_sae_training(
         warmup_steps=max(1, steps // 20),
     )
     batches = shuffled_batches(chunks(), batch_size=batch_size, buffer_rows=SAE_BUFFER_BATCHES * batch_size)
+    # Read ahead on a thread and page-locked for a GPU, as the SAE training job does.
+    batches = prefetched(batches, depth=4, pin_memory=device.startswith("cuda"))
     sample = store.get(hook, 0, min(rows, SAE_SAMPLE_ROWS), as_torch=True).float()
-    trained = train(batches, d_in=width, config=config, sample=sample, device=device)
+    with contextlib.closing(batches):
+        trained = train(batches, d_in=width, config=config, sample=sample, device=device)
     shape = f"TopK {SAE_EXPANSION} x {width}, k {SAE_K}, batch {batch_size}, {trained.tokens:,} tokens"
     return trained.history[-1].tokens_per_second, shape
 
