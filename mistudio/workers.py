@@ -214,26 +214,22 @@ def device_memory(device: str) -> tuple[int, int]:
     return int(memory.total), int(memory.available)
 
 
-def free_memory_by_device(placement: Placement) -> dict[str, int]:
-    """Bytes free now on each device the placement may fill, each capped by its budget."""
-    free = {}
+def device_budgets(placement: Placement) -> dict[str, tuple[int, int]]:
+    """(total, free) bytes of each device the placement may fill, each capped by its budget."""
+    budgets = {}
     for device in placement.memory_devices():
-        budget = placement.max_memory.get(device)
-        available = device_memory(device)[1]
-        free[device] = available if budget is None else min(available, budget)
-    return free
+        total, free = device_memory(device)
+        if (budget := placement.max_memory.get(device)) is not None:
+            total, free = min(total, budget), min(free, budget)
+        budgets[device] = (total, free)
+    return budgets
 
 
 def placement_memory(placement: Placement) -> tuple[int, int]:
     """(total, free) bytes a placement may fill: one device's, or the sum over a split
     placement's devices, each capped by its budget."""
-    total = free = 0
-    for device in placement.memory_devices():
-        device_total, device_free = device_memory(device)
-        budget = placement.max_memory.get(device)
-        total += device_total if budget is None else min(device_total, budget)
-        free += device_free if budget is None else min(device_free, budget)
-    return total, free
+    budgets = device_budgets(placement).values()
+    return sum(total for total, _ in budgets), sum(free for _, free in budgets)
 
 
 def memory_limit_bytes() -> int:

@@ -13,7 +13,7 @@ from engine.placement import Placement
 from engine.registry import LOADED_MODELS, LoadedModel
 from mistudio import workers
 from mistudio.errors import ApplicationError
-from mistudio.workers import available_memory, free_memory_by_device
+from mistudio.workers import available_memory, device_budgets
 from models_app.models import LanguageModel
 from models_app.services import (
     application_error,
@@ -84,6 +84,11 @@ def make_room(model: LanguageModel, *, placement: Placement) -> None:
         unload_loaded(victims[0].model_id, reason="evicted")
 
 
+def free_now(placement: Placement) -> dict[str, int]:
+    """Bytes free now on each device of a split placement, within its budget."""
+    return {device: free for device, (_, free) in device_budgets(placement).items()}
+
+
 def load_once(model: LanguageModel, identity) -> LoadedModel:
 
     def stage(name: str, message: str, fraction: float = 0.0) -> None:
@@ -108,7 +113,7 @@ def load_once(model: LanguageModel, identity) -> LoadedModel:
     weights = load_weights(
         folder, model_type=model.model_type, quantization=model.quantization, device=placement,
         on_stage=on_stage, roots=model_file_roots(model),
-        free_memory=free_memory_by_device(placement) if placement.split else None,
+        free_memory=free_now(placement) if placement.split else None,
     )  # fmt: skip
     warm_up(weights, on_stage=on_stage)
     return LoadedModel(
