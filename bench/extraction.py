@@ -184,6 +184,26 @@ def run_limit(model, tokenized: list[list[int]], deepest: int, *, repeats: int) 
     return timed(run, repeats=repeats)
 
 
+def cache_writer(
+    model, hooks: list[str], directory: Path, *, shard_max_tokens: int | None, write_delay: float
+):
+    """A float32 CacheWriter for ``hooks`` in ``directory``: 64 MiB shards as the worker task writes
+    unless ``shard_max_tokens`` asks for more shards, ``write_delay`` seconds added to each."""
+    from activations.store import CacheWriter, shard_tokens_for
+
+    widths = dict.fromkeys(hooks, model.config.hidden_size)
+    writer = CacheWriter.create_or_resume(
+        directory,
+        key={"bench": "extraction", "hooks": hooks},
+        provenance={"batch_size": BATCH_SIZE},
+        hooks=widths,
+        dtype="float32",
+        shard_max_tokens=shard_max_tokens or shard_tokens_for(widths, "float32"),
+    )
+    writer.write_delay_seconds = write_delay
+    return writer
+
+
 def extract_to_cache(
     model,
     tokenized: list[list[int]],
@@ -197,21 +217,11 @@ def extract_to_cache(
     """(M): the worker task's path from the token ids to a finalized cache in ``directory``: the
     batches written by a ``BackgroundWriter`` thread (``pipelined=False``: inline, as before
     issue 17). ``write_delay`` seconds are added to every shard write (a slow disk)."""
-    from activations.store import BackgroundWriter, CacheWriter, shard_tokens_for
+    from activations.store import BackgroundWriter
     from engine.extraction import extract, plan_batches
 
     plan = plan_batches([len(ids) for ids in tokenized], BATCH_SIZE)
-    widths = dict.fromkeys(hooks, model.config.hidden_size)
-    writer = CacheWriter.create_or_resume(
-        directory,
-        key={"bench": "extraction", "hooks": hooks},
-        provenance={"batch_size": BATCH_SIZE},
-        hooks=widths,
-        dtype="float32",
-        # As the worker task (64 MiB shards) unless the pipeline experiment asks for more shards.
-        shard_max_tokens=shard_max_tokens or shard_tokens_for(widths, "float32"),
-    )
-    writer.write_delay_seconds = write_delay
+    writer = cache_writer(model, hooks, directory, shard_max_tokens=shard_max_tokens, write_delay=write_delay)
     batches = extract(model, tokenized, plan, hooks=hooks, dtype="float32", start_batch=writer.next_batch)
     if pipelined:
         with BackgroundWriter(writer) as background:
@@ -247,14 +257,7 @@ def run_pipeline(model, tokenized: list[list[int]], hooks: list[str], *, shards:
     delay = compute / expected  # the disk as slow as the model: the case that gains the most
 
     def write_only(directory: Path) -> float:
-        from activations.store import CacheWriter
-
-        widths = dict.fromkeys(hooks, model.config.hidden_size)
-        writer = CacheWriter.create_or_resume(
-            directory, key={"bench": "write-only"}, provenance={}, hooks=widths, dtype="float32",
-            shard_max_tokens=shard_tokens,
-        )  # fmt: skip
-        writer.write_delay_seconds = delay
+        writer = cache_writer(model, hooks, directory, shard_max_tokens=shard_tokens, write_delay=delay)
         began = time.perf_counter()
         for batch in collected:
             writer.add_extracted(batch)
