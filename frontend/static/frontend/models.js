@@ -47,14 +47,23 @@
   }
 
   // Loaded: what the worker measured. Otherwise the estimate for its quantization, marked as such.
-  function showMemory(root, bytesUsed) {
+  function showMemory(root, bytesUsed, byDevice) {
     let estimates = {};
     try { estimates = JSON.parse(root.dataset.estimates || "{}"); } catch (_) { estimates = {}; }
     const quantization = root.dataset.quantization;
+    const places = Object.entries(byDevice || {});
     fields(root, "memory").forEach((node) => {
       node.replaceChildren();
       if (bytesUsed) {
         node.textContent = mi.bytes(bytesUsed);
+        if (places.length > 1) {
+          // A split model (--device auto): where its bytes sit, disk included.
+          const placement = document.createElement("span");
+          placement.className = "muted";
+          placement.dataset.field = "placement";
+          placement.textContent = ` (${places.map(([device, size]) => `${device} ${mi.bytes(size)}`).join(" · ")})`;
+          node.appendChild(placement);
+        }
       } else if (estimates[quantization]) {
         const estimate = document.createElement("span");
         estimate.className = "estimate";
@@ -110,7 +119,7 @@
     if ("num_layers" in model) setText(root, "num_layers", model.num_layers ?? "—");
     if (model.memory_estimates) root.dataset.estimates = JSON.stringify(model.memory_estimates);
     if (model.quantization) { root.dataset.quantization = model.quantization; setText(root, "quantization", model.quantization); }
-    if ("memory_usage_bytes" in model) showMemory(root, model.memory_usage_bytes);
+    if ("memory_usage_bytes" in model) showMemory(root, model.memory_usage_bytes, model.memory_by_device);
     if ("host_worker" in model) setText(root, "host_worker", model.host_worker || "—");
     if ("load_time_seconds" in model) {
       setText(root, "load_time", model.load_time_seconds === null ? "—" : `${Number(model.load_time_seconds).toFixed(1)} s`);
