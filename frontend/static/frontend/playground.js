@@ -402,17 +402,7 @@
     let firstToken = null, tokens = 0, finished = false, requestId = null;
     const steeredRun = steered ? streamSteered(steeredBody(body, steered), controller.signal) : null;
     try {
-      const response = await fetch("/api/generate", {
-        method: "POST",
-        credentials: "same-origin",
-        headers: {
-          "Content-Type": "application/json",
-          Accept: "text/event-stream",
-          "X-CSRFToken": document.querySelector('meta[name="csrf-token"]')?.content || "",
-        },
-        body: JSON.stringify(body),
-        signal: controller.signal,
-      });
+      const response = await postGenerate(body, controller.signal);
       if (!response.ok) throw await errorOf(response);
       for await (const event of serverSentEvents(response)) {
         if (event.type === "started") {
@@ -489,6 +479,21 @@
     caption.hidden = false;
   }
 
+  // POST /api/generate asking for its server-sent events (the baseline run and the steered one).
+  function postGenerate(body, signal) {
+    return fetch("/api/generate", {
+      method: "POST",
+      credentials: "same-origin",
+      headers: {
+        "Content-Type": "application/json",
+        Accept: "text/event-stream",
+        "X-CSRFToken": document.querySelector('meta[name="csrf-token"]')?.content || "",
+      },
+      body: JSON.stringify(body),
+      signal,
+    });
+  }
+
   // Streams the steered text into its pane; never throws (its errors show in the pane and the panel).
   async function streamSteered(body, signal) {
     const item = body.mistudio.interventions[0];
@@ -498,17 +503,7 @@
     pane.setAttribute("aria-busy", "true");
     let tokens = 0;
     try {
-      const response = await fetch("/api/generate", {
-        method: "POST",
-        credentials: "same-origin",
-        headers: {
-          "Content-Type": "application/json",
-          Accept: "text/event-stream",
-          "X-CSRFToken": document.querySelector('meta[name="csrf-token"]')?.content || "",
-        },
-        body: JSON.stringify(body),
-        signal,
-      });
+      const response = await postGenerate(body, signal);
       if (!response.ok) throw await errorOf(response);
       for await (const event of serverSentEvents(response)) {
         if (event.type === "token") {
