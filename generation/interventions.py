@@ -87,6 +87,24 @@ def register_vector_source(
     _vector_source = _Source(describe, load)
 
 
+def _referenced(
+    user, index: int, item: dict, field: str, source: _Source | None, *, noun: str, article: str, code: str
+) -> Any:
+    """The stored thing ``item[field]`` names, described for ``user``: 400 ``INVALID_INTERVENTION``
+    when it is not an id, 404 ``code`` when ``user`` sees no such thing."""
+    if not isinstance(item[field], str):
+        raise _error(index, f"{field} must be {article} {noun} id.", field)
+    found = source.describe(user, item[field]) if source is not None else None
+    if found is None:
+        raise ApplicationError(
+            code,
+            f"Intervention {index}: no {noun} {item[field]!r}.",
+            details={"intervention": index},
+            status=404,
+        )
+    return found
+
+
 def _error(index: int, message: str, field: str | None = None) -> ApplicationError:
     details: dict[str, Any] = {"intervention": index}
     if field is not None:
@@ -140,31 +158,18 @@ def _checked(index: int, item: Any, widths: dict[str, int], user) -> dict[str, A
 
     sae = None
     if "sae" in item:
-        if kind == "replace" or not isinstance(item["sae"], str):
+        if kind == "replace":
             raise _error(index, "sae must be an SAE id.", "sae")
-        sae = _sae_source.describe(user, item["sae"]) if _sae_source is not None else None
-        if sae is None:
-            raise ApplicationError(
-                "SAE_NOT_FOUND",
-                f"Intervention {index}: no SAE {item['sae']!r}.",
-                details={"intervention": index},
-                status=404,
-            )
+        sae = _referenced(
+            user, index, item, "sae", _sae_source, noun="SAE", article="an", code="SAE_NOT_FOUND"
+        )
         spec["sae"] = sae.id
     stored = None
     if "steering_vector" in item:
-        if not isinstance(item["steering_vector"], str):
-            raise _error(index, "steering_vector must be a steering vector id.", "steering_vector")
-        stored = (
-            _vector_source.describe(user, item["steering_vector"]) if _vector_source is not None else None
-        )
-        if stored is None:
-            raise ApplicationError(
-                "STEERING_VECTOR_NOT_FOUND",
-                f"Intervention {index}: no steering vector {item['steering_vector']!r}.",
-                details={"intervention": index},
-                status=404,
-            )
+        stored = _referenced(
+            user, index, item, "steering_vector", _vector_source,
+            noun="steering vector", article="a", code="STEERING_VECTOR_NOT_FOUND",
+        )  # fmt: skip
         spec["steering_vector"] = stored.id
     default_hook = sae.hook_name if sae is not None else stored.hook_name if stored is not None else None
     hook = item.get("hook", default_hook)
