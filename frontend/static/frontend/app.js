@@ -383,9 +383,14 @@
     },
   };
 
+  // A token as the probe pages show it: spaces as middle dots and newlines as ⏎, so that a
+  // whitespace token is visible.
+  const visibleToken = (token) => token.replace(/ /g, "·").replace(/\n/g, "⏎");
+
   window.mi = {
     api, fragment, elementsOf, ApiError, showErrors, clearErrors, workerForm, toast, confirm: confirmAction,
     bytes, duration, localTime, shortTime, localizeTimes, escapeHtml, setProgress, live, toggleTheme,
+    visibleToken,
   };
 
   document.addEventListener("DOMContentLoaded", () => {

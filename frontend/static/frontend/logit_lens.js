@@ -8,7 +8,6 @@
   if (!form) return;
   const $ = (id) => document.getElementById(id);
   const submit = $("lens-submit"), state = $("lens-state"), table = $("lens-table");
-  const visible = (token) => token.replace(/ /g, "·").replace(/\n/g, "⏎");
   const percent = (p) => `${(100 * p).toFixed(p >= 0.1 ? 0 : 1)} %`;
 
   function headCell(text, position) {
@@ -34,7 +33,7 @@
       entries.map((entry) => `${JSON.stringify(entry.token)} ${percent(entry.probability)}`).join(", "));
     const token = document.createElement("span");
     token.className = "lens-token";
-    token.textContent = visible(best.token);
+    token.textContent = mi.visibleToken(best.token);
     const probability = document.createElement("span");
     probability.className = "lens-probability";
     probability.textContent = percent(best.probability);
@@ -46,7 +45,7 @@
       const item = document.createElement("li");
       const text = document.createElement("span");
       text.className = "mono";
-      text.textContent = visible(entry.token);
+      text.textContent = mi.visibleToken(entry.token);
       item.append(text, ` ${percent(entry.probability)}`);
       list.appendChild(item);
     }
@@ -61,7 +60,7 @@
     corner.scope = "col";
     corner.textContent = "Layer";
     headRow.appendChild(corner);
-    result.tokens.forEach((token, position) => headRow.appendChild(headCell(visible(token), String(position))));
+    result.tokens.forEach((token, position) => headRow.appendChild(headCell(mi.visibleToken(token), String(position))));
     head.appendChild(headRow);
     const rows = document.createElement("tbody");
     result.layers.forEach((layer, row) => {

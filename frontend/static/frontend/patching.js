@@ -68,7 +68,7 @@
       th.title = `position ${position}, corrupted: ${JSON.stringify(result.corrupted_tokens[position])}`;
       const text = document.createElement("span");
       text.className = "mono token-text";
-      text.textContent = token.replace(/ /g, "·").replace(/\n/g, "⏎");
+      text.textContent = mi.visibleToken(token);
       const index = document.createElement("small");
       index.textContent = String(position);
       th.append(text, index);
