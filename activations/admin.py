@@ -2,6 +2,7 @@ from django.contrib import admin, messages
 
 from activations import services
 from activations.models import ActivationCache, Dataset, ExtractionJob
+from mistudio.access import OPERATOR
 from mistudio.errors import ApplicationError
 
 
@@ -46,7 +47,7 @@ class ExtractionJobAdmin(admin.ModelAdmin):
     def cancel_jobs(self, request, queryset):
         for job in queryset:
             try:
-                services.extraction_cancel(job_id=job.id)
+                services.extraction_cancel(job=job, actor=OPERATOR)
                 self.message_user(request, f"{job.id}: cancelled.")
             except ApplicationError as error:
                 self.message_user(request, f"{job.id}: {error.message}", level=messages.WARNING)

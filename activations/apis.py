@@ -287,8 +287,8 @@ class ExtractionCancelApi(APIView):
 
     @extend_schema(request=None, responses={202: ExtractionOutputSerializer})
     def post(self, request, extraction_id: str):
-        selectors.extraction_get_to_change(user=request.user, extraction_id=extraction_id)
-        job = services.extraction_cancel(job_id=extraction_id)
+        job = selectors.extraction_get(user=request.user, extraction_id=extraction_id)
+        job = services.extraction_cancel(job=job, actor=request.user)
         return Response(ExtractionOutputSerializer(job).data, status=status.HTTP_202_ACCEPTED)
 
 

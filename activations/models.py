@@ -1,10 +1,13 @@
 """Datasets, extraction jobs, and the activation caches they produce."""
 
+import shutil
+
 from django.conf import settings
-from django.db import models
+from django.db import models, transaction
 from django.utils import timezone
 
 from mistudio.identifiers import new_cache_id, new_dataset_id, new_extraction_id
+from mistudio.jobs import JobRow
 
 
 class Dataset(models.Model):
@@ -116,17 +119,13 @@ class ActivationCache(models.Model):
         return ["status", "error_code", "error_message"]
 
 
-class ExtractionJob(models.Model):
+class ExtractionJob(JobRow):
     """One extraction request: ``queued → running → completed | failed | cancelled``."""
 
-    class Status(models.TextChoices):
-        QUEUED = "queued"
-        RUNNING = "running"
-        COMPLETED = "completed"
-        FAILED = "failed"
-        CANCELLED = "cancelled"
-
-    ACTIVE = (Status.QUEUED, Status.RUNNING)
+    kind = "extraction"
+    task = "activations.tasks.run_extraction"
+    noun = "extraction"
+    failure_code = "EXTRACTION_FAILED"
 
     id = models.CharField(primary_key=True, max_length=64, default=new_extraction_id, editable=False)
     model = models.ForeignKey(
@@ -143,36 +142,41 @@ class ExtractionJob(models.Model):
     max_length = models.PositiveIntegerField(default=512)
     dtype = models.CharField(max_length=20, default="float32")
 
-    status = models.CharField(max_length=20, choices=Status.choices, default=Status.QUEUED, db_index=True)
-    progress = models.FloatField(default=0)
     samples_processed = models.PositiveIntegerField(default=0)
     total_samples = models.PositiveIntegerField(default=0)
     tokens_processed = models.BigIntegerField(default=0)
     tokens_per_second = models.FloatField(null=True, blank=True)
-    eta_seconds = models.FloatField(null=True, blank=True)
-    rq_job_id = models.CharField(max_length=100, blank=True)
-    host_worker = models.CharField(max_length=255, blank=True)
-    error_code = models.CharField(max_length=100, blank=True)
-    error_message = models.TextField(blank=True)
-    owner = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
-    created_at = models.DateTimeField(auto_now_add=True)
-    started_at = models.DateTimeField(null=True, blank=True)
-    finished_at = models.DateTimeField(null=True, blank=True)
     extraction_time_seconds = models.FloatField(null=True, blank=True)
-    updated_at = models.DateTimeField(auto_now=True)
 
-    class Meta:
-        ordering = ["-created_at"]
+    class Meta(JobRow.Meta):
+        pass
 
     def __str__(self) -> str:
         return self.id
 
-    def mark_running(self, *, host_worker: str, total_samples: int) -> list[str]:
-        self.status = self.Status.RUNNING
-        self.host_worker = host_worker
+    def event_groups(self) -> list[str]:
+        return [f"extraction.{self.id}", f"model.{self.model_id}"]
+
+    def leftovers(self) -> list:
+        return []  # its files are its cache's (a row of its own)
+
+    def on_ended(self) -> None:
+        """An unfinished cache goes with a cancelled job (its files on commit); a failed job's cache
+        says ``failed`` with its code, and after a full disk its partial files are removed."""
+        cache = self.cache
+        if cache is None or cache.status == ActivationCache.Status.COMPLETED:
+            return
+        if self.status == self.Status.CANCELLED:
+            cache.delete()  # its files follow on commit (cache_files_follow_row)
+            return
+        cache.save(update_fields=cache.mark_failed(code=self.error_code, message=self.error_message))
+        if self.error_code == "DISK_FULL":
+            directory = cache.directory
+            transaction.on_commit(lambda: shutil.rmtree(directory, ignore_errors=True))
+
+    def mark_running(self, *, host_worker: str, total_samples: int = 0) -> list[str]:
         self.total_samples = total_samples
-        self.started_at = self.started_at or timezone.now()
-        return ["status", "host_worker", "total_samples", "started_at"]
+        return [*super().mark_running(host_worker=host_worker), "total_samples"]
 
     def mark_progress(
         self, *, samples_processed: int, tokens_processed: int, tokens_per_second: float
@@ -189,24 +193,8 @@ class ExtractionJob(models.Model):
         return ["samples_processed", "tokens_processed", "progress", "tokens_per_second", "eta_seconds"]
 
     def mark_completed(self, *, cache: ActivationCache, cached: bool = False) -> list[str]:
-        self.status = self.Status.COMPLETED
         self.cache = cache
         self.cached = cached
-        self.progress = 100
-        self.finished_at = timezone.now()
+        fields = super().mark_completed()
         self.extraction_time_seconds = round(self.elapsed_seconds(), 3) if not cached else 0.0
-        return ["status", "cache", "cached", "progress", "finished_at", "extraction_time_seconds"]
-
-    def mark_failed(self, *, code: str, message: str) -> list[str]:
-        self.status = self.Status.FAILED
-        self.error_code, self.error_message = code, message
-        self.finished_at = timezone.now()
-        return ["status", "error_code", "error_message", "finished_at"]
-
-    def mark_cancelled(self) -> list[str]:
-        self.status = self.Status.CANCELLED
-        self.finished_at = timezone.now()
-        return ["status", "finished_at"]
-
-    def elapsed_seconds(self) -> float:
-        return (timezone.now() - self.started_at).total_seconds() if self.started_at else 0.0
+        return [*fields, "cache", "cached", "extraction_time_seconds"]

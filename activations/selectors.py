@@ -77,12 +77,6 @@ def extraction_get(*, user, extraction_id: str, model_id: str | None = None) -> 
     return job
 
 
-def extraction_get_to_change(*, user, extraction_id: str) -> ExtractionJob:
-    job = extraction_get(user=user, extraction_id=extraction_id)
-    check_may_change(job, user, what="extraction")
-    return job
-
-
 def extraction_estimate_seconds(job: ExtractionJob) -> float:
     """From the throughput of this model's last finished extraction, else a conservative guess."""
     if job.cached:

@@ -11,6 +11,7 @@ from features.serializers import analysis_state, label_state
 from mistudio.permissions import CanRead, CanWrite
 from mistudio.serializers import StrictSerializer
 from mistudio.streaming import ChunkedStreamingResponse
+from mistudio.throttling import WorkerCallThrottle
 from saes.selectors import completed_sae, sae_get
 
 
@@ -28,7 +29,10 @@ class AnalysisListApi(APIView):
         sae = sae_get(user=request.user, sae_id=sae_id)
         analyses = selectors.analysis_list(user=request.user, sae=sae)
         return Response(
-            {"analyses": [analysis_state(row) for row in analyses[:200]], "total": analyses.count()}
+            {
+                "analyses": [analysis_state(row, viewer=request.user) for row in analyses[:200]],
+                "total": analyses.count(),
+            }
         )
 
     @extend_schema(request=InputSerializer, responses={202: dict})
@@ -39,9 +43,9 @@ class AnalysisListApi(APIView):
         cache_id = data.validated_data.get("cache_id")
         cache = completed_cache(user=request.user, cache_id=cache_id) if cache_id else None
         analysis = services.analysis_request(
-            owner=request.user, sae=sae, cache=cache, shared=data.validated_data.get("shared")
+            owner=request.user, sae=sae, cache=cache, shared=data.validated_data.get("shared", False)
         )
-        return Response(analysis_state(analysis), status=status.HTTP_202_ACCEPTED)
+        return Response(analysis_state(analysis, viewer=request.user), status=status.HTTP_202_ACCEPTED)
 
 
 class AnalysisDetailApi(APIView):
@@ -54,7 +58,10 @@ class AnalysisDetailApi(APIView):
     def get(self, request, sae_id: str, analysis_id: str):
         sae = sae_get(user=request.user, sae_id=sae_id)
         return Response(
-            analysis_state(selectors.analysis_get(user=request.user, sae=sae, analysis_id=analysis_id))
+            analysis_state(
+                selectors.analysis_get(user=request.user, sae=sae, analysis_id=analysis_id),
+                viewer=request.user,
+            )
         )
 
     @extend_schema(request=UpdateSerializer, responses={200: dict})
@@ -64,7 +71,7 @@ class AnalysisDetailApi(APIView):
         data = self.UpdateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         analysis = services.analysis_update(analysis=analysis, actor=request.user, **data.validated_data)
-        return Response(analysis_state(analysis))
+        return Response(analysis_state(analysis, viewer=request.user))
 
     @extend_schema(responses={204: None})
     def delete(self, request, sae_id: str, analysis_id: str):
@@ -82,7 +89,7 @@ class AnalysisCancelApi(APIView):
         sae = sae_get(user=request.user, sae_id=sae_id)
         analysis = selectors.analysis_get(user=request.user, sae=sae, analysis_id=analysis_id)
         analysis = services.analysis_cancel(analysis=analysis, actor=request.user)
-        return Response(analysis_state(analysis), status=status.HTTP_202_ACCEPTED)
+        return Response(analysis_state(analysis, viewer=request.user), status=status.HTTP_202_ACCEPTED)
 
 
 class FeatureListApi(APIView):
@@ -157,6 +164,7 @@ class FeatureEncodeApi(APIView):
     """Which features fire on a text (the SAE's model must be loaded)."""
 
     permission_classes = [CanWrite]
+    throttle_classes = [WorkerCallThrottle]
 
     class InputSerializer(StrictSerializer):
         text = serializers.CharField(max_length=services.MAX_ENCODE_CHARS, trim_whitespace=False)

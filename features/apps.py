@@ -6,12 +6,16 @@ class FeaturesConfig(AppConfig):
     verbose_name = "SAE features"
 
     def ready(self) -> None:
-        from django.db.models.signals import pre_delete
-
-        from features import selectors, services
+        from features import selectors, serializers
         from features.models import FeatureAnalysis
-        from mistudio.workers import register_worker_hook
+        from mistudio.access import register_visibility
+        from mistudio.jobs import register_job_kind
 
         selectors.register_event_groups()
-        register_worker_hook("start", services.analysis_resume_on_worker_start)
-        pre_delete.connect(services.analysis_files_follow_row, sender=FeatureAnalysis)
+        register_visibility(
+            FeatureAnalysis,
+            lambda user: selectors.analysis_list(user=user),
+            code="ANALYSIS_NOT_FOUND",
+            what="feature analysis",
+        )
+        register_job_kind(FeatureAnalysis, state=serializers.analysis_state)

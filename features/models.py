@@ -2,27 +2,22 @@
 
 from django.conf import settings
 from django.db import models
-from django.utils import timezone
 
 from mistudio.identifiers import new_analysis_id
+from mistudio.jobs import JobRow
 
 
-class FeatureAnalysis(models.Model):
+class FeatureAnalysis(JobRow):
     """One sweep of an SAE over an activation cache: per-feature statistics, examples, logit
     effects and neighbours in ``FEATURES_DIR/<id>/features.safetensors``, and a :class:`Feature`
     row per feature for listing and search. ``queued → running → completed | failed | cancelled``.
     """
 
+    kind = "analysis"
+    task = "features.tasks.run_feature_analysis"
+    noun = "analysis"
+    failure_code = "ANALYSIS_FAILED"
     OWNER_FIELDS = ("shared",)
-
-    class Status(models.TextChoices):
-        QUEUED = "queued"
-        RUNNING = "running"
-        COMPLETED = "completed"
-        FAILED = "failed"
-        CANCELLED = "cancelled"
-
-    ACTIVE = (Status.QUEUED, Status.RUNNING)
 
     id = models.CharField(primary_key=True, max_length=64, default=new_analysis_id, editable=False)
     sae = models.ForeignKey("saes.SparseAutoencoder", on_delete=models.CASCADE, related_name="analyses")
@@ -34,31 +29,24 @@ class FeatureAnalysis(models.Model):
         related_name="analyses",
     )
     config = models.JSONField(default=dict, blank=True, help_text="engine.features.AnalysisConfig")
-    status = models.CharField(max_length=20, choices=Status.choices, default=Status.QUEUED, db_index=True)
     phase = models.PositiveSmallIntegerField(default=0, help_text="Pass 1-3 of the sweep, 4 when done")
-    progress = models.FloatField(default=0)
     tokens = models.BigIntegerField(default=0)
     tokens_per_second = models.FloatField(null=True, blank=True)
-    eta_seconds = models.FloatField(null=True, blank=True)
     summary = models.JSONField(default=dict, blank=True, help_text="Dead features, timings, notes")
     file_size_bytes = models.BigIntegerField(default=0)
-    rq_job_id = models.CharField(max_length=100, blank=True)
-    host_worker = models.CharField(max_length=255, blank=True)
-    error_code = models.CharField(max_length=100, blank=True)
-    error_message = models.TextField(blank=True)
-    owner = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
-    shared = models.BooleanField(default=False, help_text="Visible to every reader who may see the SAE")
-    created_at = models.DateTimeField(auto_now_add=True)
-    started_at = models.DateTimeField(null=True, blank=True)
-    finished_at = models.DateTimeField(null=True, blank=True)
-    updated_at = models.DateTimeField(auto_now=True)
+    shared = models.BooleanField(
+        default=False,
+        help_text="Visible, with its examples of the cache's text, to every reader who may see the SAE",
+    )
 
-    class Meta:
-        ordering = ["-created_at"]
+    class Meta(JobRow.Meta):
         verbose_name_plural = "feature analyses"
 
     def __str__(self) -> str:
         return f"{self.id} ({self.sae_id} over {self.cache_id})"
+
+    def event_groups(self) -> list[str]:
+        return [f"analysis.{self.id}", f"sae.{self.sae_id}"]
 
     @property
     def directory(self):
@@ -73,11 +61,9 @@ class FeatureAnalysis(models.Model):
         """The resumable sweep's state while it runs."""
         return self.directory / "state"
 
-    def mark_running(self, *, host_worker: str, tokens: int) -> list[str]:
-        self.status = self.Status.RUNNING
-        self.host_worker, self.tokens = host_worker, tokens
-        self.started_at = self.started_at or timezone.now()
-        return ["status", "host_worker", "tokens", "started_at"]
+    def mark_running(self, *, host_worker: str, tokens: int = 0) -> list[str]:
+        self.tokens = tokens
+        return [*super().mark_running(host_worker=host_worker), "tokens"]
 
     def mark_progress(self, *, phase: int, fraction: float, tokens_per_second: float) -> list[str]:
         self.phase = phase
@@ -88,22 +74,8 @@ class FeatureAnalysis(models.Model):
         return ["phase", "progress", "tokens_per_second", "eta_seconds"]
 
     def mark_completed(self, *, summary: dict, file_size_bytes: int) -> list[str]:
-        self.status = self.Status.COMPLETED
-        self.phase, self.progress, self.eta_seconds = 4, 100, None
-        self.summary, self.file_size_bytes = summary, file_size_bytes
-        self.finished_at = timezone.now()
-        return ["status", "phase", "progress", "eta_seconds", "summary", "file_size_bytes", "finished_at"]
-
-    def mark_failed(self, *, code: str, message: str) -> list[str]:
-        self.status = self.Status.FAILED
-        self.error_code, self.error_message = code, message
-        self.finished_at, self.eta_seconds = timezone.now(), None
-        return ["status", "error_code", "error_message", "finished_at", "eta_seconds"]
-
-    def mark_cancelled(self) -> list[str]:
-        self.status = self.Status.CANCELLED
-        self.finished_at, self.eta_seconds = timezone.now(), None
-        return ["status", "finished_at", "eta_seconds"]
+        self.phase, self.summary, self.file_size_bytes = 4, summary, file_size_bytes
+        return [*super().mark_completed(), "phase", "summary", "file_size_bytes"]
 
 
 class Feature(models.Model):
@@ -141,6 +113,7 @@ class FeatureLabel(models.Model):
     when the SAE is analysed again). One per owner and feature; ``shared`` shows it to others."""
 
     OWNER_FIELDS = ("label", "notes", "shared")
+    OWNER_DELETED = "delete"  # one's own notes: they go with their author (mistudio.access)
 
     sae = models.ForeignKey("saes.SparseAutoencoder", on_delete=models.CASCADE, related_name="feature_labels")
     index = models.PositiveIntegerField()

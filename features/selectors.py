@@ -449,7 +449,7 @@ def analysis_export_stream(*, user, sae: SparseAutoencoder, analysis: FeatureAna
 
 def analysis_snapshot(user, key: str | None) -> dict[str, Any] | None:
     analysis = analysis_list(user=user).filter(pk=key).first()
-    return None if analysis is None else analysis_state(analysis)
+    return None if analysis is None else analysis_state(analysis, viewer=user)
 
 
 def register_event_groups() -> None:

@@ -2,19 +2,23 @@
 
 from typing import Any
 
+from activations.models import ActivationCache
 from features.models import Feature, FeatureAnalysis, FeatureLabel
+from mistudio.access import AUDIENCE, linked_id
 
 
 def iso(value) -> str | None:
     return value.isoformat() if value else None
 
 
-def analysis_state(analysis: FeatureAnalysis) -> dict[str, Any]:
-    """An analysis as ``GET /api/saes/{id}/analyses/{aid}``, ``analysis:*`` events and snapshots show it."""
+def analysis_state(analysis: FeatureAnalysis, *, viewer=AUDIENCE) -> dict[str, Any]:
+    """An analysis as ``GET /api/saes/{id}/analyses/{aid}``, ``analysis:*`` events and snapshots show
+    it to ``viewer`` (an event's: everyone it reaches): the id of the cache it read only if they may
+    see that cache."""
     return {
         "id": analysis.id,
         "sae_id": analysis.sae_id,
-        "cache_id": analysis.cache_id,
+        "cache_id": linked_id(viewer, analysis, ActivationCache, analysis.cache_id),
         "config": analysis.config,
         "status": analysis.status,
         "phase": analysis.phase,
@@ -24,6 +28,7 @@ def analysis_state(analysis: FeatureAnalysis) -> dict[str, Any]:
         "eta_seconds": analysis.eta_seconds,
         "summary": analysis.summary,
         "file_size_bytes": analysis.file_size_bytes,
+        "memory_estimate_bytes": analysis.memory_estimate_bytes,
         "host_worker": analysis.host_worker,
         "error_code": analysis.error_code,
         "error_message": analysis.error_message,

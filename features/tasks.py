@@ -1,9 +1,8 @@
-"""RQ entry points of feature analysis and live encoding. They take ids and run in a miStudio worker."""
+"""The feature analysis job's body (``mistudio.jobs``) and live encoding. They run in a miStudio worker."""
 
 import logging
 import shutil
 import time
-import uuid
 from typing import Any
 
 from django.conf import settings
@@ -11,10 +10,7 @@ from django.db import close_old_connections, transaction
 
 from activations.selectors import model_folder, tokenizer_for
 from activations.services import cache_touch
-from activations.store import CacheError
-from engine.errors import EngineError
 from engine.features.analysis import (
-    AnalysisCancelled,
     AnalysisConfig,
     AnalysisState,
     TokenTable,
@@ -27,132 +23,91 @@ from engine.features.inference import auto_label, features_of_text
 from engine.registry import LOADED_MODELS
 from engine.sae.formats import load_saelens
 from features.models import Feature, FeatureAnalysis
-from features.services import (
-    analysis_cancel_requested,
-    analysis_discard,
-    analysis_enqueue,
-    analysis_failed,
-    analysis_publish,
-)
+from features.services import ENCODE_MAX_TOKENS
 from mistudio.errors import ApplicationError
 from mistudio.events import ProgressThrottle
-from mistudio.workers import answer_call
-from models_app.tasks import Requeued, current_worker, model_in_this_worker
+from mistudio.jobs import DAY, JobContext, job_publish, job_task
+from mistudio.workers import answer_call, worker_task
+from models_app.tasks import model_in_this_worker
 from saes.services import folder_size
 from saes.tasks import open_cache, sae_module
 
 logger = logging.getLogger(__name__)
 
-ENCODE_MAX_TOKENS = 1024
 LEASE_SECONDS = 900
 
 
-def run_feature_analysis(analysis_id: str) -> None:
+@job_task(FeatureAnalysis, timeout=2 * DAY)
+def run_feature_analysis(analysis: FeatureAnalysis, job: JobContext) -> None:
     """Sweep the SAE over the cache (three streamed passes, resumable from its saved state), add
     logit effects and neighbours, write ``features.safetensors`` and one ``Feature`` row per
-    feature. Idempotent: a row no longer queued or running is left alone."""
-    close_old_connections()
-    identity = current_worker()
-    analysis = (
-        FeatureAnalysis.objects.select_related("sae", "sae__model", "cache").filter(pk=analysis_id).first()
-    )
-    if analysis is None or analysis.status not in FeatureAnalysis.ACTIVE:
-        return
+    feature."""
     sae = analysis.sae
-    try:
-        if analysis_cancel_requested(analysis.id):
-            raise AnalysisCancelled
-        store = open_cache(analysis.cache, sae.hook_name)  # first: a bad cache fails before a model load
-        loaded = None
-        if sae.model_id:  # for the unembedding (logit effects) and the tokenizer
-            loaded = model_in_this_worker(
-                sae.model_id, identity.name, requeue=lambda: analysis_requeue(analysis),
-                purpose="a feature analysis",
-            )  # fmt: skip
-        table = store.tokens()
-        tokens = TokenTable(table["token_ids"], table["sample_index"], table["position"])
-        config = AnalysisConfig(**analysis.config) if analysis.config else AnalysisConfig()
-        module, _ = load_saelens(sae.directory)
-        device = identity.compute_device
-        module.to(device)
-        resume = AnalysisState.load(analysis.state_directory)
-        # Read now: the sweep carries the resumed state forward in place.
-        resumed_from = None if resume is None else {"phase": resume.phase, "row": resume.next_row}
-        fields = analysis.mark_running(host_worker=identity.name, tokens=len(tokens))
-        analysis.config = config.__dict__ if not analysis.config else analysis.config
-        analysis_publish(
-            analysis, "analysis:started", [*fields, "config"],
-            resumed_from=resumed_from,
-        )  # fmt: skip
-        throttle = ProgressThrottle(min_step=101.0, min_interval=0.5)
-        cache_touch(analysis.cache, lease_seconds=LEASE_SECONDS)  # eviction leaves a cache being read
-        last_lease = time.monotonic()
+    store = open_cache(analysis.cache, sae.hook_name)  # first: a bad cache fails before a model load
+    loaded = None
+    if sae.model_id:  # for the unembedding (logit effects) and the tokenizer
+        loaded = model_in_this_worker(sae.model_id, analysis, purpose="a feature analysis")
+    table = store.tokens()
+    tokens = TokenTable(table["token_ids"], table["sample_index"], table["position"])
+    config = AnalysisConfig(**analysis.config) if analysis.config else AnalysisConfig()
+    module, _ = load_saelens(sae.directory)
+    device = job.worker.compute_device
+    module.to(device)
+    resume = AnalysisState.load(analysis.state_directory)
+    # Read now: the sweep carries the resumed state forward in place.
+    resumed_from = None if resume is None else {"phase": resume.phase, "row": resume.next_row}
+    fields = analysis.mark_running(host_worker=job.worker.name, tokens=len(tokens))
+    analysis.config = config.__dict__ if not analysis.config else analysis.config
+    job_publish(analysis, "started", [*fields, "config"], resumed_from=resumed_from)
+    throttle = ProgressThrottle(min_step=101.0, min_interval=0.5)
+    cache_touch(analysis.cache, lease_seconds=LEASE_SECONDS)  # eviction leaves a cache being read
+    last_lease = time.monotonic()
 
-        def on_progress(progress) -> None:
-            nonlocal last_lease
-            if time.monotonic() - last_lease > LEASE_SECONDS / 10:
-                cache_touch(analysis.cache, lease_seconds=LEASE_SECONDS)
-                last_lease = time.monotonic()
-            if throttle.ready(100 * progress.fraction):
-                fields = analysis.mark_progress(
-                    phase=progress.phase,
-                    fraction=progress.fraction,
-                    tokens_per_second=progress.rows_per_second,
-                )
-                analysis_publish(analysis, "analysis:progress", fields)
-
-        state = analyze(
-            lambda rows: module.encode(rows.to(device)).float().cpu(),
-            lambda start, stop: store.get(sae.hook_name, start, stop, as_torch=True).float(),
-            tokens,
-            d_sae=sae.d_sae,
-            config=config,
-            resume=resume,
-            on_progress=on_progress,
-            should_cancel=lambda: analysis_cancel_requested(analysis.id),
-            on_checkpoint=lambda state: state.save(analysis.state_directory),
-            checkpoint_seconds=settings.FEATURE_ANALYSIS_CHECKPOINT_SECONDS,
-        )
-        arrays = feature_arrays(state, tokens, config)
-        summary = analysis_summary(state, config)
-        if resumed_from is not None:
-            summary["resumed_from"] = resumed_from
-        arrays.update(decoder_neighbours(module.W_dec))
-        weights = unembedding(loaded.model) if loaded is not None else None
-        if weights is not None and weights[0].shape[0] == sae.d_in:
-            arrays.update(logit_effects(module.W_dec, *weights))
-        else:
-            summary["logit_note"] = (
-                "No logit effects: the SAE names no loaded model with an unembedding"
-                if weights is None
-                else f"No logit effects: the hook's width ({sae.d_in}) is not the residual stream's."
+    def on_progress(progress) -> None:
+        nonlocal last_lease
+        if time.monotonic() - last_lease > LEASE_SECONDS / 10:
+            cache_touch(analysis.cache, lease_seconds=LEASE_SECONDS)
+            last_lease = time.monotonic()
+        if throttle.ready(100 * progress.fraction):
+            fields = analysis.mark_progress(
+                phase=progress.phase,
+                fraction=progress.fraction,
+                tokens_per_second=progress.rows_per_second,
             )
-        tokenizer = loaded.tokenizer if loaded is not None else None
-        write_results(analysis, arrays, tokenizer=tokenizer, config=config)
-        if analysis_cancel_requested(analysis.id):
-            raise AnalysisCancelled
-    except Requeued:
-        return
-    except AnalysisCancelled:
-        analysis_discard(analysis)
-        return
-    except (ApplicationError, EngineError, CacheError) as error:
-        code, message = getattr(error, "code", "ANALYSIS_FAILED"), getattr(error, "message", str(error))
-        analysis_failed(analysis, code=code, message=message)
-        return
-    except Exception as error:
-        logger.exception("Feature analysis %s failed", analysis_id)
-        analysis_failed(analysis, code="ANALYSIS_FAILED", message=f"Analysis failed: {type(error).__name__}.")
-        return
+            job_publish(analysis, "progress", fields)
+
+    state = analyze(
+        lambda rows: module.encode(rows.to(device)).float().cpu(),
+        lambda start, stop: store.get(sae.hook_name, start, stop, as_torch=True).float(),
+        tokens,
+        d_sae=sae.d_sae,
+        config=config,
+        resume=resume,
+        on_progress=on_progress,
+        should_cancel=job.should_cancel,
+        on_checkpoint=lambda state: state.save(analysis.state_directory),
+        checkpoint_seconds=settings.FEATURE_ANALYSIS_CHECKPOINT_SECONDS,
+    )
+    arrays = feature_arrays(state, tokens, config)
+    summary = analysis_summary(state, config)
+    if resumed_from is not None:
+        summary["resumed_from"] = resumed_from
+    arrays.update(decoder_neighbours(module.W_dec))
+    weights = unembedding(loaded.model) if loaded is not None else None
+    if weights is not None and weights[0].shape[0] == sae.d_in:
+        arrays.update(logit_effects(module.W_dec, *weights))
+    else:
+        summary["logit_note"] = (
+            "No logit effects: the SAE names no loaded model with an unembedding"
+            if weights is None
+            else f"No logit effects: the hook's width ({sae.d_in}) is not the residual stream's."
+        )
+    tokenizer = loaded.tokenizer if loaded is not None else None
+    write_results(analysis, arrays, tokenizer=tokenizer, config=config)
+    job.check_cancel()
     shutil.rmtree(analysis.state_directory, ignore_errors=True)
     fields = analysis.mark_completed(summary=summary, file_size_bytes=folder_size(analysis.directory))
-    analysis_publish(analysis, "analysis:completed", fields)
-
-
-def analysis_requeue(analysis: FeatureAnalysis) -> None:
-    analysis.rq_job_id = f"analysis-{analysis.id}-{uuid.uuid4().hex[:6]}"
-    analysis.save(update_fields=["rq_job_id"])
-    analysis_enqueue(analysis)
+    job_publish(analysis, "completed", fields)
 
 
 def write_results(analysis: FeatureAnalysis, arrays: dict, *, tokenizer, config: AnalysisConfig) -> None:
@@ -201,6 +156,7 @@ def write_results(analysis: FeatureAnalysis, arrays: dict, *, tokenizer, config:
         Feature.objects.bulk_create(rows, batch_size=2000)
 
 
+@worker_task(timeout=120)
 def run_feature_encode(request_id: str, sae_id: str, text: str, top: int) -> None:
     """Live encoding for ``features.services.feature_encode`` (answered through ``answer_call``)."""
     from saes.models import SparseAutoencoder

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from engine import budgets
 from engine.interventions import KINDS, POSITION_KINDS, Intervention
 from mistudio.errors import ApplicationError
 
@@ -265,17 +266,35 @@ def _mean_source(index: int, cache_id: Any, hook: str, width: int | None, user) 
     return cache.id
 
 
+def interventions_memory(specs: list[dict[str, Any]], *, user) -> budgets.MemoryEstimate | None:
+    """The largest estimated peak of the mean ablations of a validated spec (their means are
+    computed from a cache on the worker before the first token); None when there are none."""
+    estimates = []
+    for spec in specs:
+        if spec["type"] != "ablate" or "mean_from" not in spec:
+            continue
+        sae = _sae_source.describe(user, spec["sae"]) if "sae" in spec and _sae_source else None
+        estimates.append(
+            budgets.mean_ablation(d_in=sae.d_in, d_sae=sae.d_sae)
+            if sae is not None
+            else budgets.mean_ablation(d_in=MAX_VECTOR, d_sae=None)
+        )
+    return max(estimates, key=lambda estimate: estimate.total, default=None)
+
+
 _MEANS: dict[tuple[str, str, int | None], Any] = {}  # a worker's cache means (caches never change)
 MEANS_KEPT = 16
 
 
-def cache_means(cache_id: str, hook: str, sae: Any = None, *, chunk: int = 65_536) -> Any:
+def cache_means(cache_id: str, hook: str, sae: Any = None) -> Any:
     """Mean over a cache's tokens of ``hook``'s activations ([width]), or of ``sae``'s features
-    ([d_sae], the cache's rows encoded a chunk at a time); float32 on the CPU, kept per worker."""
+    ([d_sae], the cache's rows encoded ``budgets.mean_encoding_rows`` at a time: memory stays flat
+    whatever the cache's size); float32 on the CPU, kept per worker."""
     key = (cache_id, hook, None if sae is None else id(sae))
     if key not in _MEANS:
         if len(_MEANS) >= MEANS_KEPT:
             _MEANS.pop(next(iter(_MEANS)))
+        chunk = budgets.mean_encoding_rows(sae.W_enc.shape[1]) if sae is not None else 0
         _MEANS[key] = _cache_means(cache_id, hook, sae, chunk=chunk)
     return _MEANS[key]
 

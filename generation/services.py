@@ -21,15 +21,16 @@ from django.utils import timezone
 from activations.model_structure import skeleton
 from activations.services import hook_names_for
 from engine.hooks import MODULE_PREFIX, list_hook_points
-from generation.interventions import interventions_request
+from generation.interventions import interventions_memory, interventions_request
 from generation.models import Generation
 from generation.selectors import generation_get
 from generation.streams import GenerationStream, request_cancel
 from generation.tasks import final_event, finish_cancelled
 from mistudio import roles
 from mistudio.access import OPERATOR
+from mistudio.budgets import memory_budget_check
 from mistudio.errors import ApplicationError
-from mistudio.workers import enqueue, read_heartbeats, worker_queue
+from mistudio.workers import enqueue, interactive_queue, read_heartbeats
 from models_app.models import LanguageModel
 from models_app.selectors import model_list, models_named
 from models_app.services import model_host
@@ -154,7 +155,11 @@ def generation_request(
         if interventions
         else []
     )
-    model_host(model)
+    host = model_host(model)
+    if (
+        estimate := interventions_memory(steering, user=owner if owner is not None else OPERATOR)
+    ) is not None:
+        memory_budget_check(estimate, what="this mean ablation", worker_name=host)
     hooks = hook_names_for(model, hooks=capture, layers=None) if capture else []
     if hooks and prompts is not None and len(prompts) > 1:
         raise ApplicationError(
@@ -188,16 +193,11 @@ def generation_request(
             )
             for prompt in (prompts if prompts is not None else [""])
         ]
-        queue = worker_queue(model.host_worker)
+        # The worker's interactive queue: served between the steps of a job it runs.
+        queue = interactive_queue(host)
         for row in rows:
-            # At the front: a chat reply should not wait behind a long extraction's queue.
             enqueue(
-                queue,
-                "generation.tasks.run_generation",
-                row.id,
-                job_id=f"generate-{row.id}",
-                at_front=True,
-                result_ttl=0,
+                queue, "generation.tasks.run_generation", row.id, job_id=f"generate-{row.id}", result_ttl=0
             )
     return rows
 

@@ -1,6 +1,7 @@
 """RQ entry point of a generation. It runs in the worker that hosts the model.
 
-Requests that arrive while the worker is busy wait in its queue; the first of them to run takes
+Requests wait on the worker's interactive queue, which a running job serves between its steps
+(``mistudio.jobs``): a generation never waits for a long job to end. The first of them to run takes
 every other queued request for the same model along (up to ``GENERATION_MAX_BATCH``, without
 activation capture) and decodes them as one batch, so concurrent clients share the forward
 passes. The jobs of the rows it took find them no longer queued and return at once.
@@ -29,8 +30,8 @@ from generation.selectors import generation_state
 from generation.streams import GenerationStream, cancel_requested
 from mistudio.errors import ApplicationError
 from mistudio.events import BACKGROUND_PUBLISHER, rows_audience
+from mistudio.workers import current_worker, worker_task
 from models_app.models import LanguageModel
-from models_app.tasks import current_worker
 
 logger = logging.getLogger(__name__)
 
@@ -293,6 +294,7 @@ def store_capture(generation: Generation, result) -> Any:
     return cache
 
 
+@worker_task(timeout=3600)
 def run_generation(generation_id: str) -> None:
     """Generate for this request and every queued one that can share its batch.
 

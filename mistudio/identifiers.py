@@ -38,5 +38,9 @@ def new_analysis_id() -> str:
     return new_id("fa")
 
 
+def new_evaluation_id() -> str:
+    return new_id("ev")
+
+
 def new_steering_vector_id() -> str:
     return new_id("sv")

@@ -1,4 +1,17 @@
-"""One way to reach Redis from miStudio code (queues, heartbeats, health)."""
+"""One way to reach Redis from miStudio code (queues, heartbeats, health).
+
+Two pools, because a read that waits on the server must not be cut by a client-side timeout:
+
+* :func:`get_redis` — commands answered at once; ``REDIS_SOCKET_TIMEOUT_SECONDS`` bounds a read,
+  so a dead connection is noticed quickly.
+* :func:`get_blocking_redis` — ``BLPOP`` and friends that wait server-side for as long as they
+  ask (a worker call's reply): no client-side read timeout, TCP keepalive instead. A socket
+  timeout shorter than the wait turned every long wait into an error (a worker call answered
+  500 at exactly 10 s, an idle worker backed off for up to a minute).
+
+An RQ worker gets a connection of its own (:func:`worker_redis`): RQ sets its read timeout just
+above its own blocking dequeue.
+"""
 
 import functools
 
@@ -14,12 +27,33 @@ def ensure_redis() -> None:
         embedded_redis.ensure_running(settings.EMBEDDED_REDIS_SOCKET)
 
 
+def _options(url: str) -> dict:
+    """What every pool gets: a short connect timeout, health checks, and TCP keepalive (which a
+    unix socket has no use for)."""
+    options: dict = {"socket_connect_timeout": 2, "health_check_interval": 30}
+    if not url.startswith("unix://"):
+        options["socket_keepalive"] = True
+    return options
+
+
 @functools.cache
-def _connection(url: str) -> redis.Redis:
-    return redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=10, health_check_interval=30)
+def _connection(url: str, *, socket_timeout: float | None) -> redis.Redis:
+    return redis.Redis.from_url(url, socket_timeout=socket_timeout, **_options(url))
 
 
 def get_redis() -> redis.Redis:
     """The shared connection pool for ``REDIS_URL`` (the embedded server is started on first use)."""
     ensure_redis()
-    return _connection(settings.REDIS_URL)
+    return _connection(settings.REDIS_URL, socket_timeout=settings.REDIS_SOCKET_TIMEOUT_SECONDS)
+
+
+def get_blocking_redis() -> redis.Redis:
+    """The pool for commands that block server-side with their own timeout (``BLPOP``)."""
+    ensure_redis()
+    return _connection(settings.REDIS_URL, socket_timeout=None)
+
+
+def worker_redis() -> redis.Redis:
+    """A connection pool of its own for an RQ worker's dequeue loop."""
+    ensure_redis()
+    return redis.Redis.from_url(settings.REDIS_URL, **_options(settings.REDIS_URL))

@@ -345,6 +345,11 @@ REDIS_KEY_PREFIX = os.environ.get("MISTUDIO_REDIS_PREFIX", "mistudio")
 SHARED_QUEUE = f"{REDIS_KEY_PREFIX}.shared"
 WORKER_HEARTBEAT_SECONDS = env_number("WORKER_HEARTBEAT_SECONDS", 5, minimum=0.2)
 WORKER_LOST_AFTER_SECONDS = env_number("WORKER_LOST_AFTER_SECONDS", 30, minimum=1)
+# A read on the command pool gives up after this; blocking waits (a worker's dequeue, a worker
+# call's reply) use connections without it (mistudio.redis_client).
+REDIS_SOCKET_TIMEOUT_SECONDS = env_number("REDIS_SOCKET_TIMEOUT_SECONDS", 10, minimum=0.1)
+# RQ's worker key lives this long between its beats; its blocking dequeue waits 15 s less.
+RQ_WORKER_TTL_SECONDS = int(env_number("RQ_WORKER_TTL_SECONDS", 420, minimum=20, integer=True))
 # The web process also looks for lost workers (mistudio.workers.WorkerWatchThread), so that the
 # models of the last worker to die do not stay "loading" or "ready"; off in the test suite's
 # in-process runs, where rows name workers that never beat.
@@ -377,9 +382,19 @@ CACHES = {
 # Per user (by id, not by address) for signed-in clients. See mistudio/throttling.py.
 RATE_LIMIT_MODEL_LOADS_PER_HOUR = int(env_number("RATE_LIMIT_MODEL_LOADS_PER_HOUR", 10, integer=True))
 RATE_LIMIT_GENERATIONS_PER_MINUTE = int(env_number("RATE_LIMIT_GENERATIONS_PER_MINUTE", 600, integer=True))
-# Extractions queued or running at once; a request over either cap gets 429 with Retry-After.
-MAX_ACTIVE_EXTRACTIONS = int(env_number("MAX_ACTIVE_EXTRACTIONS", 5, integer=True))
-MAX_ACTIVE_EXTRACTIONS_PER_USER = int(env_number("MAX_ACTIVE_EXTRACTIONS_PER_USER", 2, integer=True))
+# Worker calls (live encoding, patching, the logit lens) per user per minute.
+RATE_LIMIT_WORKER_CALLS_PER_MINUTE = int(env_number("RATE_LIMIT_WORKER_CALLS_PER_MINUTE", 60, integer=True))
+# Jobs of every kind (extractions, SAE trainings and imports, analyses, steering vectors,
+# evaluations) queued or running at once; a request over either cap gets 429 with Retry-After.
+MAX_ACTIVE_JOBS = int(env_number("MAX_ACTIVE_JOBS", 16, integer=True))
+MAX_ACTIVE_JOBS_PER_USER = int(env_number("MAX_ACTIVE_JOBS_PER_USER", 4, integer=True))
+# Bounds on one job (0: none): the tokens it may process, and how long it may run (each kind's
+# own limit applies below this one).
+JOB_MAX_TOKENS = int(env_number("JOB_MAX_TOKENS", 2_000_000_000, integer=True))
+JOB_MAX_SECONDS = int(env_number("JOB_MAX_SECONDS", 3 * 24 * 3600, integer=True))
+# The memory one job or worker request may take on its worker (its estimated peak, checked before
+# anything is allocated); 0: half of what the worker's device has free.
+JOB_MEMORY_LIMIT_GB = env_number("JOB_MEMORY_LIMIT_GB", 0.0)
 # Reverse proxies in front of Daphne that each append the client's address to X-Forwarded-For.
 # DRF then takes the entry that many from the right; with 0 it ignores the header (Daphne's own
 # peer address), so an anonymous client can never choose the identity it is counted under.
@@ -450,6 +465,9 @@ REST_FRAMEWORK = {
         "model_load": f"{RATE_LIMIT_MODEL_LOADS_PER_HOUR}/hour" if RATE_LIMIT_MODEL_LOADS_PER_HOUR else None,
         "generation": (
             f"{RATE_LIMIT_GENERATIONS_PER_MINUTE}/minute" if RATE_LIMIT_GENERATIONS_PER_MINUTE else None
+        ),
+        "worker_call": (
+            f"{RATE_LIMIT_WORKER_CALLS_PER_MINUTE}/minute" if RATE_LIMIT_WORKER_CALLS_PER_MINUTE else None
         ),
     },
     "NUM_PROXIES": NUM_PROXIES,

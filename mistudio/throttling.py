@@ -113,6 +113,13 @@ class GenerationThrottle(UserRateThrottle):
     what = "generation requests"
 
 
+class WorkerCallThrottle(UserRateThrottle):
+    """Live encoding, patching and the logit lens (one shared count): each holds a model's worker."""
+
+    scope = "worker_call"
+    what = "worker calls (live encoding, patching, the logit lens)"
+
+
 def _check(request: HttpRequest, user: Any, throttle_class: type[UserRateThrottle]) -> None:
     drf_request = Request(request)
     drf_request.user = user  # already authenticated by the caller

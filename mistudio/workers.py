@@ -1,9 +1,16 @@
-"""Worker processes: identity, queues and heartbeats.
+"""Worker processes: identity, queues, heartbeats, declared task timeouts and the interactive lane.
 
 A worker is an ``rq.SimpleWorker`` (no fork per job: the loaded models live in this process,
-and CUDA cannot be used after fork) that consumes its own queue plus the shared queue. Every
-``WORKER_HEARTBEAT_SECONDS`` a thread writes its heartbeat — device, memory, loaded models —
-to Redis with a time-to-live, so a worker that dies simply disappears from ``/healthz``.
+and CUDA cannot be used after fork) that consumes, in this order, its *interactive* queue
+(generation and worker calls: quick answers someone is waiting for), its own queue and the
+shared queue. Every ``WORKER_HEARTBEAT_SECONDS`` a thread writes its heartbeat — device,
+memory, loaded models — to Redis with a time-to-live, so a worker that dies simply disappears
+from ``/healthz``.
+
+Interactive work never waits for a long job: a job asks :func:`serve_interactive` between its
+steps (``mistudio.jobs.JobContext.should_cancel``), which runs what waits on the interactive
+queue right there, sharing the loaded model — one thread, so no two forward passes ever see
+each other's hooks.
 """
 
 import contextlib
@@ -21,12 +28,13 @@ import redis
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, connections, transaction
 from rq import Queue, SimpleWorker
+from rq.exceptions import NoSuchJobError
 from rq.job import Job
 from rq.timeouts import TimerDeathPenalty
 
 from engine.placement import Placement
 from engine.registry import LOADED_MODELS
-from mistudio.redis_client import get_redis
+from mistudio.redis_client import get_blocking_redis, get_redis, worker_redis
 from mistudio.structured_logging import job_context
 
 logger = logging.getLogger(__name__)
@@ -58,8 +66,19 @@ class WorkerIdentity:
 CURRENT_WORKER: WorkerIdentity | None = None
 
 
+def current_worker() -> WorkerIdentity:
+    """This process's worker (tasks run only inside ``manage.py worker``)."""
+    if CURRENT_WORKER is None:
+        raise RuntimeError("model jobs run only inside a miStudio worker (manage.py worker)")
+    return CURRENT_WORKER
+
+
 def worker_queue_name(worker_name: str) -> str:
     return f"{settings.REDIS_KEY_PREFIX}.worker.{worker_name}"
+
+
+def interactive_queue_name(worker_name: str) -> str:
+    return f"{settings.REDIS_KEY_PREFIX}.interactive.{worker_name}"
 
 
 def heartbeat_key(worker_name: str) -> str:
@@ -74,20 +93,13 @@ def worker_queue(worker_name: str) -> Queue:
     return Queue(worker_queue_name(worker_name), connection=get_redis())
 
 
-def cancel_if_queued(rq_job_id: str) -> bool:
-    """Take a job off its queue if no worker has started it: True when nothing will run it
-    (cancelled here, or never enqueued, or gone); False when a worker is running it."""
-    from rq.exceptions import NoSuchJobError
-    from rq.job import Job, JobStatus
+def interactive_queue(worker_name: str) -> Queue:
+    """Where quick work for ``worker_name``'s loaded models waits (generation, worker calls)."""
+    return Queue(interactive_queue_name(worker_name), connection=get_redis())
 
-    try:
-        rq_job = Job.fetch(rq_job_id, connection=get_redis())
-    except NoSuchJobError:
-        return True
-    if rq_job.get_status() != JobStatus.QUEUED:
-        return False
-    rq_job.cancel()
-    return True
+
+def queue_by_name(name: str) -> Queue:
+    return Queue(name, connection=get_redis())
 
 
 # --- the apps' hooks ------------------------------------------------------------------------------
@@ -114,57 +126,65 @@ def reconcile() -> int:
     return sum(len(hook() or ()) for hook in _HOOKS["reconcile"])
 
 
-# How long each task may run before RQ stops it.
-TASK_TIMEOUT_SECONDS = {
-    "models_app.tasks.load_model": 6 * 3600,  # a large hub download is part of the load
-    "models_app.tasks.unload_model": 300,
-    "activations.tasks.run_extraction": 24 * 3600,
-    "generation.tasks.run_generation": 3600,
-    "saes.tasks.run_sae_training": 7 * 24 * 3600,
-    "saes.tasks.run_sae_evaluation": 6 * 3600,
-    "features.tasks.run_feature_analysis": 2 * 24 * 3600,
-    "features.tasks.run_feature_encode": 120,
-    "steering.tasks.run_steering_vector": 3600,
-    "steering.tasks.run_patching": 600,
-    "steering.tasks.run_logit_lens": 120,
-}
+def worker_task(*, timeout: int) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Declare how long an RQ task may run, beside its body: the worker applies it when it runs
+    the task (:meth:`MiStudioWorker.perform_job`), whatever queued it."""
+
+    def decorate(function: Callable[..., Any]) -> Callable[..., Any]:
+        function.timeout = timeout
+        return function
+
+    return decorate
 
 
 def enqueue(queue: Queue, task: str, *args: Any, **options: Any) -> None:
     """Put ``task`` on ``queue`` once the current transaction commits (at once outside one), so the
-    worker finds the rows the caller saved, with the task's timeout (``TASK_TIMEOUT_SECONDS``).
-    The one way any code queues a job."""
-    timeout = TASK_TIMEOUT_SECONDS[task]
-    transaction.on_commit(lambda: queue.enqueue(task, *args, job_timeout=timeout, **options))
+    worker finds the rows the caller saved. The one way any code queues a job; the task's own
+    declared timeout (``worker_task``) applies when it runs."""
+    transaction.on_commit(lambda: queue.enqueue(task, *args, **options))
 
 
 def call_worker_key(request_id: str) -> str:
     return f"{settings.REDIS_KEY_PREFIX}:call:{request_id}"
 
 
-def call_worker(worker_name: str, task: str, *args: Any, wait_seconds: float) -> dict[str, Any]:
-    """Run ``task(request_id, *args)`` on ``worker_name``'s own queue (where its models are loaded)
-    and wait for the JSON it answers with :func:`answer_call`: the way a request that needs a
-    loaded model (live encoding, patching, the logit lens) gets a quick answer from a worker.
+def call_waiting_key(request_id: str) -> str:
+    """Set while the caller still waits: a call whose caller gave up is not computed."""
+    return f"{settings.REDIS_KEY_PREFIX}:call:{request_id}:waiting"
 
-    503 ``MODEL_BUSY`` when no answer comes in ``wait_seconds`` (a long job ahead of it); an
-    ``{"error": …}`` answer is raised as the ApplicationError it describes.
+
+def call_worker(worker_name: str, task: str, *args: Any, wait_seconds: float) -> dict[str, Any]:
+    """Run ``task(request_id, *args)`` on ``worker_name``'s interactive queue (where its models are
+    loaded) and wait for the JSON it answers with :func:`answer_call`: the way a request that needs
+    a loaded model (live encoding, patching, the logit lens) gets a quick answer from a worker.
+
+    A busy worker answers between two steps of its job. 503 ``MODEL_BUSY`` when no answer comes
+    in ``wait_seconds``; the call is then withdrawn (taken off the queue, or skipped by the worker
+    if it has not started it). An ``{"error": …}`` answer is raised as the ApplicationError it
+    describes.
     """
     from mistudio.errors import ApplicationError
 
     if transaction.get_connection().in_atomic_block:  # the job would wait for a commit this waits on
         raise RuntimeError("call_worker must not run inside a transaction")
     request_id = os.urandom(16).hex()
-    key = call_worker_key(request_id)
-    enqueue(worker_queue(worker_name), task, request_id, *args)
-    redis_client = get_redis()
-    reply = redis_client.blpop([key], timeout=wait_seconds)
-    redis_client.delete(key)
+    key, waiting = call_worker_key(request_id), call_waiting_key(request_id)
+    get_redis().set(waiting, "1", ex=max(1, int(wait_seconds) + 1))
+    queue = interactive_queue(worker_name)
+    job_id = f"call-{request_id}"
+    queue.enqueue(task, request_id, *args, job_id=job_id)
+    reply = get_blocking_redis().blpop([key], timeout=wait_seconds)
+    if reply is None:
+        get_redis().delete(waiting)  # withdrawn: a worker that has not started it skips it
+        with contextlib.suppress(Exception):
+            queue.remove(job_id)
+    get_redis().delete(key)
     if reply is None:
         raise ApplicationError(
             "MODEL_BUSY",
-            "The model's worker did not answer in time (it may be busy with a long job).",
+            "The model's worker did not answer in time (it may be busy with a long step).",
             status=503,
+            details={"retry_after_seconds": 5},
         )
     body = json.loads(reply[1])
     if "error" in body:
@@ -180,10 +200,15 @@ def call_worker(worker_name: str, task: str, *args: Any, wait_seconds: float) ->
 
 def answer_call(request_id: str, compute: Callable[[], dict[str, Any]], *, failure_code: str) -> None:
     """The worker's side of :func:`call_worker`: ``compute()``'s JSON, or the error it raised, to
-    the Redis list the caller waits on (kept two minutes for a caller that gave up)."""
+    the Redis list the caller waits on (kept two minutes for a caller that gave up). A call whose
+    caller stopped waiting is not computed."""
     from engine.errors import EngineError
     from mistudio.errors import ApplicationError
 
+    redis_client = get_redis()
+    if not redis_client.delete(call_waiting_key(request_id)):
+        logger.info("worker call %s withdrawn by its caller; skipped", request_id)
+        return
     try:
         body = compute()
     except (ApplicationError, EngineError) as error:
@@ -195,10 +220,36 @@ def answer_call(request_id: str, compute: Callable[[], dict[str, Any]], *, failu
         body = {
             "error": {"code": failure_code, "message": f"It failed: {type(error).__name__}.", "status": 500}
         }
-    redis_client = get_redis()
     key = call_worker_key(request_id)
     redis_client.rpush(key, json.dumps(body))
     redis_client.expire(key, 120)
+
+
+def serve_interactive(identity: WorkerIdentity, *, most: int = 16) -> int:
+    """Run the work waiting on this worker's interactive queue, here and now (at most ``most``
+    items): called by a running job between its steps. Returns how many ran. A failure is
+    logged and never reaches the job that lent its time."""
+    queue = interactive_queue(identity.name)
+    done = 0
+    while done < most:
+        popped = queue.connection.lpop(queue.key)  # (RQ's pop_job_id fails on an empty queue)
+        if popped is None:
+            break
+        job_id = popped.decode()
+        done += 1
+        try:
+            job = Job.fetch(job_id, connection=queue.connection)
+        except NoSuchJobError:  # deleted meanwhile (a withdrawn call)
+            continue
+        with job_context(job_id=job.id):
+            try:
+                job.func(*job.args, **job.kwargs)
+            except Exception:
+                logger.exception("interactive job %s failed", job.id)
+            finally:
+                with contextlib.suppress(Exception):
+                    job.delete()
+    return done
 
 
 def device_memory(device: str) -> tuple[int, int]:
@@ -262,7 +313,7 @@ def heartbeat_payload(identity: WorkerIdentity, started_at: float) -> dict:
         "memory_free_bytes": free,
         "memory_limit_bytes": memory_limit_bytes(),
         "loaded_models": LOADED_MODELS.summary(),
-        "queues": [worker_queue_name(identity.name), settings.SHARED_QUEUE],
+        "queues": [queue.name for queue in worker_queues(identity.name)],
         "hostname": socket.gethostname(),
         "pid": os.getpid(),
         "started_at": started_at,
@@ -313,6 +364,15 @@ class MiStudioWorker(SimpleWorker):
         """Run the job with its id on every log record written meanwhile (``job_id`` in the logs)."""
         with job_context(job_id=job.id):
             super().execute_job(job, queue)
+
+    def perform_job(self, job: Job, queue: Queue, execution) -> bool:
+        """Run the job under the timeout its task declares (``worker_task``), not the one it was
+        queued with."""
+        with contextlib.suppress(Exception):  # a task that cannot be imported fails in super()
+            declared = getattr(job.func, "timeout", None)
+            if declared:
+                job.timeout = declared
+        return super().perform_job(job, queue, execution)
 
 
 class HeartbeatThread(threading.Thread):
@@ -423,10 +483,12 @@ def run_worker(
     write_heartbeat(identity, heartbeat.started_at)
     heartbeat.start()
     try:
+        connection = worker_redis()
         worker = MiStudioWorker(
-            [worker_queue(name), shared_queue()],
+            [Queue(queue.name, connection=connection) for queue in worker_queues(name)],
             name=f"{name}.{os.getpid()}",
-            connection=get_redis(),
+            connection=connection,
+            worker_ttl=settings.RQ_WORKER_TTL_SECONDS,
         )
         worker.work(burst=burst, max_jobs=max_jobs, logging_level=os.environ.get("LOG_LEVEL", "INFO"))
     finally:
@@ -436,18 +498,25 @@ def run_worker(
         CURRENT_WORKER = None
 
 
+def worker_queues(worker_name: str) -> list[Queue]:
+    """What a worker consumes, in order: its interactive queue, its own queue, the shared queue."""
+    return [interactive_queue(worker_name), worker_queue(worker_name), shared_queue()]
+
+
 def queue_lengths(*, heartbeats: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Jobs waiting, running and failed in miStudio's queues: the shared one, each live worker's own,
-    and the own queue of a worker that is gone but left jobs behind (they wait for it to return).
+    """Jobs waiting, running and failed in miStudio's queues: the shared one, each live worker's
+    interactive and own queues, and those of a worker that is gone but left jobs behind (they wait
+    for it to return). A batch job waits as a token on a queue (``mistudio.jobs``).
 
     ``heartbeats`` are the live workers'. Counts are read without RQ's registry cleanup, so looking
     at them changes nothing; "running" counts only jobs a live worker process holds (RQ's started
     registry keeps a killed worker's job until the job's timeout, which can be hours).
     """
     connection = get_redis()
-    own_prefix = worker_queue_name("")
+    prefixes = {"worker": worker_queue_name(""), "interactive": interactive_queue_name("")}
     by_name: dict[str, str | None] = {settings.SHARED_QUEUE: None}
-    by_name.update({worker_queue_name(beat["name"]): beat["name"] for beat in heartbeats})
+    for beat in heartbeats:
+        by_name.update({queue.name: beat["name"] for queue in worker_queues(beat["name"])[:2]})
     live_processes = {f"{beat['name']}.{beat.get('pid')}" for beat in heartbeats}  # RQ's worker names
 
     def running(queue: Queue) -> int:
@@ -455,19 +524,27 @@ def queue_lengths(*, heartbeats: list[dict[str, Any]]) -> list[dict[str, Any]]:
         jobs = Job.fetch_many(started, connection=connection) if started else []
         return sum(1 for job in jobs if job is not None and job.worker_name in live_processes)
 
+    def kind_of(name: str) -> str:
+        if name == settings.SHARED_QUEUE:
+            return "shared"
+        return next(kind for kind, prefix in prefixes.items() if name.startswith(prefix))
+
     known = [Queue(name, connection=connection) for name in by_name]
     # Queues RQ has seen (it records a queue on its first job), for the ones of departed workers.
     departed = [
         queue
         for queue in Queue.all(connection=connection)
-        if queue.name.startswith(own_prefix) and queue.name not in by_name
+        if queue.name.startswith(tuple(prefixes.values())) and queue.name not in by_name
     ]
     rows = []
     for queue in known + departed:
+        kind = kind_of(queue.name)
         row = {
             "name": queue.name,
-            "worker": by_name.get(queue.name, queue.name.removeprefix(own_prefix)),
-            "kind": "shared" if queue.name == settings.SHARED_QUEUE else "worker",
+            "worker": by_name[queue.name]
+            if queue.name in by_name
+            else queue.name.removeprefix(prefixes[kind]),
+            "kind": kind,
             "worker_alive": queue.name in by_name,
             "queued": queue.count,
             "running": running(queue),

@@ -12,6 +12,7 @@ from typing import Any
 from django.conf import settings
 from django.db import IntegrityError, transaction
 
+from engine import budgets
 from engine.errors import EngineError
 from engine.hub import download_model, hub_metadata, validate_hub_id
 from engine.inspection import (
@@ -479,6 +480,28 @@ def worker_lost_reconcile() -> list[str]:
     return lost
 
 
+def model_heads(model: LanguageModel) -> int:
+    """Attention heads per layer, from the model's config (1 when it does not say)."""
+    config = model.config or {}
+    return int(config.get("num_attention_heads") or config.get("n_head") or 1)
+
+
+def model_probe_memory(model: LanguageModel, *, tokens: int, longest: int, runs: int = 2):
+    """The estimated peak of ``runs`` forward passes of ``model`` over ``tokens`` tokens
+    (``engine.budgets.model_probe``)."""
+    return budgets.model_probe(
+        tokens=tokens, longest=longest, hidden=model.hidden_size or 0, layers=model.num_layers or 0,
+        heads=model_heads(model), runs=runs,
+    )  # fmt: skip
+
+
+def model_worker_name(model: LanguageModel | None) -> str | None:
+    """The worker hosting ``model`` when it is ready on one; None otherwise."""
+    if model is not None and model.status == LanguageModel.Status.READY and model.host_worker:
+        return model.host_worker
+    return None
+
+
 def model_job_queue(model_id: str | None, *, worker_name: str | None = None):
     """The queue for a job that needs a model: ``worker_name``'s own when given (a restarted worker
     taking back its jobs), else the model's host when it is loaded, else the shared queue (the
@@ -486,6 +509,5 @@ def model_job_queue(model_id: str | None, *, worker_name: str | None = None):
     if worker_name:
         return worker_queue(worker_name)
     model = LanguageModel.objects.filter(pk=model_id).first() if model_id else None
-    if model is not None and model.status == LanguageModel.Status.READY and model.host_worker:
-        return worker_queue(model.host_worker)
-    return shared_queue()
+    host = model_worker_name(model)
+    return worker_queue(host) if host else shared_queue()

@@ -2,7 +2,6 @@
 
 import logging
 import time
-from collections.abc import Callable
 
 from django.conf import settings
 from django.db import close_old_connections
@@ -11,9 +10,9 @@ from engine.errors import EngineError
 from engine.loading import load_weights, release, warm_up
 from engine.placement import Placement
 from engine.registry import LOADED_MODELS, LoadedModel
-from mistudio import workers
 from mistudio.errors import ApplicationError
-from mistudio.workers import available_memory, device_budgets
+from mistudio.jobs import JobRow, Requeued, job_requeue
+from mistudio.workers import available_memory, current_worker, device_budgets, worker_queue, worker_task
 from models_app.models import LanguageModel
 from models_app.services import (
     application_error,
@@ -32,13 +31,6 @@ STAGE_PROGRESS = {"resolve": 2, "download": 5, "weights": 60, "place": 90, "warm
 
 class LoadCancelled(Exception):
     pass
-
-
-def current_worker():
-
-    if workers.CURRENT_WORKER is None:
-        raise RuntimeError("model jobs run only inside a miStudio worker (manage.py worker)")
-    return workers.CURRENT_WORKER
 
 
 def is_transient(error: Exception) -> bool:
@@ -126,6 +118,7 @@ def load_once(model: LanguageModel, identity) -> LoadedModel:
     )
 
 
+@worker_task(timeout=6 * 3600)  # a large hub download is part of the load
 def load_model(model_id: str) -> None:
     """Load the model into this worker, which becomes its host.
 
@@ -180,23 +173,21 @@ def load_model(model_id: str) -> None:
     model_publish(model, "model:ready", fields)
 
 
+@worker_task(timeout=300)
 def unload_model(model_id: str, reason: str = "requested") -> None:
     """Drop the model from this worker's memory and mark it ``unloaded`` with ``reason``."""
     close_old_connections()
     unload_loaded(model_id, reason=reason)
 
 
-class Requeued(Exception):
-    """The job went back to a queue (its model is hosted by another worker, or still loading)."""
+def model_in_this_worker(model_id: str, row: JobRow, *, purpose: str):
+    """The model, loaded in this worker, for a job row that needs it (an extraction, an evaluation).
 
-
-def model_in_this_worker(model_id: str, worker_name: str, *, requeue: Callable[[], None], purpose: str):
-    """The model, loaded in this worker, for a job that needs it (an extraction, an SAE evaluation).
-
-    Loaded here already: returned. Hosted (or being loaded) by another worker: ``requeue()`` sends
-    the job after it and :class:`Requeued` is raised. Loaded nowhere: loaded here first (this
-    worker becomes its host; documented behaviour), or the load's error is raised.
+    Loaded here already: returned. Hosted (or being loaded) by another worker: the row goes to
+    that worker's queue and :class:`~mistudio.jobs.Requeued` is raised. Loaded nowhere: loaded
+    here first (this worker becomes its host; documented behaviour), or the load's error is raised.
     """
+    worker_name = current_worker().name
     loaded = LOADED_MODELS.get(model_id)
     if loaded is not None:
         return loaded
@@ -205,7 +196,7 @@ def model_in_this_worker(model_id: str, worker_name: str, *, requeue: Callable[[
     if model.status in hosted and model.host_worker not in {"", worker_name}:
         if model.status == LanguageModel.Status.LOADING:
             time.sleep(1)  # let that load finish, then follow the model to its host
-        requeue()
+        job_requeue(row, queue=worker_queue(model.host_worker))
         raise Requeued
     if model.status != LanguageModel.Status.LOADING:
         model.save(update_fields=model.mark_loading(progress=0, message=f"Loading for {purpose}"))

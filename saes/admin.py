@@ -46,7 +46,7 @@ class SparseAutoencoderAdmin(admin.ModelAdmin):
     def each(self, request, queryset, action, done: str) -> None:
         for sae in queryset:
             try:
-                action(sae=sae)
+                action(sae=sae, actor=OPERATOR)
                 self.message_user(request, f"{sae.id}: {done}.")
             except ApplicationError as error:
                 self.message_user(request, f"{sae.id}: {error.message}", level=messages.WARNING)

@@ -15,8 +15,8 @@ from saes.models import ARCHITECTURES, SparseAutoencoder
 from saes.serializers import sae_state
 
 
-def sae_body(sae: SparseAutoencoder, *, with_history: bool = True) -> dict:
-    return sae_state(sae, with_history=with_history)
+def sae_body(sae: SparseAutoencoder, request, *, with_history: bool = True) -> dict:
+    return sae_state(sae, viewer=request.user, with_history=with_history)
 
 
 class SaeListApi(APIView):
@@ -58,7 +58,10 @@ class SaeListApi(APIView):
         filters.is_valid(raise_exception=True)
         saes = selectors.sae_list(user=request.user, filters=filters.validated_data)
         return Response(
-            {"saes": [sae_body(sae, with_history=False) for sae in saes[:500]], "total": saes.count()}
+            {
+                "saes": [sae_body(sae, request, with_history=False) for sae in saes[:500]],
+                "total": saes.count(),
+            }
         )
 
     @extend_schema(request=TrainSerializer, responses={202: dict})
@@ -68,7 +71,7 @@ class SaeListApi(APIView):
         values = dict(data.validated_data)
         cache = completed_cache(user=request.user, cache_id=values.pop("cache_id"))
         sae = services.sae_train_request(owner=request.user, cache=cache, **values)
-        return Response(sae_body(sae), status=status.HTTP_202_ACCEPTED)
+        return Response(sae_body(sae, request), status=status.HTTP_202_ACCEPTED)
 
 
 class SaeDetailApi(APIView):
@@ -82,14 +85,15 @@ class SaeDetailApi(APIView):
 
     @extend_schema(responses={200: dict})
     def get(self, request, sae_id: str):
-        return Response(sae_body(selectors.sae_get(user=request.user, sae_id=sae_id)))
+        return Response(sae_body(selectors.sae_get(user=request.user, sae_id=sae_id), request))
 
     @extend_schema(request=UpdateSerializer, responses={200: dict})
     def patch(self, request, sae_id: str):
         sae = selectors.sae_get_to_change(user=request.user, sae_id=sae_id)
         data = self.UpdateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        return Response(sae_body(services.sae_update(sae=sae, actor=request.user, **data.validated_data)))
+        sae = services.sae_update(sae=sae, actor=request.user, **data.validated_data)
+        return Response(sae_body(sae, request))
 
     @extend_schema(responses={204: None})
     def delete(self, request, sae_id: str):
@@ -103,8 +107,9 @@ class SaeCancelApi(APIView):
 
     @extend_schema(request=None, responses={202: dict})
     def post(self, request, sae_id: str):
-        sae = selectors.sae_get_to_change(user=request.user, sae_id=sae_id)
-        return Response(sae_body(services.sae_cancel(sae=sae)), status=status.HTTP_202_ACCEPTED)
+        sae = selectors.sae_get(user=request.user, sae_id=sae_id)
+        sae = services.sae_cancel(sae=sae, actor=request.user)
+        return Response(sae_body(sae, request), status=status.HTTP_202_ACCEPTED)
 
 
 class SaeEvaluateApi(APIView):
@@ -122,12 +127,17 @@ class SaeEvaluateApi(APIView):
         data.is_valid(raise_exception=True)
         cache_id = data.validated_data.get("cache_id")
         cache = completed_cache(user=request.user, cache_id=cache_id) if cache_id else None
-        sae = services.sae_evaluate_request(sae=sae, cache=cache)
-        return Response(sae_body(sae), status=status.HTTP_202_ACCEPTED)
+        evaluation = services.sae_evaluate_request(sae=sae, actor=request.user, cache=cache)
+        sae.refresh_from_db()
+        return Response(
+            {**sae_body(sae, request), "evaluation_id": evaluation.id}, status=status.HTTP_202_ACCEPTED
+        )
 
 
 class SaeImportApi(APIView):
-    """Import a SAELens folder or a Gemma Scope ``params.npz`` from a folder under LOCAL_MODEL_ROOTS."""
+    """Import a SAELens folder or a Gemma Scope ``params.npz`` from a folder under LOCAL_MODEL_ROOTS:
+    202 with the queued SAE (a worker reads its arrays), or 200 with your earlier import of the
+    same files."""
 
     permission_classes = [CanWrite]
 
@@ -139,15 +149,16 @@ class SaeImportApi(APIView):
         name = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")
         shared = serializers.BooleanField(default=False)
 
-    @extend_schema(request=InputSerializer, responses={201: dict})
+    @extend_schema(request=InputSerializer, responses={202: dict, 200: dict})
     def post(self, request):
         data = self.InputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         values = dict(data.validated_data)
         model_id = values.pop("model_id", None)
         model = model_get(user=request.user, model_id=model_id) if model_id else None
-        sae = services.sae_import(owner=request.user, model=model, **values)
-        return Response(sae_body(sae), status=status.HTTP_201_CREATED)
+        sae, created = services.sae_import(owner=request.user, model=model, **values)
+        answer = status.HTTP_202_ACCEPTED if created else status.HTTP_200_OK
+        return Response(sae_body(sae, request), status=answer)
 
 
 class SaeExportApi(APIView):

@@ -6,14 +6,16 @@ class SaesConfig(AppConfig):
     verbose_name = "Sparse autoencoders"
 
     def ready(self) -> None:
-        from django.db.models.signals import pre_delete
-
         from generation.interventions import register_sae_source
-        from mistudio.workers import register_worker_hook
-        from saes import selectors, services, tasks
-        from saes.models import SparseAutoencoder
+        from mistudio.access import register_visibility
+        from mistudio.jobs import register_job_kind
+        from saes import selectors, serializers, tasks
+        from saes.models import SaeEvaluation, SparseAutoencoder
 
         selectors.register_event_groups()
         register_sae_source(selectors.sae_reference, tasks.sae_module_by_id)
-        register_worker_hook("start", services.sae_resume_on_worker_start)
-        pre_delete.connect(services.sae_files_follow_row, sender=SparseAutoencoder)
+        register_visibility(
+            SparseAutoencoder, lambda user: selectors.sae_list(user=user), code="SAE_NOT_FOUND", what="SAE"
+        )
+        register_job_kind(SparseAutoencoder, state=serializers.sae_event_state)
+        register_job_kind(SaeEvaluation, state=serializers.evaluation_state)

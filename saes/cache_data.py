@@ -16,6 +16,17 @@ from activations.store import ActivationStore
 
 CHUNK_ROWS = 16384  # rows per read: a few MB for the widths of small models
 INIT_SAMPLE_ROWS = 8192  # rows that set the scaling factor and b_dec, spread over the training part
+SHUFFLE_BUFFER_BATCHES = 16  # the shuffle buffer holds this many batches of rows
+PREFETCH_BATCHES = 4  # batches read and shuffled ahead of the training step
+EVALUATION_ROWS_PER_STEP = 4096  # held-out rows encoded at once (engine.sae.evaluation's default)
+
+
+def training_buffered_rows(batch_size: int) -> int:
+    """Rows a training holds besides its step: the shuffle buffer, the batches read ahead and the
+    chunks being read."""
+    return (SHUFFLE_BUFFER_BATCHES + PREFETCH_BATCHES) * batch_size + 2 * CHUNK_ROWS
+
+
 CE_MAX_SEQUENCES = 64
 CE_MAX_TOKENS = 16384
 

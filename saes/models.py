@@ -2,31 +2,26 @@
 
 from django.conf import settings
 from django.db import models
-from django.utils import timezone
 
-from mistudio.identifiers import new_sae_id
+from mistudio.identifiers import new_evaluation_id, new_sae_id
+from mistudio.jobs import JobRow
 
 # engine.sae.ARCHITECTURES, named here so that the web process needs no torch to validate a request.
 ARCHITECTURES = ("standard", "topk", "batchtopk", "jumprelu")
 
 
-class SparseAutoencoder(models.Model):
+class SparseAutoencoder(JobRow):
     """One SAE at one hook point of one model, with its files in ``SAE_DIR/<id>/`` (SAELens layout).
 
-    Trained: ``queued → running → completed | failed | cancelled``. Imported: ``completed`` at once.
+    Trained, or imported from a folder (by a job too: the folder is checked on a worker):
+    ``queued → running → completed | failed | cancelled``.
     """
 
+    kind = "sae"
+    noun = "SAE"
+    failure_code = "TRAINING_FAILED"
     # What only the owner (or an admin) may change, through whichever route (``sae_update``).
     OWNER_FIELDS = ("name", "shared")
-
-    class Status(models.TextChoices):
-        QUEUED = "queued"
-        RUNNING = "running"
-        COMPLETED = "completed"
-        FAILED = "failed"
-        CANCELLED = "cancelled"
-
-    ACTIVE = (Status.QUEUED, Status.RUNNING)
 
     class Source(models.TextChoices):
         TRAINED = "trained"
@@ -55,40 +50,43 @@ class SparseAutoencoder(models.Model):
     k = models.PositiveIntegerField(null=True, blank=True, help_text="TopK / BatchTopK")
     hyperparameters = models.JSONField(default=dict, blank=True, help_text="The training configuration")
     scaling_factor = models.FloatField(null=True, blank=True, help_text="Folded into the weights")
+    import_path = models.CharField(
+        max_length=4096, blank=True, help_text="The folder an import reads (never shown to users)"
+    )
+    content_hash = models.CharField(
+        max_length=64,
+        blank=True,
+        db_index=True,
+        help_text="Of an imported SAE's files: a re-import reuses it",
+    )
 
-    status = models.CharField(max_length=20, choices=Status.choices, default=Status.QUEUED, db_index=True)
-    progress = models.FloatField(default=0)
     step = models.PositiveIntegerField(default=0)
     total_steps = models.PositiveIntegerField(default=0)
     tokens_seen = models.BigIntegerField(default=0)
     total_tokens = models.BigIntegerField(default=0)
     tokens_per_second = models.FloatField(null=True, blank=True)
-    eta_seconds = models.FloatField(null=True, blank=True)
     metrics = models.JSONField(default=dict, blank=True, help_text="The latest training step's metrics")
     history = models.JSONField(default=list, blank=True, help_text="Training curves: at most ~400 points")
     evaluation = models.JSONField(default=dict, blank=True, help_text="Held-out metrics, CE loss recovered")
-    evaluation_status = models.CharField(max_length=20, blank=True, help_text="queued / running / '' ")
     file_size_bytes = models.BigIntegerField(default=0)
-    rq_job_id = models.CharField(max_length=100, blank=True)
-    host_worker = models.CharField(max_length=255, blank=True)
-    error_code = models.CharField(max_length=100, blank=True)
-    error_message = models.TextField(blank=True)
-    owner = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
     shared = models.BooleanField(
         default=False, help_text="Visible to every reader (changes stay the owner's)"
     )
-    created_at = models.DateTimeField(auto_now_add=True)
-    started_at = models.DateTimeField(null=True, blank=True)
-    finished_at = models.DateTimeField(null=True, blank=True)
     training_time_seconds = models.FloatField(null=True, blank=True)
-    updated_at = models.DateTimeField(auto_now=True)
 
-    class Meta:
-        ordering = ["-created_at"]
+    class Meta(JobRow.Meta):
         verbose_name = "sparse autoencoder"
 
     def __str__(self) -> str:
         return f"{self.name or self.id} ({self.hook_name})"
+
+    def task_name(self) -> str:
+        if self.source == self.Source.TRAINED:
+            return "saes.tasks.run_sae_training"
+        return "saes.tasks.run_sae_import"
+
+    def event_groups(self) -> list[str]:
+        return [f"sae.{self.id}", *([f"model.{self.model_id}"] if self.model_id else [])]
 
     @property
     def directory(self):
@@ -99,12 +97,18 @@ class SparseAutoencoder(models.Model):
     def checkpoint_directory(self):
         return self.directory / "checkpoint"
 
-    def mark_running(self, *, host_worker: str, total_steps: int, total_tokens: int) -> list[str]:
-        self.status = self.Status.RUNNING
-        self.host_worker = host_worker
+    @property
+    def evaluation_status(self) -> str:
+        """``queued`` / ``running`` while an evaluation of the SAE is, else ``""`` (its newest active
+        :class:`SaeEvaluation`; ``saes.selectors.sae_list`` prefetches them)."""
+        active = getattr(self, "active_evaluations", None)
+        if active is None:
+            active = list(self.evaluations.filter(status__in=JobRow.ACTIVE).order_by("-created_at")[:1])
+        return active[0].status if active else ""
+
+    def mark_running(self, *, host_worker: str, total_steps: int = 0, total_tokens: int = 0) -> list[str]:
         self.total_steps, self.total_tokens = total_steps, total_tokens
-        self.started_at = self.started_at or timezone.now()
-        return ["status", "host_worker", "total_steps", "total_tokens", "started_at"]
+        return [*super().mark_running(host_worker=host_worker), "total_steps", "total_tokens"]
 
     def mark_progress(
         self, *, step: int, tokens_seen: int, tokens_per_second: float, metrics: dict, points: list[dict]
@@ -124,37 +128,52 @@ class SparseAutoencoder(models.Model):
     def mark_completed(
         self, *, evaluation: dict, file_size_bytes: int, scaling_factor: float | None
     ) -> list[str]:
-        self.status = self.Status.COMPLETED
-        self.progress = 100
         self.evaluation = evaluation
         self.file_size_bytes = file_size_bytes
         self.scaling_factor = scaling_factor
-        self.finished_at = timezone.now()
-        self.eta_seconds = None
+        fields = super().mark_completed()
         if self.started_at:
             self.training_time_seconds = round((self.finished_at - self.started_at).total_seconds(), 3)
-        return [
-            "status", "progress", "evaluation", "file_size_bytes", "scaling_factor", "finished_at",
-            "eta_seconds", "training_time_seconds",
-        ]  # fmt: skip
+        return [*fields, "evaluation", "file_size_bytes", "scaling_factor", "training_time_seconds"]
 
-    def mark_failed(self, *, code: str, message: str) -> list[str]:
-        self.status = self.Status.FAILED
-        self.error_code, self.error_message = code, message
-        self.finished_at = timezone.now()
-        self.eta_seconds = None
-        return ["status", "error_code", "error_message", "finished_at", "eta_seconds"]
 
-    def mark_cancelled(self) -> list[str]:
-        self.status = self.Status.CANCELLED
-        self.finished_at = timezone.now()
-        self.eta_seconds = None
-        return ["status", "finished_at", "eta_seconds"]
+class SaeEvaluation(JobRow):
+    """One evaluation of a completed SAE on the held-out part of a cache, with CE loss recovered:
+    its results are merged into the SAE's ``evaluation`` when it completes (an error, when it
+    fails). Its events go to the SAE's group."""
 
-    def mark_evaluation(self, *, status: str, evaluation: dict | None = None) -> list[str]:
-        """An on-demand evaluation: ``queued`` / ``running``, then ``""`` with its results merged in."""
-        self.evaluation_status = status
-        if evaluation is not None:
-            self.evaluation = {**self.evaluation, **evaluation}
-            return ["evaluation_status", "evaluation"]
-        return ["evaluation_status"]
+    kind = "evaluation"
+    task = "saes.tasks.run_sae_evaluation"
+    noun = "SAE evaluation"
+    failure_code = "EVALUATION_FAILED"
+
+    id = models.CharField(primary_key=True, max_length=64, default=new_evaluation_id, editable=False)
+    sae = models.ForeignKey(SparseAutoencoder, on_delete=models.CASCADE, related_name="evaluations")
+    cache = models.ForeignKey(
+        "activations.ActivationCache", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    results = models.JSONField(default=dict, blank=True)
+
+    class Meta(JobRow.Meta):
+        pass
+
+    def __str__(self) -> str:
+        return f"{self.id} ({self.sae_id} on {self.cache_id})"
+
+    def event_groups(self) -> list[str]:
+        return [f"sae.{self.sae_id}"]
+
+    def audience_rows(self) -> list[tuple[str, str]]:
+        return [("sae", self.sae_id)]
+
+    def leftovers(self) -> list:
+        return []
+
+    def on_ended(self) -> None:
+        """The SAE stays ``completed``; its evaluation records the error (or the cancel)."""
+        error = {
+            "code": self.error_code or "EVALUATION_CANCELLED",
+            "message": self.error_message or "Cancelled.",
+        }
+        self.sae.evaluation = {**self.sae.evaluation, "error": error}
+        self.sae.save(update_fields=["evaluation", "updated_at"])

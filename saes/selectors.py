@@ -3,14 +3,14 @@
 from collections.abc import Iterator
 from typing import Any
 
-from django.db.models import QuerySet
+from django.db.models import Prefetch, QuerySet
 
 from generation.interventions import SaeReference
 from mistudio.access import check_may_change, completed_row, visible_row, visible_rows
 from mistudio.errors import ApplicationError
 from mistudio.events import register_group_kind
 from mistudio.streaming import tar_stream
-from saes.models import SparseAutoencoder
+from saes.models import SaeEvaluation, SparseAutoencoder
 from saes.serializers import sae_state
 
 # What an export holds: the SAELens folder, never the training checkpoint.
@@ -19,7 +19,16 @@ EXPORTED_FILES = ("cfg.json", "sae_weights.safetensors", "sparsity.safetensors")
 
 def sae_list(*, user, filters: dict[str, Any] | None = None) -> QuerySet[SparseAutoencoder]:
     """SAEs the user may see: their own, shared ones and system ones (all for ``model:admin``)."""
-    saes = visible_rows(SparseAutoencoder.objects.select_related("owner", "model"), user, shareable=True)
+    active_evaluations = Prefetch(
+        "evaluations",
+        queryset=SaeEvaluation.objects.filter(status__in=SaeEvaluation.ACTIVE).order_by("-created_at"),
+        to_attr="active_evaluations",
+    )
+    saes = visible_rows(
+        SparseAutoencoder.objects.select_related("owner", "model").prefetch_related(active_evaluations),
+        user,
+        shareable=True,
+    )
     filters = filters or {}
     for name, field in (
         ("model", "model_id"),
@@ -65,7 +74,7 @@ def sae_export_stream(sae: SparseAutoencoder) -> Iterator[bytes]:
 
 def sae_snapshot(user, key: str | None) -> dict[str, Any] | None:
     sae = sae_list(user=user).filter(pk=key).first()
-    return None if sae is None else sae_state(sae)
+    return None if sae is None else sae_state(sae, viewer=user)
 
 
 def sae_visible(user, key: str) -> bool:

@@ -1,24 +1,31 @@
-"""The one JSON shape of an SAE row: the API, its events and WebSocket snapshots all use it."""
+"""The one JSON shape of an SAE row and of an evaluation: the API, events and snapshots use them."""
 
 from typing import Any
 
-from saes.models import SparseAutoencoder
+from activations.models import ActivationCache
+from mistudio.access import AUDIENCE, linked_id
+from saes.models import SaeEvaluation, SparseAutoencoder
 
 
 def iso(value) -> str | None:
     return value.isoformat() if value else None
 
 
-def sae_state(sae: SparseAutoencoder, *, with_history: bool = True) -> dict[str, Any]:
-    """An SAE as ``GET /api/saes/{id}``, ``sae:*`` events and snapshots show it (the list leaves
-    out ``history``, the training curves)."""
+def sae_state(sae: SparseAutoencoder, *, viewer=AUDIENCE, with_history: bool = True) -> dict[str, Any]:
+    """An SAE as ``GET /api/saes/{id}``, ``sae:*`` events and snapshots show it to ``viewer`` (an
+    event's: everyone it reaches): the id of the cache it was trained or evaluated on only if they
+    may see that cache. The list leaves out the bulky fields (``with_history=False``: the training
+    curves)."""
+    evaluation = dict(sae.evaluation)
+    if "cache_id" in evaluation:
+        evaluation["cache_id"] = linked_id(viewer, sae, ActivationCache, evaluation["cache_id"])
     state = {
         "id": sae.id,
         "name": sae.name,
         "source": sae.source,
         "model_id": sae.model_id,
         "model_name": sae.model_name,
-        "cache_id": sae.cache_id,
+        "cache_id": linked_id(viewer, sae, ActivationCache, sae.cache_id),
         "hook_name": sae.hook_name,
         "architecture": sae.architecture,
         "d_in": sae.d_in,
@@ -35,8 +42,9 @@ def sae_state(sae: SparseAutoencoder, *, with_history: bool = True) -> dict[str,
         "tokens_per_second": sae.tokens_per_second,
         "eta_seconds": sae.eta_seconds,
         "metrics": sae.metrics,
-        "evaluation": sae.evaluation,
+        "evaluation": evaluation,
         "evaluation_status": sae.evaluation_status,
+        "memory_estimate_bytes": sae.memory_estimate_bytes,
         "file_size_bytes": sae.file_size_bytes,
         "host_worker": sae.host_worker,
         "error_code": sae.error_code,
@@ -51,3 +59,26 @@ def sae_state(sae: SparseAutoencoder, *, with_history: bool = True) -> dict[str,
     if with_history:
         state["history"] = sae.history
     return state
+
+
+def sae_event_state(sae: SparseAutoencoder) -> dict[str, Any]:
+    """What ``sae:*`` events carry: the state without the curves (events carry new ``points``)."""
+    return sae_state(sae, with_history=False)
+
+
+def evaluation_state(evaluation: SaeEvaluation, *, viewer=AUDIENCE) -> dict[str, Any]:
+    """An evaluation as its ``evaluation:*`` events (on its SAE's group) show it."""
+    return {
+        "evaluation_id": evaluation.id,
+        "sae_id": evaluation.sae_id,
+        "cache_id": linked_id(viewer, evaluation, ActivationCache, evaluation.cache_id),
+        "status": evaluation.status,
+        "progress": evaluation.progress,
+        "results": evaluation.results,
+        "memory_estimate_bytes": evaluation.memory_estimate_bytes,
+        "host_worker": evaluation.host_worker,
+        "error_code": evaluation.error_code,
+        "error_message": evaluation.error_message,
+        "created_at": iso(evaluation.created_at),
+        "finished_at": iso(evaluation.finished_at),
+    }

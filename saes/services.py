@@ -1,31 +1,35 @@
-"""SAE workflows: train requests, enqueue, cancel, resume, import, evaluate, rename / share, delete.
+"""SAE workflows: train requests, cancel, import, evaluate, rename / share, delete.
 
-Every front door (API, pages, admin, ``manage.py`` commands) calls these. Rows change through
-their ``mark_*`` methods and every change is announced by :func:`sae_publish` (on commit).
+Every front door (API, pages, admin, ``manage.py`` commands) calls these. Trainings, imports and
+evaluations are jobs (``mistudio.jobs``): admitted against the caps and budgets, then run by a
+worker; rows change through their ``mark_*`` methods and every change is announced (on commit).
 """
 
 import logging
-import shutil
-import uuid
 from pathlib import Path
 from typing import Any
 
+import xxhash
 from django.conf import settings
 from django.db import transaction
 
 from activations.models import ActivationCache
 from activations.selectors import hook_points
 from activations.services import cache_touch, hook_names_for
-from mistudio.access import check_may_change
+from engine import budgets
+from engine.errors import EngineError
+from engine.inspection import confined_folder_entries
+from engine.inspection.sae_folders import SaeFiles, inspect_sae_folder
+from mistudio import jobs
+from mistudio.access import OPERATOR, check_may_change, reach
+from mistudio.budgets import memory_budget_check
 from mistudio.errors import ApplicationError
-from mistudio.events import publish, rows_audience
 from mistudio.local_paths import path_inside_roots
-from mistudio.redis_client import get_redis
-from mistudio.workers import cancel_if_queued, enqueue
+from mistudio.workers import shared_queue
 from models_app.models import LanguageModel
-from models_app.services import model_job_queue
-from saes.models import ARCHITECTURES, SparseAutoencoder
-from saes.serializers import sae_state
+from models_app.services import model_job_queue, model_worker_name
+from saes.cache_data import EVALUATION_ROWS_PER_STEP, INIT_SAMPLE_ROWS, training_buffered_rows
+from saes.models import ARCHITECTURES, SaeEvaluation, SparseAutoencoder
 
 logger = logging.getLogger(__name__)
 
@@ -33,26 +37,6 @@ logger = logging.getLogger(__name__)
 HOLDOUT_FRACTION = 0.05
 MAX_SAE_PARAMETERS = 2**28  # d_in x d_sae: 1 GiB per weight matrix in float32
 B_DEC_INITS = ("geometric_median", "mean", "zeros")
-
-
-def sae_groups(sae: SparseAutoencoder) -> list[str]:
-    groups = [f"sae.{sae.id}"]
-    if sae.model_id:
-        groups.append(f"model.{sae.model_id}")
-    return groups
-
-
-def sae_publish(sae: SparseAutoencoder, event: str, fields: list[str], **extra: Any) -> None:
-    """Save ``fields`` and announce ``event`` with the SAE's state (its curves only in snapshots
-    and the REST detail: events carry the newest points in ``points``)."""
-    publish(
-        event,
-        {**sae_state(sae, with_history=False), **extra},
-        groups=sae_groups(sae),
-        instance=sae,
-        fields=fields,
-        audience=rows_audience(("sae", sae.id)),
-    )
 
 
 # --- training ------------------------------------------------------------------------------------
@@ -84,12 +68,7 @@ def training_hyperparameters(
     if d_sae is not None and expansion_factor is not None and d_sae != expansion_factor * d_in:
         raise ApplicationError("INVALID_PARAMETER", "Give d_sae or expansion_factor, not both.")
     d_sae = d_sae or (expansion_factor or 8) * d_in
-    if d_in * d_sae > MAX_SAE_PARAMETERS:
-        raise ApplicationError(
-            "SAE_TOO_LARGE",
-            f"d_in x d_sae = {d_in * d_sae:,} is over the limit of {MAX_SAE_PARAMETERS:,} per matrix.",
-            details={"d_in": d_in, "d_sae": d_sae},
-        )
+    check_sae_size(d_in, d_sae)
     config: dict[str, Any] = {
         "architecture": architecture,
         "d_sae": d_sae,
@@ -111,6 +90,28 @@ def training_hyperparameters(
     if architecture == "jumprelu":
         config["l0_coefficient"] = 1.0 if l0_coefficient is None else l0_coefficient
     return config
+
+
+def check_sae_size(d_in: int, d_sae: int) -> None:
+    if d_in * d_sae > MAX_SAE_PARAMETERS:
+        raise ApplicationError(
+            "SAE_TOO_LARGE",
+            f"d_in x d_sae = {d_in * d_sae:,} is over the limit of {MAX_SAE_PARAMETERS:,} per matrix.",
+            details={"d_in": d_in, "d_sae": d_sae},
+        )
+
+
+def training_memory(config: dict[str, Any], *, d_in: int) -> budgets.MemoryEstimate:
+    """The estimated peak of a training job with ``config`` (``engine.budgets.sae_training``)."""
+    return budgets.sae_training(
+        architecture=config["architecture"],
+        d_in=d_in,
+        d_sae=config["d_sae"],
+        batch_size=config["batch_size"],
+        buffered_rows=training_buffered_rows(config["batch_size"]),
+        sample_rows=INIT_SAMPLE_ROWS,
+        evaluation_rows=EVALUATION_ROWS_PER_STEP,
+    )
 
 
 def training_tokens(cache: ActivationCache) -> int:
@@ -155,6 +156,12 @@ def sae_train_request(
         total_tokens=total_tokens, b_dec_init=b_dec_init,
     )  # fmt: skip
     with transaction.atomic():
+        jobs.job_admit(owner=owner, tokens=total_tokens)
+        estimate = memory_budget_check(
+            training_memory(config, d_in=d_in),
+            what="this training",
+            worker_name=model_worker_name(cache.model),
+        )
         sae = SparseAutoencoder.objects.create(
             name=name,
             model=cache.model,
@@ -168,53 +175,20 @@ def sae_train_request(
             hyperparameters=config,
             total_tokens=total_tokens,
             total_steps=-(-total_tokens // batch_size),
+            memory_estimate_bytes=estimate,
             owner=owner if getattr(owner, "is_authenticated", False) else None,
             shared=shared,
         )
         sae.name = sae.name or f"{architecture} {hook} ({sae.id})"
-        sae.rq_job_id = f"sae-{sae.id}"
-        sae_publish(sae, "sae:queued", ["name", "rq_job_id"])
-        sae_enqueue(sae, "saes.tasks.run_sae_training", sae.id)
+        # To the model's host if it is loaded there (a job that ends with CE loss recovered then
+        # needs no second copy of the model), else to the shared queue.
+        jobs.job_submit(sae, queue=model_job_queue(sae.model_id), fields=["name"])
     return sae
 
 
-def sae_enqueue(sae: SparseAutoencoder, task: str, *args: Any, worker_name: str | None = None) -> None:
-    """To the model's host if it is loaded there (a job that ends with CE loss recovered then needs
-    no second copy of the model), else to the shared queue."""
-    enqueue(model_job_queue(sae.model_id, worker_name=worker_name), task, *args, job_id=sae.rq_job_id)
-
-
-def sae_cancel_key(sae_id: str) -> str:
-    return f"{settings.REDIS_KEY_PREFIX}:cancel:sae:{sae_id}"
-
-
-def sae_cancel_requested(sae_id: str) -> bool:
-    return bool(get_redis().exists(sae_cancel_key(sae_id)))
-
-
-def sae_cancel(*, sae: SparseAutoencoder) -> SparseAutoencoder:
-    """A queued training is cancelled at once; a running one stops after its current step."""
-    with transaction.atomic():
-        sae = SparseAutoencoder.objects.select_for_update().get(pk=sae.pk)
-        if sae.status not in SparseAutoencoder.ACTIVE:
-            raise ApplicationError("NOT_RUNNING", "The SAE is not queued or training.", status=409)
-        get_redis().set(sae_cancel_key(sae.id), "1", ex=7 * 24 * 3600)
-        queued = cancel_if_queued(sae.rq_job_id)
-        if queued:
-            sae_discard(sae)
-    return sae
-
-
-def sae_discard(sae: SparseAutoencoder) -> None:
-    """The training is ``cancelled``; its files (checkpoint, partial weights) go on commit."""
-    sae_publish(sae, "sae:cancelled", sae.mark_cancelled())
-    files_removed_on_commit(sae)
-
-
-def sae_failed(sae: SparseAutoencoder, *, code: str, message: str) -> None:
-    """``failed`` with its code; the checkpoint and partial files are removed (nothing half-made stays)."""
-    sae_publish(sae, "sae:failed", sae.mark_failed(code=code, message=message), code=code, message=message)
-    files_removed_on_commit(sae)
+def sae_cancel(*, sae: SparseAutoencoder, actor) -> SparseAutoencoder:
+    """A queued training or import is cancelled at once; a running one stops after its current step."""
+    return jobs.job_cancel(sae, actor=actor)
 
 
 def sae_training_lease(sae: SparseAutoencoder) -> None:
@@ -223,59 +197,74 @@ def sae_training_lease(sae: SparseAutoencoder) -> None:
         cache_touch(sae.cache, lease_seconds=900)
 
 
-def sae_resume_on_worker_start(identity) -> None:
-    """The worker hook: a starting worker resumes the trainings it was running when it died."""
-    sae_resume_after_restart(worker_name=identity.name)
-
-
-def sae_resume_after_restart(*, worker_name: str) -> list[str]:
-    """Re-queue, on this worker's own queue, the trainings it was running when it died; they go on
-    from their last checkpoint. Returns their ids."""
-    resumed = []
-    for sae in SparseAutoencoder.objects.filter(
-        host_worker=worker_name, status=SparseAutoencoder.Status.RUNNING
-    ):
-        sae.rq_job_id = f"sae-{sae.id}-{uuid.uuid4().hex[:6]}"
-        sae.save(update_fields=["rq_job_id"])
-        sae_enqueue(sae, "saes.tasks.run_sae_training", sae.id, worker_name=worker_name)
-        resumed.append(sae.id)
-    return resumed
-
-
 # --- evaluation ------------------------------------------------------------------------------------
 
 
-def sae_evaluate_request(
-    *, sae: SparseAutoencoder, cache: ActivationCache | None = None
-) -> SparseAutoencoder:
-    """Queue an evaluation on the held-out part of ``cache`` (default: the training cache), with
-    CE loss recovered (the job loads the model where it runs if no worker has it)."""
-    cache = cache or sae.cache
-    if sae.status != SparseAutoencoder.Status.COMPLETED:
-        raise ApplicationError("SAE_NOT_READY", f"The SAE is {sae.status}.", status=409)
+def default_cache(*, sae: SparseAutoencoder, user) -> ActivationCache | None:
+    """The SAE's training cache, when ``user`` may read it: a shared SAE never opens its owner's
+    private cache to another user."""
+    if sae.cache is None:
+        return None
+    try:
+        return reach(user, sae.cache)
+    except ApplicationError:
+        return None
+
+
+def check_cache_for(
+    sae: SparseAutoencoder, cache: ActivationCache | None, *, purpose: str
+) -> ActivationCache:
+    """``cache`` holds completed activations at the SAE's hook and width (400 / 409 otherwise)."""
     if cache is None:
-        raise ApplicationError("CACHE_REQUIRED", "Name an activation cache to evaluate on (cache_id).")
+        raise ApplicationError("CACHE_REQUIRED", f"Name an activation cache to {purpose} (cache_id).")
     if cache.status != ActivationCache.Status.COMPLETED:
         raise ApplicationError("CACHE_NOT_READY", f"The cache is {cache.status}.", status=409)
     width = (cache.activation_shapes.get(sae.hook_name) or [0, 0])[1]
     if sae.hook_name not in cache.hooks or width != sae.d_in:
         raise ApplicationError(
             "INVALID_HOOK",
-            f"The cache has no {sae.hook_name!r} activations of width {sae.d_in}.",
+            f"The cache has no {sae.hook_name!r} activations of width {sae.d_in}: extract that hook first.",
             details={"hook_name": sae.hook_name, "cache_hooks": cache.hooks},
         )
+    return cache
+
+
+def sae_evaluate_request(
+    *, sae: SparseAutoencoder, actor, cache: ActivationCache | None = None, admit: bool = True
+) -> SaeEvaluation:
+    """Queue an evaluation on the held-out part of ``cache`` (default: the training cache, when
+    ``actor`` may read it), with CE loss recovered (the job loads the model where it runs if no
+    worker has it). ``admit=False``: the follow-up of a training, not counted against the caps."""
+    if sae.status != SparseAutoencoder.Status.COMPLETED:
+        raise ApplicationError("SAE_NOT_READY", f"The SAE is {sae.status}.", status=409)
+    reader = actor or OPERATOR  # None: the operator, or a system SAE's own follow-up
+    cache = check_cache_for(
+        sae, reach(reader, cache) if cache is not None else default_cache(sae=sae, user=reader),
+        purpose="evaluate on",
+    )  # fmt: skip
     if sae.model_id is None and cache.model_id is None:
         raise ApplicationError("MODEL_REQUIRED", "The SAE names no registered model.")
-    if sae.evaluation_status:
+    if sae.evaluations.filter(status__in=SaeEvaluation.ACTIVE).exists():
         raise ApplicationError("EVALUATION_IN_PROGRESS", "An evaluation is already queued.", status=409)
     with transaction.atomic():
+        if admit:
+            jobs.job_admit(owner=actor, tokens=cache.num_tokens)
         if sae.model_id is None:
             sae.model = cache.model
             sae.save(update_fields=["model"])
-        sae.rq_job_id = f"sae-eval-{sae.id}-{uuid.uuid4().hex[:6]}"
-        sae_publish(sae, "sae:evaluation", [*sae.mark_evaluation(status="queued"), "rq_job_id"])
-        sae_enqueue(sae, "saes.tasks.run_sae_evaluation", sae.id, cache.id)
-    return sae
+        estimate = memory_budget_check(
+            budgets.sae_encoding(d_in=sae.d_in, d_sae=sae.d_sae, rows=EVALUATION_ROWS_PER_STEP),
+            what="this evaluation",
+            worker_name=model_worker_name(sae.model),
+        )
+        evaluation = SaeEvaluation.objects.create(
+            sae=sae,
+            cache=cache,
+            memory_estimate_bytes=estimate,
+            owner=actor if getattr(actor, "is_authenticated", False) else sae.owner,
+        )
+        jobs.job_submit(evaluation, queue=model_job_queue(sae.model_id))
+    return evaluation
 
 
 # --- import, export, changes ---------------------------------------------------------------------
@@ -290,70 +279,93 @@ def sae_import(
     hook: str | None = None,
     name: str = "",
     shared: bool = False,
-) -> SparseAutoencoder:
+) -> tuple[SparseAutoencoder, bool]:
     """Import an SAE from a folder under ``LOCAL_MODEL_ROOTS``: a SAELens folder (``cfg.json`` +
-    ``sae_weights.safetensors``) or a Gemma Scope ``params.npz``. It is validated, then stored
-    here as a SAELens folder, so export gives it back in SAELens' layout."""
-    from engine.sae.formats import (
-        CFG_FILENAME,
-        GEMMA_SCOPE_FILENAME,
-        SaeFormatError,
-        load_gemma_scope,
-        load_saelens,
-        save_saelens,
-    )
+    ``sae_weights.safetensors``) or a Gemma Scope ``params.npz``. Returns the row and whether it is
+    new: the owner's earlier import of the same files (same hook and model) is reused.
 
+    Here, in the web process, only headers are read: every file must resolve inside the roots
+    (links followed; never into miStudio's own data), its declared sizes must agree with each other
+    and the file, and the SAE must fit the size limit and the memory budget. A worker then reads
+    the arrays (refusing non-finite weights) and stores them as a SAELens folder, so export gives
+    it back in SAELens' layout."""
     folder = path_inside_roots(local_path, settings.LOCAL_MODEL_ROOTS, setting="LOCAL_MODEL_ROOTS")
     if not folder.is_dir():
         raise ApplicationError("INVALID_LOCAL_PATH", "The local path is not a folder.")
-    if format == "auto":
-        format = "gemma_scope" if (folder / GEMMA_SCOPE_FILENAME).is_file() else "saelens"
-    if format == "saelens" and not (folder / CFG_FILENAME).is_file():
-        raise ApplicationError(
-            "INVALID_SAE", f"Not a SAELens folder: no {CFG_FILENAME} (or use format=gemma_scope)."
-        )
-    try:
-        if format == "gemma_scope":
-            sae_module, described = load_gemma_scope(folder), {"hook_name": None, "model_name": None}
-        else:
-            sae_module, described = load_saelens(folder)
-    except SaeFormatError as error:
-        raise ApplicationError(error.code, error.message, details=error.details) from None
-    hook_name = hook or described.get("hook_name")
+    files = sae_folder_files(folder, format)
+    hook_name = hook or files.hook_name
     if not hook_name:
         raise ApplicationError("HOOK_REQUIRED", "The folder names no hook point: give hook.")
-    shape = sae_module.shape
-    sae = SparseAutoencoder(
-        name=name or folder.name,
-        source=SparseAutoencoder.Source.GEMMA_SCOPE
-        if format == "gemma_scope"
-        else SparseAutoencoder.Source.SAELENS,
-        model=model,
-        model_name=(model.display_identifier if model else None) or described.get("model_name") or "",
-        hook_name=hook_name,
-        architecture=shape.architecture,
-        d_in=shape.d_in,
-        d_sae=shape.d_sae,
-        k=shape.k,
-        status=SparseAutoencoder.Status.COMPLETED,
-        progress=100,
-        owner=owner if getattr(owner, "is_authenticated", False) else None,
-        shared=shared,
-    )
+    check_sae_size(files.d_in, files.d_sae)
     if model is not None:
-        check_hook_width(model, hook_name, shape.d_in)
-    save_saelens(
-        sae_module, sae.directory, hook_name=hook_name, model_name=sae.model_name,
-        metadata={"mistudio_sae_id": sae.id},
-    )  # fmt: skip
-    sae.file_size_bytes = folder_size(sae.directory)
+        check_hook_width(model, hook_name, files.d_in)
+    digest = files_digest(files.files)
+    owner = owner if getattr(owner, "is_authenticated", False) else None
+    earlier = SparseAutoencoder.objects.filter(
+        owner=owner, content_hash=digest, hook_name=hook_name, model=model, source=source_of(files),
+        status__in=[*SparseAutoencoder.ACTIVE, SparseAutoencoder.Status.COMPLETED],
+    ).first()  # fmt: skip
+    if earlier is not None:
+        return earlier, False
+    with transaction.atomic():
+        jobs.job_admit(owner=owner)
+        estimate = memory_budget_check(
+            budgets.sae_import(tensor_bytes=files.tensor_bytes), what="this import"
+        )
+        sae = SparseAutoencoder.objects.create(
+            name=name or folder.name,
+            source=source_of(files),
+            model=model,
+            model_name=(model.display_identifier if model else None) or files.model_name or "",
+            hook_name=hook_name,
+            architecture=files.architecture,
+            d_in=files.d_in,
+            d_sae=files.d_sae,
+            import_path=str(folder),
+            content_hash=digest,
+            memory_estimate_bytes=estimate,
+            owner=owner,
+            shared=shared,
+        )
+        jobs.job_submit(sae, queue=shared_queue())  # any worker: an import needs no model
+    return sae, True
+
+
+def source_of(files: SaeFiles) -> str:
+    if files.format == "gemma_scope":
+        return SparseAutoencoder.Source.GEMMA_SCOPE
+    return SparseAutoencoder.Source.SAELENS
+
+
+# miStudio's own data: never importable, whatever roots an operator sets.
+PRIVATE_DIRECTORIES = ("SAE_DIR", "FEATURES_DIR", "STEERING_DIR", "ACTIVATION_CACHE_DIR", "DATASET_DIR")
+
+
+def sae_folder_files(folder: Path, format: str) -> SaeFiles:
+    """The SAE files of ``folder`` from their headers, each resolved (links followed) inside
+    ``LOCAL_MODEL_ROOTS`` and outside miStudio's own data (400 ``UNSAFE_PATH`` / ``INVALID_SAE``)."""
     try:
-        sae.save()
-    except Exception:
-        shutil.rmtree(sae.directory, ignore_errors=True)
-        raise
-    sae_publish(sae, "sae:completed", [])
-    return sae
+        entries = confined_folder_entries(folder, settings.LOCAL_MODEL_ROOTS)
+        private = [Path(getattr(settings, name)).resolve() for name in PRIVATE_DIRECTORIES]
+        for entry, real in entries.items():
+            if any(real.is_relative_to(directory) for directory in private):
+                raise ApplicationError(
+                    "UNSAFE_PATH", f"{entry!r} links into miStudio's own data.", details={"file": entry}
+                )
+        return inspect_sae_folder(entries, format)
+    except EngineError as error:
+        raise ApplicationError(error.code, error.message, details=error.details) from None
+
+
+def files_digest(paths: tuple[Path, ...]) -> str:
+    """xxh3-128 of the files' bytes, in order (streamed: memory stays flat)."""
+    digest = xxhash.xxh3_128()
+    for path in paths:
+        with open(path, "rb") as handle:
+            while block := handle.read(8 << 20):
+                digest.update(block)
+        digest.update(b"\x00")
+    return digest.hexdigest()
 
 
 def check_hook_width(model: LanguageModel, hook_name: str, d_in: int) -> None:
@@ -379,26 +391,14 @@ def sae_update(*, sae: SparseAutoencoder, actor, **changes: Any) -> SparseAutoen
     fields = [field for field in SparseAutoencoder.OWNER_FIELDS if field in changes]
     for field in fields:
         setattr(sae, field, changes[field])
-    sae_publish(sae, "sae:updated", fields)
+    jobs.job_publish(sae, "updated", fields)
     return sae
 
 
 def sae_delete(*, sae: SparseAutoencoder, actor) -> None:
-    """Delete the row; its folder follows on commit (``sae_files_follow_row``). A training in
+    """Delete the row; its folder follows on commit (``mistudio.jobs``). A training or import in
     flight must be cancelled first (409 ``SAE_BUSY``)."""
     check_may_change(sae, actor, what="SAE")
     if sae.status in SparseAutoencoder.ACTIVE:
         raise ApplicationError("SAE_BUSY", "The SAE is training; cancel it first.", status=409)
     sae.delete()
-
-
-def sae_files_follow_row(sender, instance: SparseAutoencoder, **kwargs) -> None:
-    """pre_delete of an SAE row, however it goes: its folder is removed once the deletion commits."""
-    files_removed_on_commit(instance)
-
-
-def files_removed_on_commit(sae: SparseAutoencoder) -> None:
-    """The SAE's folder is removed once the current transaction commits (never while it could
-    still roll back); the path is read now, since a deleted row has no id."""
-    directory = sae.directory
-    transaction.on_commit(lambda: shutil.rmtree(directory, ignore_errors=True))

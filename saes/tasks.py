@@ -1,44 +1,42 @@
-"""RQ entry points of SAE training and evaluation. They take ids and run in a miStudio worker."""
+"""The job bodies of SAE training, import and evaluation (``mistudio.jobs``), and the SAE modules
+a worker keeps loaded. They run in a miStudio worker."""
 
 import contextlib
 import logging
 import shutil
 import time
-import uuid
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 from django.conf import settings
-from django.db import close_old_connections
 
 from activations.models import ActivationCache
 from activations.selectors import cache_store
-from activations.store import ActivationStore, CacheError
-from engine.errors import EngineError
+from activations.store import ActivationStore
 from engine.prefetch import prefetched
 from engine.registry import LOADED_MODELS
 from engine.sae import TrainingCheckpoint, shuffled_batches, train
 from engine.sae.evaluation import ce_loss_recovered, evaluate_activations, log_feature_density
-from engine.sae.formats import load_saelens, save_saelens
+from engine.sae.formats import load_gemma_scope, load_saelens, save_saelens
 from mistudio.errors import ApplicationError
 from mistudio.events import ProgressThrottle
-from models_app.tasks import Requeued, current_worker, model_in_this_worker
+from mistudio.jobs import DAY, JobContext, job_publish, job_task
+from models_app.tasks import model_in_this_worker
 from saes.cache_data import (
+    PREFETCH_BATCHES,
+    SHUFFLE_BUFFER_BATCHES,
     cache_split,
     holdout_sequences,
     row_chunks,
     spread_sample,
 )
-from saes.models import SparseAutoencoder
+from saes.models import SaeEvaluation, SparseAutoencoder
 from saes.services import (
     HOLDOUT_FRACTION,
     folder_size,
-    sae_cancel_requested,
-    sae_discard,
-    sae_enqueue,
     sae_evaluate_request,
-    sae_failed,
-    sae_publish,
+    sae_folder_files,
     sae_training_lease,
 )
 
@@ -46,8 +44,6 @@ logger = logging.getLogger(__name__)
 
 CURVE_POINTS = 400  # points kept per training curve (every n-th step, and the last)
 LEASE_RENEW_SECONDS = 60
-SHUFFLE_BUFFER_BATCHES = 16  # the shuffle buffer holds this many batches of rows
-PREFETCH_BATCHES = 4  # batches read and shuffled ahead of the training step
 SAE_MODULES_KEPT = 4  # SAEs a worker keeps loaded for live encoding and steering
 _SAE_MODULES: dict[str, tuple[float, Any]] = {}  # sae id -> (weights' mtime, module), oldest first
 
@@ -72,10 +68,6 @@ def sae_module_by_id(sae_id: str) -> Any:
     if sae is None:
         raise ApplicationError("SAE_NOT_FOUND", f"The SAE {sae_id} is gone.", status=404)
     return sae_module(sae)
-
-
-class TrainingCancelled(Exception):
-    pass
 
 
 def training_config(sae: SparseAutoencoder):
@@ -112,124 +104,136 @@ def open_cache(cache: ActivationCache | None, hook: str) -> ActivationStore:
     return cache_store(cache, hook)
 
 
-def run_sae_training(sae_id: str) -> None:
+@job_task(SparseAutoencoder, timeout=7 * DAY)
+def run_sae_training(sae: SparseAutoencoder, job: JobContext) -> None:
     """Train the SAE on its cache, streamed and shuffled from disk, with progress events and a
     checkpoint every ``SAE_CHECKPOINT_EVERY_STEPS`` steps; then save it in SAELens' layout and
-    evaluate it on the held-out part. Idempotent: a row no longer queued or running is left
-    alone, and a retried job (after a worker died) continues from the last checkpoint."""
-    close_old_connections()
-    identity = current_worker()
-    sae = SparseAutoencoder.objects.select_related("cache", "model").filter(pk=sae_id).first()
-    if sae is None or sae.status not in SparseAutoencoder.ACTIVE:
-        return
-    try:
-        if sae_cancel_requested(sae.id):
-            raise TrainingCancelled
-        store = open_cache(sae.cache, sae.hook_name)
-        split = cache_split(store, HOLDOUT_FRACTION)
-        config = training_config(sae)
-        epochs = -(-config.total_tokens // split.train_stop)
-        checkpoint = TrainingCheckpoint.load(sae.checkpoint_directory)
-        fields = sae.mark_running(
-            host_worker=identity.name, total_steps=config.total_steps, total_tokens=config.total_tokens
+    evaluate it on the held-out part. A retried job (after a worker died) continues from the last
+    checkpoint."""
+    store = open_cache(sae.cache, sae.hook_name)
+    split = cache_split(store, HOLDOUT_FRACTION)
+    config = training_config(sae)
+    epochs = -(-config.total_tokens // split.train_stop)
+    checkpoint = TrainingCheckpoint.load(sae.checkpoint_directory)
+    fields = sae.mark_running(
+        host_worker=job.worker.name, total_steps=config.total_steps, total_tokens=config.total_tokens
+    )
+    if checkpoint is not None:  # the curves as far as the checkpoint; the steps after it run again
+        sae.history = [
+            curve_point(metrics)
+            for metrics in checkpoint.history
+            if on_curve(metrics["step"], config.total_steps)
+        ]
+        fields.append("history")
+    job_publish(sae, "started", fields, resumed_from_step=checkpoint.step if checkpoint else None)
+    sae_training_lease(sae)
+
+    # Time only (at most two events a second): a step takes milliseconds, and an event per
+    # percent would cost a short training more than its steps.
+    throttle = ProgressThrottle(min_step=101.0, min_interval=0.5)
+    points: list[dict[str, Any]] = []
+    last_lease = time.monotonic()
+
+    def on_step(metrics) -> None:
+        nonlocal last_lease
+        values = asdict(metrics)
+        if on_curve(metrics.step, config.total_steps):
+            points.append(curve_point(values))
+        final = metrics.step >= config.total_steps
+        if not throttle.ready(100 * metrics.step / config.total_steps, final=final):
+            return
+        fields = sae.mark_progress(
+            step=metrics.step, tokens_seen=metrics.tokens, tokens_per_second=metrics.tokens_per_second,
+            metrics=curve_point(values), points=points,
+        )  # fmt: skip
+        job_publish(sae, "progress", fields, points=list(points))
+        points.clear()
+        if time.monotonic() - last_lease > LEASE_RENEW_SECONDS:
+            sae_training_lease(sae)
+            last_lease = time.monotonic()
+
+    def on_checkpoint(state) -> None:
+        state.save(sae.checkpoint_directory)
+
+    device = job.worker.compute_device  # the worker's: a GPU worker trains on its GPU
+    # Batches are read and shuffled on a thread while the step runs (page-locked for a GPU).
+    batches = prefetched(
+        shuffled_batches(
+            row_chunks(store, sae.hook_name, 0, split.train_stop, epochs=epochs),
+            batch_size=config.batch_size,
+            buffer_rows=SHUFFLE_BUFFER_BATCHES * config.batch_size,
+            seed=config.seed,
+        ),
+        depth=PREFETCH_BATCHES,
+        pin_memory=device.startswith("cuda"),
+    )
+    with contextlib.closing(batches):
+        trained = train(
+            batches,
+            d_in=sae.d_in,
+            config=config,
+            sample=spread_sample(store, sae.hook_name, split.train_stop),
+            on_step=on_step,
+            should_cancel=job.should_cancel,
+            resume=checkpoint,
+            checkpoint_every_steps=settings.SAE_CHECKPOINT_EVERY_STEPS,
+            on_checkpoint=on_checkpoint,
+            device=device,
         )
-        if checkpoint is not None:  # the curves as far as the checkpoint; the steps after it run again
-            sae.history = [
-                curve_point(metrics)
-                for metrics in checkpoint.history
-                if on_curve(metrics["step"], config.total_steps)
-            ]
-            fields.append("history")
-        sae_publish(sae, "sae:started", fields, resumed_from_step=checkpoint.step if checkpoint else None)
-        sae_training_lease(sae)
-
-        # Time only (at most two events a second): a step takes milliseconds, and an event per
-        # percent would cost a short training more than its steps.
-        throttle = ProgressThrottle(min_step=101.0, min_interval=0.5)
-        points: list[dict[str, Any]] = []
-        last_lease = time.monotonic()
-
-        def on_step(metrics) -> None:
-            nonlocal last_lease
-            values = asdict(metrics)
-            if on_curve(metrics.step, config.total_steps):
-                points.append(curve_point(values))
-            final = metrics.step >= config.total_steps
-            if not throttle.ready(100 * metrics.step / config.total_steps, final=final):
-                return
-            fields = sae.mark_progress(
-                step=metrics.step, tokens_seen=metrics.tokens, tokens_per_second=metrics.tokens_per_second,
-                metrics=curve_point(values), points=points,
-            )  # fmt: skip
-            sae_publish(sae, "sae:progress", fields, points=list(points))
-            points.clear()
-            if time.monotonic() - last_lease > LEASE_RENEW_SECONDS:
-                sae_training_lease(sae)
-                last_lease = time.monotonic()
-
-        def on_checkpoint(state) -> None:
-            state.save(sae.checkpoint_directory)
-
-        device = identity.compute_device  # the worker's: a GPU worker trains on its GPU
-        # Batches are read and shuffled on a thread while the step runs (page-locked for a GPU).
-        batches = prefetched(
-            shuffled_batches(
-                row_chunks(store, sae.hook_name, 0, split.train_stop, epochs=epochs),
-                batch_size=config.batch_size,
-                buffer_rows=SHUFFLE_BUFFER_BATCHES * config.batch_size,
-                seed=config.seed,
-            ),
-            depth=PREFETCH_BATCHES,
-            pin_memory=device.startswith("cuda"),
-        )
-        with contextlib.closing(batches):
-            trained = train(
-                batches,
-                d_in=sae.d_in,
-                config=config,
-                sample=spread_sample(store, sae.hook_name, split.train_stop),
-                on_step=on_step,
-                should_cancel=lambda: sae_cancel_requested(sae.id),
-                resume=checkpoint,
-                checkpoint_every_steps=settings.SAE_CHECKPOINT_EVERY_STEPS,
-                on_checkpoint=on_checkpoint,
-                device=device,
-            )
-        if sae_cancel_requested(sae.id):
-            raise TrainingCancelled
-        loaded = LOADED_MODELS.get(sae.model_id) if sae.model_id else None
-        evaluation = held_out_evaluation(sae, trained.sae, store, split, loaded=loaded, cache_id=sae.cache_id)
-        save_files(sae, trained.sae, evaluation.pop("feature_density"))
-    except TrainingCancelled:
-        sae_discard(sae)
-        return
-    except (ApplicationError, EngineError, CacheError) as error:
-        code, message = getattr(error, "code", "TRAINING_FAILED"), getattr(error, "message", str(error))
-        sae_failed(sae, code=code, message=message)
-        return
-    except Exception as error:
-        logger.exception("SAE training %s failed", sae_id)
-        sae_failed(sae, code="TRAINING_FAILED", message=f"Training failed: {type(error).__name__}.")
-        return
+    job.check_cancel()
+    loaded = LOADED_MODELS.get(sae.model_id) if sae.model_id else None
+    evaluation = held_out_evaluation(
+        sae, trained.sae, store, split, loaded=loaded, cache_id=sae.cache_id, should_cancel=job.should_cancel
+    )
+    save_files(sae, trained.sae, evaluation.pop("feature_density"))
     fields = sae.mark_completed(
         evaluation=evaluation,
         file_size_bytes=folder_size(sae.directory),
         scaling_factor=trained.scaling_factor,
     )
-    sae_publish(sae, "sae:completed", fields)
-    if evaluation.get("ce_loss_recovered") is None and sae.model_id:
-        sae_evaluate_request(sae=sae)  # where the model is (or gets) loaded
+    job_publish(sae, "completed", fields)
+    if evaluation.get("ce_loss_recovered") is None and sae.model_id and sae.cache_id:
+        # Where the model is (or gets) loaded; a follow-up, not counted against the caps.
+        sae_evaluate_request(sae=sae, actor=sae.owner, cache=sae.cache, admit=False)
+
+
+@job_task(SparseAutoencoder, timeout=3600, failure_code="IMPORT_FAILED")
+def run_sae_import(sae: SparseAutoencoder, job: JobContext) -> None:
+    """Read an imported SAE's arrays (its folder checked again: it may have changed since the
+    request), refuse non-finite weights, and store it as a SAELens folder."""
+    job_publish(sae, "started", sae.mark_running(host_worker=job.worker.name))
+    files = sae_folder_files(
+        Path(sae.import_path), "gemma_scope" if sae.source == sae.Source.GEMMA_SCOPE else "saelens"
+    )
+    if (files.d_in, files.d_sae) != (sae.d_in, sae.d_sae):
+        raise ApplicationError("INVALID_SAE", "The folder changed since the import was requested.")
+    if files.format == "gemma_scope":
+        module = load_gemma_scope(files.files[0].parent)
+    else:
+        module, _ = load_saelens(files.files[0].parent)
+    job.check_cancel()
+    save_saelens(
+        module, sae.directory, hook_name=sae.hook_name, model_name=sae.model_name,
+        metadata={"mistudio_sae_id": sae.id},
+    )  # fmt: skip
+    job_publish(
+        sae,
+        "completed",
+        [*sae.mark_completed(evaluation={}, file_size_bytes=folder_size(sae.directory), scaling_factor=None)],
+    )
 
 
 def held_out_evaluation(
-    sae: SparseAutoencoder, module, store: ActivationStore, split, *, loaded, cache_id: str
-) -> dict[str, Any]:
+    sae: SparseAutoencoder, module, store: ActivationStore, split, *, loaded, cache_id: str,
+    should_cancel=None,
+) -> dict[str, Any]:  # fmt: skip
     """Metrics on the held-out rows, and CE loss recovered when ``loaded`` (the model in this
     worker) is given; without it ``ce_loss_recovered`` is None (an evaluation job follows where
     the model is). ``feature_density`` is a tensor, for sparsity.safetensors."""
     result = evaluate_activations(
-        module, row_chunks(store, sae.hook_name, split.holdout_start, split.num_tokens)
-    )
+        module, row_chunks(store, sae.hook_name, split.holdout_start, split.num_tokens),
+        should_cancel=should_cancel,
+    )  # fmt: skip
     evaluation = {
         **result.to_dict(),
         "feature_density": result.feature_density,
@@ -259,51 +263,28 @@ def save_files(sae: SparseAutoencoder, module, feature_density) -> None:
     shutil.rmtree(sae.checkpoint_directory, ignore_errors=True)
 
 
-def run_sae_evaluation(sae_id: str, cache_id: str) -> None:
+@job_task(SaeEvaluation, timeout=6 * 3600)
+def run_sae_evaluation(evaluation: SaeEvaluation, job: JobContext) -> None:
     """Evaluate a completed SAE on the held-out part of a cache, with CE loss recovered (the model
-    is loaded here if no worker has it; followed to its host if another worker has it)."""
-    close_old_connections()
-    identity = current_worker()
-    sae = SparseAutoencoder.objects.filter(pk=sae_id).first()
-    cache = ActivationCache.objects.filter(pk=cache_id).first()
-    if sae is None or sae.evaluation_status not in ("queued", "running"):
-        return
-    try:
-        loaded = model_in_this_worker(
-            sae.model_id,
-            identity.name,
-            requeue=lambda: evaluation_requeue(sae, cache_id),
-            purpose="an SAE evaluation",
-        )
-        sae_publish(sae, "sae:evaluation", sae.mark_evaluation(status="running"))
-        store = open_cache(cache, sae.hook_name)
-        split = cache_split(store, HOLDOUT_FRACTION)
-        module, _ = load_saelens(sae.directory)
-        evaluation = held_out_evaluation(sae, module, store, split, loaded=loaded, cache_id=cache_id)
-        evaluation.pop("feature_density")
-    except Requeued:
-        return
-    except (ApplicationError, EngineError, CacheError) as error:
-        code, message = getattr(error, "code", "EVALUATION_FAILED"), getattr(error, "message", str(error))
-        evaluation_failed(sae, code=code, message=message)
-        return
-    except Exception as error:
-        logger.exception("SAE evaluation %s failed", sae_id)
-        evaluation_failed(
-            sae, code="EVALUATION_FAILED", message=f"Evaluation failed: {type(error).__name__}."
-        )
-        return
-    fields = sae.mark_evaluation(status="", evaluation={**evaluation, "error": None})
-    sae_publish(sae, "sae:evaluated", fields)
-
-
-def evaluation_failed(sae: SparseAutoencoder, *, code: str, message: str) -> None:
-    """The evaluation ends with its error recorded; the SAE itself stays ``completed``."""
-    fields = sae.mark_evaluation(status="", evaluation={"error": {"code": code, "message": message}})
-    sae_publish(sae, "sae:evaluation", fields, code=code, message=message)
-
-
-def evaluation_requeue(sae: SparseAutoencoder, cache_id: str) -> None:
-    sae.rq_job_id = f"sae-eval-{sae.id}-{uuid.uuid4().hex[:6]}"
-    sae.save(update_fields=["rq_job_id"])
-    sae_enqueue(sae, "saes.tasks.run_sae_evaluation", sae.id, cache_id)
+    is loaded here if no worker has it; followed to its host if another worker has it); the
+    results are merged into the SAE's ``evaluation``."""
+    sae = evaluation.sae
+    loaded = model_in_this_worker(sae.model_id, evaluation, purpose="an SAE evaluation")
+    job_publish(evaluation, "started", evaluation.mark_running(host_worker=job.worker.name))
+    store = open_cache(evaluation.cache, sae.hook_name)
+    split = cache_split(store, HOLDOUT_FRACTION)
+    module, _ = load_saelens(sae.directory)
+    results = held_out_evaluation(
+        sae,
+        module,
+        store,
+        split,
+        loaded=loaded,
+        cache_id=evaluation.cache_id,
+        should_cancel=job.should_cancel,
+    )
+    results.pop("feature_density")
+    evaluation.results = results
+    sae.evaluation = {**sae.evaluation, **results, "error": None}
+    sae.save(update_fields=["evaluation", "updated_at"])
+    job_publish(evaluation, "completed", [*evaluation.mark_completed(), "results"])

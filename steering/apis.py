@@ -9,10 +9,10 @@ from rest_framework.views import APIView
 
 from activations.selectors import dataset_get
 from generation.services import generation_model
-from mistudio.errors import ApplicationError
 from mistudio.json_input import JSONParser as MistudioJSONParser
 from mistudio.permissions import CanRead, CanWrite
 from mistudio.serializers import StrictSerializer
+from mistudio.throttling import WorkerCallThrottle
 from steering import selectors, services
 from steering.models import SteeringVector
 from steering.serializers import vector_state
@@ -46,7 +46,8 @@ class VectorListApi(APIView):
         filters = self.FilterSerializer(data=request.query_params)
         filters.is_valid(raise_exception=True)
         vectors = selectors.vector_list(user=request.user, model_id=filters.validated_data.get("model_id"))
-        return Response({"vectors": [vector_state(row) for row in vectors[:500]], "total": vectors.count()})
+        rows = [vector_state(row, viewer=request.user, with_prompts=False) for row in vectors[:500]]
+        return Response({"vectors": rows, "total": vectors.count()})
 
     @extend_schema(request=InputSerializer, responses={202: dict})
     def post(self, request):
@@ -56,16 +57,10 @@ class VectorListApi(APIView):
         model = generation_model(user=request.user, model_ref=values.pop("model_id"))
         for side in ("positive", "negative"):
             dataset_id = values.pop(f"{side}_dataset_id", None)
-            if (dataset_id is None) == (side not in values):
-                raise ApplicationError(
-                    "INVALID_PROMPTS",
-                    f"Give either {side} (prompts) or {side}_dataset_id.",
-                    details={"fields": {side: ["Prompts or a dataset."]}},
-                )
             if dataset_id is not None:
-                values[side] = services.dataset_prompts(dataset_get(user=request.user, dataset_id=dataset_id))
+                values[f"{side}_dataset"] = dataset_get(user=request.user, dataset_id=dataset_id)
         vector = services.vector_request(owner=request.user, model=model, **values)
-        return Response(vector_state(vector), status=status.HTTP_202_ACCEPTED)
+        return Response(vector_state(vector, viewer=request.user), status=status.HTTP_202_ACCEPTED)
 
 
 class VectorImportApi(APIView):
@@ -94,7 +89,7 @@ class VectorImportApi(APIView):
             )
         model = generation_model(user=request.user, model_ref=values.pop("model_id"))
         vector = services.vector_import(owner=request.user, model=model, data=upload.read(), **values)
-        return Response(vector_state(vector), status=status.HTTP_201_CREATED)
+        return Response(vector_state(vector, viewer=request.user), status=status.HTTP_201_CREATED)
 
 
 class VectorDetailApi(APIView):
@@ -106,7 +101,9 @@ class VectorDetailApi(APIView):
 
     @extend_schema(responses={200: dict})
     def get(self, request, vector_id: str):
-        return Response(vector_state(selectors.vector_get(user=request.user, vector_id=vector_id)))
+        return Response(
+            vector_state(selectors.vector_get(user=request.user, vector_id=vector_id), viewer=request.user)
+        )
 
     @extend_schema(request=UpdateSerializer, responses={200: dict})
     def patch(self, request, vector_id: str):
@@ -114,13 +111,25 @@ class VectorDetailApi(APIView):
         data = self.UpdateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         vector = services.vector_update(vector=vector, actor=request.user, **data.validated_data)
-        return Response(vector_state(vector))
+        return Response(vector_state(vector, viewer=request.user))
 
     @extend_schema(responses={204: None})
     def delete(self, request, vector_id: str):
         vector = selectors.vector_get(user=request.user, vector_id=vector_id)
         services.vector_delete(vector=vector, actor=request.user)
         return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class VectorCancelApi(APIView):
+    """Cancel a vector being computed (its owner or an admin)."""
+
+    permission_classes = [CanWrite]
+
+    @extend_schema(request=None, responses={202: dict})
+    def post(self, request, vector_id: str):
+        vector = selectors.vector_get(user=request.user, vector_id=vector_id)
+        vector = services.vector_cancel(vector=vector, actor=request.user)
+        return Response(vector_state(vector, viewer=request.user), status=status.HTTP_202_ACCEPTED)
 
 
 class VectorExportApi(APIView):
@@ -140,6 +149,7 @@ class PatchingApi(APIView):
     """Activation patching: the metric grid over hook points x positions (the model's worker runs it)."""
 
     permission_classes = [CanWrite]
+    throttle_classes = [WorkerCallThrottle]
 
     class InputSerializer(StrictSerializer):
         clean = serializers.CharField(max_length=4000, trim_whitespace=False)
@@ -162,6 +172,7 @@ class LogitLensApi(APIView):
     """The logit lens: top next-token predictions after every block at every position."""
 
     permission_classes = [CanWrite]
+    throttle_classes = [WorkerCallThrottle]
 
     class InputSerializer(StrictSerializer):
         prompt = serializers.CharField(max_length=4000, trim_whitespace=False)

@@ -6,13 +6,18 @@ class SteeringConfig(AppConfig):
     verbose_name = "Steering vectors"
 
     def ready(self) -> None:
-        from django.db.models.signals import pre_delete
-
         from generation.interventions import register_vector_source
-        from mistudio.workers import register_worker_hook
-        from steering import selectors, services
+        from mistudio.access import register_visibility
+        from mistudio.jobs import register_job_kind
+        from steering import selectors, serializers, services
         from steering.models import SteeringVector
 
+        selectors.register_event_groups()
         register_vector_source(selectors.vector_reference, services.vector_tensor)
-        register_worker_hook("start", services.vector_resume_on_worker_start)
-        pre_delete.connect(services.vector_files_follow_row, sender=SteeringVector)
+        register_visibility(
+            SteeringVector,
+            lambda user: selectors.vector_list(user=user),
+            code="STEERING_VECTOR_NOT_FOUND",
+            what="steering vector",
+        )
+        register_job_kind(SteeringVector, state=serializers.vector_event_state)

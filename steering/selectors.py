@@ -1,10 +1,14 @@
 """Reading steering vectors: the ones a user may see, one by id, and the file for export."""
 
+from typing import Any
+
 from django.db.models import QuerySet
 
 from generation.interventions import VectorReference
 from mistudio.access import check_may_change, completed_row, visible_row, visible_rows
+from mistudio.events import register_group_kind
 from steering.models import SteeringVector
+from steering.serializers import vector_state
 
 
 def vector_list(*, user, model_id: str | None = None) -> QuerySet[SteeringVector]:
@@ -37,3 +41,17 @@ def vector_reference(user, vector_id: str) -> VectorReference | None:
     if vector is None:
         return None
     return VectorReference(id=vector.id, hook_name=vector.hook_name, width=vector.width)
+
+
+def vector_snapshot(user, key: str | None) -> dict[str, Any] | None:
+    vector = vector_list(user=user).filter(pk=key).first()
+    return None if vector is None else vector_state(vector, viewer=user, with_prompts=False)
+
+
+def register_event_groups() -> None:
+    register_group_kind(
+        "vector",
+        keyed=True,
+        snapshot=vector_snapshot,
+        visible=lambda user, key: vector_list(user=user).filter(pk=key).exists(),
+    )

@@ -1,7 +1,9 @@
-"""The one JSON shape of a steering vector: the API and the admin show these."""
+"""The one JSON shape of a steering vector: the API, its events and snapshots show these."""
 
 from typing import Any
 
+from activations.models import Dataset
+from mistudio.access import AUDIENCE, linked_id
 from steering.models import SteeringVector
 
 
@@ -9,8 +11,11 @@ def iso(value) -> str | None:
     return value.isoformat() if value else None
 
 
-def vector_state(vector: SteeringVector) -> dict[str, Any]:
-    return {
+def vector_state(vector: SteeringVector, *, viewer=AUDIENCE, with_prompts: bool = True) -> dict[str, Any]:
+    """A vector as ``GET /api/steering-vectors/{id}`` shows it to ``viewer`` (an event's: everyone it
+    reaches): a dataset it was built from only if they may see that dataset. Lists and events
+    leave the prompts out (``with_prompts=False``)."""
+    state = {
         "id": vector.id,
         "name": vector.name,
         "source": vector.source,
@@ -19,14 +24,24 @@ def vector_state(vector: SteeringVector) -> dict[str, Any]:
         "width": vector.width,
         "norm": vector.norm,
         "reduction": vector.reduction,
-        "positive": vector.positive,
-        "negative": vector.negative,
+        "positive_dataset_id": linked_id(viewer, vector, Dataset, vector.positive_dataset_id),
+        "negative_dataset_id": linked_id(viewer, vector, Dataset, vector.negative_dataset_id),
         "status": vector.status,
+        "progress": vector.progress,
+        "memory_estimate_bytes": vector.memory_estimate_bytes,
         "host_worker": vector.host_worker,
         "error_code": vector.error_code,
         "error_message": vector.error_message,
         "owner": vector.owner.username if vector.owner_id else None,
         "shared": vector.shared,
         "created_at": iso(vector.created_at),
+        "started_at": iso(vector.started_at),
         "finished_at": iso(vector.finished_at),
     }
+    if with_prompts:
+        state["positive"], state["negative"] = vector.positive, vector.negative
+    return state
+
+
+def vector_event_state(vector: SteeringVector) -> dict[str, Any]:
+    return vector_state(vector, with_prompts=False)

@@ -1,4 +1,5 @@
-"""Steering-vector workflows: contrastive requests and their job, import, rename / share, delete.
+"""Steering-vector workflows: contrastive requests (a job), import, rename / share, delete; and
+patching and the logit lens, answered by the model's worker.
 
 Every front door (API, admin, ``manage.py steering_vector``) calls these.
 """
@@ -6,24 +7,28 @@ Every front door (API, admin, ``manage.py steering_vector``) calls these.
 from __future__ import annotations
 
 import math
-import shutil
-import uuid
 from typing import Any
 
 from django.db import transaction
 
+from activations.models import Dataset
 from activations.services import dataset_samples, hook_names_for
 from generation.services import hook_widths
-from mistudio.access import check_may_change
+from mistudio import jobs
+from mistudio.access import OPERATOR, check_may_change, reach
+from mistudio.budgets import memory_budget_check
 from mistudio.errors import ApplicationError
-from mistudio.workers import call_worker, enqueue
+from mistudio.text import check_label_text
+from mistudio.workers import call_worker
 from models_app.models import LanguageModel
-from models_app.services import model_host, model_job_queue
+from models_app.services import model_host, model_job_queue, model_probe_memory, model_worker_name
 from steering.models import SteeringVector
 
 MAX_PROMPTS = 512
 MAX_PROMPT_CHARACTERS = 4000
+MAX_PROMPT_BYTES = 256 * 1024  # of one side's prompts, as UTF-8: what a row may hold
 MAX_TOKENS_PER_PROMPT = 512
+BATCH_SIZE = 16
 VECTOR_TENSOR = "vector"
 
 
@@ -41,14 +46,39 @@ def _prompt_list(prompts: Any, field: str) -> list[str]:
             details={"fields": {field: ["A list of prompts."]}},
             status=400,
         )
+    size = sum(len(prompt.encode()) for prompt in prompts)
+    if size > MAX_PROMPT_BYTES:
+        raise ApplicationError(
+            "INVALID_PROMPTS",
+            f"{field} holds {size:,} bytes of text, over {MAX_PROMPT_BYTES:,}: use a dataset "
+            f"({field}_dataset_id) for more.",
+            details={"fields": {field: [f"At most {MAX_PROMPT_BYTES:,} bytes."]}},
+            status=400,
+        )
     return prompts
 
 
-def dataset_prompts(dataset) -> list[str]:
+def dataset_prompts(dataset: Dataset) -> list[str]:
     """A dataset's first ``MAX_PROMPTS`` samples as prompts (each cut to ``MAX_PROMPT_CHARACTERS``)."""
     return [
         text[:MAX_PROMPT_CHARACTERS] for text in dataset_samples(dataset, limit=MAX_PROMPTS) if text.strip()
     ]
+
+
+def vector_prompts(vector: SteeringVector) -> tuple[list[str], list[str]]:
+    """The two prompt lists of a contrastive vector: its own, or its datasets' first samples."""
+
+    def side(prompts: list[str], dataset: Dataset | None, field: str) -> list[str]:
+        if prompts:
+            return prompts
+        if dataset is None:
+            raise ApplicationError("DATASET_NOT_FOUND", f"The {field} dataset is gone.", status=404)
+        return dataset_prompts(dataset)
+
+    return (
+        side(vector.positive, vector.positive_dataset, "positive"),
+        side(vector.negative, vector.negative_dataset, "negative"),
+    )
 
 
 def vector_request(
@@ -56,43 +86,66 @@ def vector_request(
     owner,
     model: LanguageModel,
     hook_name: str,
-    positive: list[str],
-    negative: list[str],
+    positive: list[str] | None = None,
+    negative: list[str] | None = None,
+    positive_dataset: Dataset | None = None,
+    negative_dataset: Dataset | None = None,
     reduction: str = SteeringVector.Reduction.MEAN,
     name: str = "",
     shared: bool = False,
 ) -> SteeringVector:
-    """Queue a contrastive vector: mean activation at ``hook_name`` over ``positive`` minus over
-    ``negative`` (every token, or each prompt's last with ``reduction="last"``)."""
+    """Queue a contrastive vector: mean activation at ``hook_name`` over the positive prompts minus
+    over the negative ones (every token, or each prompt's last with ``reduction="last"``). Each
+    side is a list of prompts (at most ``MAX_PROMPT_BYTES``) or a dataset the owner may read
+    (referenced: the job reads its first ``MAX_PROMPTS`` samples)."""
     (hook_name,) = hook_names_for(model, hooks=[hook_name], layers=None)
     if reduction not in SteeringVector.Reduction.values:
         raise ApplicationError("INVALID_REDUCTION", "reduction must be mean or last.", status=400)
+    check_label_text(name, field="name")
+    sides = {}
+    for field, prompts, dataset in (
+        ("positive", positive, positive_dataset),
+        ("negative", negative, negative_dataset),
+    ):
+        if (prompts is None) == (dataset is None):
+            raise ApplicationError(
+                "INVALID_PROMPTS",
+                f"Give either {field} (prompts) or {field}_dataset_id.",
+                details={"fields": {field: ["Prompts or a dataset."]}},
+            )
+        sides[field] = (
+            _prompt_list(prompts, field) if prompts is not None else [],
+            reach(owner or OPERATOR, dataset) if dataset else None,
+        )
     with transaction.atomic():
+        jobs.job_admit(owner=owner, tokens=2 * MAX_PROMPTS * MAX_TOKENS_PER_PROMPT)
+        estimate = memory_budget_check(
+            model_probe_memory(
+                model, tokens=BATCH_SIZE * MAX_TOKENS_PER_PROMPT, longest=MAX_TOKENS_PER_PROMPT
+            ),
+            what="this steering vector",
+            worker_name=model_worker_name(model),
+        )
         vector = SteeringVector.objects.create(
             name=name,
             model=model,
             hook_name=hook_name,
-            positive=_prompt_list(positive, "positive"),
-            negative=_prompt_list(negative, "negative"),
+            positive=sides["positive"][0],
+            negative=sides["negative"][0],
+            positive_dataset=sides["positive"][1],
+            negative_dataset=sides["negative"][1],
             reduction=reduction,
+            memory_estimate_bytes=estimate,
             owner=owner if getattr(owner, "is_authenticated", False) else None,
             shared=shared,
         )
-        vector.rq_job_id = f"steering-{vector.id}"
-        vector.save(update_fields=["rq_job_id"])
-        vector_enqueue(vector)
+        jobs.job_submit(vector, queue=model_job_queue(vector.model_id))
     return vector
 
 
-def vector_enqueue(vector: SteeringVector, *, worker_name: str | None = None) -> None:
-    """To the model's host when it is loaded, else the shared queue (that worker loads it)."""
-    queue = model_job_queue(vector.model_id, worker_name=worker_name)
-    enqueue(queue, "steering.tasks.run_steering_vector", vector.id, job_id=vector.rq_job_id)
-
-
-def vector_failed(vector: SteeringVector, *, code: str, message: str) -> None:
-    vector.save(update_fields=vector.mark_failed(code=code, message=message))
-    files_removed_on_commit(vector)
+def vector_cancel(*, vector: SteeringVector, actor) -> SteeringVector:
+    """A queued vector is cancelled at once; a running one stops after its current batch."""
+    return jobs.job_cancel(vector, actor=actor)
 
 
 def vector_store(vector: SteeringVector, values) -> None:
@@ -105,7 +158,7 @@ def vector_store(vector: SteeringVector, values) -> None:
     temporary = vector.path.with_suffix(".partial")
     save_file({VECTOR_TENSOR: values}, str(temporary), metadata={"hook_name": vector.hook_name})
     temporary.replace(vector.path)
-    vector.save(update_fields=vector.mark_completed(width=len(values), norm=float(values.norm())))
+    jobs.job_publish(vector, "completed", vector.mark_completed(width=len(values), norm=float(values.norm())))
 
 
 def vector_tensor(vector_id: str):
@@ -144,6 +197,7 @@ def vector_import(
     values = values.to(torch.float32)
     if not bool(torch.isfinite(values).all()) or not math.isfinite(float(values.norm())):
         raise ApplicationError("INVALID_VECTOR", "The vector has non-finite values.", status=400)
+    check_label_text(name, field="name")
     with transaction.atomic():
         vector = SteeringVector.objects.create(
             name=name, source=SteeringVector.Source.IMPORTED, model=model, hook_name=hook_name,
@@ -155,35 +209,24 @@ def vector_import(
 
 def vector_update(*, vector: SteeringVector, actor, **changes: Any) -> SteeringVector:
     check_may_change(vector, actor, what="steering vector")
-    for name, value in changes.items():
-        if name in SteeringVector.OWNER_FIELDS:
-            setattr(vector, name, value)
-    vector.save(update_fields=[name for name in changes if name in SteeringVector.OWNER_FIELDS])
+    if "name" in changes:
+        check_label_text(changes["name"], field="name")
+    fields = [name for name in changes if name in SteeringVector.OWNER_FIELDS]
+    for name in fields:
+        setattr(vector, name, changes[name])
+    jobs.job_publish(vector, "updated", fields)
     return vector
 
 
 def vector_delete(*, vector: SteeringVector, actor) -> None:
+    """Delete the row; its file follows on commit. A vector being computed must be cancelled
+    first (409 ``STEERING_VECTOR_BUSY``)."""
     check_may_change(vector, actor, what="steering vector")
+    if vector.status in SteeringVector.ACTIVE:
+        raise ApplicationError(
+            "STEERING_VECTOR_BUSY", "The steering vector is being computed; cancel it first.", status=409
+        )
     vector.delete()
-
-
-def vector_resume_on_worker_start(identity) -> None:
-    """A starting worker re-queues the vectors it was computing when it died (they start over)."""
-    for vector in SteeringVector.objects.filter(
-        host_worker=identity.name, status=SteeringVector.Status.RUNNING
-    ):
-        vector.rq_job_id = f"steering-{vector.id}-{uuid.uuid4().hex[:6]}"
-        vector.save(update_fields=["rq_job_id"])
-        vector_enqueue(vector, worker_name=identity.name)
-
-
-def vector_files_follow_row(sender, instance: SteeringVector, **kwargs) -> None:
-    files_removed_on_commit(instance)
-
-
-def files_removed_on_commit(vector: SteeringVector) -> None:
-    directory = vector.directory
-    transaction.on_commit(lambda: shutil.rmtree(directory, ignore_errors=True))
 
 
 # --- patching and the logit lens (answered by the model's worker) ---------------------------------
@@ -210,6 +253,11 @@ def patching_request(
         if len(hooks) > MAX_PATCH_HOOKS:
             raise ApplicationError("TOO_MANY_HOOKS", f"At most {MAX_PATCH_HOOKS} hook points.", status=400)
     worker = model_host(model)
+    memory_budget_check(
+        model_probe_memory(model, tokens=MAX_PROBE_TOKENS, longest=MAX_PROBE_TOKENS, runs=3),
+        what="patching on this model",
+        worker_name=worker,
+    )
     return call_worker(
         worker, "steering.tasks.run_patching", model.id, clean, corrupted, answer, wrong_answer, hooks or [],
         wait_seconds=PROBE_WAIT_SECONDS,
@@ -219,6 +267,11 @@ def patching_request(
 def logit_lens_request(*, model: LanguageModel, prompt: str, top: int = 5) -> dict[str, Any]:
     """The top next-token predictions read out after every block at every position of ``prompt``."""
     worker = model_host(model)
+    memory_budget_check(
+        model_probe_memory(model, tokens=MAX_PROBE_TOKENS, longest=MAX_PROBE_TOKENS, runs=1),
+        what="the logit lens on this model",
+        worker_name=worker,
+    )
     return call_worker(
         worker, "steering.tasks.run_logit_lens", model.id, prompt, top, wait_seconds=PROBE_WAIT_SECONDS
     )

@@ -1,34 +1,32 @@
-"""The contrastive steering-vector job: the model over both prompt lists, difference of means."""
+"""The contrastive steering-vector job (the model over both prompt lists, difference of means),
+and patching and the logit lens answered for a waiting request."""
 
 from __future__ import annotations
 
 import logging
 from typing import Any
 
-from django.db import close_old_connections
-
-from engine.errors import EngineError
 from engine.extraction import extract, plan_batches, tokenize_samples
 from engine.hooks import num_layers
 from engine.patching import logit_lens, patching_grid
 from engine.registry import LOADED_MODELS
 from mistudio.errors import ApplicationError
-from mistudio.workers import answer_call
-from models_app.tasks import Requeued, current_worker, model_in_this_worker
+from mistudio.jobs import JobContext, job_publish, job_task
+from mistudio.workers import answer_call, worker_task
+from models_app.tasks import model_in_this_worker
 from steering.models import SteeringVector
 from steering.services import (
+    BATCH_SIZE,
     MAX_PROBE_TOKENS,
     MAX_TOKENS_PER_PROMPT,
-    vector_enqueue,
-    vector_failed,
+    vector_prompts,
     vector_store,
 )
 
 logger = logging.getLogger(__name__)
-BATCH_SIZE = 16
 
 
-def mean_activation(model, tokenizer, prompts: list[str], hook: str, *, last_only: bool):
+def mean_activation(model, tokenizer, prompts: list[str], hook: str, *, last_only: bool, should_cancel=None):
     """The mean of ``hook``'s activations over every token of ``prompts`` (or over each prompt's
     last token), float32, on the CPU: what the contrastive vector subtracts."""
     import torch
@@ -36,7 +34,11 @@ def mean_activation(model, tokenizer, prompts: list[str], hook: str, *, last_onl
     tokenized = tokenize_samples(tokenizer, prompts, MAX_TOKENS_PER_PROMPT)
     lengths = [len(ids) for ids in tokenized]
     total, count = None, 0
-    for batch in extract(model, tokenized, plan_batches(lengths, BATCH_SIZE), hooks=[hook], dtype="float32"):
+    batches = extract(
+        model, tokenized, plan_batches(lengths, BATCH_SIZE), hooks=[hook], dtype="float32",
+        should_cancel=should_cancel,
+    )  # fmt: skip
+    for batch in batches:
         rows = batch.activations[hook].float()
         if last_only:
             last = torch.tensor([lengths[index] - 1 for index in batch.sample_index.tolist()])
@@ -47,36 +49,27 @@ def mean_activation(model, tokenizer, prompts: list[str], hook: str, *, last_onl
     return (total / max(count, 1)).float()
 
 
-def run_steering_vector(vector_id: str) -> None:
+@job_task(SteeringVector, timeout=3600)
+def run_steering_vector(vector: SteeringVector, job: JobContext) -> None:
     """Compute a queued contrastive vector on this worker (loading its model if need be)."""
-    close_old_connections()
-    vector = SteeringVector.objects.filter(pk=vector_id).first()
-    if vector is None or vector.status not in SteeringVector.ACTIVE:
-        return
-    identity = current_worker()
-    try:
-        if vector.model_id is None:
-            raise ApplicationError("MODEL_NOT_FOUND", "The vector's model is gone.")
-        loaded = model_in_this_worker(
-            vector.model_id,
-            identity.name,
-            requeue=lambda: vector_enqueue(vector),
-            purpose="a steering vector",
+    if vector.model_id is None:
+        raise ApplicationError("MODEL_NOT_FOUND", "The vector's model is gone.")
+    loaded = model_in_this_worker(vector.model_id, vector, purpose="a steering vector")
+    job_publish(vector, "started", vector.mark_running(host_worker=job.worker.name))
+    last_only = vector.reduction == SteeringVector.Reduction.LAST
+    means = [
+        mean_activation(
+            loaded.model,
+            loaded.tokenizer,
+            prompts,
+            vector.hook_name,
+            last_only=last_only,
+            should_cancel=job.should_cancel,
         )
-        vector.save(update_fields=vector.mark_running(host_worker=identity.name))
-        last_only = vector.reduction == SteeringVector.Reduction.LAST
-        means = [
-            mean_activation(loaded.model, loaded.tokenizer, prompts, vector.hook_name, last_only=last_only)
-            for prompts in (vector.positive, vector.negative)
-        ]
-        vector_store(vector, means[0] - means[1])
-    except Requeued:
-        return
-    except (ApplicationError, EngineError) as error:
-        vector_failed(vector, code=error.code, message=error.message)
-    except Exception as error:
-        logger.exception("steering vector %s failed", vector_id)
-        vector_failed(vector, code="STEERING_VECTOR_FAILED", message=f"{type(error).__name__}: {error}")
+        for prompts in vector_prompts(vector)
+    ]
+    job.check_cancel()
+    vector_store(vector, means[0] - means[1])
 
 
 def _loaded_here(model_id: str):
@@ -106,6 +99,7 @@ def _one_token(tokenizer, text: str, field: str) -> int:
     return ids[0]
 
 
+@worker_task(timeout=600)
 def run_patching(
     request_id: str, model_id: str, clean: str, corrupted: str, answer: str, wrong: str, hooks: list[str]
 ) -> None:
@@ -143,6 +137,7 @@ def run_patching(
     answer_call(request_id, compute, failure_code="PATCHING_FAILED")
 
 
+@worker_task(timeout=120)
 def run_logit_lens(request_id: str, model_id: str, prompt: str, top: int) -> None:
     def compute() -> dict[str, Any]:
         loaded = _loaded_here(model_id)

@@ -7,6 +7,11 @@ urlpatterns = [
     path("steering-vectors/import", apis.VectorImportApi.as_view(), name="steering-vector-import"),
     path("steering-vectors/<str:vector_id>", apis.VectorDetailApi.as_view(), name="steering-vector-detail"),
     path(
+        "steering-vectors/<str:vector_id>/cancel",
+        apis.VectorCancelApi.as_view(),
+        name="steering-vector-cancel",
+    ),
+    path(
         "steering-vectors/<str:vector_id>/export",
         apis.VectorExportApi.as_view(),
         name="steering-vector-export",

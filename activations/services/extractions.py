@@ -6,18 +6,18 @@ import logging
 from typing import Any
 
 from django.conf import settings
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from activations.model_structure import skeleton
 from activations.models import ActivationCache, Dataset, ExtractionJob
-from engine.hooks import HookError, resolve_hook_names
-from mistudio.errors import ApplicationError, rate_limited
-from mistudio.events import publish, rows_audience
-from mistudio.redis_client import get_redis
-from mistudio.workers import cancel_if_queued, enqueue
+from engine import budgets
+from engine.hooks import HookError, list_hook_points, resolve_hook_names
+from mistudio import jobs
+from mistudio.budgets import memory_budget_check
+from mistudio.errors import ApplicationError
 from models_app.models import LanguageModel
-from models_app.services import model_job_queue
+from models_app.services import model_heads, model_job_queue, model_worker_name
 
 logger = logging.getLogger(__name__)
 
@@ -66,10 +66,6 @@ def cache_key_hash(key: dict[str, Any], *, model: LanguageModel) -> str:
     return key_hash({**key, "model": {**key["model"], "identifier": model.identifier}})
 
 
-def extraction_groups(job: ExtractionJob) -> list[str]:
-    return [f"extraction.{job.id}", f"model.{job.model_id}"]
-
-
 def job_state(job: ExtractionJob) -> dict[str, Any]:
     return {
         "extraction_id": job.id,
@@ -82,21 +78,10 @@ def job_state(job: ExtractionJob) -> dict[str, Any]:
         "eta_seconds": job.eta_seconds,
         "cache_id": job.cache_id,
         "cached": job.cached,
+        "memory_estimate_bytes": job.memory_estimate_bytes,
         "error_code": job.error_code,
         "error_message": job.error_message,
     }
-
-
-def job_publish(job: ExtractionJob, event: str, fields: list[str], **extra: Any) -> None:
-    publish(
-        event,
-        {**job_state(job), **extra},
-        groups=extraction_groups(job),
-        instance=job,
-        fields=fields,
-        # Also sent to model.<id>: only to those who may see the job (its owner, admins).
-        audience=rows_audience(("extraction", job.id)),
-    )
 
 
 def hook_names_for(model: LanguageModel, *, hooks: list[str] | None, layers: list[int] | None) -> list[str]:
@@ -187,12 +172,17 @@ def extraction_request(
                 running = cache.jobs.filter(status__in=ExtractionJob.ACTIVE).first()
                 if running is not None:
                     return joined(running, owner=owner)
-        extraction_capacity_check(owner=owner)  # only a new job counts against the caps
-        job = ExtractionJob.objects.create(**job_fields, cache=cache, total_samples=key["sample_count"])
-        job.rq_job_id = f"extract-{job.id}"
-        job.save(update_fields=["rq_job_id"])
-        job_publish(job, "extraction:queued", [])
-        extraction_enqueue(job)  # queued once this transaction commits
+        # Only a new job counts against the caps and budgets.
+        jobs.job_admit(owner=owner, tokens=key["sample_count"] * max_length)
+        estimate = memory_budget_check(
+            extraction_memory(model, hooks=names, batch_size=batch_size, max_length=max_length, dtype=dtype),
+            what="this extraction",
+            worker_name=model_worker_name(model),
+        )
+        job = ExtractionJob.objects.create(
+            **job_fields, cache=cache, total_samples=key["sample_count"], memory_estimate_bytes=estimate
+        )
+        jobs.job_submit(job, queue=model_job_queue(model.id))  # its token goes out on commit
     return job
 
 
@@ -209,104 +199,27 @@ def joined(running: ExtractionJob, *, owner) -> ExtractionJob:
     )
 
 
-# Any fixed 64-bit number: the PostgreSQL advisory lock that new extraction jobs take turns on.
-EXTRACTION_ADMISSION_LOCK = 0x6D69_5374_7564_696F  # "miStudio"
-EXTRACTION_RETRY_AFTER_SECONDS = 30  # when no job holding a slot has an ETA yet
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
-def extraction_capacity_check(*, owner) -> None:
-    """Refuse a new job (429 ``RATE_LIMITED``) while too many are queued or running.
-
-    Caps: ``MAX_ACTIVE_EXTRACTIONS_PER_USER`` for the owner, ``MAX_ACTIVE_EXTRACTIONS`` for
-    everyone (0: no cap). Called inside ``extraction_request``'s transaction just before the
-    job row is created, so a request answered from the cache or joining an identical job in
-    flight never counts, and a refusal rolls back the cache row it may have started. Requests
-    take turns here (an advisory lock on PostgreSQL; SQLite transactions are already
-    ``IMMEDIATE``), so two cannot both take the last slot.
-    """
-    per_user, system = settings.MAX_ACTIVE_EXTRACTIONS_PER_USER, settings.MAX_ACTIVE_EXTRACTIONS
-    if not per_user and not system:
-        return
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [EXTRACTION_ADMISSION_LOCK])
-    active = ExtractionJob.objects.filter(status__in=ExtractionJob.ACTIVE).order_by("created_at")
-    if per_user and owner is not None:
-        mine = list(active.filter(owner=owner))
-        if len(mine) >= per_user:
-            raise rate_limited(
-                f"You have {len(mine)} extractions queued or running, the most allowed per user "
-                f"({per_user}); send this one again when one of them ends.",
-                retry_after_seconds=extraction_retry_after(mine),
-                details={"scope": "user", "limit": per_user, "active_extractions": [job.id for job in mine]},
-            )
-    if system:
-        everyone = list(active)
-        if len(everyone) >= system:
-            raise rate_limited(
-                f"{len(everyone)} extractions are queued or running, the most allowed at once "
-                f"({system}); send this one again when one of them ends.",
-                retry_after_seconds=extraction_retry_after(everyone),
-                details={"scope": "system", "limit": system},  # other users' job ids stay private
-            )
+def extraction_memory(
+    model: LanguageModel, *, hooks: list[str], batch_size: int, max_length: int, dtype: str
+) -> budgets.MemoryEstimate:
+    """The estimated peak of an extraction (``engine.budgets.extraction``), the hooks' widths from
+    the model's structure (built on the meta device: no weights)."""
+    widths = {info.name: info.width for info in list_hook_points(skeleton(model))}
+    return budgets.extraction(
+        batch_size=batch_size,
+        max_length=max_length,
+        widths=[widths.get(name) or model.hidden_size or 0 for name in hooks],
+        dtype_bytes=DTYPE_BYTES.get(dtype, 4),
+        hidden=model.hidden_size or 0,
+        layers=model.num_layers or 0,
+        heads=model_heads(model),
+        shard_bytes=settings.ACTIVATION_SHARD_MAX_BYTES,
+    )
 
 
-def extraction_retry_after(jobs: list[ExtractionJob]) -> float:
-    """When a slot is likely to free: the soonest ETA among the running jobs (at most an hour)."""
-    etas = [job.eta_seconds for job in jobs if job.status == ExtractionJob.Status.RUNNING and job.eta_seconds]
-    return min(*etas, 3600) if etas else EXTRACTION_RETRY_AFTER_SECONDS
-
-
-def extraction_enqueue(job: ExtractionJob, *, worker_name: str | None = None) -> None:
-    """To the model's host worker if it is loaded, else to the shared queue (the taker loads it)."""
-    queue = model_job_queue(job.model_id, worker_name=worker_name)
-    enqueue(queue, "activations.tasks.run_extraction", job.id, job_id=job.rq_job_id)
-
-
-def extraction_cancel_key(job_id: str) -> str:
-    return f"{settings.REDIS_KEY_PREFIX}:cancel:extraction:{job_id}"
-
-
-def extraction_cancel_requested(job_id: str) -> bool:
-    return bool(get_redis().exists(extraction_cancel_key(job_id)))
-
-
-def extraction_cancel(*, job_id: str) -> ExtractionJob:
+def extraction_cancel(*, job: ExtractionJob, actor) -> ExtractionJob:
     """A queued job is cancelled at once; a running one stops after its current batch."""
-    with transaction.atomic():
-        job = ExtractionJob.objects.select_for_update().get(pk=job_id)
-        if job.status not in ExtractionJob.ACTIVE:
-            raise ApplicationError("NOT_RUNNING", "The extraction is not queued or running.", status=409)
-        get_redis().set(extraction_cancel_key(job.id), "1", ex=24 * 3600)
-        queued = cancel_if_queued(job.rq_job_id)
-        if queued:
-            extraction_discard(job)
-    return job
-
-
-def extraction_discard(job: ExtractionJob) -> None:
-    """Mark a job cancelled and remove its unfinished cache (files included)."""
-    cache = job.cache
-    job_publish(job, "extraction:cancelled", job.mark_cancelled())
-    if cache is not None and cache.status != ActivationCache.Status.COMPLETED:
-        cache.delete()  # its files follow on commit (cache_files_follow_row)
-
-
-def extraction_resume_on_worker_start(identity) -> None:
-    """The worker hook: a starting worker resumes the extractions it was running when it died."""
-    extraction_resume_after_restart(worker_name=identity.name)
-
-
-def extraction_resume_after_restart(*, worker_name: str) -> list[str]:
-    """A restarted worker re-queues the extractions it was running when it died; they resume
-    from their last complete shard. Returns their ids."""
-    import uuid
-
-    resumed = []
-    for job in ExtractionJob.objects.filter(host_worker=worker_name, status=ExtractionJob.Status.RUNNING):
-        # A fresh RQ id: the dead worker's entry for the old one is cleaned up as abandoned by RQ.
-        job.rq_job_id = f"extract-{job.id}-{uuid.uuid4().hex[:6]}"
-        job.save(update_fields=["rq_job_id"])
-        extraction_enqueue(job, worker_name=worker_name)
-        resumed.append(job.id)
-    return resumed
+    return jobs.job_cancel(job, actor=actor)

@@ -27,29 +27,31 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from engine.errors import EngineError
-from engine.hooks import HOOK_EMBED
+from engine.inspection.sae_folders import (
+    CFG_FILENAME,
+    GEMMA_SCOPE_FILENAME,
+    WEIGHTS_FILENAME,
+    SaeFormatError,
+    mistudio_hook_name,
+    read_cfg,
+    transformer_lens_hook_name,
+)
 from engine.sae.model import SaeShape, SparseAutoencoder
 
-CFG_FILENAME = "cfg.json"
-WEIGHTS_FILENAME = "sae_weights.safetensors"
 SPARSITY_FILENAME = "sparsity.safetensors"
-GEMMA_SCOPE_FILENAME = "params.npz"
 _TENSORS = ("W_enc", "W_dec", "b_enc", "b_dec")
-_TL_EMBED = "blocks.0.hook_resid_pre"
-
-
-class SaeFormatError(EngineError):
-    """A folder that is not an SAE this code can read (``INVALID_SAE``, ``UNSUPPORTED_SAE``)."""
-
-
-def transformer_lens_hook_name(name: str) -> str:
-    return _TL_EMBED if name == HOOK_EMBED else name
-
-
-def mistudio_hook_name(name: str) -> str:
-    """The miStudio name of a TransformerLens hook name (the same but for the embedding)."""
-    return HOOK_EMBED if name == _TL_EMBED else name
+__all__ = [
+    "CFG_FILENAME",
+    "GEMMA_SCOPE_FILENAME",
+    "SPARSITY_FILENAME",
+    "WEIGHTS_FILENAME",
+    "SaeFormatError",
+    "load_gemma_scope",
+    "load_saelens",
+    "mistudio_hook_name",
+    "save_saelens",
+    "transformer_lens_hook_name",
+]
 
 
 def save_saelens(
@@ -98,8 +100,8 @@ def load_saelens(folder: Path | str) -> tuple[SparseAutoencoder, dict[str, Any]]
     """The SAE in a SAELens folder and what it says of itself: ``hook_name`` (miStudio's name),
     ``model_name`` and the whole ``cfg``."""
     folder = Path(folder)
+    cfg = read_cfg(folder / CFG_FILENAME)
     try:
-        cfg = json.loads((folder / CFG_FILENAME).read_text())
         tensors = load_file(folder / WEIGHTS_FILENAME)
     except (OSError, ValueError) as error:
         raise SaeFormatError(
@@ -107,8 +109,6 @@ def load_saelens(folder: Path | str) -> tuple[SparseAutoencoder, dict[str, Any]]
             f"Not a SAELens folder: {type(error).__name__}.",
             {"expects": [CFG_FILENAME, WEIGHTS_FILENAME]},
         ) from None
-    if not isinstance(cfg, dict):
-        raise SaeFormatError("INVALID_SAE", f"{CFG_FILENAME} is not a JSON object.")
     architecture = cfg.get("architecture", "standard")
     activation = cfg.get("activation_fn_str") or "relu"
     k = cfg.get("k") or (cfg.get("activation_fn_kwargs") or {}).get("k")
@@ -195,6 +195,13 @@ def _from_tensors(
             "INVALID_SAE",
             "The tensors' shapes do not agree with each other or with cfg.json.",
             {"tensors": wrong},
+        )
+    infinite = [name for name in needed if not bool(torch.isfinite(tensors[name].float()).all())]
+    if infinite:
+        raise SaeFormatError(
+            "INVALID_SAE",
+            f"Non-finite weights (NaN or infinity) in {', '.join(infinite)}.",
+            {"tensors": infinite},
         )
     try:
         sae = SparseAutoencoder(

@@ -17,7 +17,7 @@ from activations.store import ActivationStore
 from engine.sae.formats import load_saelens
 from features.tests.conftest import completed_sae_row
 from mistudio.access import OPERATOR
-from mistudio.workers import run_worker, worker_queue
+from mistudio.workers import interactive_queue, run_worker
 from models_app.services import model_load_request
 from models_app.tests.live_stack import wait_until
 from saes.tests.conftest import HOOK
@@ -55,7 +55,7 @@ def test_live_encoding_equals_encoding_the_cached_activations(tiny_model, plante
 
     asking = threading.Thread(target=ask)
     asking.start()
-    wait_until(lambda: worker_queue("encode-worker").count > 0, timeout=30, what="the encode job")
+    wait_until(lambda: interactive_queue("encode-worker").count > 0, timeout=30, what="the encode job")
     burst()  # answers it
     asking.join(timeout=60)
     response = answer["response"]

@@ -41,8 +41,9 @@ def sae(tiny_model, writer):
 
 
 def analysed(sae, owner) -> FeatureAnalysis:
-    """A completed analysis of ``sae`` over its training cache, run by a real worker."""
-    analysis = services.analysis_request(owner=owner, sae=sae)
+    """A completed analysis of ``sae`` over its training cache, run by a real worker, shared as the
+    SAE is (sharing one's examples of the cache's text is a choice of its own)."""
+    analysis = services.analysis_request(owner=owner, sae=sae, shared=sae.shared)
     run_worker(name="feature-pages-worker", device="cpu", burst=True)
     analysis.refresh_from_db()
     assert analysis.status == "completed", (analysis.error_code, analysis.error_message)

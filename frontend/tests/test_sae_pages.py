@@ -16,7 +16,7 @@ from engine.sae import SaeShape
 from engine.sae import SparseAutoencoder as SaeModule
 from engine.sae.formats import save_saelens
 from mistudio.workers import shared_queue
-from saes.models import SparseAutoencoder
+from saes.models import SaeEvaluation, SparseAutoencoder
 from saes.tests.conftest import D_IN, HOOK, write_planted_cache
 
 pytestmark = pytest.mark.django_db
@@ -196,7 +196,8 @@ def test_posting_the_form_queues_a_training_and_opens_its_page(
     assert "l1_coefficient" not in sae.hyperparameters and "l0_coefficient" not in sae.hyperparameters
     assert sae.hyperparameters["lr"] == 0.001 and sae.hyperparameters["b_dec_init"] == "mean"
     assert sae.total_tokens == int(planted_cache.num_tokens * 0.95)
-    assert f"sae-{sae.id}" in shared_queue().get_job_ids()
+    assert sae.queue_name == shared_queue().name
+    assert [job.func_name for job in shared_queue().jobs] == ["mistudio.jobs.run_next_job"]
 
     page = browser.get(response["Location"]).content.decode()
     assert "Training of my first SAE queued." in page  # the message, shown as a toast
@@ -280,7 +281,8 @@ def test_importing_a_saelens_folder_from_the_form(writer, tiny_model):
 
 
 def test_the_sae_page_shows_curves_metrics_hyperparameters_and_links(writer, tiny_model, planted_cache):
-    sae = completed_sae(tiny_model, planted_cache, writer, evaluation_status="queued")
+    sae = completed_sae(tiny_model, planted_cache, writer)
+    SaeEvaluation.objects.create(sae=sae, cache=planted_cache, owner=writer)  # queued
     page = signed_in(writer).get(f"/saes/{sae.id}/").content.decode()
     assert '<a href="/saes/" aria-current="page">SAEs</a>' in page
     assert f'href="/models/{tiny_model.id}/" id="model-link"' in page
@@ -366,7 +368,7 @@ def test_cancel_evaluate_and_delete_from_the_page(
     assert queued.status == "cancelled"
     response = browser.post(f"/saes/{queued.id}/", {"action": "cancel"})  # again: said, not a crash
     assert response.status_code == 302
-    assert "The SAE is not queued or training." in browser.get(response["Location"]).content.decode()
+    assert "The SAE is not queued or running." in browser.get(response["Location"]).content.decode()
 
     done = completed_sae(tiny_model, planted_cache, writer)
     page = browser.get(f"/saes/{done.id}/").content.decode()
@@ -375,7 +377,12 @@ def test_cancel_evaluate_and_delete_from_the_page(
         response = browser.post(f"/saes/{done.id}/", {"action": "evaluate", "cache_id": planted_cache.id})
     done.refresh_from_db()
     assert response.status_code == 302 and done.evaluation_status == "queued"
-    assert done.rq_job_id in shared_queue().get_job_ids()
+    evaluation = done.evaluations.get()
+    assert (evaluation.cache, evaluation.owner, evaluation.queue_name) == (
+        planted_cache,
+        writer,
+        shared_queue().name,
+    )
 
     response = browser.post(f"/saes/{queued.id}/", {"action": "delete"})
     assert response.status_code == 302 and response["Location"] == "/saes/"

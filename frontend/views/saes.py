@@ -263,14 +263,17 @@ def sae_import_page(request):
         validated = dict(data.validated_data)
         model_id = validated.pop("model_id", None)
         model = model_get(user=request.user, model_id=model_id) if model_id else None
-        sae = services.sae_import(owner=request.user, model=model, **validated)
+        sae, created = services.sae_import(owner=request.user, model=model, **validated)
     except ValidationError as error:
         errors, status = _field_errors(error), 400
         errors.setdefault("form", "Check the values below.")
     except ApplicationError as error:
         errors, status = {"form": error.message}, error.status
     else:
-        messages.success(request, f"Imported {sae.name}.")
+        if created:
+            messages.success(request, f"Import of {sae.name} queued: a worker reads its arrays.")
+        else:
+            messages.info(request, f"You imported these files before: {sae.name}.")
         return redirect("frontend:sae", sae.id)
     context = list_context(request, import_values={**values}, import_errors=errors)
     return render(request, "frontend/saes.html", context, status=status)
@@ -334,14 +337,14 @@ def act(request, sae_id: str):
         return redirect("frontend:sae", sae_id)
     try:
         if action == "cancel":
-            services.sae_cancel(sae=sae)
+            services.sae_cancel(sae=sae, actor=request.user)
             messages.info(request, "Cancelling: a running training stops after its current step.")
         elif action == "evaluate":
             cache_id = request.POST.get("cache_id", "").strip()
             cache = None
             if cache_id:
                 cache = activation_selectors.completed_cache(user=request.user, cache_id=cache_id)
-            services.sae_evaluate_request(sae=sae, cache=cache)
+            services.sae_evaluate_request(sae=sae, actor=request.user, cache=cache)
             messages.info(request, "Evaluation queued.")
         elif action == "delete":
             services.sae_delete(sae=sae, actor=request.user)

@@ -12,9 +12,10 @@ from channels.layers import get_channel_layer
 from django.test import Client
 
 from activations.models import Dataset, ExtractionJob
-from activations.services import dataset_create_from_texts, job_publish
+from activations.services import dataset_create_from_texts
 from conftest import make_user
 from mistudio.consumers import DECISION_SECONDS
+from mistudio.jobs import job_publish
 from mistudio.tests.websocket import events_socket, token_header
 from models_app.services import model_publish, model_register, model_update
 
@@ -59,7 +60,7 @@ async def test_an_extraction_on_a_private_dataset_reaches_only_its_owner(alice_a
             name="alices-secret-notes", texts=["private"], owner=alice, source=Dataset.Source.UPLOAD
         )
         job = ExtractionJob.objects.create(model=alices_shared_model, dataset=dataset, owner=alice)
-        job_publish(job, "extraction:progress", [], tokens_per_second=123.0)
+        job_publish(job, "progress", [], tokens_per_second=123.0)
         return job
 
     job = await sync_to_async(extraction)()

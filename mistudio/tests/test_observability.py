@@ -158,7 +158,7 @@ def test_metrics_after_a_real_load_extraction_and_generation(live_processes, tin
     }
     assert set(own_queue) == {"queued", "running", "failed"} and own_queue["failed"] == 0
 
-    # The processes' own stdout: JSON lines with the request id (web) and the RQ job id (worker).
+    # The processes' own stdout: JSON lines with the request id (web) and the job's row id (worker).
     port = urlsplit(base_url).port
     web_log = settings.DATA_DIR / f"live-web-{port}.log"
     worker_log = settings.DATA_DIR / f"live-worker-{port}.log"
@@ -166,8 +166,8 @@ def test_metrics_after_a_real_load_extraction_and_generation(live_processes, tin
     access = [line for line in web_lines if line.get("request_id") == request_id]
     assert access and access[-1]["logger"] == "mistudio.requests" and access[-1]["status"] == 202
     assert {"time", "level", "logger", "message"} <= access[-1].keys()
-    job_lines = [line for line in json_lines(worker_log) if line.get("job_id") == extraction.rq_job_id]
-    assert job_lines, "no worker log line carries the extraction's RQ job id"
+    job_lines = [line for line in json_lines(worker_log) if line.get("job_id") == extraction.id]
+    assert job_lines, "no worker log line carries the extraction's id"
     for log in (web_log, worker_log):
         assert token not in log.read_text(errors="replace")
 

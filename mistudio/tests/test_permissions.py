@@ -86,6 +86,7 @@ MATRIX: dict[str, dict[str, tuple]] = {
     "api/steering-vectors": {"GET": ANY_READER, "POST": WRITERS},
     "api/steering-vectors/import": {"POST": WRITERS},
     "api/steering-vectors/{vector}": {"GET": OWNER_READS, "PATCH": OWNER_CHANGES, "DELETE": OWNER_CHANGES},
+    "api/steering-vectors/{vector}/cancel": {"POST": OWNER_CHANGES},
     "api/steering-vectors/{vector}/export": {"GET": OWNER_READS},
     "api/saes/{sae}/cancel": {"POST": OWNER_CHANGES},
     "api/saes/{sae}/evaluate": {"POST": OWNER_CHANGES},

@@ -8,10 +8,11 @@ from django.conf import settings
 from django.test import RequestFactory
 from rest_framework.request import Request
 
-from activations.models import Dataset, ExtractionJob
+from activations.models import ActivationCache, Dataset, ExtractionJob
 from activations.services import dataset_create_from_texts
 from mistudio.throttling import ModelLoadThrottle
 from models_app.models import LanguageModel
+from steering.models import SteeringVector
 
 pytestmark = pytest.mark.django_db
 LOADS_PER_HOUR = 10  # the default of RATE_LIMIT_MODEL_LOADS_PER_HOUR
@@ -97,7 +98,7 @@ def test_anonymous_clients_are_counted_by_the_address_they_cannot_choose(setting
     assert behind_proxy.endswith("address:198.51.100.7")
 
 
-# --- extraction caps -------------------------------------------------------------------------------
+# --- job caps (every kind together) ---------------------------------------------------------------
 
 
 @pytest.fixture
@@ -137,17 +138,34 @@ def running_rows(model, dataset: Dataset, owner, count: int) -> list[ExtractionJ
     ]
 
 
-def test_a_third_extraction_of_one_user_is_429_while_another_user_goes_on(
+def test_a_fifth_job_of_one_user_is_429_whatever_its_kind_while_another_user_goes_on(
     extraction_setup, writer, model_admin, client_for
 ):
     model, datasets = extraction_setup
-    mine = running_rows(model, datasets[writer.pk], writer, settings.MAX_ACTIVE_EXTRACTIONS_PER_USER)
+    per_user = settings.MAX_ACTIVE_JOBS_PER_USER
+    assert per_user == 4
+    mine = running_rows(model, datasets[writer.pk], writer, per_user - 1)
+    vector = SteeringVector.objects.create(model=model, hook_name="blocks.0.hook_resid_post", owner=writer)
     refused = extract(client_for(writer), model, datasets[writer.pk])
     error = assert_rate_limited(refused, scope="user")
-    assert error["details"]["limit"] == 2
-    assert error["details"]["active_extractions"] == [job.id for job in mine]
+    assert error["details"]["limit"] == per_user
+    assert error["details"]["active_jobs"] == [
+        *({"kind": "extraction", "id": job.id, "status": "running"} for job in mine),
+        {"kind": "vector", "id": vector.id, "status": "queued"},
+    ]
     assert error["details"]["retry_after_seconds"] == 42  # the soonest running job's ETA
-    assert ExtractionJob.objects.count() == 2  # nothing was created, no cache row was left
+    assert ExtractionJob.objects.count() == per_user - 1  # nothing was created, no cache row was left
+    assert not ActivationCache.objects.exists()
+    # Every kind counts against the same cap: a steering vector is refused too.
+    vector_body = {
+        "model_id": model.id,
+        "hook_name": "blocks.0.hook_resid_post",
+        "positive": ["a"],
+        "negative": ["b"],
+    }
+    assert_rate_limited(
+        client_for(writer).post("/api/steering-vectors", vector_body, format="json"), scope="user"
+    )
 
     accepted = extract(client_for(model_admin), model, datasets[model_admin.pk])
     assert accepted.status_code == 202, accepted.content
@@ -157,14 +175,14 @@ def test_a_third_extraction_of_one_user_is_429_while_another_user_goes_on(
     assert extract(client_for(writer), model, datasets[writer.pk]).status_code == 202
 
 
-def test_the_sixth_extraction_system_wide_is_429_for_anyone(
+def test_the_job_after_the_system_wide_cap_is_429_for_anyone(
     extraction_setup, writer, model_admin, client_for
 ):
     model, datasets = extraction_setup
-    running_rows(model, datasets[writer.pk], None, settings.MAX_ACTIVE_EXTRACTIONS)  # e.g. CLI jobs
+    running_rows(model, datasets[writer.pk], None, settings.MAX_ACTIVE_JOBS)  # e.g. CLI jobs
     refused = extract(client_for(model_admin), model, datasets[model_admin.pk])
     error = assert_rate_limited(refused, scope="system")
-    assert error["details"]["limit"] == 5 and "active_extractions" not in error["details"]
+    assert error["details"]["limit"] == 16 and "active_jobs" not in error["details"]
 
 
 @pytest.mark.django_db(transaction=True)  # the burst worker in this process closes connections
@@ -181,7 +199,7 @@ def test_joining_an_identical_job_or_reusing_a_cache_does_not_count(extraction_s
 
     queued = extract(api, model, dataset, layer_indices=[1])  # a second key, still queued
     assert queued.status_code == 202
-    running_rows(model, dataset, writer, 1)  # the writer is now at the cap of two
+    running_rows(model, dataset, writer, settings.MAX_ACTIVE_JOBS_PER_USER - 1)  # the writer is at the cap
     assert_rate_limited(extract(api, model, dataset, layer_indices=[0, 1]), scope="user")
 
     joined = extract(api, model, dataset, layer_indices=[1])
@@ -254,7 +272,7 @@ def test_v1_shares_the_count_and_answers_429_in_openai_shape(
     [
         ("RATE_LIMIT_MODEL_LOADS_PER_HOUR", "ten", "is not an integer"),
         ("RATE_LIMIT_GENERATIONS_PER_MINUTE", "-1", "must be at least 0"),
-        ("MAX_ACTIVE_EXTRACTIONS_PER_USER", "2.5", "is not an integer"),
+        ("MAX_ACTIVE_JOBS_PER_USER", "2.5", "is not an integer"),
         ("NUM_PROXIES", "-1", "must be at least 0"),
     ],
 )

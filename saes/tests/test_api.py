@@ -1,4 +1,5 @@
-"""The SAE API without a worker: validation, access, cancel of a queued training, import, export, delete."""
+"""The SAE API: validation, access, cancel of a queued training, import (its job run by an in-process
+burst worker), export, delete."""
 
 import io
 import json
@@ -14,7 +15,7 @@ from conftest import make_user
 from engine.sae import SaeShape, SparseAutoencoder
 from engine.sae.formats import load_saelens, save_saelens
 from mistudio.redis_client import get_redis
-from mistudio.workers import shared_queue
+from mistudio.workers import run_worker, shared_queue
 from saes.models import SparseAutoencoder as SaeRow
 from saes.tests.conftest import D_IN, HOOK
 
@@ -43,8 +44,10 @@ def test_train_request_is_queued_with_defaults_filled_in(
     assert body["total_steps"] == -(-body["total_tokens"] // 256)
     assert body["hyperparameters"]["b_dec_init"] == "geometric_median"
     assert body["owner"] == writer.username and body["model_id"] == planted_cache.model_id
-    jobs = shared_queue().get_job_ids()
-    assert f"sae-{body['id']}" in jobs  # queued once the request committed
+    # The row waits on the shared queue (the model is loaded nowhere), with a token there once the
+    # request committed.
+    assert SaeRow.objects.get(pk=body["id"]).queue_name == settings.SHARED_QUEUE
+    assert [job.func_name for job in shared_queue().jobs] == ["mistudio.jobs.run_next_job"]
 
 
 @pytest.mark.parametrize(
@@ -116,6 +119,16 @@ def test_a_training_in_flight_cannot_be_deleted(planted_cache, writer, client_fo
     assert response.status_code == 409 and error_code(response) == "SAE_BUSY"
 
 
+def import_and_run(api, body: dict, capture) -> dict:
+    """POST an import (202: queued), let a burst worker run it, and return the SAE's state."""
+    with capture(execute=True):
+        response = api.post("/api/saes/import", body, format="json")
+    assert response.status_code == 202, response.content
+    assert response.json()["status"] == "queued"
+    run_worker(name="import-worker", device="cpu", burst=True)
+    return api.get(f"/api/saes/{response.json()['id']}").json()
+
+
 def random_sae(architecture: str, *, d_in: int = D_IN, d_sae: int = 128, k: int | None = None, seed: int = 0):
     torch.manual_seed(seed)
     sae = SparseAutoencoder(SaeShape(architecture, d_in, d_sae, k))
@@ -126,6 +139,7 @@ def random_sae(architecture: str, *, d_in: int = D_IN, d_sae: int = 128, k: int 
     return sae
 
 
+@pytest.mark.django_db(transaction=True)  # the worker closes its connections as a job starts
 def test_import_a_saelens_folder_then_export_it_as_a_tar(
     tiny_model, writer, client_for, django_capture_on_commit_callbacks, tmp_path
 ):
@@ -133,11 +147,9 @@ def test_import_a_saelens_folder_then_export_it_as_a_tar(
     original = random_sae("jumprelu")
     save_saelens(original, folder, hook_name=HOOK, model_name="tiny-gpt2")
     api = client_for(writer)
-    response = api.post(
-        "/api/saes/import", {"local_path": str(folder), "model_id": tiny_model.id}, format="json"
+    body = import_and_run(
+        api, {"local_path": str(folder), "model_id": tiny_model.id}, django_capture_on_commit_callbacks
     )
-    assert response.status_code == 201, response.content
-    body = response.json()
     assert (body["source"], body["architecture"], body["status"]) == ("saelens", "jumprelu", "completed")
     assert (body["hook_name"], body["d_in"], body["d_sae"], body["model_id"]) == (
         HOOK,
@@ -164,20 +176,20 @@ def test_import_a_saelens_folder_then_export_it_as_a_tar(
     assert not (settings.SAE_DIR / body["id"]).exists()  # the files follow the row
 
 
-def test_import_gemma_scope_params(tiny_model, writer, client_for):
+@pytest.mark.django_db(transaction=True)
+def test_import_gemma_scope_params(tiny_model, writer, client_for, django_capture_on_commit_callbacks):
     folder = settings.LOCAL_MODEL_ROOTS[0] / "saes" / "gemma-scope-like"
     folder.mkdir(parents=True, exist_ok=True)
     original = random_sae("jumprelu", seed=3)
     arrays = {name: tensor.numpy() for name, tensor in original.tensors().items()}
     np.savez(folder / "params.npz", **arrays)
-    response = client_for(writer).post(
-        "/api/saes/import",
+    body = import_and_run(
+        client_for(writer),
         {"local_path": str(folder), "hook": HOOK, "model_id": tiny_model.id},
-        format="json",
+        django_capture_on_commit_callbacks,
     )
-    assert response.status_code == 201, response.content
-    sae = SaeRow.objects.get(pk=response.json()["id"])
-    assert sae.source == "gemma_scope"
+    sae = SaeRow.objects.get(pk=body["id"])
+    assert (sae.source, sae.status) == ("gemma_scope", "completed")
     imported, _ = load_saelens(sae.directory)
     x = torch.randn(100, D_IN)
     reference = original.tensors()  # Gemma Scope: b_dec is not subtracted from the input

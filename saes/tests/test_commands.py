@@ -50,10 +50,21 @@ def test_train_list_export_import_from_the_command_line(planted_cache, tmp_path)
 
     inside = settings.LOCAL_MODEL_ROOTS[0] / "cli-import"
     run("export_sae", sae.id, str(inside))
-    imported = run("import_sae", str(inside), "--model", "tiny")
+    queued = run("import_sae", str(inside), "--model", "tiny", "--no-wait")  # a worker reads the arrays
     copy = SparseAutoencoder.objects.exclude(pk=sae.id).get()
-    assert imported.startswith(f"imported {copy.id}: topk 64→128 at {HOOK}")
+    assert queued.strip() == f"import of {copy.id} queued"
+    run_worker(name="sae-cli-worker", device="cpu", burst=True)
+    copy.refresh_from_db()
+    assert (copy.status, copy.architecture, copy.d_in, copy.d_sae, copy.hook_name) == (
+        "completed", "topk", 64, 128, HOOK,
+    )  # fmt: skip
     assert copy.model_id == sae.model_id and copy.source == "saelens"
+    # The same files again: the earlier import, nothing copied twice.
+    assert (
+        run("import_sae", str(inside), "--model", "tiny").strip()
+        == f"already imported: {copy.id} (completed)"
+    )
+    assert SparseAutoencoder.objects.count() == 2
 
 
 def test_command_errors_are_clear(planted_cache):

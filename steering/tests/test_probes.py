@@ -10,7 +10,7 @@ import torch
 from engine.patching import logit_lens, patching_grid
 from engine.registry import LOADED_MODELS
 from mistudio.access import OPERATOR
-from mistudio.workers import run_worker, worker_queue
+from mistudio.workers import interactive_queue, run_worker
 from models_app.services import model_load_request, model_register
 from models_app.tests.live_stack import wait_until
 
@@ -33,7 +33,9 @@ def answered(api, path: str, body: dict):
     answer = {}
     asking = threading.Thread(target=lambda: answer.update(response=api.post(path, body, format="json")))
     asking.start()
-    wait_until(lambda: worker_queue(WORKER).count > 0 or not asking.is_alive(), timeout=30, what="the job")
+    wait_until(
+        lambda: interactive_queue(WORKER).count > 0 or not asking.is_alive(), timeout=30, what="the job"
+    )
     run_worker(name=WORKER, device="cpu", burst=True)
     asking.join(timeout=60)
     return answer["response"]

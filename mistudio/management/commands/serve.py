@@ -1,9 +1,16 @@
-"""``manage.py serve``: everything `make run` needs — migrate, demo, web + one worker, clean exit."""
+"""``manage.py serve``: everything `make run` needs — migrate, demo, web + one worker, clean exit.
+
+A worker that dies (killed for memory, crashed) is started again with a backoff (1 s, doubling to
+``RESTART_MAX_SECONDS``, back to 1 s once one has run a minute) while the web server stays up; the
+new worker takes back the jobs the dead one was running (``mistudio.jobs``). The web server
+ending ends everything.
+"""
 
 import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 
 from django.conf import settings
 from django.core.management import call_command
@@ -11,6 +18,41 @@ from django.core.management.base import BaseCommand
 
 from mistudio import embedded_redis
 from mistudio.redis_client import ensure_redis
+
+RESTART_MAX_SECONDS = 30.0
+STEADY_SECONDS = 60.0  # a worker that ran this long resets the backoff
+
+
+@dataclass
+class WorkerProcess:
+    """The one worker ``serve`` keeps running: restarted with a backoff when it dies."""
+
+    command: list[str]
+    cwd: str
+    process: subprocess.Popen | None = None
+    started: float = 0.0
+    backoff: float = 1.0
+    restart_at: float | None = None
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(self.command, cwd=self.cwd)
+        self.started, self.restart_at = time.monotonic(), None
+
+    def watch(self, write) -> None:
+        """Restart a worker that ended, once its backoff has passed."""
+        now = time.monotonic()
+        if self.restart_at is not None:
+            if now >= self.restart_at:
+                self.start()
+            return
+        if self.process is None or self.process.poll() is None:
+            return
+        if now - self.started >= STEADY_SECONDS:
+            self.backoff = 1.0
+        code = self.process.returncode
+        write(f"The worker stopped (exit code {code}); starting it again in {self.backoff:.0f} s.")
+        self.restart_at = now + self.backoff
+        self.backoff = min(self.backoff * 2, RESTART_MAX_SECONDS)
 
 
 class Command(BaseCommand):
@@ -44,10 +86,10 @@ class Command(BaseCommand):
             ],
             cwd=settings.BASE_DIR,
         )
-        worker = subprocess.Popen(
-            [*manage, "worker", "--name", options["worker_name"]], cwd=settings.BASE_DIR
+        worker = WorkerProcess(
+            command=[*manage, "worker", "--name", options["worker_name"]], cwd=str(settings.BASE_DIR)
         )
-        children = [web, worker]
+        worker.start()
         url = f"http://{options['host']}:{options['port']}"
         self.stdout.write(
             self.style.SUCCESS(f"\nmiStudio is starting at {url}  (admin: {url}/admin/, API: {url}/api/)")
@@ -66,9 +108,11 @@ class Command(BaseCommand):
         signal.signal(signal.SIGINT, stop)
         signal.signal(signal.SIGTERM, stop)
         try:
-            while not stopping and all(child.poll() is None for child in children):
+            while not stopping and web.poll() is None:
+                worker.watch(lambda line: self.stderr.write(line))
                 time.sleep(0.5)
         finally:
+            children = [child for child in (web, worker.process) if child is not None]
             for child in children:
                 if child.poll() is None:
                     child.send_signal(signal.SIGTERM)
@@ -80,6 +124,5 @@ class Command(BaseCommand):
             if settings.EMBEDDED_REDIS:
                 embedded_redis.stop(settings.EMBEDDED_REDIS_SOCKET)
             self.stdout.write("miStudio stopped.")
-        failed = [child for child in children if child.returncode not in (0, -signal.SIGTERM, None)]
-        if failed and not stopping:
+        if web.returncode not in (0, -signal.SIGTERM, None) and not stopping:
             sys.exit(1)

@@ -1,0 +1,596 @@
+"""Long work as rows: one status machine, one lifecycle, fair scheduling, one task wrapper.
+
+Every kind of long work — an extraction, an SAE's training or import, a feature analysis, a
+steering vector, an SAE evaluation — is a row of a :class:`JobRow` subclass:
+
+    queued ──claim──> running ──> completed | failed | cancelled
+       ▲                 │
+       └─── requeue ─────┘  (its model is on another worker; its worker restarted)
+
+* **Admission** (:func:`job_admit`): per-user and system caps on queued + running rows of every
+  kind together, and a token budget, checked before a row is written (429 / 400). The memory
+  budget is :mod:`mistudio.budgets`.
+* **Scheduling: the rows are the queue.** Submitting a row puts a *token* on an RQ queue (the
+  model's host worker's own queue, or the shared one). The worker that takes a token claims the
+  fairest queued row of that queue (:func:`claim_next`): the oldest row of the user served
+  longest ago — round robin between users, first come first served within one user's rows.
+  Any token runs any row, so a token left by a cancelled row is a harmless no-op.
+* **One task wrapper** (:func:`job_task`): a kind's task body does the work and completes the
+  row; the wrapper holds the rest — the idempotency check, the worker's memory check, the time
+  limit declared beside the body, and the ``except`` chain (cancelled → ``cancelled``, its
+  model elsewhere → requeued, any error → ``failed`` with its code).
+* **Interactive work is never stuck behind a job.** A task body asks
+  :meth:`JobContext.should_cancel` between its steps; that call also serves the generation and
+  worker calls waiting for this worker (:func:`mistudio.workers.serve_interactive`), with no
+  hooks attached to the model at that moment.
+
+A new kind is one subclass (its ``kind``, ``task``, ``noun`` and ``mark_*`` additions), one
+``register_job_kind`` call in its app's ``ready`` (the row's JSON shape), and one task body.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import shutil
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+from django.conf import settings
+from django.db import close_old_connections, connection, models, transaction
+from django.utils import timezone
+from rq import Queue
+
+from mistudio.access import check_may_change
+from mistudio.errors import ApplicationError, rate_limited
+from mistudio.events import publish, rows_audience
+from mistudio.redis_client import get_redis
+from mistudio.structured_logging import job_context
+from mistudio.workers import (
+    WorkerIdentity,
+    current_worker,
+    enqueue,
+    queue_by_name,
+    read_heartbeats,
+    serve_interactive,
+    worker_queue,
+    worker_task,
+)
+
+logger = logging.getLogger(__name__)
+
+DAY = 24 * 3600
+CANCEL_POLL_SECONDS = 0.2  # how often a running job asks Redis whether it was cancelled
+INTERACTIVE_POLL_SECONDS = 0.02  # how often it looks for interactive work waiting for its worker
+
+
+class JobStatus(models.TextChoices):
+    QUEUED = "queued"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+class JobRow(models.Model):
+    """The abstract row of a kind of long work: status machine, owner, host, error, progress.
+
+    A subclass names its ``kind`` (events ``<kind>:queued``…, group ``<kind>.<id>``), its
+    ``task`` (the dotted path of its :func:`job_task` body; the web never imports it), its
+    ``noun`` (for messages) and its ``failure_code`` (an unexpected error's code).
+    """
+
+    Status = JobStatus
+    ACTIVE = (JobStatus.QUEUED, JobStatus.RUNNING)
+
+    kind: ClassVar[str]
+    task: ClassVar[str]
+    noun: ClassVar[str]
+    failure_code: ClassVar[str]
+
+    status = models.CharField(
+        max_length=20, choices=JobStatus.choices, default=JobStatus.QUEUED, db_index=True
+    )
+    progress = models.FloatField(default=0)
+    eta_seconds = models.FloatField(null=True, blank=True)
+    queue_name = models.CharField(max_length=255, blank=True, help_text="The RQ queue whose worker runs it")
+    host_worker = models.CharField(max_length=255, blank=True)
+    error_code = models.CharField(max_length=100, blank=True)
+    error_message = models.TextField(blank=True)
+    memory_estimate_bytes = models.BigIntegerField(
+        default=0, help_text="Its estimated peak memory, checked before it was queued and before it starts"
+    )
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        abstract = True
+        ordering = ["-created_at"]
+
+    # --- what a kind may override ------------------------------------------------------------
+
+    def task_name(self) -> str:
+        """The dotted path of the task body that runs this row."""
+        return self.task
+
+    def event_groups(self) -> list[str]:
+        return [f"{self.kind}.{self.pk}"]
+
+    def audience_rows(self) -> list[tuple[str, str]]:
+        """The rows an event about this one is about (who may receive it: ``rows_audience``)."""
+        return [(self.kind, self.pk)]
+
+    def leftovers(self) -> list[Path]:
+        """Files an unfinished row leaves behind; removed when it fails, is cancelled or deleted."""
+        directory = getattr(self, "directory", None)
+        return [directory] if directory is not None else []
+
+    def release_leftovers(self) -> None:
+        """Remove :meth:`leftovers` once the current transaction commits (never while it could roll
+        back): when the row is deleted, and by default when it ends unfinished."""
+        paths = self.leftovers()
+        transaction.on_commit(lambda: [shutil.rmtree(path, ignore_errors=True) for path in paths])
+
+    def on_ended(self) -> None:
+        """What follows when the row ends ``failed`` or ``cancelled`` (its status and error are
+        set): by default, what it left half-made goes."""
+        self.release_leftovers()
+
+    # --- the status machine: each returns the fields it changed ------------------------------
+
+    def mark_queued(self, *, queue_name: str) -> list[str]:
+        self.status, self.queue_name = JobStatus.QUEUED, queue_name
+        return ["status", "queue_name"]
+
+    def mark_running(self, *, host_worker: str) -> list[str]:
+        self.status, self.host_worker = JobStatus.RUNNING, host_worker
+        self.started_at = self.started_at or timezone.now()
+        return ["status", "host_worker", "started_at"]
+
+    def mark_completed(self) -> list[str]:
+        self.status, self.progress, self.eta_seconds = JobStatus.COMPLETED, 100, None
+        self.finished_at = timezone.now()
+        return ["status", "progress", "eta_seconds", "finished_at"]
+
+    def mark_failed(self, *, code: str, message: str) -> list[str]:
+        self.status, self.error_code, self.error_message = JobStatus.FAILED, code, message
+        self.finished_at, self.eta_seconds = timezone.now(), None
+        return ["status", "error_code", "error_message", "finished_at", "eta_seconds"]
+
+    def mark_cancelled(self) -> list[str]:
+        self.status, self.finished_at, self.eta_seconds = JobStatus.CANCELLED, timezone.now(), None
+        return ["status", "finished_at", "eta_seconds"]
+
+    def elapsed_seconds(self) -> float:
+        return (timezone.now() - self.started_at).total_seconds() if self.started_at else 0.0
+
+    @property
+    def cancel_key(self) -> str:
+        return f"{settings.REDIS_KEY_PREFIX}:cancel:{self.kind}:{self.pk}"
+
+
+# --- kinds ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class JobKind:
+    model: type[JobRow]
+    state: Callable[[Any], dict[str, Any]]  # the row's one JSON shape (API, events, snapshots)
+
+
+_KINDS: dict[type[JobRow], JobKind] = {}
+
+
+def register_job_kind(model: type[JobRow], *, state: Callable[[Any], dict[str, Any]]) -> None:
+    """Declare a kind of job (in its app's ``ready``): its rows are scheduled, resumed, counted
+    against the caps and their files follow them from then on."""
+    from django.db.models.signals import pre_delete
+
+    _KINDS[model] = JobKind(model=model, state=state)
+    pre_delete.connect(_files_follow_row, sender=model, dispatch_uid=f"job-files-{model._meta.label}")
+
+
+def job_kinds() -> list[JobKind]:
+    return list(_KINDS.values())
+
+
+def _files_follow_row(sender, instance: JobRow, **kwargs) -> None:
+    """pre_delete of a job row, however it goes: what it left on disk goes once the deletion commits."""
+    instance.release_leftovers()
+
+
+# --- events ------------------------------------------------------------------------------------
+
+
+def job_publish(row: JobRow, verb: str, fields: Iterable[str], **extra: Any) -> None:
+    """Save ``fields`` of ``row`` and announce ``<kind>:<verb>`` with its state (on commit)."""
+    publish(
+        f"{row.kind}:{verb}",
+        {**_KINDS[type(row)].state(row), **extra},
+        groups=row.event_groups(),
+        instance=row,
+        fields=list(fields),
+        audience=rows_audience(*row.audience_rows()),
+    )
+
+
+# --- admission ---------------------------------------------------------------------------------
+
+# Any fixed 64-bit number: the PostgreSQL advisory lock new jobs take turns on at admission.
+ADMISSION_LOCK = 0x6D69_5374_7564_696F  # "miStudio"
+RETRY_AFTER_SECONDS = 30  # when no job holding a slot has an ETA yet
+
+
+def active_jobs(*, owner=None) -> list[JobRow]:
+    """Queued and running rows of every kind (of ``owner`` when given), oldest first."""
+    rows: list[JobRow] = []
+    for kind in job_kinds():
+        active = kind.model.objects.filter(status__in=JobRow.ACTIVE)
+        rows += list(active.filter(owner=owner) if owner is not None else active)
+    return sorted(rows, key=lambda row: row.created_at)
+
+
+def job_admit(*, owner, tokens: int | None = None) -> None:
+    """Refuse a new job while its owner or everyone has too many queued or running (429
+    ``RATE_LIMITED``), or when it would process more than ``JOB_MAX_TOKENS`` tokens (400
+    ``JOB_TOO_LARGE``).
+
+    Caps: ``MAX_ACTIVE_JOBS_PER_USER`` for the owner (the operator's and system jobs have none),
+    ``MAX_ACTIVE_JOBS`` for everyone; 0 turns a cap off. Call it inside the transaction that
+    creates the row, just before: requests take turns here (an advisory lock on PostgreSQL;
+    SQLite's transactions are already ``IMMEDIATE``), so two cannot both take the last slot.
+    """
+    if tokens is not None and settings.JOB_MAX_TOKENS and tokens > settings.JOB_MAX_TOKENS:
+        raise ApplicationError(
+            "JOB_TOO_LARGE",
+            f"The job would process {tokens:,} tokens, more than the {settings.JOB_MAX_TOKENS:,} one job "
+            "may (JOB_MAX_TOKENS).",
+            details={"tokens": tokens, "limit": settings.JOB_MAX_TOKENS},
+        )
+    per_user, system = settings.MAX_ACTIVE_JOBS_PER_USER, settings.MAX_ACTIVE_JOBS
+    if not per_user and not system:
+        return
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [ADMISSION_LOCK])
+    user = owner if getattr(owner, "is_authenticated", False) else None
+    if per_user and user is not None:
+        mine = active_jobs(owner=user)
+        if len(mine) >= per_user:
+            raise rate_limited(
+                f"You have {len(mine)} jobs queued or running, the most allowed per user ({per_user}); "
+                "send this one again when one of them ends.",
+                retry_after_seconds=_retry_after(mine),
+                details={
+                    "scope": "user",
+                    "limit": per_user,
+                    "active_jobs": [{"kind": row.kind, "id": row.pk, "status": row.status} for row in mine],
+                },
+            )
+    if system:
+        everyone = active_jobs()
+        if len(everyone) >= system:
+            raise rate_limited(
+                f"{len(everyone)} jobs are queued or running, the most allowed at once ({system}); "
+                "send this one again when one of them ends.",
+                retry_after_seconds=_retry_after(everyone),
+                details={"scope": "system", "limit": system},  # other users' rows stay private
+            )
+
+
+def _retry_after(rows: list[JobRow]) -> float:
+    """When a slot is likely to free: the soonest ETA among the running rows (at most an hour)."""
+    etas = [row.eta_seconds for row in rows if row.status == JobStatus.RUNNING and row.eta_seconds]
+    return min(*etas, 3600) if etas else RETRY_AFTER_SECONDS
+
+
+# --- submission and scheduling ------------------------------------------------------------------
+
+
+def job_submit(row: JobRow, *, queue: Queue, fields: Iterable[str] = ()) -> None:
+    """Queue a new (or requeued) row on ``queue``: ``queued`` is saved and announced, and a token
+    asks that queue's worker to run its fairest row once the transaction commits."""
+    changed = [*fields, *row.mark_queued(queue_name=queue.name)]
+    job_publish(row, "queued", changed)
+    _add_token(queue)
+
+
+def _add_token(queue: Queue) -> None:
+    enqueue(queue, "mistudio.jobs.run_next_job", queue.name, result_ttl=0)
+
+
+def job_requeue(row: JobRow, *, queue: Queue) -> None:
+    """Send a row back to a queue (its model is hosted by another worker): it runs there."""
+    row.host_worker = ""
+    job_submit(row, queue=queue, fields=["host_worker"])
+
+
+def _owner_key(owner_id: int | None) -> str:
+    return f"user:{owner_id}" if owner_id is not None else "system"
+
+
+def served_key() -> str:
+    """A Redis hash: owner → when a job of theirs was last claimed (round robin between owners)."""
+    return f"{settings.REDIS_KEY_PREFIX}:jobs:served"
+
+
+@dataclass(order=True)
+class _Waiting:
+    created_at: Any
+    pk: str = field(compare=False)
+    owner_id: int | None = field(compare=False)
+    model: type[JobRow] = field(compare=False)
+
+
+def _waiting(queue_name: str) -> list[_Waiting]:
+    waiting = []
+    for kind in job_kinds():
+        rows = kind.model.objects.filter(status=JobStatus.QUEUED, queue_name=queue_name).order_by(
+            "created_at"
+        )
+        for pk, owner_id, created_at in rows.values_list("pk", "owner_id", "created_at")[:500]:
+            waiting.append(_Waiting(created_at=created_at, pk=pk, owner_id=owner_id, model=kind.model))
+    return sorted(waiting)
+
+
+def fairest(waiting: list[_Waiting], served: dict[str, float]) -> _Waiting:
+    """The next row to run: the oldest of the owner served longest ago (never served: first),
+    ties going to the owner whose oldest row waited longest."""
+    oldest_by_owner: dict[int | None, _Waiting] = {}
+    for entry in waiting:  # sorted oldest first
+        oldest_by_owner.setdefault(entry.owner_id, entry)
+    return min(
+        oldest_by_owner.values(),
+        key=lambda entry: (served.get(_owner_key(entry.owner_id), 0.0), entry.created_at),
+    )
+
+
+def claim_next(queue_name: str, *, worker_name: str) -> JobRow | None:
+    """Claim the fairest queued row of ``queue_name`` for ``worker_name`` (now ``running``), or
+    None when none waits. A row another worker claimed first is skipped."""
+    redis_client = get_redis()
+    for _ in range(10):
+        waiting = _waiting(queue_name)
+        if not waiting:
+            return None
+        served = {key.decode(): float(value) for key, value in redis_client.hgetall(served_key()).items()}
+        chosen = fairest(waiting, served)
+        claimed = chosen.model.objects.filter(pk=chosen.pk, status=JobStatus.QUEUED).update(
+            status=JobStatus.RUNNING, host_worker=worker_name, updated_at=timezone.now()
+        )
+        if claimed:
+            redis_client.hset(served_key(), _owner_key(chosen.owner_id), time.time())
+            return chosen.model.objects.get(pk=chosen.pk)
+    return None
+
+
+@worker_task(timeout=8 * DAY)  # the row's own kind's limit (``job_task``) applies inside
+def run_next_job(queue_name: str) -> None:
+    """A token's task: run the fairest queued row of ``queue_name`` on this worker, if any."""
+    from django.utils.module_loading import import_string
+
+    close_old_connections()
+    identity = current_worker()
+    row = claim_next(queue_name, worker_name=identity.name)
+    if row is None:
+        return
+    task = import_string(row.task_name())
+    task.run(row)
+
+
+# --- ending and cancelling ------------------------------------------------------------------------
+
+
+def _still_there(row: JobRow) -> bool:
+    """Whether the row still exists (a model deleted meanwhile takes its jobs with it)."""
+    return type(row).objects.filter(pk=row.pk).exists()
+
+
+def job_fail(row: JobRow, *, code: str, message: str) -> None:
+    """``failed`` with its code and message; what it left half-made is removed."""
+    if not _still_there(row):
+        return
+    job_publish(row, "failed", row.mark_failed(code=code, message=message), code=code, message=message)
+    row.on_ended()
+
+
+def job_discard(row: JobRow) -> None:
+    """``cancelled``; what it left half-made is removed."""
+    if not _still_there(row):
+        return
+    job_publish(row, "cancelled", row.mark_cancelled())
+    row.on_ended()
+
+
+def job_cancel(row: JobRow, *, actor) -> JobRow:
+    """Cancel a row (its owner, an admin or the operator: 403 ``NOT_OWNER`` otherwise): a queued
+    one at once, a running one at its worker's next step (at once if that worker is gone)."""
+    check_may_change(row, actor, what=row.noun)
+    with transaction.atomic():
+        row = type(row).objects.select_for_update().get(pk=row.pk)
+        if row.status not in JobRow.ACTIVE:
+            raise ApplicationError("NOT_RUNNING", f"The {row.noun} is not queued or running.", status=409)
+        alive = {beat["name"] for beat in read_heartbeats()}
+        if row.status == JobStatus.QUEUED or row.host_worker not in alive:
+            job_discard(row)  # no worker will run it: claims take queued rows only
+        else:
+            get_redis().set(row.cancel_key, "1", ex=8 * DAY)
+    return row
+
+
+def jobs_resume_on_worker_start(identity: WorkerIdentity) -> None:
+    """The worker hook: a starting worker re-queues, on its own queue, the rows it was running
+    when it died (each resumes from what it saved), and re-tokens the rows waiting on its queues
+    (a Redis that restarted empty lost their tokens)."""
+    own = worker_queue(identity.name)
+    waiting_queues = {own.name, settings.SHARED_QUEUE}
+    for kind in job_kinds():
+        # Rows queued before jobs named their queue wait on the shared one.
+        kind.model.objects.filter(status=JobStatus.QUEUED, queue_name="").update(
+            queue_name=settings.SHARED_QUEUE
+        )
+        for row in kind.model.objects.filter(host_worker=identity.name, status=JobStatus.RUNNING):
+            job_submit(row, queue=own)
+        for queue_name in kind.model.objects.filter(
+            status=JobStatus.QUEUED, queue_name__in=waiting_queues
+        ).values_list("queue_name", flat=True):
+            _add_token(queue_by_name(queue_name))
+
+
+def job_metrics() -> list:
+    """``mistudio_jobs{kind, status}``: rows of every kind of job by status (a gauge)."""
+    from prometheus_client.core import GaugeMetricFamily
+
+    from mistudio.metrics import status_counts
+
+    family = GaugeMetricFamily("mistudio_jobs", "Job rows by kind and status.", labels=["kind", "status"])
+    for kind in job_kinds():
+        for status, count in status_counts(kind.model.objects.all(), JobStatus.values).items():
+            family.add_metric([kind.model.kind, status], count)
+    return [family]
+
+
+# --- the task wrapper --------------------------------------------------------------------------
+
+
+class JobCancelled(Exception):
+    """The row was cancelled: the wrapper marks it ``cancelled``."""
+
+
+class Requeued(Exception):
+    """The row went back to a queue (its model is hosted by another worker): nothing to mark."""
+
+
+class JobTimeLimit(Exception):
+    """The body ran past its kind's time limit."""
+
+
+@dataclass
+class JobContext:
+    """What a running task body gets besides its row: its worker, and the question to ask
+    between steps."""
+
+    row: JobRow
+    worker: WorkerIdentity
+    cancel_seen: bool = False
+    _last_cancel_poll: float = 0.0
+    _last_serve: float = 0.0
+
+    def should_cancel(self) -> bool:
+        """Whether the row was cancelled (asked of Redis at most every ``CANCEL_POLL_SECONDS``).
+
+        Call it between steps, where no hook is attached to the model and no transaction is open:
+        it first serves the interactive work waiting for this worker (generation, encoding,
+        patching, the lens), so that it never waits for this job to end.
+        """
+        now = time.monotonic()
+        if now - self._last_serve >= INTERACTIVE_POLL_SECONDS and not connection.in_atomic_block:
+            serve_interactive(self.worker)
+            self._last_serve = time.monotonic()
+        if not self.cancel_seen and now - self._last_cancel_poll >= CANCEL_POLL_SECONDS:
+            self._last_cancel_poll = now
+            self.cancel_seen = bool(get_redis().exists(self.row.cancel_key))
+        return self.cancel_seen
+
+    def check_cancel(self) -> None:
+        """Raise :class:`JobCancelled` if the row was cancelled."""
+        if self.should_cancel():
+            raise JobCancelled
+
+
+@contextmanager
+def time_limit(seconds: float) -> Iterator[None]:
+    """Raise :class:`JobTimeLimit` in this thread once ``seconds`` have passed (RQ's death
+    penalties: SIGALRM in the main thread, a timer elsewhere)."""
+    from rq.timeouts import TimerDeathPenalty, UnixSignalDeathPenalty
+
+    main = threading.current_thread() is threading.main_thread()
+    penalty = UnixSignalDeathPenalty if main else TimerDeathPenalty
+    with penalty(max(1, int(seconds)), JobTimeLimit):
+        yield
+
+
+def check_worker_memory(row: JobRow) -> None:
+    """The worker's own check before a row starts: its estimate must fit what this worker's
+    compute device has free now (507 ``INSUFFICIENT_MEMORY`` otherwise, and the row fails)."""
+    from mistudio.budgets import worker_free_bytes
+
+    free = worker_free_bytes(current_worker())
+    if row.memory_estimate_bytes and row.memory_estimate_bytes > free:
+        raise ApplicationError(
+            "INSUFFICIENT_MEMORY",
+            f"The {row.noun} needs about {row.memory_estimate_bytes / 2**30:.2f} GiB; its worker has "
+            f"{free / 2**30:.2f} GiB free now.",
+            details={"estimate_bytes": row.memory_estimate_bytes, "free_bytes": free},
+            status=507,
+        )
+
+
+def job_task(
+    model: type[JobRow], *, timeout: int, failure_code: str | None = None
+) -> Callable[[Callable[[Any, JobContext], None]], Any]:
+    """Make ``body(row, job)`` the task of ``model``'s rows, limited to ``timeout`` seconds (and
+    ``JOB_MAX_SECONDS``). The body does the work and completes the row; the wrapper does the rest
+    (see the module docstring): an unexpected error fails the row with ``failure_code`` (default:
+    the kind's). The task takes a row id (RQ) or, as ``task.run(row)``, a row already claimed."""
+
+    def decorate(body: Callable[[Any, JobContext], None]) -> Any:
+        def run(row: JobRow) -> None:
+            with job_context(job_id=row.pk):  # the row's id on every line logged meanwhile
+                logger.info("%s %s starts on %s", row.noun, row.pk, current_worker().name)
+                started = time.monotonic()
+                _run(row)
+                logger.info(
+                    "%s %s ends %s after %.1f s", row.noun, row.pk, row.status, time.monotonic() - started
+                )
+
+        def _run(row: JobRow) -> None:
+            job = JobContext(row=row, worker=current_worker())
+            limit = min(timeout, settings.JOB_MAX_SECONDS) if settings.JOB_MAX_SECONDS else timeout
+            try:
+                if get_redis().exists(row.cancel_key):
+                    raise JobCancelled
+                check_worker_memory(row)
+                with time_limit(limit):
+                    body(row, job)
+            except Requeued:
+                return
+            except JobCancelled:
+                job_discard(row)
+            except JobTimeLimit:
+                job_fail(
+                    row,
+                    code="JOB_TIMEOUT",
+                    message=f"The {row.noun} ran longer than its limit of {limit:,} s and was stopped.",
+                )
+            except Exception as error:
+                if job.cancel_seen:  # the engine stopped on the cancel in its own way
+                    job_discard(row)
+                    return
+                code, message = getattr(error, "code", None), getattr(error, "message", None)
+                if not (isinstance(code, str) and isinstance(message, str)):
+                    logger.exception("%s %s failed", row.noun, row.pk)
+                    code = failure_code or model.failure_code
+                    message = f"The {row.noun} failed: {type(error).__name__}."
+                job_fail(row, code=code, message=message)
+
+        @functools.wraps(body)
+        def task(row_id: str) -> None:
+            close_old_connections()
+            row = model.objects.filter(pk=row_id).first()
+            if row is not None and row.status in JobRow.ACTIVE:
+                run(row)
+
+        task.run = run
+        task.timeout = timeout
+        return task
+
+    return decorate
