@@ -272,6 +272,21 @@ def resolve_hook_names(
     return resolved
 
 
+MAX_HOOK_NAME_LENGTH = 300  # what a row's hook_name column holds
+_MODULE_PATH = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*")
+
+
+def is_hook_name(name: Any) -> bool:
+    """Whether ``name`` is shaped like a hook point name (canonical, or ``module:`` and a dotted
+    path), of at most ``MAX_HOOK_NAME_LENGTH`` characters: what may be stored without a model to
+    check it against."""
+    if not isinstance(name, str) or len(name) > MAX_HOOK_NAME_LENGTH:
+        return False
+    if name.startswith(MODULE_PREFIX):
+        return bool(_MODULE_PATH.fullmatch(name[len(MODULE_PREFIX) :]))
+    return name in (HOOK_EMBED, LN_FINAL) or _BLOCK_HOOK_NAME.fullmatch(name) is not None
+
+
 def _parse_block_name(name: str) -> tuple[int, str] | None:
     match = _BLOCK_HOOK_NAME.fullmatch(name)
     return (int(match.group(1)), match.group(2)) if match else None

@@ -142,6 +142,24 @@ def _feature_values(sae: Any, x: Any, features: tuple[int, ...]) -> Any:
     return hidden_pre * (hidden_pre > threshold)
 
 
+def _check_width(item: Intervention, width: int) -> None:
+    """Refuse an intervention that does not fit the width its hook has here (a ``module:`` hook's
+    width shows only when it runs): a clear ``INVALID_INTERVENTION``, not an error deep in torch."""
+    if item.kind in ("add", "replace"):
+        needed = len(item.vector)
+    elif item.sae is not None:
+        needed = item.sae.shape.d_in
+    else:
+        needed = max(item.neurons) + 1 if item.means is None else len(item.means)
+        if item.means is None and needed <= width:
+            return
+    if needed != width:
+        raise invalid_intervention(
+            item.index, f"{item.hook} has a width of {width} here; the intervention needs {needed}.",
+            width=width, needs=needed,
+        )  # fmt: skip
+
+
 def _apply_one(item: Intervention, x: Any) -> Any:
     """The intervention on rows ``x`` [tokens, width] (a copy: ``x`` is left alone)."""
     if item.kind == "add":
@@ -208,6 +226,8 @@ class Interventions:
                     out = tensor.clone()
                 values = out[row][mask]
                 shape = values.shape
-                changed = _apply_one(item, values.reshape(shape[0], -1))
+                rows = values.reshape(shape[0], -1)
+                _check_width(item, rows.shape[1])
+                changed = _apply_one(item, rows)
                 out[row, mask] = changed.reshape(shape)
         return out

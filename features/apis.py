@@ -106,7 +106,7 @@ class FeatureListApi(APIView):
         q = serializers.CharField(max_length=200, required=False, allow_blank=True)
         token = serializers.CharField(max_length=100, required=False, allow_blank=True, trim_whitespace=False)
         sort = serializers.ChoiceField(choices=list(selectors.SORTS), default="index")
-        page = serializers.IntegerField(min_value=1, default=1)
+        page = serializers.IntegerField(min_value=1, max_value=2**24, default=1)  # past the last: empty
         page_size = serializers.IntegerField(min_value=1, max_value=500, default=50)
 
     @extend_schema(

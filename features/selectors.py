@@ -14,10 +14,11 @@ from typing import Any
 import numpy as np
 from django.db.models import Exists, OuterRef, Q, QuerySet
 
+from activations.models import ActivationCache
 from activations.selectors import model_folder, tokenizer_for
 from features.models import Feature, FeatureAnalysis, FeatureLabel
 from features.serializers import analysis_state, feature_summary, label_state
-from mistudio.access import visible_row, visible_rows
+from mistudio.access import linked_id, visible_row, visible_rows
 from mistudio.errors import ApplicationError
 from mistudio.events import register_group_kind
 from saes.models import SparseAutoencoder
@@ -428,7 +429,7 @@ def analysis_export_stream(*, user, sae: SparseAutoencoder, analysis: FeatureAna
         "hook_name": sae.hook_name,
         "d_sae": sae.d_sae,
         "analysis_id": analysis.id,
-        "cache_id": analysis.cache_id,
+        "cache_id": linked_id(user, analysis, ActivationCache, analysis.cache_id),
         "tokens": analysis.tokens,
     }
     prompts = analysis.cache.sample_count if analysis.cache is not None else None

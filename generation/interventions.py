@@ -26,6 +26,9 @@ MAX_INTERVENTIONS = 16
 MAX_POSITIONS = 4096
 MAX_INDICES = 4096
 MAX_VECTOR = 65_536
+# The largest magnitude of a vector component, coefficient or clamp value: far beyond any
+# activation a model produces, and far inside float32 (1e300 would become infinity there).
+MAX_MAGNITUDE = 1e6
 _FIELDS = {
     "add": {
         "type",
@@ -120,7 +123,12 @@ def _integer(value: Any) -> bool:
 
 
 def _number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and abs(value) <= MAX_MAGNITUDE
+    )
 
 
 def _indices(index: int, item: dict, field: str, limit: int) -> list[int]:
@@ -205,7 +213,7 @@ def _checked(index: int, item: Any, widths: dict[str, int], user) -> dict[str, A
         if not isinstance(vector, list) or not vector or len(vector) > MAX_VECTOR:
             raise _error(index, "vector must be a list of numbers.", "vector")
         if not all(_number(value) for value in vector):
-            raise _error(index, "vector must hold finite numbers only.", "vector")
+            raise _error(index, f"vector must hold numbers of magnitude at most {MAX_MAGNITUDE:g}.", "vector")
         if width is not None and len(vector) != width:
             raise _error(index, f"vector has {len(vector)} values; {hook} has a width of {width}.", "vector")
         spec["vector"] = [float(value) for value in vector]
@@ -224,14 +232,16 @@ def _checked(index: int, item: Any, widths: dict[str, int], user) -> dict[str, A
     if kind == "add":
         coefficient = item.get("coefficient", 1.0)
         if not _number(coefficient):
-            raise _error(index, "coefficient must be a finite number.", "coefficient")
+            raise _error(
+                index, f"coefficient must be a number of magnitude at most {MAX_MAGNITUDE:g}.", "coefficient"
+            )
         if not isinstance(item.get("normalize", False), bool):
             raise _error(index, "normalize must be true or false.", "normalize")
         spec["coefficient"] = float(coefficient)
         spec["normalize"] = item.get("normalize", False)
     if kind == "clamp_feature":
         if not _number(item.get("value")):
-            raise _error(index, "value must be a finite number.", "value")
+            raise _error(index, f"value must be a number of magnitude at most {MAX_MAGNITUDE:g}.", "value")
         spec["value"] = float(item["value"])
     if kind == "ablate":
         if sae is not None:

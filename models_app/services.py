@@ -28,6 +28,7 @@ from mistudio.errors import ApplicationError
 from mistudio.events import ProgressThrottle, publish, rows_audience
 from mistudio.local_paths import path_inside_roots
 from mistudio.redis_client import get_redis
+from mistudio.text import check_label_text
 from mistudio.workers import enqueue, read_heartbeats, shared_queue, worker_queue
 from models_app.models import LanguageModel
 from models_app.selectors import memory_capacity, model_state, splits_models
@@ -140,6 +141,7 @@ def model_register(
     ``source`` decides how ``identifier`` is read: a hub id is a hub id even when a local folder
     of that name exists. With ``auto_load`` the load is queued at once.
     """
+    check_label_text(name, field="name")
 
     info, identifier, commit_sha = model_inspect_source(
         source=source, identifier=identifier, revision=revision
@@ -216,6 +218,8 @@ def model_update(*, model_id: str, actor, **changes: Any) -> LanguageModel:
     with transaction.atomic():
         model = LanguageModel.objects.select_for_update().get(pk=model_id)
         check_may_change(model, actor, what="model")
+        if "name" in changes:
+            check_label_text(changes["name"], field="name")
         quantization = changes.get("quantization")
         changing_quantization = quantization is not None and quantization != model.quantization
         if changing_quantization and model.status in {

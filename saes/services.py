@@ -18,6 +18,7 @@ from activations.selectors import hook_points
 from activations.services import cache_touch, hook_names_for
 from engine import budgets
 from engine.errors import EngineError
+from engine.hooks import MAX_HOOK_NAME_LENGTH, is_hook_name
 from engine.inspection import confined_folder_entries
 from engine.inspection.sae_folders import SaeFiles, inspect_sae_folder
 from mistudio import jobs
@@ -25,6 +26,7 @@ from mistudio.access import OPERATOR, check_may_change, reach
 from mistudio.budgets import memory_budget_check
 from mistudio.errors import ApplicationError
 from mistudio.local_paths import path_inside_roots
+from mistudio.text import check_label_text
 from mistudio.workers import shared_queue
 from models_app.models import LanguageModel
 from models_app.services import model_job_queue, model_worker_name
@@ -140,6 +142,7 @@ def sae_train_request(
     """Queue the training of an SAE on ``cache``'s activations at ``hook`` (a completed cache the
     caller may read). ``total_tokens`` defaults to one pass over the training part of the cache;
     more passes reshuffle it."""
+    check_label_text(name, field="name")
     if cache.status != ActivationCache.Status.COMPLETED:
         raise ApplicationError("CACHE_NOT_READY", f"The cache is {cache.status}.", status=409)
     if hook not in cache.hooks:
@@ -289,6 +292,7 @@ def sae_import(
     and the file, and the SAE must fit the size limit and the memory budget. A worker then reads
     the arrays (refusing non-finite weights) and stores them as a SAELens folder, so export gives
     it back in SAELens' layout."""
+    check_label_text(name, field="name")
     folder = path_inside_roots(local_path, settings.LOCAL_MODEL_ROOTS, setting="LOCAL_MODEL_ROOTS")
     if not folder.is_dir():
         raise ApplicationError("INVALID_LOCAL_PATH", "The local path is not a folder.")
@@ -296,6 +300,13 @@ def sae_import(
     hook_name = hook or files.hook_name
     if not hook_name:
         raise ApplicationError("HOOK_REQUIRED", "The folder names no hook point: give hook.")
+    if not is_hook_name(hook_name):
+        raise ApplicationError(
+            "INVALID_HOOK",
+            f"The hook name {hook_name[:80]!r} is not a hook point name (at most {MAX_HOOK_NAME_LENGTH} "
+            "characters): give hook.",
+            details={"fields": {"hook": ["Not a hook point name."]}},
+        )
     check_sae_size(files.d_in, files.d_sae)
     if model is not None:
         check_hook_width(model, hook_name, files.d_in)
@@ -388,6 +399,8 @@ def sae_update(*, sae: SparseAutoencoder, actor, **changes: Any) -> SparseAutoen
     """Rename or share / unshare (``SparseAutoencoder.OWNER_FIELDS``): the owner, an admin or the
     operator only (403 ``NOT_OWNER``)."""
     check_may_change(sae, actor, what="SAE")
+    if "name" in changes:
+        check_label_text(changes["name"], field="name")
     fields = [field for field in SparseAutoencoder.OWNER_FIELDS if field in changes]
     for field in fields:
         setattr(sae, field, changes[field])

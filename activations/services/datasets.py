@@ -16,6 +16,7 @@ from engine.errors import EngineError
 from mistudio.access import check_may_change
 from mistudio.errors import ApplicationError
 from mistudio.local_paths import path_inside_roots, path_shown
+from mistudio.text import check_label_text
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +47,7 @@ def dataset_create_from_texts(
     shared: bool = False,
 ) -> Dataset:
     """Store the non-empty samples as JSON Lines and register them as a dataset."""
+    check_label_text(name, field="name")
 
     samples = [text for text in texts if text.strip()]
     if not samples:
@@ -155,6 +157,8 @@ def dataset_update(*, dataset_id: str, actor, **changes: Any) -> Dataset:
     an admin or the ``OPERATOR``), else 403 ``NOT_OWNER``."""
     dataset = Dataset.objects.get(pk=dataset_id)
     check_may_change(dataset, actor, what="dataset")
+    if "name" in changes:
+        check_label_text(changes["name"], field="name")
     fields = [field for field in Dataset.OWNER_FIELDS if field in changes]
     for field in fields:
         setattr(dataset, field, changes[field])

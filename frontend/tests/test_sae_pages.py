@@ -186,6 +186,7 @@ def test_posting_the_form_queues_a_training_and_opens_its_page(
         "total_tokens": "", "b_dec_init": "mean", "name": "my first SAE", "shared": "on",
     }  # fmt: skip
     browser = signed_in(writer)
+    shared_queue().empty()  # tokens other tests left
     with django_capture_on_commit_callbacks(execute=True):
         response = browser.post("/saes/", form)
     sae = SparseAutoencoder.objects.get()

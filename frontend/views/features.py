@@ -25,6 +25,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_http_methods, require_POST
 from rest_framework.exceptions import ValidationError
 
+from activations.models import ActivationCache
 from activations.selectors import completed_cache
 from features import selectors, services
 from features.apis import FeatureDetailApi, FeatureListApi
@@ -32,7 +33,7 @@ from features.models import FeatureAnalysis
 from frontend.access import reader_required, sae_or_404, writer_refusal
 from frontend.charts import histogram_svg
 from frontend.heatmap import heat_tokens, token_texts
-from mistudio.access import may_change
+from mistudio.access import linked_id, may_change
 from mistudio.errors import ApplicationError
 from saes.models import SparseAutoencoder
 from saes.selectors import completed_sae
@@ -97,7 +98,13 @@ def analyses_context(request, sae: SparseAutoencoder) -> dict[str, Any]:
         analysis.active = analysis.status in FeatureAnalysis.ACTIVE
         analysis.phase_label = PHASES.get(analysis.phase, "")
         analysis.can_cancel = analysis.active and may_change(analysis, request.user)
+        analysis.shown_cache_id = shown_cache_id(analysis, request.user)
     return {"sae": sae, "analyses": analyses}
+
+
+def shown_cache_id(analysis: FeatureAnalysis, viewer) -> str | None:
+    """The id of the cache an analysis read, as ``viewer`` may see it (None: not theirs to see)."""
+    return linked_id(viewer, analysis, ActivationCache, analysis.cache_id)
 
 
 @reader_required
@@ -117,7 +124,8 @@ def analysis_action_page(request, sae_id: str):
             sae = completed_sae(user=request.user, sae_id=sae.id)
             cache_id = request.POST.get("cache_id", "").strip()
             cache = completed_cache(user=request.user, cache_id=cache_id) if cache_id else None
-            analysis = services.analysis_request(owner=request.user, sae=sae, cache=cache)
+            shared = request.POST.get("shared") == "on"
+            analysis = services.analysis_request(owner=request.user, sae=sae, cache=cache, shared=shared)
             messages.success(request, f"Feature analysis {analysis.id} queued.")
         elif action == "cancel":
             analysis = selectors.analysis_get(
@@ -217,6 +225,7 @@ def feature_list_page(request, sae_id: str):
     completed = selectors.analysis_list(user=request.user, sae=sae).filter(
         status=FeatureAnalysis.Status.COMPLETED
     )
+    analysis.shown_cache_id = shown_cache_id(analysis, request.user)
     context.update(
         {
             "analysis": analysis,
@@ -329,6 +338,7 @@ def feature_context(request, sae: SparseAutoencoder, index: int) -> tuple[dict[s
     scale = detail["max_activation"] or 1.0
     mine = next((entry for entry in detail["labels"] if entry["mine"]), None)
     logits = detail["logit_effects"]
+    analysis.shown_cache_id = shown_cache_id(analysis, request.user)
     context.update(
         {
             "analysis": analysis,

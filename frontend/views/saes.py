@@ -27,7 +27,7 @@ from features.selectors import analysed_sae_ids
 from frontend.access import reader_required, sae_or_404, writer_refusal
 from frontend.charts import line_chart_svg
 from frontend.views.features import analyses_context
-from mistudio.access import may_change
+from mistudio.access import linked_id, may_change
 from mistudio.errors import ApplicationError
 from models_app.selectors import model_get, model_list
 from saes import selectors, services
@@ -146,9 +146,12 @@ def curves(sae: SparseAutoencoder) -> list[dict[str, Any]]:
     return charts
 
 
-def evaluation_rows(sae: SparseAutoencoder) -> dict[str, Any]:
-    """The held-out metrics as the page shows them; ``ce_pending`` while an evaluation is queued."""
-    evaluation = sae.evaluation or {}
+def evaluation_rows(sae: SparseAutoencoder, viewer) -> dict[str, Any]:
+    """The held-out metrics as the page shows them to ``viewer`` (the cache they were measured on
+    only if they may see it); ``ce_pending`` while an evaluation is queued."""
+    evaluation = {**(sae.evaluation or {})}
+    if "cache_id" in evaluation:
+        evaluation["cache_id"] = linked_id(viewer, sae, ActivationCache, evaluation["cache_id"])
     return {
         "measured": any(key in evaluation for key in ("mse", "explained_variance")),
         "values": evaluation,
@@ -296,7 +299,9 @@ def sae_detail_page(request, sae_id: str):
     if fragment == "training":
         return render(request, "frontend/partials/sae_training.html", training_context(sae))
     if fragment == "results":
-        return render(request, "frontend/partials/sae_results.html", {"sae": sae, **evaluation_rows(sae)})
+        return render(
+            request, "frontend/partials/sae_results.html", {"sae": sae, **evaluation_rows(sae, request.user)}
+        )
     if fragment == "analyses":
         return render(request, "frontend/partials/sae_analysis_list.html", analyses_context(request, sae))
     hyperparameters = sorted((sae.hyperparameters or {}).items())
@@ -309,16 +314,13 @@ def sae_detail_page(request, sae_id: str):
         "frontend/sae_detail.html",
         {
             **training_context(sae),
-            **evaluation_rows(sae),
+            **evaluation_rows(sae, request.user),
             **analyses_context(request, sae),
             "can_change": may_change(sae, request.user),
             "hyperparameters": hyperparameters,
             "architecture_label": ARCHITECTURE_LABELS.get(sae.architecture, sae.architecture),
             "export_url": reverse("sae-export", args=[sae.id]),
-            "cache_visible": bool(
-                sae.cache_id
-                and activation_selectors.cache_list(user=request.user).filter(pk=sae.cache_id).exists()
-            ),
+            "cache_visible": linked_id(request.user, sae, ActivationCache, sae.cache_id) is not None,
             "evaluation_caches": matching_caches,
         },
     )

@@ -222,6 +222,7 @@ async def completions(request: HttpRequest) -> JsonResponse | StreamingHttpRespo
     )
 
 
+@csrf_exempt  # any method gets the JSON 404, never the CSRF failure page
 async def not_found(request: HttpRequest, unmatched: str = "") -> JsonResponse:
     """Any other ``/v1/…`` path: OpenAI's 404 body rather than the site's HTML page."""
     return openai_error_response(
