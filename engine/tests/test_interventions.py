@@ -235,3 +235,30 @@ def test_bad_interventions_are_refused_by_index(load_tiny):
         assert raised.value.code == "INVALID_INTERVENTION"
         assert raised.value.details["intervention"] == 1
         assert raised.value.message.startswith("Intervention 1:")
+
+
+def test_a_module_hook_whose_width_shows_only_when_it_runs_refuses_a_misfit_by_index(load_tiny):
+    """A ``module:`` hook point has no width before it runs: an intervention that does not fit is
+    refused there with INVALID_INTERVENTION (it was a shape error deep in torch, a 500)."""
+    weights = load_tiny("gpt2")
+    model, tokenizer = weights.model, weights.tokenizer
+    width = model.config.hidden_size
+    hook = f"module:transformer.h.{LAYER}.mlp.c_fc"  # 4 x width wide
+    cases = [
+        Intervention("add", hook, vector=torch.ones(width), index=0),
+        Intervention("replace", hook, vector=torch.ones(width), index=0),
+        Intervention("clamp_feature", hook, sae=random_sae(width), features=(0,), value=1.0, index=0),
+        Intervention("ablate", hook, neurons=(4 * width,), index=0),
+        Intervention("ablate", hook, neurons=(0,), means=torch.zeros(width), index=0),
+    ]
+    for bad in cases:
+        with pytest.raises(InterventionError) as raised:
+            generate(model, tokenizer, [_ids(tokenizer)], [GREEDY], interventions=[[bad]])
+        assert raised.value.code == "INVALID_INTERVENTION", bad.kind
+        assert raised.value.details == {
+            "intervention": 0,
+            "width": 4 * width,
+            "needs": raised.value.details["needs"],
+        }
+    fitting = Intervention("add", hook, vector=torch.ones(4 * width), index=0)
+    generate(model, tokenizer, [_ids(tokenizer)], [GREEDY], interventions=[[fitting]])

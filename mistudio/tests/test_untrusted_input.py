@@ -277,3 +277,75 @@ def test_an_unexpected_error_in_an_api_or_openai_view_is_json_never_an_html_page
         assert b"secret detail" not in response.content and b"/srv/path" not in response.content
     assert "secret detail" in caplog.text  # the operator still gets the traceback
     assert middleware.process_exception(rf.get("/models/"), failure) is None  # pages: Django's own
+
+
+# --- the second review's class 8 (issue 24): each answered with a 4xx, nothing stored -------------
+
+
+@pytest.fixture
+def sae_with_features(writer, tiny_gpt2_folder):
+    from features.tests.conftest import completed_sae_row
+    from models_app.services import model_register
+    from saes.tests.conftest import write_planted_cache
+
+    model = model_register(source="local", identifier=str(tiny_gpt2_folder), name="tiny", owner=writer)
+    return completed_sae_row(model, write_planted_cache(model, writer, samples=8), writer)
+
+
+def test_a_page_number_past_any_database_is_a_400(api, sae_with_features):
+    response = api.get(f"/api/saes/{sae_with_features.id}/features", {"page": 10**30})
+    assert refused(response, 400, "VALIDATION_ERROR")["details"]["fields"]["page"]
+
+
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        ("safe\u202eexe.txt", "U+202E"),
+        ("a\u2066b", "U+2066"),
+        ("bell\x07", "U+0007"),
+        ("esc\x1b[31m", "U+001B"),
+    ],
+)
+def test_control_and_direction_characters_in_a_label_are_refused(api, sae_with_features, text, shown):
+    from features.models import FeatureLabel
+
+    response = api.patch(f"/api/saes/{sae_with_features.id}/features/0", {"label": text}, format="json")
+    assert shown in refused(response, 400, "INVALID_TEXT")["message"]
+    assert not FeatureLabel.objects.exists()
+    # Line breaks stay fine in notes, and a plain label goes through.
+    ok = api.patch(
+        f"/api/saes/{sae_with_features.id}/features/0", {"label": "fine", "notes": "a\nb"}, format="json"
+    )
+    assert ok.status_code == 200, ok.content
+
+
+def test_an_intervention_of_absurd_magnitude_is_a_400_before_any_worker(api, tiny_gpt2_folder):
+    from models_app.services import model_register
+
+    model = model_register(source="local", identifier=str(tiny_gpt2_folder), name="tiny", owner=None)
+    hook = "blocks.0.hook_resid_post"
+    for intervention in (
+        {"type": "add", "hook": hook, "vector": [1e300] + [0.0] * 63},
+        {"type": "add", "hook": hook, "vector": [1.0] * 64, "coefficient": 1e300},
+        {"type": "replace", "hook": hook, "vector": [3e38] * 64},  # finite in JSON, infinite in float32
+    ):
+        body = {
+            "model_id": model.id,
+            "prompt": "Hi",
+            "max_tokens": 2,
+            "mistudio": {"interventions": [intervention]},
+        }
+        response = api.post("/api/generate", body, format="json")
+        assert refused(response, 400, "INVALID_INTERVENTION")["details"]["intervention"] == 0
+
+
+def test_an_unmatched_api_path_is_a_json_404_for_any_method_even_signed_in_by_session(writer):
+    from django.test import Client
+
+    browser = Client(enforce_csrf_checks=True)
+    browser.force_login(writer)
+    for method in ("post", "put", "patch", "delete", "get"):
+        for path in ("/api/no-such-thing", "/v1/no-such-thing"):
+            response = getattr(browser, method)(path)
+            assert response.status_code == 404, (method, path, response.content[:100])
+            assert response["Content-Type"].startswith("application/json"), (method, path)

@@ -9,6 +9,7 @@ import math
 import shutil
 import tarfile
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -21,7 +22,9 @@ from activations.services import dataset_create_from_texts
 from activations.store import ActivationStore
 from engine.sae.formats import load_saelens
 from engine.testing.corpus import local_corpus
+from mistudio.access import OPERATOR
 from mistudio.workers import run_worker
+from models_app.services import model_load_request
 from models_app.tests.live_stack import wait_until
 from saes.cache_data import cache_split, holdout_sequences
 from saes.models import SparseAutoencoder as SaeRow
@@ -189,3 +192,58 @@ def test_cancel_a_running_training_stops_it_and_removes_its_files(planted_cache,
     assert answers == [202]
     assert sae.status == "cancelled" and 0 < sae.step < sae.total_steps
     assert not sae.directory.exists()
+
+
+def test_generation_and_worker_calls_are_answered_while_a_training_runs_on_the_models_worker(
+    tiny_model, planted_cache, writer, client_for
+):
+    """The starvation the second review found: one user's long training on a model's worker made
+    every other request for that model wait for it. Now the training serves them between its steps."""
+    api = client_for(writer)
+    model_load_request(model_id=tiny_model.id, actor=OPERATOR)
+    burst()  # the model is loaded here: its jobs go to this worker's own queue
+    body = {
+        "cache_id": planted_cache.id,
+        "hook": HOOK,
+        "batch_size": 64,
+        "total_tokens": 1000 * planted_cache.num_tokens,
+    }
+    sae_id = api.post("/api/saes", body, format="json").json()["id"]
+    seen: dict = {}
+
+    def use_the_model_meanwhile() -> None:
+        try:
+            wait_until(lambda: SaeRow.objects.filter(pk=sae_id, status="running", step__gt=0).exists())
+            started = time.monotonic()
+            seen["generate"] = api.post(
+                "/api/generate",
+                {
+                    "model_id": tiny_model.id,
+                    "prompt": "The function returns",
+                    "max_tokens": 4,
+                    "temperature": 0,
+                },
+                format="json",
+            )
+            seen["generate_seconds"] = time.monotonic() - started
+            started = time.monotonic()
+            seen["lens"] = api.post(
+                f"/api/models/{tiny_model.id}/logit-lens", {"prompt": "Hello there"}, format="json"
+            )
+            seen["lens_seconds"] = time.monotonic() - started
+            seen["step"] = SaeRow.objects.get(pk=sae_id).step
+            wait_until(lambda: SaeRow.objects.get(pk=sae_id).step > seen["step"])  # it kept training
+            seen["cancel"] = api.post(f"/api/saes/{sae_id}/cancel").status_code
+        finally:
+            connection.close()
+
+    user = threading.Thread(target=use_the_model_meanwhile)
+    user.start()
+    burst()  # runs the training, and the requests between its steps
+    user.join()
+    assert seen["generate"].status_code == 200, seen["generate"].content
+    assert seen["generate"].json()["finish_reason"] in ("length", "stop")
+    assert seen["lens"].status_code == 200, seen["lens"].content
+    assert seen["generate_seconds"] < 10 and seen["lens_seconds"] < 10
+    sae = SaeRow.objects.get(pk=sae_id)
+    assert seen["cancel"] == 202 and sae.status == "cancelled" and sae.step > seen["step"] > 0
