@@ -110,8 +110,8 @@ def mean_encoding_rows(d_sae: int) -> int:
 def mean_ablation(*, d_in: int, d_sae: int | None) -> MemoryEstimate:
     """The means a mean ablation takes from a cache: its hook's mean (read from the cache's
     statistics), or its SAE features' mean (the cache encoded a bounded chunk at a time)."""
-    if d_sae is None:
-        return MemoryEstimate({"the hook's mean": d_in * 8, "runtime": RUNTIME_BYTES})
+    if d_sae is None:  # read from the cache's statistics, nothing encoded
+        return MemoryEstimate({"the hook's mean": d_in * 8})
     return sae_encoding(d_in=d_in, d_sae=d_sae, rows=mean_encoding_rows(d_sae), label="one chunk encoded")
 
 

@@ -314,19 +314,15 @@ def _cache_means(cache_id: str, hook: str, sae: Any, *, chunk: int) -> Any:
 
     from activations.models import ActivationCache
     from activations.selectors import cache_store
+    from engine.sae.evaluation import mean_feature_activations
 
     store = cache_store(ActivationCache.objects.get(pk=cache_id), hook)
     if sae is None:
         return torch.from_numpy(store.stats(hook)["mean"]).float()
-    total, count = None, 0
-    device = sae.W_enc.device
-    with torch.no_grad():
-        for start in range(0, store.num_tokens, chunk):
-            rows = store.get(hook, start, start + chunk, as_torch=True).float().to(device)
-            summed = sae.encode(rows).sum(dim=0, dtype=torch.float64)
-            total = summed if total is None else total + summed
-            count += len(rows)
-    return (total / max(count, 1)).float().cpu()
+    chunks = (
+        store.get(hook, start, start + chunk, as_torch=True) for start in range(0, store.num_tokens, chunk)
+    )
+    return mean_feature_activations(sae, chunks)
 
 
 def resolved_interventions(specs: list[dict[str, Any]], device: Any = None) -> list[Intervention]:

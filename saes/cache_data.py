@@ -13,12 +13,19 @@ from dataclasses import dataclass
 import numpy as np
 
 from activations.store import ActivationStore
+from engine.budgets import mean_encoding_rows
 
 CHUNK_ROWS = 16384  # rows per read: a few MB for the widths of small models
 INIT_SAMPLE_ROWS = 8192  # rows that set the scaling factor and b_dec, spread over the training part
 SHUFFLE_BUFFER_BATCHES = 16  # the shuffle buffer holds this many batches of rows
 PREFETCH_BATCHES = 4  # batches read and shuffled ahead of the training step
-EVALUATION_ROWS_PER_STEP = 4096  # held-out rows encoded at once (engine.sae.evaluation's default)
+EVALUATION_ROWS_PER_STEP = 4096  # held-out rows encoded at once, at most (engine.sae.evaluation's default)
+
+
+def evaluation_rows(d_sae: int) -> int:
+    """Held-out rows an evaluation encodes at once: fewer for a wide SAE, so that one step's
+    [rows, d_sae] tensors stay as small as a mean ablation's (``engine.budgets``)."""
+    return min(EVALUATION_ROWS_PER_STEP, mean_encoding_rows(d_sae))
 
 
 def training_buffered_rows(batch_size: int) -> int:

@@ -30,7 +30,7 @@ from mistudio.text import check_label_text
 from mistudio.workers import shared_queue
 from models_app.models import LanguageModel
 from models_app.services import model_job_queue, model_worker_name
-from saes.cache_data import EVALUATION_ROWS_PER_STEP, INIT_SAMPLE_ROWS, training_buffered_rows
+from saes.cache_data import INIT_SAMPLE_ROWS, evaluation_rows, training_buffered_rows
 from saes.models import ARCHITECTURES, SaeEvaluation, SparseAutoencoder
 
 logger = logging.getLogger(__name__)
@@ -112,7 +112,7 @@ def training_memory(config: dict[str, Any], *, d_in: int) -> budgets.MemoryEstim
         batch_size=config["batch_size"],
         buffered_rows=training_buffered_rows(config["batch_size"]),
         sample_rows=INIT_SAMPLE_ROWS,
-        evaluation_rows=EVALUATION_ROWS_PER_STEP,
+        evaluation_rows=evaluation_rows(config["d_sae"]),
     )
 
 
@@ -256,7 +256,7 @@ def sae_evaluate_request(
             sae.model = cache.model
             sae.save(update_fields=["model"])
         estimate = memory_budget_check(
-            budgets.sae_encoding(d_in=sae.d_in, d_sae=sae.d_sae, rows=EVALUATION_ROWS_PER_STEP),
+            budgets.sae_encoding(d_in=sae.d_in, d_sae=sae.d_sae, rows=evaluation_rows(sae.d_sae)),
             what="this evaluation",
             worker_name=model_worker_name(sae.model),
         )

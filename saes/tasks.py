@@ -27,6 +27,7 @@ from saes.cache_data import (
     PREFETCH_BATCHES,
     SHUFFLE_BUFFER_BATCHES,
     cache_split,
+    evaluation_rows,
     holdout_sequences,
     row_chunks,
     spread_sample,
@@ -232,7 +233,7 @@ def held_out_evaluation(
     the model is). ``feature_density`` is a tensor, for sparsity.safetensors."""
     result = evaluate_activations(
         module, row_chunks(store, sae.hook_name, split.holdout_start, split.num_tokens),
-        should_cancel=should_cancel,
+        rows_per_step=evaluation_rows(sae.d_sae), should_cancel=should_cancel,
     )  # fmt: skip
     evaluation = {
         **result.to_dict(),

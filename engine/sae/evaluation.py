@@ -146,6 +146,22 @@ class _Moments:
         return 0.0 if self.squared_deviation is None else float(self.squared_deviation.sum())
 
 
+def mean_feature_activations(sae: SparseAutoencoder, chunks: Iterable[torch.Tensor]) -> torch.Tensor:
+    """The mean over every row of ``chunks`` (each [n, d_in]) of ``sae.encode(rows)``: [d_sae]
+    float32 on the CPU, summed in float64 a chunk at a time, so memory follows the chunk's size
+    (``engine.budgets.mean_encoding_rows`` rows for a mean ablation), never the rows'."""
+    total, count = None, 0
+    device = sae.W_enc.device
+    with torch.no_grad():
+        for chunk in chunks:
+            summed = sae.encode(chunk.float().to(device)).sum(dim=0, dtype=torch.float64)
+            total = summed if total is None else total + summed
+            count += len(chunk)
+    if total is None:
+        raise EvaluationError("NO_ACTIVATIONS", "There are no rows to take means of.")
+    return (total / count).float().cpu()
+
+
 def evaluate_activations(
     sae: SparseAutoencoder,
     chunks: Iterable[torch.Tensor],
