@@ -37,6 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from django.core.exceptions import PermissionDenied
 from django.db.models import Model, Q, QuerySet
 
 from mistudio import roles
@@ -235,8 +236,13 @@ def owned_models() -> list[type[Model]]:
 def withhold_rows_of_deleted_user(sender, instance, **kwargs) -> None:
     """pre_delete of a user: their rows go to the ``deleted-users`` account, unshared (or are
     deleted, for a model with ``OWNER_DELETED = "delete"``), before the owner field could be
-    cleared — which would publish them as system rows."""
+    cleared — which would publish them as system rows. That account itself cannot be deleted
+    while it holds rows (403)."""
     if instance.username == DELETED_USERS_ACCOUNT:
+        if any(model._default_manager.filter(owner=instance).exists() for model in owned_models()):
+            raise PermissionDenied(
+                f"The {DELETED_USERS_ACCOUNT} account holds deleted users' rows: reassign or delete them first."
+            )
         return
     account = deleted_users_account()
     for model in owned_models():

@@ -71,7 +71,8 @@ def evaluation_state(evaluation: SaeEvaluation, *, viewer=AUDIENCE) -> dict[str,
     return {
         "evaluation_id": evaluation.id,
         "sae_id": evaluation.sae_id,
-        "cache_id": linked_id(viewer, evaluation, ActivationCache, evaluation.cache_id),
+        # Its events reach everyone who sees the SAE: the SAE decides who may see the cache's id.
+        "cache_id": linked_id(viewer, evaluation.sae, ActivationCache, evaluation.cache_id),
         "status": evaluation.status,
         "progress": evaluation.progress,
         "results": evaluation.results,

@@ -10,11 +10,13 @@ from safetensors.torch import load, save
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from activations.services import dataset_create_from_texts
+from conftest import make_user
 from generation.interventions import interventions_request, resolved_interventions
 from generation.services import hook_widths
 from mistudio.workers import run_worker
 from models_app.services import model_register
 from steering.models import SteeringVector
+from steering.services import MAX_PROMPT_BYTES, MAX_PROMPT_CHARACTERS, MAX_PROMPTS
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -186,3 +188,80 @@ def test_the_steering_vector_command(tiny_model, tmp_path):
     assert listing.getvalue().count(f"{HOOK} [64]") == 2 and "again" in listing.getvalue()
     again = SteeringVector.objects.get(name="again")
     assert torch.equal(load(again.path.read_bytes())["vector"], load(target.read_bytes())["vector"])
+
+
+# --- bounded rows: prompts by the byte, datasets by reference, cancel -----------------------------
+
+
+def vector_body(model, **sides) -> dict:
+    return {"model_id": model.id, "hook_name": HOOK, **sides}
+
+
+def assert_error(response, status: int, code: str) -> dict:
+    assert response.status_code == status, response.content
+    error = response.json()["error"]
+    assert set(error) == {"code", "message", "details", "timestamp"} and error["code"] == code, error
+    return error
+
+
+def test_prompts_over_the_byte_limit_are_refused(tiny_model, writer, client_for):
+    # 40 prompts of 4,000 two-byte characters: within the count and length limits, and 160,000
+    # characters in all (under 256 Ki), but 320,000 bytes of UTF-8: over MAX_PROMPT_BYTES.
+    positive = ["é" * MAX_PROMPT_CHARACTERS] * 40
+    assert len(positive) <= MAX_PROMPTS and sum(map(len, positive)) < MAX_PROMPT_BYTES
+    assert sum(len(prompt.encode()) for prompt in positive) > MAX_PROMPT_BYTES
+    response = client_for(writer).post(
+        "/api/steering-vectors", vector_body(tiny_model, positive=positive, negative=NEGATIVE), format="json"
+    )
+    error = assert_error(response, 400, "INVALID_PROMPTS")
+    assert "positive" in error["details"]["fields"]
+    assert not SteeringVector.objects.exists()
+
+
+def test_a_vector_from_datasets_stores_no_prompts_in_its_row(tiny_model, writer, client_for):
+    long_texts = [f"{index} " + "joy " * 990 for index in range(8)]  # ~4,000 characters each
+    positive, negative = (
+        dataset_create_from_texts(name=name, texts=texts, owner=writer, source="upload")
+        for name, texts in (("joy", long_texts), ("gloom", NEGATIVE))
+    )
+    api = client_for(writer)
+    body = vector_body(tiny_model, positive_dataset_id=positive.id, negative_dataset_id=negative.id)
+    response = api.post("/api/steering-vectors", body, format="json")
+    assert response.status_code == 202, response.content
+    vector = SteeringVector.objects.get(pk=response.json()["id"])
+    assert vector.positive == [] and vector.negative == []  # referenced, not copied into the row
+    assert (vector.positive_dataset_id, vector.negative_dataset_id) == (positive.id, negative.id)
+
+    detail = api.get(f"/api/steering-vectors/{vector.id}").json()
+    assert detail["positive_dataset_id"] == positive.id and detail["negative_dataset_id"] == negative.id
+    listing = api.get("/api/steering-vectors").json()
+    assert listing["total"] == 1
+    (row,) = listing["vectors"]
+    assert row["id"] == vector.id and "positive" not in row and "negative" not in row
+
+    # Another user's private dataset cannot be named.
+    other = make_user("otto-other", "model:write")
+    private = dataset_create_from_texts(name="private", texts=POSITIVE, owner=other, source="upload")
+    response = api.post(
+        "/api/steering-vectors",
+        vector_body(tiny_model, positive_dataset_id=private.id, negative=NEGATIVE),
+        format="json",
+    )
+    assert_error(response, 404, "DATASET_NOT_FOUND")
+    assert SteeringVector.objects.count() == 1
+
+
+def test_cancel_a_queued_vector(tiny_model, writer, client_for):
+    api = client_for(writer)
+    response = api.post(
+        "/api/steering-vectors", vector_body(tiny_model, positive=POSITIVE, negative=NEGATIVE), format="json"
+    )
+    assert response.status_code == 202, response.content
+    vector_id = response.json()["id"]
+    cancelled = api.post(f"/api/steering-vectors/{vector_id}/cancel")
+    assert cancelled.status_code == 202, cancelled.content
+    assert cancelled.json()["status"] == "cancelled"
+    assert SteeringVector.objects.get(pk=vector_id).status == "cancelled"
+    assert_error(api.post(f"/api/steering-vectors/{vector_id}/cancel"), 409, "NOT_RUNNING")
+    run_worker(name="steering-worker", device="cpu", burst=True)  # its token runs nothing
+    assert SteeringVector.objects.get(pk=vector_id).status == "cancelled"
