@@ -241,7 +241,8 @@ def withhold_rows_of_deleted_user(sender, instance, **kwargs) -> None:
     if instance.username == DELETED_USERS_ACCOUNT:
         if any(model._default_manager.filter(owner=instance).exists() for model in owned_models()):
             raise PermissionDenied(
-                f"The {DELETED_USERS_ACCOUNT} account holds deleted users' rows: reassign or delete them first."
+                f"The {DELETED_USERS_ACCOUNT} account holds deleted users' rows: "
+                "reassign or delete them first."
             )
         return
     account = deleted_users_account()
