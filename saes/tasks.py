@@ -194,8 +194,12 @@ def run_sae_training(sae: SparseAutoencoder, job: JobContext) -> None:
     )
     job_publish(sae, "completed", fields)
     if evaluation.get("ce_loss_recovered") is None and sae.model_id and sae.cache_id:
-        # Where the model is (or gets) loaded; a follow-up, not counted against the caps.
-        sae_evaluate_request(sae=sae, actor=sae.owner, cache=sae.cache, admit=False)
+        # Where the model is (or gets) loaded; a follow-up, not counted against the caps. The
+        # training is done whatever becomes of it.
+        try:
+            sae_evaluate_request(sae=sae, actor=sae.owner, cache=sae.cache, admit=False)
+        except ApplicationError as error:
+            logger.warning("no evaluation follows SAE %s: %s %s", sae.id, error.code, error.message)
 
 
 @job_task(SparseAutoencoder, timeout=3600, failure_code="IMPORT_FAILED")

@@ -122,3 +122,15 @@ def test_a_starting_worker_takes_back_its_running_rows_and_re_tokens_waiting_one
         assert sae.status == "completed", (sae.error_code, sae.error_message)
     assert interrupted.queue_name == worker_queue("jobs-worker").name
     assert waiting.queue_name == settings.SHARED_QUEUE
+
+
+def test_a_training_is_completed_even_when_no_evaluation_can_follow_it(model, writer):
+    """The follow-up evaluation (CE loss recovered, where the model is) is the owner's request: one
+    refused (here: the owner cannot read the cache any more) leaves the finished training alone."""
+    bob = make_user("bob-writer", "model:write")
+    bobs_cache = write_planted_cache(model, bob, samples=32)
+    sae = training(writer, bobs_cache)  # queued while the writer could use it (a reuse, since gone)
+    burst()
+    sae.refresh_from_db()
+    assert sae.status == "completed", (sae.error_code, sae.error_message)
+    assert sae.directory.exists() and not sae.evaluations.exists()
