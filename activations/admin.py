@@ -1,9 +1,8 @@
-from django.contrib import admin, messages
+from django.contrib import admin
 
 from activations import services
 from activations.models import ActivationCache, Dataset, ExtractionJob
-from mistudio.access import OPERATOR
-from mistudio.errors import ApplicationError
+from mistudio.admin import JobAdmin
 
 
 @admin.register(Dataset)
@@ -24,7 +23,7 @@ class DatasetAdmin(admin.ModelAdmin):
 
 
 @admin.register(ExtractionJob)
-class ExtractionJobAdmin(admin.ModelAdmin):
+class ExtractionJobAdmin(JobAdmin):
     list_display = [
         "id",
         "model",
@@ -38,19 +37,6 @@ class ExtractionJobAdmin(admin.ModelAdmin):
     list_filter = ["status", "cached", "dtype"]
     search_fields = ["id", "model__name", "dataset__name"]
     readonly_fields = [field.name for field in ExtractionJob._meta.fields]
-    actions = ["cancel_jobs"]
-
-    def has_add_permission(self, request) -> bool:
-        return False
-
-    @admin.action(description="Cancel selected extractions")
-    def cancel_jobs(self, request, queryset):
-        for job in queryset:
-            try:
-                services.extraction_cancel(job=job, actor=OPERATOR)
-                self.message_user(request, f"{job.id}: cancelled.")
-            except ApplicationError as error:
-                self.message_user(request, f"{job.id}: {error.message}", level=messages.WARNING)
 
 
 @admin.register(ActivationCache)

@@ -1,21 +1,17 @@
-from django.contrib import admin, messages
+from django.contrib import admin
 
 from features import services
 from features.models import FeatureAnalysis, FeatureLabel
 from mistudio.access import OPERATOR
-from mistudio.errors import ApplicationError
+from mistudio.admin import JobAdmin
 
 
 @admin.register(FeatureAnalysis)
-class FeatureAnalysisAdmin(admin.ModelAdmin):
+class FeatureAnalysisAdmin(JobAdmin):
     list_display = ["id", "sae", "cache", "status", "phase", "progress", "tokens", "created_at"]
     list_filter = ["status", "shared"]
     search_fields = ["id", "sae__id", "sae__name", "cache__id"]
     readonly_fields = [field.name for field in FeatureAnalysis._meta.fields if field.name != "shared"]
-    actions = ["cancel_analyses"]
-
-    def has_add_permission(self, request) -> bool:
-        return False  # analyses start from the API, the SAE page or `manage.py analyze_sae`
 
     def save_model(self, request, obj, form, change) -> None:
         services.analysis_update(analysis=obj, actor=OPERATOR, shared=form.cleaned_data["shared"])
@@ -26,15 +22,6 @@ class FeatureAnalysisAdmin(admin.ModelAdmin):
     def delete_queryset(self, request, queryset) -> None:
         for analysis in queryset:
             services.analysis_delete(analysis=analysis, actor=OPERATOR)
-
-    @admin.action(description="Cancel selected analyses")
-    def cancel_analyses(self, request, queryset):
-        for analysis in queryset:
-            try:
-                services.analysis_cancel(analysis=analysis, actor=OPERATOR)
-                self.message_user(request, f"{analysis.id}: cancelled.")
-            except ApplicationError as error:
-                self.message_user(request, f"{analysis.id}: {error.message}", level=messages.WARNING)
 
 
 @admin.register(FeatureLabel)

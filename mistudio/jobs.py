@@ -44,6 +44,7 @@ from typing import Any, ClassVar
 from django.conf import settings
 from django.db import close_old_connections, connection, models, transaction
 from django.utils import timezone
+from django.utils.module_loading import import_string
 from rq import Queue
 
 from mistudio.access import check_may_change
@@ -375,8 +376,6 @@ def claim_next(queue_name: str, *, worker_name: str) -> JobRow | None:
 @worker_task(timeout=8 * DAY)  # the row's own kind's limit (``job_task``) applies inside
 def run_next_job(queue_name: str) -> None:
     """A token's task: run the fairest queued row of ``queue_name`` on this worker, if any."""
-    from django.utils.module_loading import import_string
-
     close_old_connections()
     identity = current_worker()
     row = claim_next(queue_name, worker_name=identity.name)
@@ -469,8 +468,9 @@ class Requeued(Exception):
     """The row went back to a queue (its model is hosted by another worker): nothing to mark."""
 
 
-class JobTimeLimit(Exception):
-    """The body ran past its kind's time limit."""
+class JobTimeLimit(BaseException):
+    """The body ran past its kind's time limit (a BaseException: no ``except Exception`` on the
+    way, in the engine or around interactive work served meanwhile, can swallow it)."""
 
 
 @dataclass

@@ -1,13 +1,14 @@
 from django.contrib import admin, messages
 
 from mistudio.access import OPERATOR
+from mistudio.admin import JobAdmin
 from mistudio.errors import ApplicationError
 from saes import services
-from saes.models import SparseAutoencoder
+from saes.models import SaeEvaluation, SparseAutoencoder
 
 
 @admin.register(SparseAutoencoder)
-class SparseAutoencoderAdmin(admin.ModelAdmin):
+class SparseAutoencoderAdmin(JobAdmin):
     list_display = [
         "id",
         "name",
@@ -26,10 +27,7 @@ class SparseAutoencoderAdmin(admin.ModelAdmin):
         for field in SparseAutoencoder._meta.fields
         if field.name not in SparseAutoencoder.OWNER_FIELDS
     ]
-    actions = ["cancel_trainings", "evaluate"]
-
-    def has_add_permission(self, request) -> bool:
-        return False  # training and import go through the API, the pages or `manage.py train_sae`
+    actions = [*JobAdmin.actions, "evaluate"]
 
     def save_model(self, request, obj, form, change) -> None:
         services.sae_update(
@@ -43,18 +41,19 @@ class SparseAutoencoderAdmin(admin.ModelAdmin):
         for sae in queryset:
             services.sae_delete(sae=sae, actor=OPERATOR)
 
-    def each(self, request, queryset, action, done: str) -> None:
+    @admin.action(description="Evaluate selected SAEs (held-out metrics, CE loss recovered)")
+    def evaluate(self, request, queryset):
         for sae in queryset:
             try:
-                action(sae=sae, actor=OPERATOR)
-                self.message_user(request, f"{sae.id}: {done}.")
+                services.sae_evaluate_request(sae=sae, actor=OPERATOR)
+                self.message_user(request, f"{sae.id}: evaluation queued.")
             except ApplicationError as error:
                 self.message_user(request, f"{sae.id}: {error.message}", level=messages.WARNING)
 
-    @admin.action(description="Cancel selected trainings")
-    def cancel_trainings(self, request, queryset):
-        self.each(request, queryset, services.sae_cancel, "cancelled")
 
-    @admin.action(description="Evaluate selected SAEs (held-out metrics, CE loss recovered)")
-    def evaluate(self, request, queryset):
-        self.each(request, queryset, services.sae_evaluate_request, "evaluation queued")
+@admin.register(SaeEvaluation)
+class SaeEvaluationAdmin(JobAdmin):
+    list_display = ["id", "sae", "cache", "status", "progress", "owner", "created_at"]
+    list_filter = ["status"]
+    search_fields = ["id", "sae__id", "sae__name", "cache__id"]
+    readonly_fields = [field.name for field in SaeEvaluation._meta.fields]

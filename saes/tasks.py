@@ -207,24 +207,20 @@ def run_sae_import(sae: SparseAutoencoder, job: JobContext) -> None:
     """Read an imported SAE's arrays (its folder checked again: it may have changed since the
     request), refuse non-finite weights, and store it as a SAELens folder."""
     job_publish(sae, "started", sae.mark_running(host_worker=job.worker.name))
-    files = sae_folder_files(
-        Path(sae.import_path), "gemma_scope" if sae.source == sae.Source.GEMMA_SCOPE else "saelens"
-    )
+    folder = Path(sae.import_path)
+    files = sae_folder_files(folder, "gemma_scope" if sae.source == sae.Source.GEMMA_SCOPE else "saelens")
     if (files.d_in, files.d_sae) != (sae.d_in, sae.d_sae):
         raise ApplicationError("INVALID_SAE", "The folder changed since the import was requested.")
-    if files.format == "gemma_scope":
-        module = load_gemma_scope(files.files[0].parent)
-    else:
-        module, _ = load_saelens(files.files[0].parent)
+    # Read through the folder whose entries were just checked to resolve inside the roots.
+    module = load_gemma_scope(folder) if files.format == "gemma_scope" else load_saelens(folder)[0]
     job.check_cancel()
     save_saelens(
         module, sae.directory, hook_name=sae.hook_name, model_name=sae.model_name,
         metadata={"mistudio_sae_id": sae.id},
     )  # fmt: skip
+    size = folder_size(sae.directory)
     job_publish(
-        sae,
-        "completed",
-        [*sae.mark_completed(evaluation={}, file_size_bytes=folder_size(sae.directory), scaling_factor=None)],
+        sae, "completed", sae.mark_completed(evaluation={}, file_size_bytes=size, scaling_factor=None)
     )
 
 

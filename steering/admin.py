@@ -1,12 +1,13 @@
 from django.contrib import admin
 
 from mistudio.access import OPERATOR
+from mistudio.admin import JobAdmin
 from steering import services
 from steering.models import SteeringVector
 
 
 @admin.register(SteeringVector)
-class SteeringVectorAdmin(admin.ModelAdmin):
+class SteeringVectorAdmin(JobAdmin):
     list_display = [
         "id", "name", "model", "hook_name", "width", "norm", "status", "owner", "shared", "created_at",
     ]  # fmt: skip
@@ -15,9 +16,6 @@ class SteeringVectorAdmin(admin.ModelAdmin):
     readonly_fields = [
         field.name for field in SteeringVector._meta.fields if field.name not in SteeringVector.OWNER_FIELDS
     ]
-
-    def has_add_permission(self, request) -> bool:
-        return False  # vectors come from the API or `manage.py steering_vector`
 
     def save_model(self, request, obj, form, change) -> None:
         services.vector_update(vector=obj, actor=OPERATOR, name=obj.name, shared=obj.shared)

@@ -263,6 +263,22 @@ def test_v1_shares_the_count_and_answers_429_in_openai_shape(
     assert again.status_code == 429 and again.json()["error"]["code"] == "RATE_LIMITED"
 
 
+def test_worker_calls_share_one_rate_per_user(settings, writer, model_admin, client_for, unloaded_model):
+    """Live encoding, patching and the logit lens each hold a model's worker: one count between them."""
+    rates = {**settings.REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"], "worker_call": "3/minute"}
+    settings.REST_FRAMEWORK = {**settings.REST_FRAMEWORK, "DEFAULT_THROTTLE_RATES": rates}
+    api, model = client_for(writer), unloaded_model
+    lens = f"/api/models/{model.id}/logit-lens"
+    patching = f"/api/models/{model.id}/patching"
+    body = {"clean": "a b", "corrupted": "a c", "answer": " b", "wrong_answer": " c"}
+    assert api.post(lens, {"prompt": "Hello"}, format="json").status_code == 409  # not loaded: counted
+    assert api.post(patching, body, format="json").status_code == 409
+    assert api.post(lens, {"prompt": "Hello"}, format="json").status_code == 409
+    error = assert_rate_limited(api.post(patching, body, format="json"), scope="worker_call")
+    assert error["details"]["limit"] == 3 and error["details"]["period_seconds"] == 60
+    assert client_for(model_admin).post(lens, {"prompt": "Hello"}, format="json").status_code != 429
+
+
 # --- settings -------------------------------------------------------------------------------------
 
 
