@@ -232,14 +232,15 @@ async def generate(request: HttpRequest) -> JsonResponse | StreamingHttpResponse
 
 
 class GenerationListApi(APIView):
-    """``GET /api/generations``: your generations, newest first (all of them for model:admin)."""
+    """``GET /api/generations``: your generations, newest first (all of them for model:admin), each
+    with the start of its prompt and output (``GET /api/generations/{id}`` has them whole)."""
 
     permission_classes = [CanRead]
 
     @extend_schema(responses={200: dict}, operation_id="api_generations_list")
     def get(self, request):
         rows = generation_list(user=request.user)[:200]
-        return Response({"results": [generation_state(row) for row in rows]})
+        return Response({"results": [generation_state(row, whole=False) for row in rows]})
 
 
 class GenerationDetailApi(APIView):

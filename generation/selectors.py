@@ -20,20 +20,36 @@ def generation_get(*, user, generation_id: str) -> Generation:
     )
 
 
-def generation_state(generation: Generation) -> dict[str, Any]:
-    """A generation's row as events, snapshots and ``GET /api/generations/{id}`` show it."""
+PREVIEW_CHARACTERS = 200  # of a prompt and an output, in the list of generations
+
+
+def generation_state(generation: Generation, *, whole: bool = True) -> dict[str, Any]:
+    """A generation's row as events, snapshots and ``GET /api/generations/{id}`` show it; the list
+    (``whole=False``) shows the start of its prompt and output instead of them and their tokens."""
+    if whole:
+        content = {
+            "prompt": generation.prompt,
+            "messages": generation.messages,
+            "output_text": generation.output_text,
+            "output_token_ids": generation.output_token_ids,
+            "input_token_ids": generation.input_token_ids,
+        }
+    else:
+        prompt = generation.prompt or "\n".join(
+            str(message.get("content", "")) for message in generation.messages
+        )
+        content = {
+            "prompt_preview": prompt[:PREVIEW_CHARACTERS],
+            "output_preview": generation.output_text[:PREVIEW_CHARACTERS],
+        }
     return {
         "request_id": generation.id,
         "model_id": generation.model_id,
         "status": generation.status,
         "interface": generation.interface,
-        "prompt": generation.prompt,
-        "messages": generation.messages,
+        **content,
         "parameters": generation.parameters,
         "capture_hooks": generation.capture_hooks,
-        "output_text": generation.output_text,
-        "output_token_ids": generation.output_token_ids,
-        "input_token_ids": generation.input_token_ids,
         "finish_reason": generation.finish_reason,
         "usage": generation.usage,
         "timings": generation.timings,

@@ -168,3 +168,17 @@ def test_a_generated_nul_character_reaches_the_client_and_the_row_keeps_a_placeh
     assert row.output_text == "\ufffd" * 3
     final = list(iter_events(row.id))[-1]
     assert final["type"] == "done" and final["output_text"] == "\x00" * 3
+
+
+def test_the_list_of_generations_leaves_out_prompts_outputs_and_token_ids(writer, client_for):
+    """A list of up to 200 rows must not carry each one's whole prompt and tokens (bounded rows)."""
+    model = LanguageModel.objects.create(name="m", source="local", identifier="/nowhere", model_type="gpt2")
+    Generation.objects.create(
+        model=model, owner=writer, prompt="p" * 5000, output_text="o" * 5000,
+        input_token_ids=list(range(3000)), output_token_ids=list(range(3000)), parameters={},
+    )  # fmt: skip
+    (row,) = client_for(writer).get("/api/generations").json()["results"]
+    assert (row["prompt_preview"], row["output_preview"]) == ("p" * 200, "o" * 200)
+    assert not {"prompt", "output_text", "input_token_ids", "output_token_ids", "messages"} & set(row)
+    whole = client_for(writer).get(f"/api/generations/{row['request_id']}").json()
+    assert len(whole["prompt"]) == 5000 and len(whole["output_token_ids"]) == 3000
