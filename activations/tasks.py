@@ -12,7 +12,8 @@ from activations.store import BackgroundWriter
 from engine.extraction import extract, plan_batches, tokenize_samples
 from engine.hooks import list_hook_points
 from mistudio.events import ProgressThrottle
-from mistudio.jobs import DAY, JobCancelled, JobContext, job_publish, job_task
+from mistudio.job_runner import JobCancelled, JobContext, job_task
+from mistudio.jobs import DAY, job_publish
 from models_app.tasks import model_in_this_worker
 
 

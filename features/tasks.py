@@ -26,7 +26,8 @@ from features.models import Feature, FeatureAnalysis
 from features.services import ENCODE_MAX_TOKENS
 from mistudio.errors import ApplicationError
 from mistudio.events import ProgressThrottle
-from mistudio.jobs import DAY, JobContext, job_publish, job_task
+from mistudio.job_runner import JobContext, job_task
+from mistudio.jobs import DAY, job_publish
 from mistudio.workers import answer_call, worker_task
 from models_app.tasks import model_in_this_worker
 from saes.services import folder_size

@@ -5,7 +5,7 @@ The estimate comes from :mod:`engine.budgets`; the budget is ``JOB_MEMORY_LIMIT_
 what the worker has free), or by default half of what the worker's device has free — the rest
 stays for its loaded models, interactive work and the system. The web checks against the
 heartbeat of the worker that will run the work (the model's host, else the freest live worker);
-the worker checks again against its free memory before it starts (``mistudio.jobs``).
+the worker checks again against its free memory before it starts (``mistudio.job_runner``).
 """
 
 from __future__ import annotations

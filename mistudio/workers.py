@@ -8,7 +8,7 @@ memory, loaded models — to Redis with a time-to-live, so a worker that dies si
 from ``/healthz``.
 
 Interactive work never waits for a long job: a job asks :func:`serve_interactive` between its
-steps (``mistudio.jobs.JobContext.should_cancel``), which runs what waits on the interactive
+steps (``mistudio.job_runner.JobContext.should_cancel``), which runs what waits on the interactive
 queue right there, sharing the loaded model — one thread, so no two forward passes ever see
 each other's hooks.
 """

@@ -11,7 +11,8 @@ from engine.loading import load_weights, release, warm_up
 from engine.placement import Placement
 from engine.registry import LOADED_MODELS, LoadedModel
 from mistudio.errors import ApplicationError
-from mistudio.jobs import JobRow, Requeued, job_requeue
+from mistudio.job_runner import Requeued
+from mistudio.jobs import JobRow, job_requeue
 from mistudio.workers import available_memory, current_worker, device_budgets, worker_queue, worker_task
 from models_app.models import LanguageModel
 from models_app.services import (

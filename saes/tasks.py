@@ -21,7 +21,8 @@ from engine.sae.evaluation import ce_loss_recovered, evaluate_activations, log_f
 from engine.sae.formats import load_gemma_scope, load_saelens, save_saelens
 from mistudio.errors import ApplicationError
 from mistudio.events import ProgressThrottle
-from mistudio.jobs import DAY, JobContext, job_publish, job_task
+from mistudio.job_runner import JobContext, job_task
+from mistudio.jobs import DAY, job_publish
 from models_app.tasks import model_in_this_worker
 from saes.cache_data import (
     PREFETCH_BATCHES,

@@ -11,7 +11,8 @@ from engine.hooks import num_layers
 from engine.patching import logit_lens, patching_grid
 from engine.registry import LOADED_MODELS
 from mistudio.errors import ApplicationError
-from mistudio.jobs import JobContext, job_publish, job_task
+from mistudio.job_runner import JobContext, job_task
+from mistudio.jobs import job_publish
 from mistudio.workers import answer_call, worker_task
 from models_app.tasks import model_in_this_worker
 from steering.models import SteeringVector

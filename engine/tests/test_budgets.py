@@ -30,7 +30,9 @@ def high_water():
             return int(line.split()[1]) * 1024
 """
 
-TRAINING = HIGH_WATER + """
+TRAINING = (
+    HIGH_WATER
+    + """
 import json, sys
 import torch
 from engine.sae.training import TrainingConfig, train
@@ -50,8 +52,11 @@ train(batches(), d_in=d_in, config=config, sample=data[:8192], checkpoint_every_
       on_checkpoint=lambda state: None)
 print(json.dumps({"peak": high_water() - before}))
 """
+)
 
-MEANS = HIGH_WATER + """
+MEANS = (
+    HIGH_WATER
+    + """
 import json, sys
 import torch
 from engine import budgets
@@ -71,6 +76,7 @@ for rows in map(int, sys.argv[3:]):  # growing: each peak is the high-water mark
     peaks[rows] = high_water() - before
 print(json.dumps({"peak": peaks}))
 """
+)
 
 
 def peak_of(script: str, *arguments):

@@ -198,7 +198,7 @@ def test_posting_the_form_queues_a_training_and_opens_its_page(
     assert sae.hyperparameters["lr"] == 0.001 and sae.hyperparameters["b_dec_init"] == "mean"
     assert sae.total_tokens == int(planted_cache.num_tokens * 0.95)
     assert sae.queue_name == shared_queue().name
-    assert [job.func_name for job in shared_queue().jobs] == ["mistudio.jobs.run_next_job"]
+    assert [job.func_name for job in shared_queue().jobs] == ["mistudio.job_runner.run_next_job"]
 
     page = browser.get(response["Location"]).content.decode()
     assert "Training of my first SAE queued." in page  # the message, shown as a toast

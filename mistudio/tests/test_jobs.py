@@ -8,7 +8,7 @@ import pytest
 from django.conf import settings
 
 from conftest import make_user
-from mistudio import jobs
+from mistudio import job_runner
 from mistudio.workers import run_worker, shared_queue, worker_queue
 from models_app.services import model_register
 from saes import services
@@ -56,17 +56,17 @@ def test_fairest_is_the_oldest_job_of_the_owner_served_longest_ago():
 
     t0 = datetime(2026, 11, 26)
     waiting = [
-        jobs._Waiting(
+        job_runner._Waiting(
             created_at=t0 + timedelta(seconds=index), pk=f"r{index}", owner_id=owner, model=SparseAutoencoder
         )
         for index, owner in enumerate([1, 1, 2, None, 2])
     ]
-    assert jobs.fairest(waiting, {}).pk == "r0"  # nobody served yet: the oldest job
+    assert job_runner.fairest(waiting, {}).pk == "r0"  # nobody served yet: the oldest job
     assert (
-        jobs.fairest(waiting, {"user:1": 10.0}).pk == "r2"
+        job_runner.fairest(waiting, {"user:1": 10.0}).pk == "r2"
     )  # user 2 and the system never served: oldest of theirs
-    assert jobs.fairest(waiting, {"user:1": 10.0, "user:2": 5.0}).pk == "r3"
-    assert jobs.fairest(waiting, {"user:1": 1.0, "user:2": 5.0, "system": 9.0}).pk == "r0"
+    assert job_runner.fairest(waiting, {"user:1": 10.0, "user:2": 5.0}).pk == "r3"
+    assert job_runner.fairest(waiting, {"user:1": 1.0, "user:2": 5.0, "system": 9.0}).pk == "r0"
 
 
 def test_a_job_past_its_time_limit_fails_with_job_timeout_and_leaves_nothing(model, writer, settings):

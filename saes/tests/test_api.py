@@ -48,7 +48,7 @@ def test_train_request_is_queued_with_defaults_filled_in(
     # The row waits on the shared queue (the model is loaded nowhere), with a token there once the
     # request committed.
     assert SaeRow.objects.get(pk=body["id"]).queue_name == settings.SHARED_QUEUE
-    assert [job.func_name for job in shared_queue().jobs] == ["mistudio.jobs.run_next_job"]
+    assert [job.func_name for job in shared_queue().jobs] == ["mistudio.job_runner.run_next_job"]
 
 
 @pytest.mark.parametrize(
