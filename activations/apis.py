@@ -236,7 +236,8 @@ class ExtractActivationsApi(APIView):
         sample_count = serializers.IntegerField(min_value=1, max_value=DATABASE_INT_MAX, required=False)
         batch_size = serializers.IntegerField(min_value=1, max_value=1024, default=16)
         max_length = serializers.IntegerField(min_value=1, max_value=131072, default=512)
-        dtype = serializers.ChoiceField(choices=services.STORAGE_DTYPES, default="float32")
+        # Omitted: the model's compute dtype (float32, or bfloat16/float16 for a half or quantized model).
+        dtype = serializers.ChoiceField(choices=services.STORAGE_DTYPES, required=False)
 
     @extend_schema(request=InputSerializer, responses={202: ExtractionOutputSerializer})
     def post(self, request, model_id: str):
@@ -256,6 +257,9 @@ class ExtractActivationsApi(APIView):
         body = {
             **ExtractionOutputSerializer(job).data,
             "estimated_time_seconds": selectors.extraction_estimate_seconds(job),
+            "estimated_size_bytes": (
+                job.cache.file_size_bytes if job.cached else services.cache_size_estimate(job)
+            ),
             "message": "Using cached activations" if job.cached else "Activation extraction queued",
         }
         return Response(body, status=status.HTTP_200_OK if job.cached else status.HTTP_202_ACCEPTED)

@@ -27,7 +27,7 @@ from __future__ import annotations
 import inspect
 import re
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from engine.errors import EngineError
@@ -80,6 +80,10 @@ class BatchActivations:
 
     Rows are in (sample order within the batch, position) order, pad positions removed. All
     tensors are on the CPU and owned by the caller (nothing here writes to them later).
+
+    From a GPU the copies to the host are still in flight when the batch is yielded (so the next
+    batch's forward pass is queued behind them without a wait): reading ``activations`` waits
+    for them, on whichever thread reads it first.
     """
 
     # Position of this batch in the plan.
@@ -90,8 +94,16 @@ class BatchActivations:
     token_ids: Any
     sample_index: Any
     positions: Any
-    # hook point name -> [n, width] in the stored dtype.
-    activations: dict[str, Any]
+    # hook point name -> [n, width] in the stored dtype, once ``ready`` has completed.
+    host_copies: dict[str, Any]
+    # CUDA events recorded after the copies (none on the CPU).
+    ready: list[Any] = field(default_factory=list)
+
+    @property
+    def activations(self) -> dict[str, Any]:
+        while self.ready:
+            self.ready.pop().synchronize()
+        return self.host_copies
 
     @property
     def token_count(self) -> int:
@@ -400,36 +412,43 @@ def _extract_batches(
                 {"hooks": missing},
             )
         count = inputs["token_count"]
+        copies, ready = _copy_to_host({name: buffers[name][:count] for name in names})
         yield BatchActivations(
             batch_index=start_batch + offset,
             sample_indices=list(batch),
             token_ids=inputs["token_ids"],
             sample_index=inputs["sample_index"],
             positions=inputs["positions"],
-            # A fresh CPU copy: the buffers are overwritten by the next batch.
-            activations=_copy_to_host({name: buffers[name][:count] for name in names}),
+            # Fresh CPU copies: the buffers are overwritten by the next batch.
+            host_copies=copies,
+            ready=ready,
         )
 
 
-def _copy_to_host(tensors: dict[str, Any]) -> dict[str, Any]:
-    """Fresh CPU copies of ``tensors``, which the caller owns.
+def _copy_to_host(tensors: dict[str, Any]) -> tuple[dict[str, Any], list[Any]]:
+    """Fresh CPU copies of ``tensors``, which the caller owns, and the CUDA events to wait for
+    before reading them.
 
     From a GPU: into page-locked host memory (torch's caching host allocator hands the same
-    blocks back batch after batch once their tensors are freed, so nothing is pinned anew in
-    steady state) with asynchronous copies, all queued before one wait for the last, instead of
-    one blocking pageable copy per hook point.
+    blocks back batch after batch once their tensors are freed and their copies are done, so
+    nothing is pinned anew in steady state) with asynchronous copies queued on each device's
+    current stream, behind the forward pass that filled the buffers and ahead of the next one
+    that overwrites them. Nothing here waits: the reader waits for the events
+    (:attr:`BatchActivations.activations`), so the GPU runs the next forward pass meanwhile.
     """
     import torch
 
     on_gpu = [tensor for tensor in tensors.values() if tensor.device.type == "cuda"]
     if not on_gpu:
-        return {name: tensor.to("cpu", copy=True) for name, tensor in tensors.items()}
+        return {name: tensor.to("cpu", copy=True) for name, tensor in tensors.items()}, []
     copies = {}
     for name, tensor in tensors.items():
         host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=tensor.device.type == "cuda")
         copies[name] = host.copy_(tensor, non_blocking=True)
-    # The copies are the caller's to read as soon as this returns (a split model's hook points
-    # may sit on several GPUs: each one's stream is waited for).
+    # A split model's hook points may sit on several GPUs: one event per device's stream.
+    ready = []
     for device in {tensor.device for tensor in on_gpu}:
-        torch.cuda.current_stream(device).synchronize()
-    return copies
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(device))
+        ready.append(event)
+    return copies, ready

@@ -38,6 +38,7 @@ from engine.inspection import (
     QUANTIZATIONS,
     SUPPORTED_MODEL_TYPES,
     confined_folder_entries,
+    is_quantizable_weight,
 )
 from engine.placement import DISK, Placement, bytes_by_device, input_device
 
@@ -200,6 +201,42 @@ def _count_quantized_modules(model: Any) -> int:
     return sum(isinstance(module, kinds) for module in model.modules())
 
 
+def quantized_device_map(
+    model_class: Any, folder: Path, quantization: str, max_memory: dict | None, compute_dtype: Any
+) -> dict[str, Any]:
+    """Where each module of an int8/int4 model goes when it is split: the GPUs first, up to their
+    budgets, then the CPU, then the disk, in module order.
+
+    Computed here, as an explicit map, rather than by transformers' ``device_map="auto"``, which
+    sizes every module at the quantized width (embeddings, norms and the head included) and so
+    put a whole model on the GPU that its budget could not hold, without a device map. Here the
+    Linear weights bitsandbytes quantizes count at 1 byte (int8) or half a byte (int4), and
+    everything else in the compute dtype, as :func:`engine.inspection.memory_estimates` counts
+    them. An explicit map also lets bitsandbytes keep the modules placed on the CPU or disk
+    unquantized (its fp32 CPU offload), in the compute dtype.
+    """
+    import torch
+    from accelerate import init_empty_weights
+    from accelerate.utils import CustomDtype, infer_auto_device_map
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(str(folder), trust_remote_code=False)
+    with init_empty_weights():
+        skeleton = model_class.from_config(config, trust_remote_code=False)
+    unquantized = {
+        name: compute_dtype
+        for name, parameter in skeleton.named_parameters()
+        if not is_quantizable_weight(name, list(parameter.shape))
+    }
+    return infer_auto_device_map(
+        skeleton,
+        max_memory=max_memory,
+        no_split_module_classes=list(getattr(skeleton, "_no_split_modules", None) or []),
+        dtype=torch.int8 if quantization == "int8" else CustomDtype.INT4,
+        special_dtypes=unquantized,
+    )
+
+
 def load_weights(
     folder: Path,
     *,
@@ -256,6 +293,10 @@ def load_weights(
         kwargs["quantization_config"] = quantization_config
         if quantization == "int8":
             _silence_int8_cast_warning()
+        if placement.split:
+            kwargs["device_map"] = quantized_device_map(
+                model_class, folder, quantization, kwargs.get("max_memory"), kwargs["dtype"]
+            )
     model = model_class.from_pretrained(str(folder), **kwargs)
     loaded = None
     try:

@@ -59,11 +59,13 @@ def cache_split(store: ActivationStore, holdout_fraction: float) -> CacheSplit:
 
 
 def row_chunks(store: ActivationStore, hook: str, start: int, stop: int, *, epochs: int = 1) -> Iterator:
-    """Rows ``[start, stop)`` of ``hook`` as float32 torch tensors, ``CHUNK_ROWS`` at a time, ``epochs``
-    times over (the shuffle buffer mixes them)."""
+    """Rows ``[start, stop)`` of ``hook`` as torch tensors in the cache's dtype, ``CHUNK_ROWS`` at a
+    time, ``epochs`` times over (the shuffle buffer mixes them). A bf16 or fp16 cache stays half
+    the size through the shuffle buffer and the copy to the device; training and evaluation
+    upcast each batch to float32 there (exactly: every bf16/fp16 value is a float32 value)."""
     for _ in range(epochs):
         for low in range(start, stop, CHUNK_ROWS):
-            yield store.get(hook, low, min(stop, low + CHUNK_ROWS), as_torch=True).float()
+            yield store.get(hook, low, min(stop, low + CHUNK_ROWS), as_torch=True)
 
 
 def spread_sample(store: ActivationStore, hook: str, stop: int, rows: int = INIT_SAMPLE_ROWS):

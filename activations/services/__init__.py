@@ -31,6 +31,7 @@ from activations.services.extractions import (
     STORAGE_DTYPES,
     cache_key,
     cache_key_hash,
+    cache_size_estimate,
     extraction_cancel,
     extraction_memory,
     extraction_request,
@@ -38,6 +39,7 @@ from activations.services.extractions import (
     job_state,
     joined,
     key_hash,
+    storage_dtype_for,
 )
 
 __all__ = [
@@ -50,6 +52,7 @@ __all__ = [
     "cache_files_follow_row",
     "cache_key",
     "cache_key_hash",
+    "cache_size_estimate",
     "cache_store_completed",
     "cache_store_failed",
     "cache_store_open",
@@ -70,4 +73,5 @@ __all__ = [
     "key_hash",
     "local_data_path",
     "reading_lease_key",
+    "storage_dtype_for",
 ]

@@ -11,8 +11,10 @@ from django.utils import timezone
 
 from activations.model_structure import skeleton
 from activations.models import ActivationCache, Dataset, ExtractionJob
+from activations.store import cache_bytes_per_token
 from engine import budgets
 from engine.hooks import HookError, list_hook_points, resolve_hook_names
+from engine.loading import torch_dtype_for
 from mistudio import jobs
 from mistudio.budgets import memory_budget_check
 from mistudio.errors import ApplicationError
@@ -103,13 +105,15 @@ def extraction_request(
     sample_count: int | None = None,
     batch_size: int = 16,
     max_length: int = 512,
-    dtype: str = "float32",
+    dtype: str | None = None,
 ) -> ExtractionJob:
     """Answer from the cache, join the identical job in flight, or queue a new one.
 
+    ``dtype`` is the stored dtype; by default the model's compute dtype (:func:`storage_dtype_for`).
     A model that is not loaded is loaded first, in the worker that takes the job.
     """
     model = LanguageModel.objects.get(pk=model_id)
+    dtype = dtype or storage_dtype_for(model)
     dataset = Dataset.objects.filter(pk=dataset_id).first()
     if dataset is None:
         raise ApplicationError("DATASET_NOT_FOUND", "No such dataset.", status=404)
@@ -202,16 +206,33 @@ def joined(running: ExtractionJob, *, owner) -> ExtractionJob:
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
+def storage_dtype_for(model: LanguageModel) -> str:
+    """The dtype a model's activations are cached in unless the request names one: the dtype the
+    model computes in (float32, or bfloat16/float16 for a half-precision or quantized model), so
+    a cache holds the bytes the model produced, not twice as many. float32 is a choice."""
+    return str(torch_dtype_for(model.quantization)).removeprefix("torch.")
+
+
+def hook_widths_of(model: LanguageModel, hooks: list[str]) -> list[int]:
+    """The width of each hook point, from the model's structure (built on the meta device)."""
+    widths = {info.name: info.width for info in list_hook_points(skeleton(model))}
+    return [widths.get(name) or model.hidden_size or 0 for name in hooks]
+
+
+def cache_size_estimate(job: ExtractionJob) -> int:
+    """At most how many bytes the job's cache takes: every sample at ``max_length`` tokens."""
+    tokens = (job.total_samples or 0) * job.max_length
+    return tokens * cache_bytes_per_token(hook_widths_of(job.model, job.hooks), job.dtype)
+
+
 def extraction_memory(
     model: LanguageModel, *, hooks: list[str], batch_size: int, max_length: int, dtype: str
 ) -> budgets.MemoryEstimate:
-    """The estimated peak of an extraction (``engine.budgets.extraction``), the hooks' widths from
-    the model's structure (built on the meta device: no weights)."""
-    widths = {info.name: info.width for info in list_hook_points(skeleton(model))}
+    """The estimated peak of an extraction (``engine.budgets.extraction``)."""
     return budgets.extraction(
         batch_size=batch_size,
         max_length=max_length,
-        widths=[widths.get(name) or model.hidden_size or 0 for name in hooks],
+        widths=hook_widths_of(model, hooks),
         dtype_bytes=DTYPE_BYTES.get(dtype, 4),
         hidden=model.hidden_size or 0,
         layers=model.num_layers or 0,

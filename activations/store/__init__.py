@@ -9,7 +9,7 @@ Importable without Django, so a researcher can read a cache from a notebook::
 
 Layout of one cache directory (safetensors only, no pickle anywhere)::
 
-    manifest.json                          # key, provenance, hooks, dtype, status, shards with sha256
+    manifest.json                          # key, provenance, hooks, dtype, status, shards with checksums
     tokens/00000.safetensors               # per shard: token_ids, sample_index, position (int64)
     <hook directory>/00000.safetensors     # per shard: "activations" [tokens_in_shard, width]
     tokens.safetensors                     # at finalize: the whole token table, one row per token
@@ -46,6 +46,7 @@ from activations.store.format import (
     TOKENS_DIR,
     TOKENS_FILE,
     CacheError,
+    cache_bytes_per_token,
     hook_directory_name,
     iter_files,
     normalize_dtype,
@@ -78,6 +79,7 @@ __all__ = [
     "BackgroundWriter",
     "CacheError",
     "CacheWriter",
+    "cache_bytes_per_token",
     "hook_directory_name",
     "iter_files",
     "normalize_dtype",

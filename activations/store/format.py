@@ -17,6 +17,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 import numpy as np
+import xxhash
 
 FORMAT_VERSION = 1
 
@@ -107,6 +108,13 @@ def shard_tokens_for(
     return max(1, max_bytes // bytes_per_token)
 
 
+def cache_bytes_per_token(widths: Iterable[int], dtype: str) -> int:
+    """Bytes a cache holds per token: each hook's row in ``dtype``, and the three int64 token
+    columns twice (in each shard's token file and in tokens.safetensors, written at the end)."""
+    item = _SAFETENSORS_ITEM_BYTES[DTYPES[normalize_dtype(dtype)]]
+    return sum(widths) * item + 2 * len(TOKEN_COLUMNS) * _SAFETENSORS_ITEM_BYTES["I64"]
+
+
 def hook_directory_name(hook: str) -> str:
     """The directory a hook's shards live in: one safe path component, stable for a given name.
 
@@ -174,14 +182,68 @@ def _fsync_directory(directory: Path) -> None:
         os.close(descriptor)
 
 
-def write_durably(final: Path, chunks: Iterable[bytes]) -> str:
-    """Writes the chunks to a temp file beside ``final``, fsyncs it and renames it; returns the sha256.
+# --- Checksums -------------------------------------------------------------------------------------
+#
+# A file's checksum in a manifest names its algorithm: "xxh3_128:<32 hex digits>" (what the writer
+# records: xxh3 hashes at memory speed, so it never sets an extraction's pace) or a bare 64-digit
+# sha256 (caches written before; still read and verified).
 
-    On any failure the temp file is removed and ``final`` is untouched. The caller fsyncs the
-    directory once all of a shard's renames are done.
+CHECKSUM_ALGORITHM = "xxh3_128"
+_SHA256_HEX_DIGITS = 64
+_FILE_READ_BYTES = 8 * 2**20
+
+
+def _hasher(algorithm: str):
+    if algorithm == CHECKSUM_ALGORITHM:
+        return xxhash.xxh3_128()
+    if algorithm == "sha256":
+        return hashlib.sha256()
+    raise ValueError(f"Unknown checksum algorithm {algorithm!r}.")
+
+
+def _checksum_text(algorithm: str, hexdigest: str) -> str:
+    return hexdigest if algorithm == "sha256" else f"{algorithm}:{hexdigest}"
+
+
+def checksum_algorithm(recorded: Any) -> str:
+    """The algorithm of a recorded checksum; ValueError for one this format does not know."""
+    if isinstance(recorded, str):
+        algorithm, colon, _digits = recorded.partition(":")
+        if colon and algorithm == CHECKSUM_ALGORITHM:
+            return algorithm
+        if not colon and len(recorded) == _SHA256_HEX_DIGITS:
+            return "sha256"
+    raise ValueError(f"unrecognised checksum {recorded!r}")
+
+
+def file_checksum(path: Path, algorithm: str = CHECKSUM_ALGORITHM) -> str:
+    """The checksum of a file's bytes as a manifest records it."""
+    digest = _hasher(algorithm)
+    with open(path, "rb") as handle:
+        while chunk := handle.read(_FILE_READ_BYTES):
+            digest.update(chunk)
+    return _checksum_text(algorithm, digest.hexdigest())
+
+
+def checksum_matches(path: Path, recorded: Any) -> bool:
+    """Whether the file's bytes have the recorded checksum (in the algorithm it names)."""
+    try:
+        algorithm = checksum_algorithm(recorded)
+    except ValueError:
+        return False
+    return file_checksum(path, algorithm) == recorded
+
+
+def write_durably(final: Path, chunks: Iterable[Any], *, algorithm: str = CHECKSUM_ALGORITHM) -> str:
+    """Writes the chunks to a temp file beside ``final``, fsyncs it and renames it; returns the
+    checksum of the bytes written (``algorithm``, as :func:`file_checksum` gives it).
+
+    The checksum is computed from the very buffers handed to ``write``, as they go. On any
+    failure the temp file is removed and ``final`` is untouched. The caller fsyncs the directory
+    once all of a shard's renames are done.
     """
     temporary = final.with_name(f".{final.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    digest = hashlib.sha256()
+    digest = _hasher(algorithm)
     try:
         with open(temporary, "xb") as handle:
             for chunk in chunks:
@@ -195,18 +257,13 @@ def write_durably(final: Path, chunks: Iterable[bytes]) -> str:
         with contextlib.suppress(OSError):
             temporary.unlink(missing_ok=True)
         raise
-    return digest.hexdigest()
+    return _checksum_text(algorithm, digest.hexdigest())
 
 
 def _write_manifest(root: Path, manifest: dict) -> None:
     """Atomically replaces manifest.json; once this returns (or the rename happened) it is the truth."""
     data = (json.dumps(manifest, indent=2) + "\n").encode()
     write_durably(root / MANIFEST_NAME, [data])
-
-
-def _sha256_file(path: Path) -> str:
-    with open(path, "rb") as handle:
-        return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
 def _remove_quietly(paths: Iterable[Path]) -> None:

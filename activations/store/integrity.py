@@ -1,4 +1,4 @@
-"""Integrity: a cache checked against its manifest: files present, headers as listed, sha256 as recorded."""
+"""Integrity: a cache checked against its manifest: files present, headers as listed, checksums right."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ from activations.store.format import (
     _hook_table,
     _read_header,
     _read_manifest,
-    _sha256_file,
     _shard_file_name,
+    checksum_matches,
     token_columns,
 )
 
@@ -92,9 +92,14 @@ def _shard_problems(
         header_problems = _header_problems(path, relative, tensors)
         if header_problems:
             problems.extend(header_problems)
-        elif hashes and _sha256_file(path) != files[relative]:
-            problems.append(f"{CACHE_CORRUPT}: {relative}: sha256 mismatch")
+        elif hashes and not checksum_matches(path, files[relative]):
+            problems.append(f"{CACHE_CORRUPT}: {relative}: checksum mismatch")
     return problems
+
+
+def tokens_file_checksum(entry: dict) -> Any:
+    """The token table's recorded checksum (``checksum``; caches written before: ``sha256``)."""
+    return entry.get("checksum", entry.get("sha256"))
 
 
 def _tokens_file_problems(root: Path, manifest: dict, *, hashes: bool) -> list[str]:
@@ -106,13 +111,13 @@ def _tokens_file_problems(root: Path, manifest: dict, *, hashes: bool) -> list[s
         return [f"{CACHE_CORRUPT}: {TOKENS_FILE}: missing"]
     expected = {column: ("I64", [manifest["num_tokens"]]) for column in token_columns(manifest)}
     problems = _header_problems(path, TOKENS_FILE, expected)
-    if not problems and hashes and _sha256_file(path) != entry.get("sha256"):
-        problems.append(f"{CACHE_CORRUPT}: {TOKENS_FILE}: sha256 mismatch")
+    if not problems and hashes and not checksum_matches(path, tokens_file_checksum(entry)):
+        problems.append(f"{CACHE_CORRUPT}: {TOKENS_FILE}: checksum mismatch")
     return problems
 
 
 def _manifest_problems(root: Path, manifest: dict, *, hashes: bool) -> list[str]:
-    """Structural problems of a cache (status aside); with ``hashes`` every file's sha256 is checked."""
+    """Structural problems of a cache (status aside); with ``hashes`` every file's checksum is checked."""
     try:
         if manifest.get("format_version") != FORMAT_VERSION:
             return [f"{CACHE_CORRUPT}: unsupported format_version {manifest.get('format_version')!r}"]
@@ -156,8 +161,8 @@ def _manifest_problems(root: Path, manifest: dict, *, hashes: bool) -> list[str]
 def verify(directory: Path | str) -> list[str]:
     """Every problem of the cache at ``directory``; ``[]`` when it is complete and sound.
 
-    Reads every file to check its sha256. Each problem starts with the error code it amounts to:
-    ``CACHE_CORRUPT`` (missing file, sha256 or shape mismatch, bad manifest) or ``CACHE_INCOMPLETE``
+    Reads every file to check its checksum. Each problem starts with the error code it amounts to:
+    ``CACHE_CORRUPT`` (missing file, checksum or shape mismatch, bad manifest) or ``CACHE_INCOMPLETE``
     (status is not complete).
     """
     root = Path(directory)

@@ -65,7 +65,7 @@ class ActivationStore(StoreAnalysis):
     ) -> ActivationStore:
         """Opens the cache at ``directory`` after checking its manifest, file shapes and sizes.
 
-        ``verify_hashes`` also checks every file's sha256 (reads the whole cache). Raises
+        ``verify_hashes`` also checks every file's checksum (reads the whole cache). Raises
         ``CACHE_CORRUPT`` for a damaged cache and ``CACHE_INCOMPLETE`` for one still being written
         (unless ``require_complete=False``, which reads the shards durable so far).
         """

@@ -9,6 +9,7 @@ import os
 import time
 import weakref
 from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
@@ -58,10 +59,14 @@ from activations.store.integrity import _manifest_problems, _shard_problems, _to
 # --- Writing ---------------------------------------------------------------------------------------
 
 
-def _as_cpu_tensor(value: Any, dtype, what: str):
-    """A private CPU copy of ``value`` (torch tensor, numpy array or list) in ``dtype``."""
+def _as_cpu_tensor(value: Any, dtype, what: str, *, owned: bool = False):
+    """A private CPU copy of ``value`` (torch tensor, numpy array or list) in ``dtype``; ``value``
+    itself when ``owned`` (the caller hands it over) and it is already a contiguous CPU tensor of
+    ``dtype``."""
     torch = _torch()
     tensor = value.detach() if isinstance(value, torch.Tensor) else torch.as_tensor(np.asarray(value))
+    if owned and tensor.device.type == "cpu" and tensor.dtype == dtype and tensor.is_contiguous():
+        return tensor
     try:
         return tensor.to(device="cpu", dtype=dtype, copy=True).contiguous()
     except (RuntimeError, TypeError) as error:
@@ -140,7 +145,7 @@ class CacheWriter:
 
         A directory without a manifest gets a fresh one (status ``writing``). A manifest with the
         same key, hooks and dtype is resumed: every listed shard is verified (files present, shapes
-        and sha256 right); the first shard that fails and all after it are dropped; temp files and
+        and checksums right); the first shard that fails and all after it are dropped; temp files and
         shard files the manifest does not list (left by a crash) are deleted. A complete cache that
         verifies stays complete. A different key, hook set or dtype raises ``CACHE_MISMATCH``; a
         directory holding other files raises ``CACHE_CORRUPT``; a cache another writer holds open
@@ -311,10 +316,11 @@ class CacheWriter:
     # -- writing --
 
     def add_extracted(self, batch: Any) -> bool:
-        """:meth:`add_batch` of one batch of ``engine.extraction.extract`` (a ``BatchActivations``)."""
+        """:meth:`add_batch` of one batch of ``engine.extraction.extract`` (a ``BatchActivations``,
+        whose tensors the writer then keeps as they are: the batch is the caller's to give)."""
         return self.add_batch(
             batch.batch_index, token_ids=batch.token_ids, sample_index=batch.sample_index,
-            positions=batch.positions, activations=batch.activations,
+            positions=batch.positions, activations=batch.activations, owned=True,
         )  # fmt: skip
 
     def add_batch(
@@ -326,14 +332,17 @@ class CacheWriter:
         positions,
         activations: Mapping[str, Any],
         extra_columns: Mapping[str, Any] | None = None,
+        owned: bool = False,
     ) -> bool:
         """Buffers one batch; writes a shard once the buffer holds ``shard_max_tokens`` tokens or more.
 
         ``token_ids``, ``sample_index`` and ``positions`` are 1-D (one entry per stored token) and each
         activation is ``[tokens, width]`` for every hook of the cache — torch tensors (any device),
-        numpy arrays or lists. Returns False (and stores nothing) for a batch index already stored
-        or buffered. Shards always end on a batch boundary. ``DISK_FULL`` leaves the batch buffered:
-        free space and call :meth:`flush`, or close and resume later.
+        numpy arrays or lists; they are copied unless ``owned`` (the caller will not touch them
+        again, so CPU tensors already in the cache's dtype are kept as they are). Returns False
+        (and stores nothing) for a batch index already stored or buffered. Shards always end on a
+        batch boundary. ``DISK_FULL`` leaves the batch buffered: free space and call :meth:`flush`,
+        or close and resume later.
         """
         if batch_index < self.next_batch:
             return False
@@ -344,9 +353,9 @@ class CacheWriter:
             raise ValueError(f"Batch {batch_index} arrived before batch {self.next_batch}.")
         torch = _torch()
         columns = {
-            "token_ids": _as_cpu_tensor(token_ids, torch.int64, "token_ids"),
-            "sample_index": _as_cpu_tensor(sample_index, torch.int64, "sample_index"),
-            "position": _as_cpu_tensor(positions, torch.int64, "positions"),
+            "token_ids": _as_cpu_tensor(token_ids, torch.int64, "token_ids", owned=owned),
+            "sample_index": _as_cpu_tensor(sample_index, torch.int64, "sample_index", owned=owned),
+            "position": _as_cpu_tensor(positions, torch.int64, "positions", owned=owned),
         }
         extra = dict(extra_columns or {})
         declared = token_columns(self.manifest)[len(TOKEN_COLUMNS) :]
@@ -363,7 +372,7 @@ class CacheWriter:
             raise ValueError(f"Activations are needed for exactly the hooks {sorted(expected_hooks)}.")
         tensors = {}
         for name, width, _directory in self._hooks:
-            tensor = _as_cpu_tensor(activations[name], self._dtype, f"activations[{name!r}]")
+            tensor = _as_cpu_tensor(activations[name], self._dtype, f"activations[{name!r}]", owned=owned)
             if tuple(tensor.shape) != (count, width):
                 raise ValueError(
                     f"activations[{name!r}] is {tuple(tensor.shape)}, expected ({count}, {width})."
@@ -391,7 +400,6 @@ class CacheWriter:
         index = len(self.manifest["shards"])
         name = _shard_file_name(index)
         written: list[Path] = []
-        files: dict[str, str] = {}
         pending = self._pending
         count = self._pending_tokens
         parts = [
@@ -418,10 +426,20 @@ class CacheWriter:
             for hook, width, directory in self._hooks
         ]
         try:
-            for relative, tensors in parts:
-                final = root / relative
-                files[relative] = write_durably(final, _safetensors_stream(tensors))
-                written.append(final)
+            # One thread per file (a shard's files are independent): the copies into the page
+            # cache and the checksums, which release the GIL, run side by side.
+            with ThreadPoolExecutor(max_workers=len(parts), thread_name_prefix="shard-file") as pool:
+                futures = {
+                    relative: pool.submit(write_durably, root / relative, _safetensors_stream(tensors))
+                    for relative, tensors in parts
+                }
+                wait(futures.values())
+            errors = {relative: future.exception() for relative, future in futures.items()}
+            written = [root / relative for relative, error in errors.items() if error is None]
+            for error in errors.values():
+                if error is not None:
+                    raise error
+            files = {relative: future.result() for relative, future in futures.items()}
             for folder in {path.parent for path in written}:
                 _fsync_directory(folder)
             shard = {
@@ -454,7 +472,7 @@ class CacheWriter:
         """Flushes, writes tokens.safetensors, verifies every file, marks the cache complete.
 
         Verification checks that every listed file is present with the recorded size and a header
-        of the recorded shapes and dtypes. Each file's sha256 was computed from the very bytes
+        of the recorded shapes and dtypes. Each file's checksum was computed from the very bytes
         written and fsynced, so reading everything back again here would only double the disk
         work (``verify()`` and ``cleanup_caches --verify`` do re-read and re-hash).
 
@@ -484,7 +502,7 @@ class CacheWriter:
 
         total = self.manifest["num_tokens"]
         try:
-            sha = write_durably(
+            checksum = write_durably(
                 root / TOKENS_FILE,
                 _safetensors_stream(
                     [
@@ -507,7 +525,7 @@ class CacheWriter:
             **self.manifest,
             "status": STATUS_COMPLETE,
             "num_samples": num_samples,
-            "tokens_file": {"path": TOKENS_FILE, "sha256": sha, "num_tokens": total},
+            "tokens_file": {"path": TOKENS_FILE, "checksum": checksum, "num_tokens": total},
         }
         problems = _manifest_problems(root, manifest, hashes=False)
         if problems:

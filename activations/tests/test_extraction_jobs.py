@@ -3,7 +3,6 @@
 Values are checked against transformers' own ``output_hidden_states`` (an independent reference).
 """
 
-import hashlib
 import io
 import json
 import tarfile
@@ -18,6 +17,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from activations.models import ActivationCache, Dataset, ExtractionJob
 from activations.services import dataset_create_from_texts
 from activations.store import ActivationStore
+from activations.tests.test_store import xxh3_checksum
 from mistudio.workers import run_worker
 from models_app.models import LanguageModel
 from models_app.services import model_register
@@ -113,6 +113,21 @@ def test_an_identical_request_reuses_the_cache_and_a_concurrent_one_joins_the_jo
     assert different.status_code == 202
 
 
+def test_the_stored_dtype_defaults_to_the_models_and_the_size_is_estimated(setup):
+    """A bf16 model's activations are cached as bf16 unless the request asks otherwise, and the
+    answer says at most how large the cache gets (samples x max_length tokens)."""
+    model, dataset, api = setup
+    LanguageModel.objects.filter(pk=model.pk).update(quantization="bf16")
+    own = extract(api, model, dataset)
+    assert own.status_code == 202 and own.json()["dtype"] == "bfloat16"
+    widths = 3 * model.hidden_size  # hook_embed, blocks.0.hook_resid_post, ln_final.hook_normalized
+    assert own.json()["estimated_size_bytes"] == len(TEXTS) * 24 * (widths * 2 + 48)
+    chosen = extract(api, model, dataset, dtype="float32")
+    assert chosen.status_code == 202 and chosen.json()["dtype"] == "float32"
+    assert chosen.json()["estimated_size_bytes"] == len(TEXTS) * 24 * (widths * 4 + 48)
+    assert ExtractionJob.objects.get(pk=own.json()["extraction_id"]).cache.dtype == "bfloat16"
+
+
 def test_invalid_hooks_are_named(setup):
     model, dataset, api = setup
     response = extract(api, model, dataset, hooks=["blocks.99.hook_resid_post", "module:__import__('os')"])
@@ -180,7 +195,7 @@ def test_read_back_slice_stats_top_k_download_and_delete(setup):
         manifest = json.loads(tar.extractfile(f"{cache.id}/manifest.json").read())
         for shard in manifest["shards"]:
             for relative, digest in shard["files"].items():
-                assert hashlib.sha256(tar.extractfile(f"{cache.id}/{relative}").read()).hexdigest() == digest
+                assert xxh3_checksum(tar.extractfile(f"{cache.id}/{relative}").read()) == digest
     assert f"{cache.id}/manifest.json" in names
 
     bad = api.get(f"/api/activation-caches/{cache.id}/slice", {"hook": "blocks.5.hook_resid_post"})

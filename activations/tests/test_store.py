@@ -5,7 +5,6 @@ into several shards, so every shard-boundary path runs.
 """
 
 import errno
-import hashlib
 import json
 import os
 import shutil
@@ -16,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import xxhash
 from safetensors.numpy import load_file
 
 from activations.store import (
@@ -39,6 +39,11 @@ NUM_SAMPLES = 2 * NUM_BATCHES
 SHARD_MAX_TOKENS = 25
 DTYPES = ["float32", "bfloat16", "float16"]
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def xxh3_checksum(data: bytes) -> str:
+    """A file's checksum as the manifest records it, computed here with xxhash itself."""
+    return "xxh3_128:" + xxhash.xxh3_128(data).hexdigest()
 
 
 def make_batch(index: int, hooks: dict[str, int] = HOOKS, *, shuffle: bool = True) -> dict:
@@ -284,7 +289,7 @@ def test_readable_with_plain_safetensors_and_numpy(reference):
     np.testing.assert_array_equal(
         plain["activations"], expected["module:transformer.h.0.mlp"][start : start + shard["num_tokens"]]
     )
-    assert hashlib.sha256((directory / relative).read_bytes()).hexdigest() == shard["files"][relative]
+    assert shard["files"][relative] == xxh3_checksum((directory / relative).read_bytes())
     tokens = load_file(directory / "tokens" / "00001.safetensors")
     np.testing.assert_array_equal(
         tokens["position"], expected["position"][start : start + shard["num_tokens"]]
@@ -315,7 +320,7 @@ def test_verify_detects_a_flipped_byte(reference, tmp_path):
     data[-3] ^= 0x01  # in the values, so the header and size stay valid
     shard.write_bytes(bytes(data))
     problems = verify(directory)
-    assert problems == ["CACHE_CORRUPT: blocks.1.attn.hook_z/00002.safetensors: sha256 mismatch"]
+    assert problems == ["CACHE_CORRUPT: blocks.1.attn.hook_z/00002.safetensors: checksum mismatch"]
     ActivationStore.open(directory)  # shapes and sizes still agree: only hashing sees it
     with pytest.raises(CacheError) as caught:
         ActivationStore.open(directory, verify_hashes=True)
@@ -338,7 +343,7 @@ def test_verify_detects_a_shape_that_disagrees_with_the_manifest(reference, tmp_
 
     save_file({"activations": torch.zeros(25, 4)}, directory / relative)  # one column short
     manifest = json.loads((directory / "manifest.json").read_text())
-    manifest["shards"][0]["files"][relative] = hashlib.sha256((directory / relative).read_bytes()).hexdigest()
+    manifest["shards"][0]["files"][relative] = xxh3_checksum((directory / relative).read_bytes())
     (directory / "manifest.json").write_text(json.dumps(manifest))
     problems = verify(directory)
     assert len(problems) == 1 and "the manifest implies F32 [" in problems[0]
@@ -680,7 +685,8 @@ def test_disk_full_leaves_no_partial_files(tmp_path, monkeypatch, target):
     with pytest.raises(CacheError) as caught:
         add_batches(writer, range(6, 7))  # pushes the buffer over the threshold: shard 1 is written
     assert caught.value.code == "DISK_FULL"
-    assert disk["hits"] == 1
+    # A shard's files are written side by side: each meets the full disk once, then stops.
+    assert 1 <= disk["hits"] <= len(HOOKS) + 1
     assert temp_files(directory) == []
     assert shard_files_on_disk(directory) == listed_files(directory)  # renamed files of shard 1 are gone
     assert len(json.loads(manifest_before)["shards"]) == 1

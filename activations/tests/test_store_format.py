@@ -29,3 +29,19 @@ def test_a_cache_written_before_the_store_split_still_opens_verifies_and_reads(t
     np.testing.assert_array_equal(tokens["sample_index"], np.repeat(np.arange(5), LENGTHS))
     np.testing.assert_array_equal(tokens["position"], np.concatenate([np.arange(n) for n in LENGTHS]))
     assert store.manifest["provenance"] == {"note": "written before the store split"}
+
+
+def test_its_sha256_checksums_are_still_checked(tmp_path):
+    """Caches written before the xxh3 checksums record bare sha256 digests: a flipped byte in
+    one of its files is still found."""
+    cache = shutil.copytree(FIXTURE, tmp_path / "cache")
+    shard = cache / RESID / "00001.safetensors"
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 0x01
+    shard.write_bytes(bytes(data))
+    assert verify(cache) == [f"CACHE_CORRUPT: {RESID}/00001.safetensors: checksum mismatch"]
+    tokens = cache / "tokens.safetensors"
+    data = bytearray(tokens.read_bytes())
+    data[-1] ^= 0x01
+    tokens.write_bytes(bytes(data))
+    assert "CACHE_CORRUPT: tokens.safetensors: checksum mismatch" in verify(cache)

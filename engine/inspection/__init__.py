@@ -28,6 +28,7 @@ from engine.inspection.description import (
     InspectionError,
     ModelInfo,
     describe,
+    is_quantizable_weight,
     safetensors_weight_files,
 )
 from engine.inspection.families import DEFAULT_ARCHITECTURES, ENCODER_MODEL_TYPES, SUPPORTED_MODEL_TYPES
@@ -71,6 +72,7 @@ __all__ = [
     "confined_folder_entries",
     "describe",
     "inspect_folder",
+    "is_quantizable_weight",
     "memory_estimates",
     "read_safetensors_header",
     "safetensors_weight_files",

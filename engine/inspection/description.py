@@ -194,7 +194,7 @@ def _is_output_head(name: str) -> bool:
     return name in _OUTPUT_HEAD_NAMES or name.endswith(tuple("." + head for head in _OUTPUT_HEAD_NAMES))
 
 
-def _is_quantizable_weight(name: str, shape: list[int]) -> bool:
+def is_quantizable_weight(name: str, shape: list[int]) -> bool:
     """A Linear (or Conv1D) weight that bitsandbytes replaces: 2-D, not an embedding or the head."""
     if len(shape) != 2 or not name.endswith(".weight"):
         return False
@@ -319,7 +319,7 @@ def describe(
         ]
     parameter_count = sum(_element_count(shape) for _, shape in parameters)
     quantizable = sum(
-        _element_count(shape) for name, shape in parameters if _is_quantizable_weight(name, shape)
+        _element_count(shape) for name, shape in parameters if is_quantizable_weight(name, shape)
     )
     architectures = config.get("architectures")
     architecture = (

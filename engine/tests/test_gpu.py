@@ -300,21 +300,47 @@ def test_a_model_split_between_the_gpu_the_cpu_and_disk_equals_the_cpu(
 
 
 @pytest.mark.parametrize("quantization", ["int8", "int4"])
-def test_a_quantized_model_split_between_the_gpu_and_the_cpu_loads_and_computes(
-    cpu_models, folders, quantization
-):
-    """int8/int4 with --device auto: the layers on the GPU quantized, those on the CPU kept in the
-    compute dtype (bitsandbytes' CPU offload); logits within the quantization's error."""
-    folder = folders["llama", "tiny"]
-    half = memory_estimates(inspect_folder(folder))[quantization] // 2
-    placement = Placement(device="auto", max_memory={DEVICE: half, "cpu": 2**30})
+def test_a_quantized_model_split_between_the_gpu_and_the_cpu_loads_and_computes(folders, quantization):
+    """int8/int4 with --device auto and a GPU budget below the model: the device map is the one
+    engine.loading.quantized_device_map computes for the budgets (transformers' own "auto" put
+    everything on the GPU); the modules on the GPU are quantized, those on the CPU stay
+    unquantized in the compute dtype (bitsandbytes' CPU offload); logits within the
+    quantization's error of the float32 model. The 4M-parameter model: the tiny one is too
+    small for a budget that holds its embedding and the largest layer but not all of it."""
+    from transformers import AutoModelForCausalLM
+
+    from engine.loading import quantized_device_map, torch_dtype_for
+
+    folder = folders["llama", "small"]
+    budget = int(0.9 * memory_estimates(inspect_folder(folder), device=DEVICE)[quantization])
+    gpu_index = int(DEVICE.split(":")[1])
+    compute_dtype = torch_dtype_for(quantization, DEVICE)
+    expected = quantized_device_map(
+        AutoModelForCausalLM, folder, quantization, {gpu_index: budget, "cpu": 2**30}, compute_dtype
+    )
+    assert set(expected.values()) == {gpu_index, "cpu"}, expected
+    reference_weights = load_weights(folder, model_type="llama", quantization="none", device="cpu")
+    placement = Placement(device="auto", max_memory={DEVICE: budget, "cpu": 2**30})
     split = load_weights(folder, model_type="llama", quantization=quantization, device=placement)
     try:
-        assert split.quantized_module_count > 0
-        assert DEVICE in split.bytes_by_device and "cpu" in split.bytes_by_device, split.model.hf_device_map
+        assert dict(split.model.hf_device_map) == dict(expected)
+        assert split.bytes_by_device.get(DEVICE, 0) > 0 and split.bytes_by_device.get("cpu", 0) > 0
+        import bitsandbytes
+
+        quantized = [
+            module
+            for module in split.model.modules()
+            if isinstance(module, (bitsandbytes.nn.Linear8bitLt, bitsandbytes.nn.Linear4bit))
+        ]
+        assert len(quantized) == split.quantized_module_count > 0
+        assert {module.weight.device.type for module in quantized} == {"cuda"}
+        offloaded = [name for name, device in expected.items() if device == "cpu"]
+        for name, parameter in split.model.named_parameters():
+            if any(name == prefix or name.startswith(prefix + ".") for prefix in offloaded):
+                assert parameter.dtype == compute_dtype, (name, parameter.dtype)
         input_ids = torch.randint(5, 1000, (2, 24), generator=torch.Generator().manual_seed(0))
         with torch.inference_mode():
-            reference = cpu_models["llama"].model(input_ids=input_ids).logits.float()
+            reference = reference_weights.model(input_ids=input_ids).logits.float()
         with torch.no_grad():
             output = split.model(input_ids=input_ids.to(DEVICE)).logits.float().cpu()
         max_relative, smallest_cosine = LOGIT_TOLERANCES[quantization]
@@ -322,6 +348,7 @@ def test_a_quantized_model_split_between_the_gpu_and_the_cpu_loads_and_computes(
         assert min_cosine(output, reference) >= smallest_cosine
     finally:
         release(split)
+        release(reference_weights)
 
 
 # --- generation ---------------------------------------------------------------------------------

@@ -170,3 +170,33 @@ def test_a_quantized_model_is_not_split_without_a_gpu(llama_folder, tmp_path):
         load_weights(llama_folder, model_type="llama", quantization="int8", device=placement)
     assert raised.value.code == "UNSUPPORTED_QUANTIZATION"
     assert "bf16" in raised.value.message
+
+
+@pytest.mark.parametrize("quantization", ["int8", "int4"])
+def test_a_split_quantized_model_gets_a_device_map_that_fills_the_gpu_budget_then_the_cpu(
+    tmp_path_factory, quantization
+):
+    """A split int8/int4 map is computed here (no GPU needed to compute it) with the quantized
+    Linear weights at 1 or 0.5 bytes and the rest in the compute dtype: with 90 % of the load's
+    estimate on the GPU, the embedding and the first decoder layers go there and the rest to the
+    CPU (transformers' own "auto" put the whole model on the GPU); the whole estimate, all of it."""
+    from transformers import AutoModelForCausalLM
+
+    from engine.inspection import inspect_folder, memory_estimates
+    from engine.loading import quantized_device_map
+
+    folder = build_tiny_model("llama", tmp_path_factory.mktemp("quantized-map") / "llama", size="small")
+    estimate = memory_estimates(inspect_folder(folder), device="cuda:0")[quantization]
+
+    def device_map(gpu_budget: int) -> dict:
+        return dict(
+            quantized_device_map(
+                AutoModelForCausalLM, folder, quantization, {0: gpu_budget, "cpu": 2**30}, torch.bfloat16
+            )
+        )
+
+    split = device_map(int(0.9 * estimate))
+    assert split["model.embed_tokens"] == 0 and split["lm_head"] == "cpu", split
+    on_gpu = [name for name, device in split.items() if name.startswith("model.layers.") and device == 0]
+    assert on_gpu and on_gpu[0] == "model.layers.0", split
+    assert device_map(estimate) == {"": 0}

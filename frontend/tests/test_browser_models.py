@@ -134,6 +134,9 @@ def test_extract_from_the_detail_page_then_reuse_the_cache(page, site, tiny_gpt2
 
     form.get_by_role("button", name="resid_post every layer").click()
     expect(page.locator("#hook-summary")).to_have_text("2 hook points selected")
+    # The size at most: 8 samples x 24 tokens, each with two float16 rows and its token columns.
+    per_token = 2 * LanguageModel.objects.get(pk=model_id).hidden_size * 2 + 48
+    expect(page.locator("#extract-size")).to_contain_text(f"(192 tokens \u00d7 {per_token} bytes)")
     page.click("#extract-submit")
     panel = page.locator("#job-panel")
     expect(panel.locator("#job-percent")).to_have_text("100 %", timeout=LIVE_TIMEOUT_MS)

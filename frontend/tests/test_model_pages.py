@@ -184,7 +184,23 @@ def test_a_ready_model_offers_the_extraction_form(writer, tiny_model):
     assert 'name="hooks" value="blocks.0.hook_resid_post"' in page and 'data-pick="hook_resid_post"' in page
     assert 'name="max_length" type="number" min="1" max="131072" step="1" value="128"' in page  # its context
     dtypes = page.split('id="extract-dtype"')[1].split("</select>")[0]
-    assert re.findall(r'<option value="(\w+)">', dtypes) == ["float32", "bfloat16", "float16"]
+    assert re.findall(r'<option value="(\w+)" data-bytes="(\d)"( selected)?>([^<]*)<', dtypes) == [
+        ("float32", "4", " selected", "float32 (the model&#x27;s dtype)"),
+        ("bfloat16", "2", "", "bfloat16"),
+        ("float16", "2", "", "float16"),
+    ]
+
+
+def test_a_half_precision_model_offers_its_own_dtype_first(writer, tiny_model):
+    dataset_create_from_texts(name="corpus", texts=["a b c"], owner=writer, source="upload")
+    LanguageModel.objects.filter(pk=tiny_model.pk).update(status="ready", quantization="bf16")
+    page = browser_for(writer).get(f"/models/{tiny_model.id}/").content.decode()
+    dtypes = page.split('id="extract-dtype"')[1].split("</select>")[0]
+    assert re.findall(r'<option value="(\w+)"[^>]*?( selected)?>', dtypes) == [
+        ("bfloat16", " selected"),
+        ("float32", ""),
+        ("float16", ""),
+    ]
 
 
 def test_without_datasets_the_form_points_to_the_datasets_page(writer, tiny_model):

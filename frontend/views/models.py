@@ -14,7 +14,8 @@ from django.shortcuts import render
 from django.views.decorators.http import require_safe
 
 from activations import selectors as activation_selectors
-from activations.services import STORAGE_DTYPES
+from activations.services import STORAGE_DTYPES, storage_dtype_for
+from activations.services.extractions import DTYPE_BYTES
 from frontend.access import reader_required
 from mistudio.errors import ApplicationError
 from models_app import selectors
@@ -30,7 +31,7 @@ QUANTIZATION_LABELS = {
     "int8": "int8 (bitsandbytes)",
     "int4": "int4 (bitsandbytes nf4)",
 }
-DTYPE_LABELS = {"float32": "float32 (exact)", "bfloat16": "bfloat16 (half the size)", "float16": "float16"}
+DTYPE_LABELS = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
 DEFAULT_MAX_LENGTH = 512
 RECENT_EXTRACTIONS = 20
 RECENT_SAES = 10
@@ -220,11 +221,26 @@ def model_detail_page(request, model_id: str):
             "saes": saes[:RECENT_SAES],
             "sae_count": saes.count(),
             "datasets": activation_selectors.dataset_list(user=request.user),
-            "dtypes": [(value, DTYPE_LABELS.get(value, value)) for value in STORAGE_DTYPES],
+            "dtypes": storage_dtype_choices(model),
             "default_max_length": min(DEFAULT_MAX_LENGTH, context_length),
             "context_length": context_length,
         },
     )
+
+
+def storage_dtype_choices(model: LanguageModel) -> list[dict]:
+    """The extraction form's dtypes: the model's own first and chosen, with its bytes per value."""
+    own = storage_dtype_for(model)
+    choices = [
+        {
+            "value": value,
+            "label": DTYPE_LABELS[value] + (" (the model's dtype)" if value == own else ""),
+            "bytes": DTYPE_BYTES[value],
+            "selected": value == own,
+        }
+        for value in STORAGE_DTYPES
+    ]
+    return sorted(choices, key=lambda choice: not choice["selected"])
 
 
 def table_row(request, model: LanguageModel):

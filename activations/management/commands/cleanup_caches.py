@@ -10,7 +10,7 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("--dry-run", action="store_true", help="only say what would be done")
-        parser.add_argument("--verify", action="store_true", help="also check every file's sha256")
+        parser.add_argument("--verify", action="store_true", help="also check every file's checksum")
 
     def handle(self, *args, **options):
         report = cache_cleanup(dry_run=options["dry_run"], verify_checksums=options["verify"])

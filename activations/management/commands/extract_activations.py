@@ -24,7 +24,9 @@ class Command(BaseCommand):
         parser.add_argument("--samples", type=int, default=None, help="the first N samples (default: all)")
         parser.add_argument("--batch-size", type=int, default=16)
         parser.add_argument("--max-length", type=int, default=512)
-        parser.add_argument("--dtype", choices=services.STORAGE_DTYPES, default="float32")
+        parser.add_argument(
+            "--dtype", choices=services.STORAGE_DTYPES, help="default: the model's compute dtype"
+        )
         parser.add_argument("--no-wait", action="store_true")
         parser.add_argument("--timeout", type=float, default=24 * 3600)
 

@@ -222,6 +222,7 @@
         const picked = button.dataset.pick ? pickBoxes(button.dataset.pick) : [];
         button.setAttribute("aria-pressed", String(picked.length > 0 && picked.every((box) => box.checked)));
       });
+      sizeChanged();
     }
 
     // A quick pick checks that hook at every layer; pressed again it unchecks them. "Clear" unchecks all.
@@ -239,6 +240,27 @@
     });
     form.addEventListener("change", (event) => { if (event.target.name === "hooks") hooksChanged(); });
 
+    // The cache's size at most: every sample at max length, each token's rows in the stored dtype
+    // plus its int64 token columns (stored twice: per shard and in the final token table).
+    const sizeNote = $("extract-size");
+    function sizeChanged() {
+      const values = new FormData(form);
+      const hidden = Number(sizeNote.dataset.hiddenSize) || 0;
+      const layers = String(values.get("layer_indices") || "").split(/[\s,]+/).filter((layer) => /^\d+$/.test(layer));
+      const modules = String(values.get("module_hooks") || "").split(/[\s,]+/).filter(Boolean);
+      const width = boxes().filter((box) => box.checked).reduce((sum, box) => sum + Number(box.dataset.width || 0), 0)
+        + layers.length * hidden;
+      if (!width) { sizeNote.textContent = "Choose hook points to see the cache's size."; return; }
+      const option = datasetSelect.selectedOptions[0];
+      const samples = Number(values.get("sample_count")) || Number(option?.dataset.samples) || 0;
+      const tokens = samples * (Number(values.get("max_length")) || 0);
+      const perToken = width * Number(form.elements.dtype.selectedOptions[0].dataset.bytes) + 48;
+      sizeNote.textContent = `At most ${mi.bytes(tokens * perToken)} (${tokens.toLocaleString()} tokens × ${perToken.toLocaleString()} bytes)`
+        + (modules.length ? ", plus the raw modules." : ".");
+    }
+    form.addEventListener("input", sizeChanged);
+    form.addEventListener("change", sizeChanged);
+
     const datasetSelect = form.elements.dataset_id;
     function datasetChanged() {
       const option = datasetSelect.selectedOptions[0];
@@ -247,6 +269,7 @@
       form.elements.sample_count.max = option.dataset.samples;
     }
     datasetSelect.addEventListener("change", datasetChanged);
+    sizeChanged();
 
     function asNumber(raw) {
       const value = Number(raw);
