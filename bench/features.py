@@ -68,11 +68,16 @@ each, as VmHWM (/proc/self/status): Linux's ``ru_maxrss`` carries the parent's p
 exec, so a child of this orchestrating process (the model, the caches' writer, the SAE training)
 would report at least that.
 
+Device: ``--device`` (default cpu; ``cuda:0`` compares on one GPU) is where the model extracts
+the cache, the SAE trains, ours encodes (the SAE on the device, each chunk moved there and its
+activations back, as the analysis job does) and sae-dashboard runs its model and SAE. The dashboard
+open latency's job stays on the CPU.
+
 Goals: ours >= 3x faster than sae-dashboard with the same top activations; dashboard open p95 <=
 150 ms with 24,576 features; our peak RSS grows <= 10 % with a 4x larger cache.
 
     .venv/bin/python bench/features.py [--tokens 1048576] [--repeats 3] [--features-subset N]
-        [--model-dir /path/to/demo-gpt2] [--quick]
+        [--model-dir /path/to/demo-gpt2] [--device cuda:0] [--quick]
 """
 
 from __future__ import annotations
@@ -186,8 +191,11 @@ def write_cache(model, sequences, directory: Path) -> float:
     return time.perf_counter() - started
 
 
-def train_sae(cache: Path, save_to: Path, *, d_sae: int, rows: int | None = None) -> dict:
-    """A TopK SAE trained by the engine for one pass over the cache's first ``rows`` rows."""
+def train_sae(
+    cache: Path, save_to: Path, *, d_sae: int, rows: int | None = None, device: str = "cpu"
+) -> dict:
+    """A TopK SAE trained by the engine on ``device`` for one pass over the cache's first ``rows``
+    rows."""
     import torch
 
     from activations.store import ActivationStore
@@ -219,6 +227,7 @@ def train_sae(cache: Path, save_to: Path, *, d_sae: int, rows: int | None = None
         d_in=d_in,
         config=config,
         sample=store.get(HOOK, 0, min(rows, 8192), as_torch=True).float(),
+        device=device,
     )
     seconds = time.perf_counter() - started
     sae = trained.sae
@@ -249,8 +258,9 @@ def train_sae(cache: Path, save_to: Path, *, d_sae: int, rows: int | None = None
 # -- ours (a fresh process, project environment) ----------------------------------------------------
 
 
-def ours_main(cache: str, sae_folder: str, model_folder: str, out: str) -> dict:
-    """The job's computation over the cache, timed; arrays written to ``out``/features.safetensors."""
+def ours_main(cache: str, sae_folder: str, model_folder: str, out: str, device: str = "cpu") -> dict:
+    """The job's computation over the cache, the SAE on ``device``, timed; arrays written to
+    ``out``/features.safetensors."""
     import torch
     from safetensors.numpy import save_file
     from transformers import AutoModelForCausalLM
@@ -264,7 +274,7 @@ def ours_main(cache: str, sae_folder: str, model_folder: str, out: str) -> dict:
     table = store.tokens()
     tokens = TokenTable(table["token_ids"], table["sample_index"], table["position"])
     module, _ = load_saelens(sae_folder)
-    module.eval()
+    module.eval().to(device)
     weights = unembedding(AutoModelForCausalLM.from_pretrained(model_folder).eval())
     config = AnalysisConfig()
     rss_before = peak_rss_mib()
@@ -276,7 +286,7 @@ def ours_main(cache: str, sae_folder: str, model_folder: str, out: str) -> dict:
     started = time.perf_counter()
     with torch.no_grad():
         state = analyze(
-            module.encode,
+            lambda rows: module.encode(rows.to(device)).float().cpu(),  # as the analysis job
             lambda start, stop: store.get(HOOK, start, stop, as_torch=True).float(),
             tokens,
             d_sae=module.shape.d_sae,
@@ -368,7 +378,9 @@ def time_stages() -> dict[str, float]:
     return stages
 
 
-def dashboard_main(sae_folder: str, model_folder: str, tokens_file: str, out: str, subset: int) -> dict:
+def dashboard_main(
+    sae_folder: str, model_folder: str, tokens_file: str, out: str, subset: int, device: str = "cpu"
+) -> dict:
     import importlib.metadata
 
     import numpy as np
@@ -377,8 +389,8 @@ def dashboard_main(sae_folder: str, model_folder: str, tokens_file: str, out: st
     from sae_dashboard.sae_vis_runner import SaeVisRunner
     from sae_lens import SAE
 
-    model = load_transformer_lens(Path(model_folder), tokenizer=False)
-    sae = SAE.load_from_disk(sae_folder, device="cpu")
+    model = load_transformer_lens(Path(model_folder), tokenizer=False).to(device)
+    sae = SAE.load_from_disk(sae_folder, device=device)
     norm_error = float((sae.W_dec.detach().norm(dim=1) - 1).abs().max())
     if getattr(sae.cfg, "rescale_acts_by_decoder_norm", None) is False:
         # sae-dashboard folds the decoder norms into the encoder, which sae-lens allows for TopK
@@ -394,7 +406,7 @@ def dashboard_main(sae_folder: str, model_folder: str, tokens_file: str, out: st
         minibatch_size_features=256,
         minibatch_size_tokens=64,
         quantile_feature_batch_size=max(1, (QUANTILE_LIMIT - 1) // tokens.numel()),
-        device="cpu",
+        device=device,
         dtype="float32",
         feature_centric_layout=dashboard_layout(),
         verbose=False,
@@ -662,16 +674,21 @@ def main() -> None:
     parser.add_argument(
         "--quick", action="store_true", help="smoke run: 16k tokens, 1 run, 2,048-feature latency, 10 s demo"
     )
+    parser.add_argument(
+        "--device",
+        default="cpu",
+        help="where extraction, SAE training, ours and sae-dashboard run: cpu (default) or cuda:N",
+    )
     parser.add_argument("--ours", nargs=4, help=argparse.SUPPRESS)
     parser.add_argument("--dashboard", nargs=5, help=argparse.SUPPRESS)
     parser.add_argument("--latency", nargs=5, help=argparse.SUPPRESS)
     arguments = parser.parse_args()
     if arguments.ours:
-        print("RESULT " + json.dumps(ours_main(*arguments.ours)))
+        print("RESULT " + json.dumps(ours_main(*arguments.ours, device=arguments.device)))
         return
     if arguments.dashboard:
         *paths, subset = arguments.dashboard
-        print("RESULT " + json.dumps(dashboard_main(*paths, int(subset))))
+        print("RESULT " + json.dumps(dashboard_main(*paths, int(subset), device=arguments.device)))
         return
     if arguments.latency:
         folder, cache, rows, d_sae, requests = arguments.latency
@@ -699,10 +716,12 @@ def run(arguments: argparse.Namespace, skip: set[str]) -> dict:
     workdir.mkdir(parents=True, exist_ok=True)
     try:
         folder, model_note = demo_model(arguments.model_dir, workdir, arguments.demo_seconds)
-        weights = load_weights(folder, model_type="gpt2", quantization="none", device="cpu")
+        device = arguments.device
+        weights = load_weights(folder, model_type="gpt2", quantization="none", device=device)
         model = weights.model
         results["model"] = model_note
         results["threads"] = torch.get_num_threads()
+        results["device"] = device
         caches = {}
         for factor in (1, 4) if "rss" not in skip else (1,):
             sequences, stream = token_sequences(weights.tokenizer, factor * arguments.tokens)
@@ -720,14 +739,15 @@ def run(arguments: argparse.Namespace, skip: set[str]) -> dict:
         results["d_in"] = d_in
         print(f"training the SAE ({EXPANSION * d_in} features, one pass)…", flush=True)
         sae = workdir / "sae"
-        results["training"] = train_sae(caches[1], sae, d_sae=EXPANSION * d_in)
+        results["training"] = train_sae(caches[1], sae, d_sae=EXPANSION * d_in, device=device)
 
         runs = []
         for repeat in range(arguments.repeats):
             print(f"ours, run {repeat + 1}/{arguments.repeats}…", flush=True)
             outcome = run_child(
-                sys.executable, "--ours", str(caches[1]), str(sae), str(folder), str(workdir / "ours")
-            )
+                sys.executable, "--ours", str(caches[1]), str(sae), str(folder), str(workdir / "ours"),
+                "--device", device,
+            )  # fmt: skip
             if outcome is None:
                 sys.exit("ours failed")
             runs.append(outcome)
@@ -745,7 +765,7 @@ def run(arguments: argparse.Namespace, skip: set[str]) -> dict:
                 out = workdir / "dashboard.json"
                 outcome = run_child(
                     arguments.dashboard_python, "--dashboard", str(sae), str(folder),
-                    str(workdir / "tokens.npy"), str(out), str(arguments.features_subset),
+                    str(workdir / "tokens.npy"), str(out), str(arguments.features_subset), "--device", device,
                 )  # fmt: skip
                 if outcome is not None:
                     results["dashboard"] = outcome
@@ -754,8 +774,9 @@ def run(arguments: argparse.Namespace, skip: set[str]) -> dict:
         if "rss" not in skip:
             print("ours on the 4x cache…", flush=True)
             results["ours_4x"] = run_child(
-                sys.executable, "--ours", str(caches[4]), str(sae), str(folder), str(workdir / "ours-4x")
-            )
+                sys.executable, "--ours", str(caches[4]), str(sae), str(folder), str(workdir / "ours-4x"),
+                "--device", device,
+            )  # fmt: skip
 
         if "latency" not in skip:
             print(f"dashboard latency: {arguments.latency_features:,} features through the job…", flush=True)
@@ -780,7 +801,8 @@ def report(results: dict, arguments: argparse.Namespace) -> None:
         f"explained variance {training['explained_variance']:.3f}); {tokens:,} tokens = "
         f"{results['sequences']:,} sequences x {SEQUENCE_LENGTH} (the corpus stream of "
         f"{results['stream_tokens']:,} tokens {tokens / results['stream_tokens']:.1f}x, cut shifted by "
-        f"{PASS_SHIFT} each pass); torch threads {results['threads']}; a shared 2-core machine"
+        f"{PASS_SHIFT} each pass); on {results['device']}, torch threads {results['threads']}; "
+        "a shared 2-core machine"
     )
     print(f"  {'':<48} {'seconds':>8} {'tokens/s':>10} {'peak RSS':>10}")
 

@@ -1,5 +1,6 @@
-"""The GPU benchmark (issue 17, part 4): extraction, decode and SAE training throughput on one
-device, printed as one markdown table to paste into docs/benchmarks.md.
+"""The GPU benchmark (issue 17 part 4, issue 25 part 4): where extraction time goes, extraction
+against its peers, decode and SAE training on one device, printed as a markdown table to paste
+into docs/benchmarks.md (and written with its numbers as JSON to ``--output-dir``, default $OUT).
 
 Model (``--model``), random weights, built in a temporary folder and loaded with
 ``engine.loading.load_weights`` onto ``--device`` (default cuda:0; ``cpu`` for a sanity run):
@@ -9,29 +10,35 @@ Model (``--model``), random weights, built in a temporary folder and loaded with
   heads, MLP 8192, vocabulary 128,256, tied embeddings), defined here (the kit's largest Llama is
   "small"), bfloat16 by default. ``--quantization`` picks none / fp16 / bf16 for either.
 
-Rows of the table (real, non-pad tokens per second; medians of ``--repeats`` after a warm-up):
+Rows of the table (real, non-pad tokens per second; medians of ``--repeats`` after a warm-up), on
+``--samples`` texts of 16-256 tokens of the kit's corpus, batch size 16, resid_post at the first,
+middle and last block, every cache stored in the model's dtype (bench/extraction_costs.py):
 
-* **extraction**: miStudio from token ids to a finalized cache on disk (``plan_batches`` ->
-  ``extract`` -> ``CacheWriter`` through its ``BackgroundWriter``: the worker task's path) of
-  resid_post at the first, middle and last block, on ``--samples`` texts of 16-256 tokens of the
-  kit's corpus, batch size 16; against the bare forward pass over the same batches stopped after
-  the deepest block. Both are bench/extraction.py's ``run_mistudio`` and ``run_limit``. Goal
-  >= 0.85x.
-* **extraction vs peers**: the same data through TransformerLens (``run_with_cache``) and nnsight
-  (``trace`` + ``save``), bench/extraction.py's contenders run by ``--bench-python`` (default:
-  .venv-bench's, see bench/requirements-bench.txt, else this interpreter); a peer that interpreter
-  cannot import is "not installed". TransformerLens runs GPT-2 only (bench/peers.py converts
-  GPT-2 weights). Goal >= 2x the better peer.
+* **bare forward** over miStudio's batches, stopped after the deepest block: the yardstick;
+* **extract(), batches dropped**: the forward pass with the hooks and the device-to-host copies;
+* **extraction into a cache on tmpfs** (``--tmpfs``, default /dev/shm, or the roomiest other
+  tmpfs; skipped with the reason where none has room): the extraction job's path, ``extract`` ->
+  ``BackgroundWriter`` -> ``CacheWriter`` -> ``finalize``. Goal >= 0.7x the bare forward;
+* **write + fsync** of 1 GiB into the cache directory (``--cache-dir``, default the data
+  directory's activations/, as the worker writes), as tokens/s at the cache's bytes per token;
+* **extraction into the cache directory**. Goal >= 0.85x min(bare forward, that bandwidth);
+* **peers**: the same data through nnsight (``trace`` + ``save``) and TransformerLens
+  (``run_with_cache``; GPT-2 only, bench/peers.py converts GPT-2 weights), keeping the real
+  tokens' rows in host memory, bench/extraction.py's contenders run by ``--bench-python``
+  (default: .venv-bench's, see bench/requirements-bench.txt, else this interpreter); a peer that
+  interpreter cannot import is "not installed". Goal: extraction into the cache directory >= 1.5x
+  the better peer;
 * **decode**: ``engine.generation.generate``, greedy, end-of-sequence ignored, 128 new tokens
   after a 64-token prompt: (tokens - 1) / decode seconds; against ``model.generate`` with the
   same prompt ids and ``min_new_tokens``, timed by a streamer from its first to its last token.
-  Goal >= 0.9x.
+  Goal >= 0.9x;
 * **SAE training**: ``engine.sae.train`` on ``--device``, TopK (d_sae = 8 x width, k = 32, batch
   4096) for 2M tokens, fed as the SAE task feeds it: the deepest hook's cache read back shard by
   shard through the shuffle buffer (repeated as often as needed); the trainer's own tokens/s.
   No goal.
 
-Progress goes to stderr; stdout is the heading line and the table.
+Progress goes to stderr with the time of day, each result as it is measured, so a run cut short
+still shows how far it got; stdout is the heading line and the table.
 
     .venv/bin/python bench/gpu.py [--device cuda:0] [--model gpt2-small|llama-1b] [--quick]
 """
@@ -40,8 +47,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import math
+import os
 import platform
 import shutil
 import statistics
@@ -49,6 +58,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -60,19 +70,21 @@ sys.path.insert(0, str(ROOT))
 from extraction import (  # noqa: E402
     DEFAULT_BENCH_PYTHON,
     build_texts,
-    extract_to_cache,
     hook_names,
     real_token_count,
     run_contender,
-    run_limit,
-    run_mistudio,
 )
+from extraction_costs import (  # noqa: E402
+    BANDWIDTH_BYTES,
+    TMPFS_DEFAULT,
+    default_cache_parent,
+    extract_into_cache,
+    measure_extraction_costs,
+)
+from gpu_table import markdown_table, table_rows  # noqa: E402
 
 SEED = 0
 MIN_LENGTH = 16
-GOAL_EXTRACTION_VS_FORWARD = 0.85
-GOAL_EXTRACTION_VS_PEERS = 2.0
-GOAL_DECODE_VS_GENERATE = 0.9
 SAE_EXPANSION = 8
 SAE_K = 32
 SAE_LEARNING_RATE = 1e-3
@@ -122,8 +134,10 @@ class Sizes:
     new_tokens: int
     sae_tokens: int
     sae_batch_size: int
+    bandwidth_bytes: int
 
 
+# About 70k tokens: each extraction row takes a few seconds on an H200 (issue 25's numbers).
 FULL = Sizes(
     samples=512,
     max_length=256,
@@ -132,6 +146,7 @@ FULL = Sizes(
     new_tokens=128,
     sae_tokens=2_000_000,
     sae_batch_size=4096,
+    bandwidth_bytes=BANDWIDTH_BYTES,
 )
 # A sanity run (a minute or two on a laptop CPU for gpt2-small): every part runs, numbers mean little.
 QUICK = Sizes(
@@ -142,6 +157,7 @@ QUICK = Sizes(
     new_tokens=16,
     sae_tokens=8192,
     sae_batch_size=1024,
+    bandwidth_bytes=64 * 2**20,
 )
 
 
@@ -153,6 +169,9 @@ class Options:
     sizes: Sizes
     bench_python: Path
     peers: bool
+    cache_dir: Path
+    tmpfs: Path
+    output_dir: Path | None
 
 
 def device_name(text: str) -> str:
@@ -185,6 +204,21 @@ def parse_options(argv: Sequence[str] | None = None) -> Options:
         help="the interpreter the peers run in (default: .venv-bench's if present)",
     )
     parser.add_argument("--no-peers", action="store_true", help="skip TransformerLens and nnsight")
+    parser.add_argument(
+        "--cache-dir",
+        type=Path,
+        help="where the caches go (a temporary folder inside it); default: the data directory's "
+        "activations/ (ACTIVATION_CACHE_DIR, else MISTUDIO_DATA_DIR/activations, else data/activations)",
+    )
+    parser.add_argument(
+        "--tmpfs", type=Path, default=TMPFS_DEFAULT, help=f"the tmpfs to try first (default {TMPFS_DEFAULT})"
+    )
+    parser.add_argument(
+        "--output-dir",
+        type=Path,
+        default=os.environ.get("OUT") or None,
+        help="also write the table (.md) and its numbers (.json) here (default: $OUT when set)",
+    )
     args = parser.parse_args(argv)
     sizes = QUICK if args.quick else FULL
     overrides = {
@@ -204,6 +238,9 @@ def parse_options(argv: Sequence[str] | None = None) -> Options:
         sizes=sizes,
         bench_python=bench_python,
         peers=not args.no_peers,
+        cache_dir=args.cache_dir or default_cache_parent(),
+        tmpfs=args.tmpfs,
+        output_dir=args.output_dir,
     )
 
 
@@ -212,97 +249,7 @@ def hook_layers(layers: int) -> list[int]:
     return sorted({0, layers // 2, layers - 1})
 
 
-# -- the table -------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Row:
-    measurement: str
-    # Tokens per second; None when it did not run.
-    rate: float | None
-    # What it is compared with, in words (with that side's rate).
-    against: str = "-"
-    ratio: float | None = None
-    # The least ratio that meets the goal; None for a row without one.
-    goal: float | None = None
-
-
-def rate_text(rate: float | None) -> str:
-    return "-" if rate is None else f"{rate:,.0f}"
-
-
-def verdict(ratio: float | None, goal: float | None) -> str:
-    if goal is None:
-        return "-"
-    if ratio is None:
-        return f"≥ {goal:.2f}: n/a"
-    return f"≥ {goal:.2f}: {'met' if ratio >= goal else 'MISSED'}"
-
-
-def markdown_table(rows: Sequence[Row]) -> str:
-    lines = [
-        "| measurement | tokens/s | against | ratio | goal |",
-        "|---|---:|---|---:|---|",
-    ]
-    for row in rows:
-        ratio = "-" if row.ratio is None else f"{row.ratio:.2f}"
-        cells = (row.measurement, rate_text(row.rate), row.against, ratio, verdict(row.ratio, row.goal))
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-def ratio_of(numerator: float | None, denominator: float | None) -> float | None:
-    if numerator is None or not denominator:
-        return None
-    return numerator / denominator
-
-
-def peer_text(label: str, outcome: float | str) -> str:
-    """A peer in the "against" column: its rate, or why it has none ("not installed", ...)."""
-    return f"{label} {outcome}" if isinstance(outcome, str) else f"{label} {outcome:,.0f}"
-
-
-def table_rows(
-    *,
-    deepest: int,
-    hooks: int,
-    limit: float,
-    extraction: float,
-    peers: dict[str, float | str],
-    decode: float,
-    generate: float,
-    sae: float,
-    sae_shape: str,
-) -> list[Row]:
-    """The table's rows from the measured rates (tokens/s). ``peers`` maps a peer's label to its
-    rate or to why it has none."""
-    rates = [outcome for outcome in peers.values() if not isinstance(outcome, str)]
-    best_peer = max(rates) if rates else None
-    extraction_label = f"extraction, {hooks} hooks to disk"
-    return [
-        Row(
-            extraction_label,
-            extraction,
-            f"bare forward to block {deepest}: {limit:,.0f}",
-            ratio_of(extraction, limit),
-            GOAL_EXTRACTION_VS_FORWARD,
-        ),
-        Row(
-            extraction_label,
-            extraction,
-            "better of " + ", ".join(peer_text(label, outcome) for label, outcome in peers.items()),
-            ratio_of(extraction, best_peer),
-            GOAL_EXTRACTION_VS_PEERS,
-        ),
-        Row(
-            "decode, greedy",
-            decode,
-            f"model.generate: {generate:,.0f}",
-            ratio_of(decode, generate),
-            GOAL_DECODE_VS_GENERATE,
-        ),
-        Row(f"SAE training, {sae_shape}", sae),
-    ]
+# -- the heading -----------------------------------------------------------------------------------
 
 
 def heading(
@@ -360,7 +307,8 @@ def describe_device(device: str) -> str:
 
 
 def log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
+    """A progress line on stderr, with the time of day."""
+    print(f"{time.strftime('%H:%M:%S')} {message}", file=sys.stderr, flush=True)
 
 
 # -- peers -----------------------------------------------------------------------------------------
@@ -377,10 +325,9 @@ def importable(python: Path, module: str) -> bool:
 def run_peers(
     options: Options, model, folder: Path, tokenized: list[list[int]], layers: list[int], workdir: Path
 ):
-    """Each peer's tokens/s, or why it has none."""
+    """Each peer's seconds over ``tokenized`` (median), or why it has none."""
     from engine.hooks import hook_site
 
-    tokens = real_token_count(tokenized)
     # The path of the block list in the Hugging Face model (transformer.h, model.layers).
     blocks = hook_site(model, "blocks.0.hook_resid_post").module_path.rsplit(".", 1)[0]
     data_file = workdir / "peer-data.json"
@@ -403,7 +350,11 @@ def run_peers(
         else:
             log(f"running {label} in {options.bench_python} ...")
             result = run_contender(module, options.bench_python, folder, data_file, options.sizes.repeats)
-            outcomes[label] = "failed" if result is None else tokens / result["seconds"]
+            outcomes[label] = "failed" if result is None else result["seconds"]
+            if result is not None:
+                tokens = real_token_count(tokenized)
+                rate = tokens / result["seconds"]
+                log(f"  {label} {result['version']}: {result['seconds']:.3f} s, {rate:,.0f} tokens/s")
     return outcomes
 
 
@@ -489,16 +440,18 @@ def measure_sae_training(
     hook: str,
     *,
     device: str,
+    dtype: str,
     tokens: int,
     batch_size: int,
     directory: Path,
 ) -> tuple[float, str]:
-    """The trainer's tokens/s on ``hook``'s cache (written first, not timed), and the SAE's shape."""
+    """The trainer's tokens/s on ``hook``'s cache in ``dtype`` (written first, not timed), and the
+    SAE's shape."""
     from activations.store import ActivationStore
     from engine.prefetch import prefetched
     from engine.sae import TrainingConfig, shuffled_batches, train
 
-    extract_to_cache(model, tokenized, [hook], directory)
+    extract_into_cache(model, tokenized, [hook], directory, dtype=dtype)
     store = ActivationStore.open(directory)
     rows, width = store.shape(hook)
     epochs = math.ceil(tokens / rows)
@@ -531,6 +484,21 @@ def measure_sae_training(
 # -- main ------------------------------------------------------------------------------------------
 
 
+def attempt(label: str, measure):
+    """``measure()``, or None when it fails (logged): one failed part leaves the others' rows."""
+    try:
+        return measure()
+    except Exception:  # any failure of a diagnostic part; the traceback is logged
+        log(f"{label} failed:\n{traceback.format_exc()}")
+        return None
+
+
+def write_outputs(folder: Path, model: str, table: str, numbers: dict) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"bench-gpu-{model}.md").write_text(table + "\n")
+    (folder / f"bench-gpu-{model}.json").write_text(json.dumps(numbers, indent=2) + "\n")
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     options = parse_options(argv)
     import torch
@@ -546,12 +514,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     torch.manual_seed(SEED)
     sizes = options.sizes
     choice = MODELS[options.model]
+    dtype = TORCH_DTYPES[options.quantization]
     workdir = Path(tempfile.mkdtemp(prefix="bench-gpu-"))
     try:
-        log(f"building {options.model} ...")
+        log(f"building {options.model} ({dtype}) on {options.device} ...")
         folder = build_model(
             options.model, workdir / "model", device=options.device, quantization=options.quantization
         )
+        log("loading it ...")
         weights = load_weights(
             folder, model_type=choice.family, quantization=options.quantization, device=options.device
         )
@@ -562,43 +532,67 @@ def main(argv: Sequence[str] | None = None) -> None:
         layers = hook_layers(num_layers(model))
         hooks = hook_names(layers)
 
-        log(f"running the bare forward and extraction over {tokens:,} tokens ...")
-        limit = tokens / run_limit(model, tokenized, max(layers), repeats=sizes.repeats)["seconds"]
-        extraction = tokens / run_mistudio(model, tokenized, hooks, repeats=sizes.repeats)["seconds"]
-        peers = run_peers(options, model, folder, tokenized, layers, workdir)
-        log("running decode ...")
-        decode, reference = measure_decode(
-            model,
-            tokenizer,
-            prompt_tokens=sizes.prompt_tokens,
-            new_tokens=sizes.new_tokens,
-            repeats=sizes.repeats,
-        )
-        log("running SAE training ...")
-        sae, sae_shape = measure_sae_training(
-            model, tokenized, hooks[-1], device=options.device, tokens=sizes.sae_tokens,
-            batch_size=sizes.sae_batch_size, directory=workdir / "sae-cache",
+        log(f"where extraction time goes, {tokens:,} tokens, {len(hooks)} hooks, cache in {dtype} ...")
+        costs = measure_extraction_costs(
+            model, tokenized, hooks, max(layers), dtype=dtype, repeats=sizes.repeats,
+            cache_parent=options.cache_dir, tmpfs=options.tmpfs, bandwidth_bytes=sizes.bandwidth_bytes,
+            log=log,
         )  # fmt: skip
-        parameters = weights.parameter_count
+        log("the peers ...")
+        peers = run_peers(options, model, folder, tokenized, layers, workdir)
+        log("decode ...")
+        decoded = attempt(
+            "decode",
+            lambda: measure_decode(
+                model, tokenizer, prompt_tokens=sizes.prompt_tokens, new_tokens=sizes.new_tokens,
+                repeats=sizes.repeats,
+            ),
+        )  # fmt: skip
+        decode, reference = decoded if decoded is not None else (None, None)
+        if decoded is not None:
+            log(f"  decode {decode:,.0f} tokens/s, model.generate {reference:,.0f}")
+        log("SAE training ...")
+        trained = attempt(
+            "SAE training",
+            lambda: measure_sae_training(
+                model, tokenized, hooks[-1], device=options.device, dtype=dtype, tokens=sizes.sae_tokens,
+                batch_size=sizes.sae_batch_size, directory=workdir / "sae-cache",
+            ),
+        )  # fmt: skip
+        sae, sae_shape = trained if trained is not None else (None, f"batch {sizes.sae_batch_size}")
+        if trained is not None:
+            log(f"  SAE training {sae:,.0f} tokens/s")
 
         lengths = [len(ids) for ids in tokenized]
         detail = (
             f"{len(tokenized)} samples, {tokens:,} tokens ({min(lengths)}..{max(lengths)} each), hooks "
-            f"{', '.join(hooks)}; decode {sizes.new_tokens} tokens after {sizes.prompt_tokens}; median of "
-            f"{sizes.repeats}"
+            f"{', '.join(hooks)}, cache in {dtype} ({costs.bytes_per_token * tokens / 1e6:,.0f} MB); decode "
+            f"{sizes.new_tokens} tokens after {sizes.prompt_tokens}; median of {sizes.repeats}"
         )
-        print(
-            heading(
-                device=options.device, device_label=describe_device(options.device), model=options.model,
-                parameters=parameters, quantization=options.quantization, detail=detail,
-            )
+        title = heading(
+            device=options.device, device_label=describe_device(options.device), model=options.model,
+            parameters=weights.parameter_count, quantization=options.quantization, detail=detail,
         )  # fmt: skip
-        print()
         rows = table_rows(
-            deepest=max(layers), hooks=len(hooks), limit=limit, extraction=extraction, peers=peers,
-            decode=decode, generate=reference, sae=sae, sae_shape=sae_shape,
+            costs, deepest=max(layers), hooks=len(hooks), peers=peers, decode=decode, generate=reference,
+            sae=sae, sae_shape=sae_shape,
         )  # fmt: skip
-        print(markdown_table(rows))
+        table = f"{title}\n\n{markdown_table(rows)}"
+        print(table, flush=True)
+        if options.output_dir is not None:
+            numbers = {
+                "heading": title,
+                "model": options.model,
+                "device": options.device,
+                "dtype": dtype,
+                "costs": {**dataclasses.asdict(costs), "disk_bound": costs.disk_bound, "bound": costs.bound},
+                "peers_seconds": peers,
+                "decode": decode,
+                "generate": reference,
+                "sae": sae,
+                "rows": [dataclasses.asdict(row) for row in rows],
+            }
+            write_outputs(options.output_dir, options.model, table, numbers)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 

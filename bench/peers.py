@@ -2,7 +2,42 @@
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+import types
 from pathlib import Path
+
+
+def stand_in_for_datasets() -> None:
+    """Empty ``datasets`` modules where that package is not installed, so TransformerLens imports.
+
+    TransformerLens imports ``datasets`` when it is imported, for its dataset helpers
+    (``tokenize_and_concatenate``, the evals' ``load_dataset``), which the benchmarks never call;
+    ``datasets`` needs pyarrow, a 55 MB wheel that the GPU machine's wheel folder leaves out
+    (.gpu-wheels/README.txt). The stand-ins hold what TransformerLens names; calling
+    ``load_dataset`` says what is missing. Nothing changes where ``datasets`` is installed."""
+    if "datasets" in sys.modules or importlib.util.find_spec("datasets") is not None:
+        return
+
+    class Dataset:
+        pass
+
+    class IterableDataset:
+        pass
+
+    def load_dataset(*args, **kwargs):
+        raise ImportError("datasets is not installed (bench/peers.py put a stand-in in its place)")
+
+    contents = {
+        "datasets": {"Dataset": Dataset, "IterableDataset": IterableDataset, "load_dataset": load_dataset},
+        "datasets.arrow_dataset": {"Dataset": Dataset},
+        "datasets.iterable_dataset": {"IterableDataset": IterableDataset},
+        "datasets.load": {"load_dataset": load_dataset},
+    }
+    for name, names in contents.items():
+        module = types.ModuleType(name, "A stand-in: datasets is not installed (bench/peers.py).")
+        module.__dict__.update(names)
+        sys.modules[name] = module
 
 
 def load_transformer_lens(folder: Path, *, tokenizer: bool = True):
@@ -10,6 +45,7 @@ def load_transformer_lens(folder: Path, *, tokenizer: bool = True):
     ``from_pretrained_no_processing`` (activations equal the Hugging Face model's). Without
     ``tokenizer`` it has none: a caller that passes token ids needs none, and transformers 4
     cannot load the tokenizer_config.json that transformers 5 writes."""
+    stand_in_for_datasets()
     from transformer_lens import HookedTransformer, HookedTransformerConfig
     from transformer_lens.pretrained.weight_conversions.gpt2 import convert_gpt2_weights
     from transformers import AutoModelForCausalLM, AutoTokenizer

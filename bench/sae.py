@@ -18,6 +18,10 @@ every run in a fresh process:
   each step and decodes the k active features sparsely; sae-lens starts it at zero, rescales
   activations by the decoder norms and clips the gradient norm to 1.
 
+Both train on ``--device`` (default cpu; ``cuda:0`` compares them on the same GPU), fed from the
+CPU as each would be by its own pipeline: ours through the read-ahead thread, page-locked on a GPU
+(as the SAE training job), sae-lens's trainer moving each batch to its device.
+
 Reports tokens/s of each (wall time of the training call, reading and shuffling included), the
 ratio, the peak RSS of each process, and the explained variance and L0 of both final SAEs on the
 held-out rows: both are saved as SAELens folders, loaded by sae-lens's ``SAE.load_from_disk`` and
@@ -26,6 +30,7 @@ as good; our peak RSS flat (<= 10 % growth) when the cache is 4x larger. Without
 our side runs.
 
     .venv/bin/python bench/sae.py [--rows 100000] [--d-in 256] [--expansion 8] [--k 32] [--repeats 3]
+        [--device cuda:0]
 
 The demo model's per-layer table with CE loss recovered is bench/sae_demo.py.
 """
@@ -110,19 +115,47 @@ def cache_batches(directory: str, batch_size: int):
     return store, shuffled_batches(chunks(), batch_size=batch_size, buffer_rows=BUFFER_BATCHES * batch_size)
 
 
-def train_ours(
-    directory: str, save_to: str, expansion: int, k: int, batch_size: int, *, prefetch: bool = True
-) -> dict:
-    """One run of our trainer over the whole cache, in this process (called in a fresh one).
+def start_device(device: str) -> None:
+    """Create the device's context before the clock starts, in both trainers' processes (ours'
+    read-ahead thread would otherwise do it untimed, page-locking its first batch)."""
+    import torch
 
-    ``prefetch``: batches read on a thread ahead of the step, as the SAE training job does."""
+    if device.startswith("cuda"):
+        torch.zeros(1, device=device)
+        torch.cuda.synchronize(device)
+
+
+def synchronize(device: str) -> None:
+    """Wait for the device's queued work, so that the clock stops when the training has run."""
+    import torch
+
+    if device.startswith("cuda"):
+        torch.cuda.synchronize(device)
+
+
+def train_ours(
+    directory: str,
+    save_to: str,
+    expansion: int,
+    k: int,
+    batch_size: int,
+    *,
+    device: str = "cpu",
+    prefetch: bool = True,
+) -> dict:
+    """One run of our trainer over the whole cache on ``device``, in this process (called in a
+    fresh one).
+
+    ``prefetch``: batches read on a thread ahead of the step, as the SAE training job does
+    (page-locked for a GPU)."""
     from engine.prefetch import prefetched
     from engine.sae import TrainingConfig, train
     from engine.sae.formats import save_saelens
 
+    start_device(device)
     store, batches = cache_batches(directory, batch_size)
     if prefetch:
-        batches = prefetched(batches, depth=4)
+        batches = prefetched(batches, depth=4, pin_memory=device.startswith("cuda"))
     rows, d_in = store.shape(HOOK)
     _, warmup, _ = schedule(rows, batch_size)
     config = TrainingConfig(
@@ -138,7 +171,9 @@ def train_ours(
         dead_after_steps=DEAD_AFTER_STEPS,
     )
     started = time.perf_counter()
-    trained = train(batches, d_in=d_in, config=config, sample=store.get(HOOK, 0, SAMPLE_ROWS, as_torch=True))
+    sample = store.get(HOOK, 0, SAMPLE_ROWS, as_torch=True)
+    trained = train(batches, d_in=d_in, config=config, sample=sample, device=device)
+    synchronize(device)
     seconds = time.perf_counter() - started
     save_saelens(trained.sae, save_to, hook_name=HOOK, model_name="bench-planted")
     return {
@@ -149,12 +184,16 @@ def train_ours(
     }
 
 
-def train_saelens(directory: str, save_to: str, expansion: int, k: int, batch_size: int) -> dict:
-    """One run of sae-lens's ``SAETrainer`` over the same cache (in .venv-bench, a fresh process)."""
+def train_saelens(
+    directory: str, save_to: str, expansion: int, k: int, batch_size: int, *, device: str = "cpu"
+) -> dict:
+    """One run of sae-lens's ``SAETrainer`` over the same cache on ``device`` (in .venv-bench, a
+    fresh process)."""
     from sae_lens import TopKTrainingSAE, TopKTrainingSAEConfig
     from sae_lens.config import SAETrainerConfig
     from sae_lens.training.sae_trainer import SAETrainer
 
+    start_device(device)
     store, batches = cache_batches(directory, batch_size)
     rows, d_in = store.shape(HOOK)
     steps, warmup, decay = schedule(rows, batch_size)
@@ -175,6 +214,7 @@ def train_saelens(directory: str, save_to: str, expansion: int, k: int, batch_si
             normalize_activations="expected_average_only_in",
             aux_loss_coefficient=AUX_COEFFICIENT,
             decoder_init_norm=0.1,  # its default, and ours for TopK
+            device=device,
         )
     )
     trainer = SAETrainer(
@@ -188,11 +228,13 @@ def train_saelens(directory: str, save_to: str, expansion: int, k: int, batch_si
             dead_feature_window=DEAD_AFTER_STEPS,
             feature_sampling_window=steps + 1,
             n_batches_for_norm_estimate=SAMPLE_ROWS // batch_size,
+            device=device,
         ),
         sae=sae,
         data_provider=data_provider(),
     )
     trained = trainer.fit()
+    synchronize(device)
     seconds = time.perf_counter() - started
     trained.save_inference_model(save_to)
     return {
@@ -259,6 +301,11 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=1024)
     parser.add_argument("--repeats", type=int, default=3, help="runs of each trainer per cache (median)")
     parser.add_argument("--bench-python", default=str(BENCH_PYTHON), help="the interpreter with sae-lens")
+    parser.add_argument(
+        "--device",
+        default="cpu",
+        help="where both trainers train: cpu (default) or cuda:N, the same for both",
+    )
     # internal: one run in this process
     parser.add_argument("--train", nargs=2, metavar=("CACHE", "SAVE_TO"), help=argparse.SUPPRESS)
     parser.add_argument("--no-prefetch", action="store_true", help=argparse.SUPPRESS)
@@ -266,11 +313,13 @@ def main() -> None:
     parser.add_argument("--evaluate", nargs="+", metavar="FOLDER", help=argparse.SUPPRESS)
     arguments = parser.parse_args()
     shape = (arguments.expansion, arguments.k, arguments.batch_size)
+    device = arguments.device
     if arguments.train:
-        print(json.dumps(train_ours(*arguments.train, *shape, prefetch=not arguments.no_prefetch)))
+        result = train_ours(*arguments.train, *shape, device=device, prefetch=not arguments.no_prefetch)
+        print(json.dumps(result))
         return
     if arguments.train_saelens:
-        print(json.dumps(train_saelens(*arguments.train_saelens, *shape)))
+        print(json.dumps(train_saelens(*arguments.train_saelens, *shape, device=device)))
         return
     if arguments.evaluate:
         print(json.dumps(evaluate(arguments.evaluate[0], arguments.evaluate[1:])))
@@ -282,7 +331,7 @@ def main() -> None:
     trainers = {"ours": sys.executable, **({"sae-lens": arguments.bench_python} if compare else {})}
     internal = {"ours": "--train", "sae-lens": "--train-saelens"}
     options = ["--expansion", str(arguments.expansion), "--k", str(arguments.k)]
-    options += ["--batch-size", str(arguments.batch_size)]
+    options += ["--batch-size", str(arguments.batch_size), "--device", device]
     results = []
     with tempfile.TemporaryDirectory() as temporary:
         held_out = Path(temporary) / "held-out"
@@ -316,8 +365,8 @@ def main() -> None:
 def report(results: list[dict], arguments: argparse.Namespace) -> None:
     print(
         f"TopK, d_in {arguments.d_in}, {arguments.expansion}x ({arguments.expansion * arguments.d_in} "
-        f"features), k {arguments.k}, batch {arguments.batch_size}, lr {LEARNING_RATE}; "
-        f"median of {arguments.repeats} runs; quality on {HELD_OUT_ROWS:,} held-out rows"
+        f"features), k {arguments.k}, batch {arguments.batch_size}, lr {LEARNING_RATE}, on "
+        f"{arguments.device}; median of {arguments.repeats} runs; quality on {HELD_OUT_ROWS:,} held-out rows"
     )
     for result in results:
         runs = ", ".join(f"{value:,.0f}" for value in result["all_tokens_per_second"])

@@ -154,7 +154,7 @@ def mean_feature_activations(sae: SparseAutoencoder, chunks: Iterable[torch.Tens
     device = sae.W_enc.device
     with torch.no_grad():
         for chunk in chunks:
-            summed = sae.encode(chunk.float().to(device)).sum(dim=0, dtype=torch.float64)
+            summed = sae.encode(chunk.to(device).float()).sum(dim=0, dtype=torch.float64)
             total = summed if total is None else total + summed
             count += len(chunk)
     if total is None:

@@ -3,6 +3,7 @@ with (engine/tests/device_comparison.py), and bench/gpu.py's options and table."
 
 import argparse
 import importlib
+import json
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -93,10 +94,18 @@ def bench(monkeypatch):
     return importlib.import_module("gpu")
 
 
-def test_options_default_to_the_first_gpu_and_quick_shrinks_every_size(bench, tmp_path):
+@pytest.fixture
+def table(bench):
+    """bench/gpu_table.py, bench/gpu.py's table."""
+    return importlib.import_module("gpu_table")
+
+
+def test_options_default_to_the_first_gpu_and_quick_shrinks_every_size(bench, tmp_path, monkeypatch):
+    monkeypatch.delenv("OUT", raising=False)
     options = bench.parse_options([])
     assert (options.device, options.model, options.quantization) == ("cuda:0", "gpt2-small", "none")
-    assert options.sizes == bench.FULL and options.peers
+    assert options.sizes == bench.FULL and options.peers and options.output_dir is None
+    assert options.tmpfs == Path("/dev/shm")
     assert bench.parse_options(["--model", "llama-1b"]).quantization == "bf16"
 
     python = tmp_path / "python"
@@ -105,8 +114,32 @@ def test_options_default_to_the_first_gpu_and_quick_shrinks_every_size(bench, tm
     )
     assert (quick.device, quick.bench_python, quick.peers) == ("cpu", python, False)
     assert quick.sizes.repeats == 2 and quick.sizes.samples == bench.QUICK.samples
-    for name in ("samples", "max_length", "prompt_tokens", "new_tokens", "sae_tokens", "sae_batch_size"):
+    sizes = (
+        "samples",
+        "max_length",
+        "prompt_tokens",
+        "new_tokens",
+        "sae_tokens",
+        "sae_batch_size",
+        "bandwidth_bytes",
+    )
+    for name in sizes:
         assert getattr(quick.sizes, name) < getattr(bench.FULL, name), name
+
+
+def test_the_cache_directory_and_the_output_folder_follow_the_environment(bench, tmp_path, monkeypatch):
+    for name in ("ACTIVATION_CACHE_DIR", "MISTUDIO_DATA_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("OUT", str(tmp_path / "out"))
+    options = bench.parse_options([])
+    assert options.cache_dir == ROOT / "data" / "activations"  # where the worker writes caches
+    assert options.output_dir == tmp_path / "out"
+    monkeypatch.setenv("MISTUDIO_DATA_DIR", str(tmp_path / "data"))
+    assert bench.parse_options([]).cache_dir == tmp_path / "data" / "activations"
+    monkeypatch.setenv("ACTIVATION_CACHE_DIR", str(tmp_path / "caches"))
+    assert bench.parse_options([]).cache_dir == tmp_path / "caches"
+    chosen = bench.parse_options(["--cache-dir", str(tmp_path / "x"), "--output-dir", str(tmp_path / "y")])
+    assert (chosen.cache_dir, chosen.output_dir) == (tmp_path / "x", tmp_path / "y")
 
 
 def test_device_names(bench):
@@ -131,46 +164,164 @@ def test_hook_layers_are_the_first_middle_and_last_block(bench):
     assert bench.hook_layers(2) == [0, 1]
 
 
-def test_the_table_reads_as_markdown_with_each_goal_judged(bench):
-    rows = bench.table_rows(
+def _costs(table, **changes):
+    """100,000 tokens: forward 1 s, dropped 1.25 s, tmpfs 2 s, cache directory 4 s; a disk of
+    1 GB/s at 20,000 bytes per token (50,000 tokens/s)."""
+    values = {
+        "tokens": 100_000,
+        "forward": 1.0,
+        "dropped": 1.25,
+        "tmpfs": 2.0,
+        "tmpfs_note": "/dev/shm",
+        "cache_directory": 4.0,
+        "cache_directory_path": "/data/activations",
+        "bandwidth": 1e9,
+        "bandwidth_bytes": 2**30,
+        "bytes_per_token": 20_000.0,
+    }
+    return table.ExtractionCosts(**{**values, **changes})
+
+
+def test_the_table_shows_where_extraction_time_goes_with_each_goal_judged(table):
+    rows = table.table_rows(
+        _costs(table),
         deepest=11,
         hooks=3,
-        limit=100_000.0,
-        extraction=90_000.0,
-        peers={"TransformerLens": "not installed", "nnsight": 50_000.0},
+        peers={"TransformerLens": "not installed", "nnsight": 5.0},
         decode=850.0,
         generate=1_000.0,
         sae=1_234_567.8,
         sae_shape="TopK 8 x 768, k 32",
     )
-    assert bench.markdown_table(rows).splitlines() == [
-        "| measurement | tokens/s | against | ratio | goal |",
-        "|---|---:|---|---:|---|",
-        "| extraction, 3 hooks to disk | 90,000 | bare forward to block 11: 100,000 | 0.90 | ≥ 0.85: met |",
-        "| extraction, 3 hooks to disk | 90,000 | better of TransformerLens not installed, nnsight 50,000 "
-        "| 1.80 | ≥ 2.00: MISSED |",
-        "| decode, greedy | 850 | model.generate: 1,000 | 0.85 | ≥ 0.90: MISSED |",
-        "| SAE training, TopK 8 x 768, k 32 | 1,234,568 | - | - | - |",
+    assert table.markdown_table(rows).splitlines() == [
+        "| measurement | seconds | tokens/s | x bare forward | against | ratio | goal |",
+        "|---|---:|---:|---:|---|---:|---|",
+        "| bare forward to block 11 | 1.000 | 100,000 | 1.00 | - | - | - |",
+        "| extract(), batches dropped (forward + device-to-host copies) | 1.250 | 80,000 | 0.80 | - | - "
+        "| - |",
+        "| extraction, 3 hooks, cache on tmpfs (/dev/shm) | 2.000 | 50,000 | 0.50 | bare forward: 100,000 "
+        "| 0.50 | ≥ 0.70: MISSED |",
+        "| write + fsync of 1.00 GiB in the cache directory: 1.00 GB/s ÷ 20,000 B/token | 1.074 | 50,000 "
+        "| 0.50 | - | - | - |",
+        "| extraction, 3 hooks, cache directory (/data/activations) | 4.000 | 25,000 | 0.25 "
+        "| min(bare forward, disk): 50,000 | 0.50 | ≥ 0.85: MISSED |",
+        "| TransformerLens run_with_cache, to host memory | - | - | - | not installed | - | - |",
+        "| nnsight trace + save, to host memory | 5.000 | 20,000 | 0.20 | - | - | - |",
+        "| extraction, 3 hooks, cache directory, against the peers | - | 25,000 | - "
+        "| better of TransformerLens not installed, nnsight 20,000 | 1.25 | ≥ 1.50: MISSED |",
+        "| decode, greedy | - | 850 | - | model.generate: 1,000 | 0.85 | ≥ 0.90: MISSED |",
+        "| SAE training, TopK 8 x 768, k 32 | - | 1,234,568 | - | - | - | - |",
     ]
 
 
-def test_without_any_peer_the_peer_goal_is_not_applicable(bench):
-    rows = bench.table_rows(
+def test_the_cache_directory_is_judged_against_the_slower_of_the_forward_and_the_disk(table):
+    fast_disk = _costs(table, bandwidth=4e9, cache_directory=1.1)  # the disk allows 200,000 tokens/s
+    assert fast_disk.disk_bound == 200_000 and fast_disk.bound == 100_000
+    rows = table.table_rows(
+        fast_disk, deepest=11, hooks=3, peers={}, decode=1.0, generate=1.0, sae=1.0, sae_shape="x"
+    )
+    on_disk = rows[4]
+    assert on_disk.against == "min(bare forward, disk): 100,000"
+    assert on_disk.ratio == pytest.approx(1 / 1.1)
+    assert table.verdict(on_disk.ratio, on_disk.goal) == "≥ 0.85: met"
+
+
+def test_rows_that_did_not_run_say_why_and_their_goals_are_not_applicable(table):
+    rows = table.table_rows(
+        _costs(table, tmpfs=None, tmpfs_note="skipped: no tmpfs mounted"),
         deepest=15,
         hooks=3,
-        limit=10.0,
-        extraction=9.0,
         peers={"TransformerLens": "n/a (GPT-2 only here)", "nnsight": "not installed"},
-        decode=1.0,
-        generate=1.0,
-        sae=1.0,
-        sae_shape="x",
+        decode=None,
+        generate=None,
+        sae=None,
+        sae_shape="batch 4096",
     )
-    versus_peers = rows[1]
+    lines = table.markdown_table(rows).splitlines()
+    assert (
+        "| extraction, 3 hooks, cache on tmpfs | - | - | - | skipped: no tmpfs mounted | - | ≥ 0.70: n/a |"
+        in lines
+    )
+    versus_peers = rows[7]
     assert versus_peers.ratio is None
-    assert bench.verdict(versus_peers.ratio, versus_peers.goal) == "≥ 2.00: n/a"
+    assert table.verdict(versus_peers.ratio, versus_peers.goal) == "≥ 1.50: n/a"
     assert "TransformerLens n/a (GPT-2 only here), nnsight not installed" in versus_peers.against
-    assert bench.verdict(1.0, 1.0) == "≥ 1.00: met"
+    assert lines[-2:] == [
+        "| decode, greedy | - | - | - | failed | - | ≥ 0.90: n/a |",
+        "| SAE training, batch 4096 | - | - | - | failed | - | - |",
+    ]
+    assert table.verdict(1.0, 1.0) == "≥ 1.00: met"
+
+
+def test_the_table_and_its_numbers_are_written_to_the_output_folder(bench, tmp_path):
+    bench.write_outputs(tmp_path / "out", "llama-1b", "| a |", {"costs": {"forward": 1.0}})
+    assert (tmp_path / "out" / "bench-gpu-llama-1b.md").read_text() == "| a |\n"
+    assert json.loads((tmp_path / "out" / "bench-gpu-llama-1b.json").read_text()) == {
+        "costs": {"forward": 1.0}
+    }
+
+
+# --- bench/extraction_costs.py ----------------------------------------------------------------------
+
+
+@pytest.fixture
+def costs_module(bench):
+    return importlib.import_module("extraction_costs")
+
+
+def test_a_cache_takes_its_hooks_rows_in_its_dtype_and_the_token_table_twice(costs_module):
+    widths = {"blocks.0.hook_resid_post": 768, "blocks.6.hook_resid_post": 768}
+    # 1,536 bf16 values (2 bytes) and 3 int64 columns, per shard and again at finalize.
+    assert costs_module.estimated_cache_bytes(10, widths, "bfloat16") == 10 * (1536 * 2 + 2 * 24)
+    assert costs_module.estimated_cache_bytes(10, widths, "float32") == 10 * (1536 * 4 + 2 * 24)
+
+
+def test_a_tmpfs_is_used_only_with_room_for_the_cache(costs_module, tmp_path):
+    assert costs_module.tmpfs_folder(1, tmp_path) == (tmp_path, str(tmp_path))  # the chosen one first
+    folder, why = costs_module.tmpfs_folder(2**60, tmp_path)
+    assert folder is None and why.startswith("skipped: ")
+
+
+def test_the_write_bandwidth_is_measured_on_a_file_it_removes(costs_module, tmp_path):
+    bandwidth = costs_module.write_bandwidth(tmp_path, total=3 * 2**20 + 5, chunk=2**20)
+    assert bandwidth > 0
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_extraction_into_a_cache_stores_what_extract_gives_in_the_dtype_asked(costs_module, tmp_path):
+    from activations.store import ActivationStore
+    from engine.extraction import extract, plan_batches
+    from engine.loading import load_weights, release
+    from engine.testing.tiny_models import build_tiny_model
+
+    folder = build_tiny_model("gpt2", tmp_path / "model", seed=0)
+    weights = load_weights(folder, model_type="gpt2", quantization="none", device="cpu")
+    try:
+        tokenized = [list(range(5, 5 + length)) for length in (7, 3, 12, 5, 9)] * 4
+        hooks = ["blocks.0.hook_resid_post", "blocks.1.hook_resid_post"]
+
+        manifest = costs_module.extract_into_cache(
+            weights.model, tokenized, hooks, tmp_path / "cache", dtype="bfloat16"
+        )
+
+        assert manifest["dtype"] == "bfloat16" and manifest["num_tokens"] == sum(map(len, tokenized))
+        plan = plan_batches([len(ids) for ids in tokenized], costs_module.BATCH_SIZE)
+        expected = list(extract(weights.model, tokenized, plan, hooks=hooks, dtype="bfloat16"))
+        store = ActivationStore.open(tmp_path / "cache")
+        for hook in hooks:
+            stored = store.get(hook, as_torch=True)
+            assert torch.equal(
+                stored.float(), torch.cat([batch.activations[hook] for batch in expected]).float()
+            )
+
+        (tmp_path / "timed").mkdir()
+        seconds, size = costs_module.time_cache(
+            weights.model, tokenized, hooks, tmp_path / "timed", dtype="float32", repeats=1
+        )
+        assert seconds > 0 and size > manifest["num_tokens"] * 2 * 64 * 4  # two float32 hooks of width 64
+        assert list((tmp_path / "timed").iterdir()) == []  # each timed cache removed
+    finally:
+        release(weights)
 
 
 def test_a_peer_is_importable_only_where_its_interpreter_finds_it(bench, tmp_path):
