@@ -638,7 +638,9 @@ def test_resume_after_a_real_crash(tmp_path, reference, mode, returncode):
     assert len(manifest["shards"]) == 3  # the fourth shard never made it into the manifest
     if mode != "exit_between_shards":
         assert temp_files(directory), "the kill should have left a partial temp file"
-        assert shard_files_on_disk(directory) != listed_files(directory), "and renamed files nobody lists"
+        # A shard's files are written side by side: others of the dying shard may be renamed
+        # already (strays nobody lists) or not; every listed one is there.
+        assert listed_files(directory) <= shard_files_on_disk(directory)
 
     writer = open_writer(directory, dtype="bfloat16")
     assert writer.next_batch == manifest["shards"][2]["last_batch"] + 1
