@@ -308,7 +308,7 @@ def resident_bytes(pid: int) -> int:
 
 
 @pytest.mark.slow
-def test_two_hundred_generations_without_an_error_or_memory_growth(live_stack):
+def test_a_hundred_generations_without_an_error_or_memory_growth(live_stack):
     worker_pid = live_stack.processes[0].pid
 
     def one(index: int) -> None:
@@ -328,8 +328,8 @@ def test_two_hundred_generations_without_an_error_or_memory_growth(live_stack):
     for index in range(20):  # warm-up: allocator pools, caches, first-time imports
         one(index)
     warm = resident_bytes(worker_pid)
-    for index in range(200):
+    for index in range(100):
         one(index)
     grown = resident_bytes(worker_pid)
     assert grown <= 1.05 * warm, f"worker RSS grew from {warm / 2**20:.1f} to {grown / 2**20:.1f} MiB"
-    assert Generation.objects.filter(status="completed").count() >= 220
+    assert Generation.objects.filter(status="completed").count() >= 120

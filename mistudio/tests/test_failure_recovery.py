@@ -309,7 +309,8 @@ class SlowDownload:
 def slow_download(tmp_path, tiny_gpt2_folder, monkeypatch):
     """A hub model whose download takes about 35 s (0.7 MB at 20 kB/s), so a load is surely still
     downloading when its worker is killed; and the environment of processes that use that hub,
-    with the production heartbeat (every 5 s, lost after 30 s) and the web's worker watch on."""
+    with a heartbeat every second, lost after 8 s (production: 5 s and 30 s, the same code at a
+    quarter of the wait) and the web's worker watch on."""
     import huggingface_hub.constants as hub_constants
 
     from engine.testing.hub_standin import LocalHub
@@ -322,7 +323,7 @@ def slow_download(tmp_path, tiny_gpt2_folder, monkeypatch):
         monkeypatch.setenv("HF_ENDPOINT", hub.url)
         environment = process_environment(
             HF_HUB_OFFLINE="0", HF_ENDPOINT=hub.url, MODEL_CACHE_DIR=str(tmp_path / "model-cache"),
-            WORKER_HEARTBEAT_SECONDS="5", WORKER_LOST_AFTER_SECONDS="30", WATCH_WORKERS="1",
+            WORKER_HEARTBEAT_SECONDS="1", WORKER_LOST_AFTER_SECONDS="8", WATCH_WORKERS="1",
         )  # fmt: skip
         model = model_register(source="huggingface", identifier="acme/slow", owner=None)
         yield SlowDownload(hub=hub, model=model, environment=environment)
@@ -372,13 +373,13 @@ def test_a_worker_killed_mid_load_leaves_the_model_unloaded_with_worker_lost(slo
         assert model.host_worker == survivor
     finally:
         stop_processes(list(workers.values()))
-    print(f"\nWORKER_LOST {noticed_after:.1f} s after the SIGKILL (heartbeat 5 s, lost after 30 s)")
+    print(f"\nWORKER_LOST {noticed_after:.1f} s after the SIGKILL (heartbeat 1 s, lost after 8 s)")
 
 
 @pytest.mark.django_db(transaction=True)
 def test_the_last_worker_killed_mid_load_is_noticed_by_the_web(slow_download):
     """One worker only, killed while downloading: no worker is left to compare heartbeats, so the
-    web process's worker watch must mark the model WORKER_LOST (production timings)."""
+    web process's worker watch must mark the model WORKER_LOST."""
     model = slow_download.model
     port = free_port()
     name = f"alone-{port}"
