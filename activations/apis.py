@@ -235,7 +235,8 @@ class ExtractActivationsApi(APIView):
         )
         sample_count = serializers.IntegerField(min_value=1, max_value=DATABASE_INT_MAX, required=False)
         batch_size = serializers.IntegerField(min_value=1, max_value=1024, default=16)
-        max_length = serializers.IntegerField(min_value=1, max_value=131072, default=512)
+        # Omitted: 512 tokens, or the model's context when shorter.
+        max_length = serializers.IntegerField(min_value=1, max_value=131072, required=False)
         # Omitted: the model's compute dtype (float32, or bfloat16/float16 for a half or quantized model).
         dtype = serializers.ChoiceField(choices=services.STORAGE_DTYPES, required=False)
 

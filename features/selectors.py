@@ -316,6 +316,8 @@ class Dashboards:
                 "auto_label": neighbours[neighbour].auto_label if neighbour in neighbours else "",
             }
             for neighbour, cosine in zip(neighbour_ids, data.row("neighbour_cosines", index), strict=True)
+            # A dead feature (it never fired on the analysed tokens) is no neighbour worth opening.
+            if neighbour not in neighbours or neighbours[neighbour].density > 0
         ]
         return detail
 

@@ -43,6 +43,7 @@ class SaeListApi(APIView):
         batch_size = serializers.IntegerField(min_value=1, max_value=65536, default=4096)
         total_tokens = serializers.IntegerField(min_value=1, max_value=10**12, required=False)
         b_dec_init = serializers.ChoiceField(choices=services.B_DEC_INITS, default="geometric_median")
+        dead_after_steps = serializers.IntegerField(min_value=1, max_value=10**9, required=False)
         name = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")
         shared = serializers.BooleanField(default=False)
 

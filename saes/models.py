@@ -8,6 +8,10 @@ from mistudio.jobs import JobRow
 
 # engine.sae.ARCHITECTURES, named here so that the web process needs no torch to validate a request.
 ARCHITECTURES = ("standard", "topk", "batchtopk", "jumprelu")
+# The architectures whose sparsity comes from a penalty, and its coefficient's name.
+PENALIZED = {"standard": "l1_coefficient", "jumprelu": "l0_coefficient"}
+# Above this fraction of dead features (held out), the SAE says so.
+DEAD_WARNING_FRACTION = 0.25
 
 
 class SparseAutoencoder(JobRow):
@@ -25,8 +29,8 @@ class SparseAutoencoder(JobRow):
 
     class Source(models.TextChoices):
         TRAINED = "trained"
-        SAELENS = "saelens", "Imported SAELens folder"
-        GEMMA_SCOPE = "gemma_scope", "Imported Gemma Scope params.npz"
+        SAELENS = "saelens", "a SAELens folder"
+        GEMMA_SCOPE = "gemma_scope", "a Gemma Scope params.npz"
 
     id = models.CharField(primary_key=True, max_length=64, default=new_sae_id, editable=False)
     name = models.CharField(max_length=500, blank=True)
@@ -105,6 +109,29 @@ class SparseAutoencoder(JobRow):
         if active is None:
             active = list(self.evaluations.filter(status__in=JobRow.ACTIVE).order_by("-created_at")[:1])
         return active[0].status if active else ""
+
+    @property
+    def warnings(self) -> list[str]:
+        """What a researcher should know before trusting this SAE: a sparsity penalty too weak for
+        the model (L0 over a quarter of d_in) and most features dead on held-out tokens."""
+        found = []
+        l0 = self.evaluation.get("l0", self.metrics.get("l0"))
+        dense = isinstance(l0, int | float) and self.d_in and l0 > self.d_in / 4
+        if dense and self.architecture in PENALIZED:
+            coefficient = PENALIZED[self.architecture]
+            found.append(
+                f"L0 is {l0:,.0f}, over a quarter of d_in ({self.d_in}): the sparsity penalty is too weak "
+                f"for this model; train again with a larger {coefficient} "
+                f"(now {self.hyperparameters.get(coefficient, '?')}), or use TopK."
+            )
+        dead = self.evaluation.get("dead_features")
+        if isinstance(dead, int) and self.d_sae and dead > DEAD_WARNING_FRACTION * self.d_sae:
+            found.append(
+                f"{dead:,} of {self.d_sae:,} features ({100 * dead / self.d_sae:.0f} %) never fired on "
+                "held-out tokens: train on more tokens, or lower dead_after_steps so that AuxK revives "
+                "them sooner."
+            )
+        return found
 
     def mark_running(self, *, host_worker: str, total_steps: int = 0, total_tokens: int = 0) -> list[str]:
         self.total_steps, self.total_tokens = total_steps, total_tokens

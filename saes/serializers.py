@@ -44,6 +44,7 @@ def sae_state(sae: SparseAutoencoder, *, viewer=AUDIENCE, with_history: bool = T
         "metrics": sae.metrics,
         "evaluation": evaluation,
         "evaluation_status": sae.evaluation_status,
+        "warnings": sae.warnings,
         "memory_estimate_bytes": sae.memory_estimate_bytes,
         "file_size_bytes": sae.file_size_bytes,
         "host_worker": sae.host_worker,

@@ -57,8 +57,10 @@ def training_hyperparameters(
     batch_size: int,
     total_tokens: int,
     b_dec_init: str,
+    dead_after_steps: int | None = None,
 ) -> dict[str, Any]:
-    """The training configuration, validated, with the defaults a researcher expects filled in."""
+    """The training configuration, validated, with the defaults a researcher expects filled in:
+    sized to the model (:func:`default_k`) and to the run (:func:`default_dead_after_steps`)."""
     if architecture not in ARCHITECTURES:
         raise ApplicationError(
             "INVALID_ARCHITECTURE",
@@ -79,9 +81,10 @@ def training_hyperparameters(
         "total_tokens": total_tokens,
         "b_dec_init": b_dec_init,
         "warmup_steps": min(1000, max(1, -(-total_tokens // batch_size) // 20)),
+        "dead_after_steps": dead_after_steps or default_dead_after_steps(-(-total_tokens // batch_size)),
     }
     if architecture in ("topk", "batchtopk"):
-        k = k or 32
+        k = k or default_k(d_in)
         if k > d_sae:
             raise ApplicationError("INVALID_PARAMETER", f"k ({k}) must not exceed d_sae ({d_sae}).")
         config["k"] = k
@@ -92,6 +95,20 @@ def training_hyperparameters(
     if architecture == "jumprelu":
         config["l0_coefficient"] = 1.0 if l0_coefficient is None else l0_coefficient
     return config
+
+
+def default_k(d_in: int) -> int:
+    """Active features per token unless asked: d_in / 24, from 4 to 128 (32 for GPT-2 small's 768,
+    as OpenAI's TopK SAEs; 5 for the 128-wide demo model, where 32 left features firing on 40 % of
+    tokens)."""
+    return max(4, min(128, round(d_in / 24)))
+
+
+def default_dead_after_steps(total_steps: int) -> int:
+    """Steps without firing after which a feature counts as dead (and AuxK revives it): a tenth of
+    the run, at most 1,000 (SAELens' window). A fixed 1,000 was longer than a demo-scale run, so
+    AuxK never engaged."""
+    return max(1, min(1000, total_steps // 10))
 
 
 def check_sae_size(d_in: int, d_sae: int) -> None:
@@ -136,6 +153,7 @@ def sae_train_request(
     batch_size: int = 4096,
     total_tokens: int | None = None,
     b_dec_init: str = "geometric_median",
+    dead_after_steps: int | None = None,
     name: str = "",
     shared: bool = False,
 ) -> SparseAutoencoder:
@@ -156,7 +174,7 @@ def sae_train_request(
     config = training_hyperparameters(
         architecture=architecture, d_in=d_in, d_sae=d_sae, expansion_factor=expansion_factor, k=k,
         l1_coefficient=l1_coefficient, l0_coefficient=l0_coefficient, lr=lr, batch_size=batch_size,
-        total_tokens=total_tokens, b_dec_init=b_dec_init,
+        total_tokens=total_tokens, b_dec_init=b_dec_init, dead_after_steps=dead_after_steps,
     )  # fmt: skip
     with transaction.atomic():
         jobs.job_admit(owner=owner, tokens=total_tokens)

@@ -187,7 +187,7 @@ def run_sae_training(sae: SparseAutoencoder, job: JobContext) -> None:
     evaluation = held_out_evaluation(
         sae, trained.sae, store, split, loaded=loaded, cache_id=sae.cache_id, should_cancel=job.should_cancel
     )
-    save_files(sae, trained.sae, evaluation.pop("feature_density"))
+    save_files(sae, trained.sae, evaluation.pop("feature_density"), prepend_bos=starts_with_bos(store, sae))
     fields = sae.mark_completed(
         evaluation=evaluation,
         file_size_bytes=folder_size(sae.directory),
@@ -252,14 +252,24 @@ def held_out_evaluation(
     return {**evaluation, **ce.to_dict(), "ce_tokens": ce.tokens}
 
 
-def save_files(sae: SparseAutoencoder, module, feature_density) -> None:
+def starts_with_bos(store: ActivationStore, sae: SparseAutoencoder) -> bool:
+    """Whether the cache's samples begin with the model's BOS token (Llama's tokenizer adds one,
+    GPT-2's does not): what SAELens' ``prepend_bos`` says about the activations trained on."""
+    bos = (sae.model.config or {}).get("bos_token_id") if sae.model_id else None
+    if bos is None or not store.num_samples:
+        return False
+    ids, positions = store.sample_tokens(0)
+    return len(ids) > 0 and positions[0] == 0 and int(ids[0]) == bos
+
+
+def save_files(sae: SparseAutoencoder, module, feature_density, *, prepend_bos: bool) -> None:
     """The SAELens folder (cfg.json, sae_weights.safetensors, sparsity.safetensors); the checkpoint goes."""
     save_saelens(
         module,
         sae.directory,
         hook_name=sae.hook_name,
         model_name=sae.model_name,
-        metadata={"mistudio_sae_id": sae.id, "training": sae.hyperparameters},
+        metadata={"mistudio_sae_id": sae.id, "training": sae.hyperparameters, "prepend_bos": prepend_bos},
         log_feature_density=log_feature_density(feature_density),
     )
     shutil.rmtree(sae.checkpoint_directory, ignore_errors=True)

@@ -104,16 +104,19 @@ def extraction_request(
     layers: list[int] | None = None,
     sample_count: int | None = None,
     batch_size: int = 16,
-    max_length: int = 512,
+    max_length: int | None = None,
     dtype: str | None = None,
 ) -> ExtractionJob:
     """Answer from the cache, join the identical job in flight, or queue a new one.
 
     ``dtype`` is the stored dtype; by default the model's compute dtype (:func:`storage_dtype_for`).
+    ``max_length`` defaults to :data:`DEFAULT_MAX_LENGTH` tokens and never exceeds the model's
+    context (a longer sample is truncated to the context rather than failing the job).
     A model that is not loaded is loaded first, in the worker that takes the job.
     """
     model = LanguageModel.objects.get(pk=model_id)
     dtype = dtype or storage_dtype_for(model)
+    max_length = default_max_length(model, max_length or DEFAULT_MAX_LENGTH)
     dataset = Dataset.objects.filter(pk=dataset_id).first()
     if dataset is None:
         raise ApplicationError("DATASET_NOT_FOUND", "No such dataset.", status=404)
@@ -204,6 +207,12 @@ def joined(running: ExtractionJob, *, owner) -> ExtractionJob:
 
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+DEFAULT_MAX_LENGTH = 512
+
+
+def default_max_length(model: LanguageModel, wanted: int = DEFAULT_MAX_LENGTH) -> int:
+    """``wanted`` tokens per sample (by default 512), or the model's whole context if shorter."""
+    return min(wanted, model.context_length or wanted)
 
 
 def storage_dtype_for(model: LanguageModel) -> str:

@@ -128,6 +128,18 @@ def test_the_stored_dtype_defaults_to_the_models_and_the_size_is_estimated(setup
     assert ExtractionJob.objects.get(pk=own.json()["extraction_id"]).cache.dtype == "bfloat16"
 
 
+def test_max_length_defaults_to_and_never_exceeds_the_models_context(setup):
+    """On a model whose context is under 512 tokens, an omitted max_length is the context (512
+    failed every long sample with SEQUENCE_TOO_LONG), and a longer one truncates at the context."""
+    model, dataset, api = setup
+    context = model.context_length
+    assert context < 512
+    omitted = extract(api, model, dataset, max_length=None)
+    assert omitted.status_code == 202 and omitted.json()["max_length"] == context
+    longer = extract(api, model, dataset, max_length=100_000, batch_size=2)
+    assert longer.json()["extraction_id"] == omitted.json()["extraction_id"]  # the same request
+
+
 def test_invalid_hooks_are_named(setup):
     model, dataset, api = setup
     response = extract(api, model, dataset, hooks=["blocks.99.hook_resid_post", "module:__import__('os')"])

@@ -101,11 +101,13 @@ def test_analyse_browse_label_search_export_like_a_researcher(
     assert [entry["token_id"] for entry in detail["logit_effects"]["bottom"]] == torch.topk(
         logits, 10, largest=False
     ).indices.tolist()
-    # Similar features: decoder cosine similarity.
+    # Similar features: decoder cosine similarity, dead features (never fired) left out.
     unit = torch.nn.functional.normalize(module.W_dec.detach(), dim=1)
     cosine = unit @ unit[live]
     cosine[live] = -2
-    assert [entry["index"] for entry in detail["similar"]] == torch.topk(cosine, 10).indices.tolist()
+    nearest = torch.topk(cosine, 10).indices.tolist()
+    assert [entry["index"] for entry in detail["similar"]] == [i for i in nearest if count[i] > 0]
+    assert all(entry["density"] > 0 for entry in detail["similar"])
 
     # The list: filters and sorting.
     dense_first = api.get(f"/api/saes/{sae_row.id}/features?sort=-density&page_size=5").json()

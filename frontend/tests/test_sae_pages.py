@@ -168,9 +168,11 @@ def test_the_form_offers_completed_caches_with_their_hooks_and_the_defaults(
     assert 'name="expansion_factor" type="number" min="1" max="1024" step="1" value="8"' in form
     assert re.search(
         r'data-architectures="topk batchtopk">\s*<label for="train-k">k</label>\s*'
-        r'<input id="train-k" name="k"[^>]*value="32"',
+        r'<input id="train-k" name="k"[^>]*value="" placeholder="d_in ÷ 24"',
         form,
-    )
+    )  # empty: sized to the hook's width by the service
+    dead = r'<input id="train-dead" name="dead_after_steps"[^>]*value="" placeholder="a tenth'
+    assert re.search(dead, form)
     assert 'data-architectures="standard"' in form and 'name="l1_coefficient"' in form
     # the cache page links here with its cache chosen
     cache_page = signed_in(writer).get(f"/activations/{planted_cache.id}/").content.decode()
@@ -295,7 +297,7 @@ def test_the_sae_page_shows_curves_metrics_hyperparameters_and_links(writer, tin
     assert re.findall(r'data-curve="(\w+)"', curves) == ["mse", "l0", "explained_variance", "dead"]
     assert svg_points(curves) == [len(HISTORY)] * 4
     assert 'data-testid="latest-dead">0<' in curves and 'data-testid="latest-mse">0.08333<' in curves
-    assert "mse (log scale)" in curves and ">tokens<" in curves
+    assert "mse, activations scaled to norm √d_in (log scale)" in curves and ">tokens<" in curves
 
     metrics = page.split('id="sae-metrics"')[1].split("</section>")[0]
     for metric, shown in [

@@ -15,7 +15,7 @@ from django.views.decorators.http import require_safe
 
 from activations import selectors as activation_selectors
 from activations.services import STORAGE_DTYPES, storage_dtype_for
-from activations.services.extractions import DTYPE_BYTES
+from activations.services.extractions import DTYPE_BYTES, default_max_length
 from frontend.access import reader_required
 from mistudio.errors import ApplicationError
 from models_app import selectors
@@ -32,7 +32,6 @@ QUANTIZATION_LABELS = {
     "int4": "int4 (bitsandbytes nf4)",
 }
 DTYPE_LABELS = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
-DEFAULT_MAX_LENGTH = 512
 RECENT_EXTRACTIONS = 20
 RECENT_SAES = 10
 
@@ -195,7 +194,7 @@ def model_detail_page(request, model_id: str):
         .select_related("dataset", "cache")[:RECENT_EXTRACTIONS]
     )
     active = next((job for job in extractions if job.status in ("queued", "running")), None)
-    context_length = model.context_length or DEFAULT_MAX_LENGTH
+    context_length = model.context_length or default_max_length(model)
     saes = sae_list(user=request.user, filters={"model": model.id})
     return render(
         request,
@@ -222,7 +221,7 @@ def model_detail_page(request, model_id: str):
             "sae_count": saes.count(),
             "datasets": activation_selectors.dataset_list(user=request.user),
             "dtypes": storage_dtype_choices(model),
-            "default_max_length": min(DEFAULT_MAX_LENGTH, context_length),
+            "default_max_length": default_max_length(model),
             "context_length": context_length,
         },
     )

@@ -51,13 +51,14 @@ ARCHITECTURE_LABELS = {
 TRAIN_DEFAULTS = {
     "architecture": "topk",
     "expansion_factor": "8",
-    "k": "32",
+    "k": "",
     "l1_coefficient": "5",
     "l0_coefficient": "1",
     "lr": "0.0003",
     "batch_size": "4096",
     "total_tokens": "",
     "b_dec_init": "geometric_median",
+    "dead_after_steps": "",
     "name": "",
 }
 IMPORT_FORMATS = [
@@ -68,7 +69,7 @@ IMPORT_FORMATS = [
 # The training curves: (history key, title, y axis label, log scale), two charts to a row.
 CURVE_SIZE = (440, 250)
 CURVES = [
-    ("mse", "MSE loss", "mse", True),
+    ("mse", "MSE loss (scaled units)", "mse, activations scaled to norm √d_in", True),
     ("l0", "L0", "active features per token", False),
     ("explained_variance", "Explained variance", "explained variance", False),
     ("dead", "Dead features", "dead features", False),
@@ -220,7 +221,7 @@ def train(request):
     if refused:
         return refused
     names = ["cache_id", "hook", "architecture", "expansion_factor", "lr", "batch_size", "total_tokens"]
-    names += ["b_dec_init", "name", *ARCHITECTURE_FIELDS]
+    names += ["b_dec_init", "dead_after_steps", "name", *ARCHITECTURE_FIELDS]
     shown = _posted(request, names)
     architecture = shown.get("architecture", TRAIN_DEFAULTS["architecture"])
     values = {

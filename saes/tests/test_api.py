@@ -39,11 +39,14 @@ def test_train_request_is_queued_with_defaults_filled_in(
     assert response.status_code == 202, response.content
     body = response.json()
     assert body["id"].startswith("sae_") and body["status"] == "queued"
-    assert (body["d_in"], body["d_sae"], body["k"]) == (D_IN, 8 * D_IN, 32)  # 8x expansion, k = 32
+    # 8x expansion; k = d_in / 24, at least 4 (32 was 40 % of a small model's features firing).
+    assert (body["d_in"], body["d_sae"], body["k"]) == (D_IN, 8 * D_IN, 4)
     # One pass over the training part (the held-out 5 % excluded), in whole batches.
     assert body["total_tokens"] == int(planted_cache.num_tokens * 0.95)
     assert body["total_steps"] == -(-body["total_tokens"] // 256)
     assert body["hyperparameters"]["b_dec_init"] == "geometric_median"
+    # Dead after a tenth of the run (a fixed 1,000 steps outlasted short runs: AuxK never engaged).
+    assert body["hyperparameters"]["dead_after_steps"] == max(1, body["total_steps"] // 10)
     assert body["owner"] == writer.username and body["model_id"] == planted_cache.model_id
     # The row waits on the shared queue (the model is loaded nowhere), with a token there once the
     # request committed.
@@ -221,3 +224,45 @@ def test_import_checks_the_width_against_the_models_hook(tiny_model, writer, cli
     )
     assert response.status_code == 400 and error_code(response) == "HOOK_WIDTH_MISMATCH"
     assert not SaeRow.objects.exists()
+
+
+def test_defaults_are_sized_to_the_model_and_the_run():
+    """k follows d_in (32 for GPT-2 small's 768, 5 for the 128-wide demo model), and a feature is
+    dead after a tenth of the run, at most 1,000 steps (a 977-step demo run: 97)."""
+    from saes.services import training_hyperparameters
+
+    def config(d_in, total_tokens, **options):
+        return training_hyperparameters(
+            architecture="topk", d_in=d_in, d_sae=None, expansion_factor=None, k=None,
+            l1_coefficient=None, l0_coefficient=None, lr=3e-4, batch_size=4096,
+            total_tokens=total_tokens, b_dec_init="zeros", **options,
+        )  # fmt: skip
+
+    assert [config(d_in, 4096)["k"] for d_in in (64, 128, 768, 2048, 4096)] == [4, 5, 32, 85, 128]
+    assert config(128, 977 * 4096)["dead_after_steps"] == 97
+    assert config(768, 100_000 * 4096)["dead_after_steps"] == 1000
+    assert config(128, 4096)["dead_after_steps"] == 1
+    assert config(128, 977 * 4096, dead_after_steps=50)["dead_after_steps"] == 50
+
+
+def test_dead_after_steps_is_taken_from_the_request(planted_cache, writer, client_for):
+    api = client_for(writer)
+    response = train(api, planted_cache, architecture="topk", batch_size=256, dead_after_steps=7)
+    assert response.status_code == 202, response.content
+    assert response.json()["hyperparameters"]["dead_after_steps"] == 7
+    refused = train(api, planted_cache, architecture="topk", dead_after_steps=0)
+    assert refused.status_code == 400 and error_code(refused) == "VALIDATION_ERROR"
+
+
+def test_an_sae_warns_of_a_weak_sparsity_penalty_and_of_dead_features():
+    """The review's JumpReLU on the demo model: L0 448 of d_in 128 and 604 of 1,024 features dead
+    held out, with no warning. The row (API, events, page) now says both."""
+    weak = SaeRow(
+        architecture="jumprelu", d_in=128, d_sae=1024, hyperparameters={"l0_coefficient": 1.0},
+        evaluation={"l0": 448.0, "dead_features": 604},
+    )  # fmt: skip
+    dense, dead = weak.warnings
+    assert "L0 is 448, over a quarter of d_in (128)" in dense and "l0_coefficient (now 1.0)" in dense
+    assert dead.startswith("604 of 1,024 features (59 %) never fired")
+    healthy = SaeRow(architecture="topk", d_in=128, d_sae=1024, evaluation={"l0": 5.0, "dead_features": 3})
+    assert healthy.warnings == []

@@ -123,6 +123,8 @@ def test_extract_train_evaluate_export_like_a_researcher(
     exported, described = load_saelens(tmp_path / sae_id)
     torch.testing.assert_close(exported.encode(held_out), features, rtol=0, atol=0)
     assert described["hook_name"] == HOOK and not (sae.directory / "checkpoint").exists()
+    # GPT-2's tokenizer adds no BOS to the samples trained on: SAELens must not prepend one.
+    assert described["cfg"]["metadata"]["prepend_bos"] is False
 
     # On demand: evaluate again (the same cache), in the worker that hosts the model.
     assert api.post(f"/api/saes/{sae_id}/evaluate", {}, format="json").status_code == 202

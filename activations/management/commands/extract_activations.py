@@ -23,7 +23,7 @@ class Command(BaseCommand):
         parser.add_argument("--layers", nargs="*", type=int, default=None, help="shorthand for resid_post")
         parser.add_argument("--samples", type=int, default=None, help="the first N samples (default: all)")
         parser.add_argument("--batch-size", type=int, default=16)
-        parser.add_argument("--max-length", type=int, default=512)
+        parser.add_argument("--max-length", type=int, help="default: 512, or the model's context if shorter")
         parser.add_argument(
             "--dtype", choices=services.STORAGE_DTYPES, help="default: the model's compute dtype"
         )

@@ -55,6 +55,7 @@
     }
   });
 
+  const DEFAULT_MAX_TOKENS = Number(form.elements.max_tokens.getAttribute("placeholder")) || 128;
   function describeModel() {
     const option = modelSelect.selectedOptions[0];
     if (!option) return;
@@ -63,6 +64,13 @@
       quantization && quantization !== "none" ? quantization : "unquantized",
       option.dataset.worker && `on ${option.dataset.worker}`];
     $("model-meta").textContent = parts.filter(Boolean).join(" · ");
+    // An empty Max tokens lets the API fit the output into the context left after the prompt.
+    const context = Number(option.dataset.context) || 0;
+    const maxTokens = form.elements.max_tokens;
+    maxTokens.placeholder = String(context ? Math.min(DEFAULT_MAX_TOKENS, context - 1) : DEFAULT_MAX_TOKENS);
+    $("max-tokens-help").textContent = context
+      ? `Empty: up to ${DEFAULT_MAX_TOKENS}, within the ${context}-token context after the prompt`
+      : `Empty: up to ${DEFAULT_MAX_TOKENS}, within the model's context`;
   }
   modelSelect.addEventListener("change", () => { describeModel(); if (captureBox.checked) loadHooks(); offerSaes(); offerVectors(); });
   describeModel();
@@ -550,7 +558,9 @@
     setStat("completion_tokens", result.usage.completion_tokens);
     setStat("finish_reason", result.finish_reason || "—");
     if (timings.decode_tokens_per_second) setStat("rate", timings.decode_tokens_per_second.toFixed(1));
-    setStat("total", ms(timings.total_ms !== undefined ? timings.total_ms : performance.now() - clicked));
+    // From the click, as "First token" is (the worker's own time, queueing left out, in the tooltip).
+    setStat("total", ms(performance.now() - clicked));
+    document.querySelector('[data-stat="total"]').title = timings.total_ms !== undefined ? `on the worker: ${ms(timings.total_ms)}` : "";
     setRunState(result.finish_reason === "cancelled" ? "Stopped" : "Done", result.finish_reason === "cancelled" ? "cancelled" : "completed");
     $("copy-output").disabled = false;
     showRequest(result.request_id);

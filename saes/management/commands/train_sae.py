@@ -23,13 +23,18 @@ class Command(BaseCommand):
             "--expansion", type=int, default=None, help="d_sae = expansion x d_in (default 8)"
         )
         parser.add_argument("--d-sae", type=int, default=None)
-        parser.add_argument("--k", type=int, default=None, help="topk / batchtopk (default 32)")
+        parser.add_argument(
+            "--k", type=int, default=None, help="topk / batchtopk (default: d_in / 24, 4 to 128)"
+        )
         parser.add_argument("--l1", type=float, default=None, help="standard: L1 coefficient (default 5)")
         parser.add_argument("--l0", type=float, default=None, help="jumprelu: L0 coefficient (default 1)")
         parser.add_argument("--lr", type=float, default=3e-4)
         parser.add_argument("--batch-size", type=int, default=4096)
         parser.add_argument("--tokens", type=int, default=None, help="default: one pass over the cache")
         parser.add_argument("--b-dec-init", choices=services.B_DEC_INITS, default="geometric_median")
+        parser.add_argument(
+            "--dead-after-steps", type=int, default=None, help="default: a tenth of the steps, at most 1000"
+        )
         parser.add_argument("--name", default="")
         parser.add_argument("--no-wait", action="store_true")
         parser.add_argument("--timeout", type=float, default=7 * 24 * 3600)
@@ -49,7 +54,8 @@ class Command(BaseCommand):
                 expansion_factor=options["expansion"], d_sae=options["d_sae"], k=options["k"],
                 l1_coefficient=options["l1"], l0_coefficient=options["l0"], lr=options["lr"],
                 batch_size=options["batch_size"], total_tokens=options["tokens"],
-                b_dec_init=options["b_dec_init"], name=options["name"],
+                b_dec_init=options["b_dec_init"], dead_after_steps=options["dead_after_steps"],
+                name=options["name"],
             )  # fmt: skip
         except ApplicationError as error:
             raise CommandError(f"{error.code}: {error.message}") from None
