@@ -4,6 +4,7 @@ from drf_spectacular.views import SpectacularSwaggerSplitView
 
 from frontend.access import reader_required
 from frontend.views import (
+    account,
     activations,
     datasets,
     feature_encode,
@@ -34,6 +35,7 @@ urlpatterns = [
     path("saes/<str:sae_id>/encode/", feature_encode.feature_encode_page, name="feature-encode"),
     path("playground/", playground.playground_page, name="playground"),
     path("workers/", workers.workers_page, name="workers"),
+    path("account/token/", account.api_token_page, name="api-token"),
     # The interactive API documentation is a page (sign-in, role), the schema it reads is API.
     path(
         "docs/api/", reader_required(SpectacularSwaggerSplitView.as_view(url_name="schema")), name="api-docs"

@@ -16,7 +16,8 @@ def test_sign_in_lands_on_the_models_page_with_the_role_in_the_top_bar(reader):
     response = browser.post("/login/", {"username": "rita-reader", "password": "rita-reader-password"})
     assert response.status_code == 302 and response["Location"] == "/"
     page = browser.get("/").content.decode()
-    assert 'data-testid="role">model:read<' in page and 'data-testid="username">rita-reader<' in page
+    assert 'data-testid="role">model:read<' in page
+    assert 'data-testid="username" title="Your API token">rita-reader<' in page
 
 
 def test_a_wrong_password_says_so():

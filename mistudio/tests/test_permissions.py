@@ -130,6 +130,7 @@ MATRIX: dict[str, dict[str, tuple]] = {
     "saes/{sae}/encode/": {"GET": OWNER_PAGE, "POST": OWNER_PAGE_CHANGES},
     "playground/": {"GET": PAGE},
     "workers/": {"GET": PAGE},
+    "account/token/": {"GET": PAGE, "POST": PAGE},  # one's own API token: any role may have one
     "login/": {"GET": (OK, 302, 302, 302, 302, 302)},  # the signed-in are sent on to the models page
     "logout/": {"POST": (302, 302, 302, 302, 302, 302)},
 }

@@ -4,8 +4,8 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.core.management.base import BaseCommand
 from django.db import transaction
-from rest_framework.authtoken.models import Token
 
+from mistudio.api_tokens import api_token_create
 from mistudio.roles import ROLES
 
 
@@ -29,8 +29,8 @@ class Command(BaseCommand):
             user.is_staff = user.is_superuser = True
         user.save()
         user.groups.set([Group.objects.get(name=options["role"])])
-        token, _ = Token.objects.get_or_create(user=user)
+        key = api_token_create(user, replace=False)
         self.stderr.write(
             f"{'created' if created else 'updated'} {user.username} with role {options['role']}"
         )
-        self.stdout.write(token.key)
+        self.stdout.write(key)
