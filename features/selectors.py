@@ -6,6 +6,7 @@ array, sliced from the file without reading the rest (the cache is never touched
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 from collections.abc import Iterator
@@ -187,10 +188,31 @@ def analysis_tokenizer(sae: SparseAutoencoder):
 
 
 def token_strings(tokenizer, token_ids) -> list[str]:
+    """Each token as text; a token that is part of a character's UTF-8 bytes (which decodes alone
+    to "\ufffd") as its bytes, ``<0xE2><0x80>``."""
     ids = [int(token) for token in token_ids]
     if tokenizer is None:
         return [f"#{token}" if token >= 0 else "" for token in ids]
-    return [tokenizer.decode([token]) if token >= 0 else "" for token in ids]
+    return [_token_text(tokenizer, token) if token >= 0 else "" for token in ids]
+
+
+def _token_text(tokenizer, token: int) -> str:
+    text = tokenizer.decode([token])
+    if "\ufffd" not in text:
+        return text
+    piece = tokenizer.convert_ids_to_tokens(token)
+    decoder = _byte_decoder()
+    if isinstance(piece, str) and piece and all(character in decoder for character in piece):
+        return "".join(f"<0x{decoder[character]:02X}>" for character in piece)
+    return piece if isinstance(piece, str) and piece else text
+
+
+@functools.cache
+def _byte_decoder() -> dict[str, int]:
+    """Byte-level BPE's characters back to the bytes they stand for (GPT-2, Llama 3 and others)."""
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    return {character: byte for byte, character in bytes_to_unicode().items()}
 
 
 def _examples(

@@ -5,6 +5,16 @@ from django import template
 register = template.Library()
 
 
+# A model's status as the pages name it: "pending" is a model registered and never loaded.
+MODEL_STATUS_LABELS = {"pending": "not loaded"}
+
+
+@register.filter
+def model_status(value) -> str:
+    """The same as ``mi.modelStatus`` in app.js."""
+    return MODEL_STATUS_LABELS.get(value, value)
+
+
 @register.filter
 def bytes_human(value) -> str:
     if value in (None, ""):

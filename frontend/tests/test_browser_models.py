@@ -59,7 +59,7 @@ def test_add_a_local_model_then_load_unload_and_delete_it_without_a_reload(
     model = LanguageModel.objects.get(name="tiny-gpt2")
     card = page.locator(f'.model-card[data-model-id="{model.id}"]')
     badge = card.locator('[data-field="status"]')
-    expect(badge).to_have_text("pending")
+    expect(badge).to_have_text("not loaded")  # registered, never loaded ("pending" in the API)
     expect(card.locator('[data-field="num_layers"]')).to_have_text("2")
     expect(page.locator("#model-count")).to_have_text("2 models")
 

@@ -17,6 +17,7 @@ from features import selectors, services
 from features.models import Feature, FeatureAnalysis, FeatureLabel
 from features.tests.conftest import completed_sae_row
 from mistudio.workers import run_worker
+from models_app.models import LanguageModel
 from models_app.services import model_register
 from saes.tests.conftest import write_planted_cache
 
@@ -185,6 +186,12 @@ def test_the_feature_list_filters_sorts_pages_and_finds_by_label_or_token(sae, w
     bad = browser.get(url, {"density_min": "2"})
     assert bad.status_code == 400
     assert "density_min" in bad.content.decode() and len(indices(bad.content.decode())) == 50
+
+    # "Which features fire on my text?" says to load the model only while it is not loaded.
+    LanguageModel.objects.filter(pk=sae.model_id).update(status="unloaded")
+    assert 'data-testid="encode-needs-model">Load <a href="/models/' in browser.get(url).content.decode()
+    LanguageModel.objects.filter(pk=sae.model_id).update(status="ready")
+    assert 'data-testid="encode-needs-model"' not in browser.get(url).content.decode()
 
 
 def test_the_feature_list_without_an_analysis_says_how_to_get_one(sae, writer):

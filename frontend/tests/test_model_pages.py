@@ -39,7 +39,7 @@ def test_each_model_is_a_card_with_its_numbers_status_and_actions(writer, tiny_m
     page = browser_for(writer).get("/").content.decode()
     card = card_of(page, tiny_model.id)
     assert f'href="/models/{tiny_model.id}/"' in card and ">tiny-gpt2<" in card
-    assert 'class="badge status-pending" data-field="status">pending<' in card
+    assert 'class="badge status-pending" data-field="status">not loaded<' in card
     assert 'data-family="gpt2"' in card and ">gpt2<" in card
     assert 'data-field="parameters" title="173824">173.8K<' in card
     assert 'data-field="num_layers">2<' in card

@@ -206,6 +206,8 @@ def feature_list_page(request, sae_id: str):
         "page_sizes": PAGE_SIZES,
         "analyses": [],
         "analysis": None,
+        # Encoding a text needs the SAE's model loaded somewhere: the form says so only when it is not.
+        "model_ready": bool(sae.model_id) and sae.model.status == "ready",
     }
     try:
         analysis = selectors.current_analysis(user=request.user, sae=sae, analysis_id=named)

@@ -386,11 +386,13 @@
   // A token as the probe pages show it: spaces as middle dots and newlines as ⏎, so that a
   // whitespace token is visible.
   const visibleToken = (token) => token.replace(/ /g, "·").replace(/\n/g, "⏎");
+  // A model's status as the pages name it (the same as the model_status template filter).
+  const modelStatus = (status) => (status === "pending" ? "not loaded" : status);
 
   window.mi = {
     api, fragment, elementsOf, ApiError, showErrors, clearErrors, workerForm, toast, confirm: confirmAction,
     bytes, duration, localTime, shortTime, localizeTimes, escapeHtml, setProgress, live, toggleTheme,
-    visibleToken,
+    visibleToken, modelStatus,
   };
 
   document.addEventListener("DOMContentLoaded", () => {

@@ -103,7 +103,7 @@
       root.dataset.status = model.status;
       fields(root, "status").forEach((badge) => {
         badge.className = `badge status-${model.status}`;
-        badge.textContent = model.status;
+        badge.textContent = mi.modelStatus(model.status);
       });
     }
     if (model.name) setText(root, "name", model.name);
