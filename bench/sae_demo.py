@@ -40,14 +40,35 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--batch-size", type=int, default=1024)
     parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument(
+        "--product-defaults",
+        action="store_true",
+        help="train as POST /api/saes does when only cache and hook are given: k = default_k(d_in), "
+        "lr 3e-4, batch 4096, dead_after_steps and total tokens as engine.sae's defaults",
+    )
+    parser.add_argument("--layers", help="comma-separated layers (default: all)")
+    parser.add_argument(
+        "--dead-after-steps", type=int, help="default: 1000, or the product's with --product-defaults"
+    )
     arguments = parser.parse_args()
+    if arguments.product_defaults:
+        arguments.lr, arguments.batch_size = 3e-4, 4096
+        if "--epochs" not in sys.argv:
+            arguments.epochs = 1
 
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from engine.demo_training import demo_corpus, train_demo_gpt2
     from engine.extraction import extract, plan_batches, tokenize_samples
-    from engine.sae import TrainingConfig, shuffled_batches, train
+    from engine.sae import (
+        TrainingConfig,
+        default_dead_after_steps,
+        default_k,
+        default_total_tokens,
+        shuffled_batches,
+        train,
+    )
     from engine.sae.evaluation import ce_loss_recovered, evaluate_activations
 
     torch.manual_seed(0)
@@ -60,7 +81,12 @@ def main() -> None:
         tokenizer = AutoTokenizer.from_pretrained(folder)
         model = AutoModelForCausalLM.from_pretrained(folder, use_safetensors=True).eval()
 
-    hooks = [f"blocks.{layer}.hook_resid_post" for layer in range(model.config.n_layer)]
+    layers = (
+        [int(layer) for layer in arguments.layers.split(",")]
+        if arguments.layers
+        else range(model.config.n_layer)
+    )
+    hooks = [f"blocks.{layer}.hook_resid_post" for layer in layers]
     tokenized = tokenize_samples(tokenizer, demo_corpus()[:SAMPLES], MAX_LENGTH)
     first_held_out = int(len(tokenized) * (1 - HOLDOUT_FRACTION))
     rows: dict[str, dict[str, list]] = {hook: {"train": [], "held_out": []} for hook in hooks}
@@ -84,18 +110,25 @@ def main() -> None:
         data = torch.cat(rows[hook]["train"]).float()
         held_out = torch.cat(rows[hook]["held_out"]).float()
         d_in = data.shape[1]
+        total_tokens = arguments.epochs * len(data)
+        if arguments.product_defaults and "--epochs" not in sys.argv:
+            total_tokens = default_total_tokens(len(data), arguments.batch_size)
+        steps = -(-total_tokens // arguments.batch_size)
+        product = arguments.product_defaults
         config = TrainingConfig(
             architecture="topk",
             d_sae=arguments.expansion * d_in,
-            k=arguments.k,
+            k=default_k(d_in) if product and "--k" not in sys.argv else arguments.k,
             lr=arguments.lr,
             batch_size=arguments.batch_size,
-            total_tokens=arguments.epochs * len(data),
-            warmup_steps=max(1, arguments.epochs * len(data) // arguments.batch_size // 20),
+            total_tokens=total_tokens,
+            warmup_steps=max(1, steps // 20),
+            dead_after_steps=arguments.dead_after_steps
+            or (default_dead_after_steps(steps) if product else 1000),
         )
         chunks = (
             data[start : start + 16384]
-            for _ in range(arguments.epochs)
+            for _ in range(-(-total_tokens // len(data)))
             for start in range(0, len(data), 16384)
         )
         started = time.perf_counter()
@@ -113,6 +146,8 @@ def main() -> None:
             "d_in": d_in,
             "d_sae": config.d_sae,
             "steps": trained.steps,
+            "k": config.k,
+            "dead_after_steps": config.dead_after_steps,
             "tokens_per_second": trained.tokens / seconds,
             **evaluation.to_dict(),
             "dead_fraction": evaluation.dead_features / config.d_sae,
@@ -120,7 +155,7 @@ def main() -> None:
         }
         results.append(result)
         print(
-            f"{hook:<26} EV {result['explained_variance']:.3f}  L0 {result['l0']:5.1f}  "
+            f"{hook:<26} k {config.k:>3}  EV {result['explained_variance']:.3f}  L0 {result['l0']:5.1f}  "
             f"dead {result['dead_fraction']:6.1%}  CE clean {ce.clean_loss:.3f} / SAE {ce.sae_loss:.3f} / "
             f"zero {ce.zero_ablation_loss:.3f}  recovered {ce.ce_loss_recovered:.3f}  "
             f"({trained.steps} steps, {result['tokens_per_second']:,.0f} tok/s)",

@@ -21,6 +21,7 @@ from engine.errors import EngineError
 from engine.hooks import MAX_HOOK_NAME_LENGTH, is_hook_name
 from engine.inspection import confined_folder_entries
 from engine.inspection.sae_folders import SaeFiles, inspect_sae_folder
+from engine.sae import default_dead_after_steps, default_k, default_total_tokens
 from mistudio import jobs
 from mistudio.access import OPERATOR, check_may_change, reach
 from mistudio.budgets import memory_budget_check
@@ -97,20 +98,6 @@ def training_hyperparameters(
     return config
 
 
-def default_k(d_in: int) -> int:
-    """Active features per token unless asked: d_in / 24, from 4 to 128 (32 for GPT-2 small's 768,
-    as OpenAI's TopK SAEs; 5 for the 128-wide demo model, where 32 left features firing on 40 % of
-    tokens)."""
-    return max(4, min(128, round(d_in / 24)))
-
-
-def default_dead_after_steps(total_steps: int) -> int:
-    """Steps without firing after which a feature counts as dead (and AuxK revives it): a tenth of
-    the run, at most 1,000 (SAELens' window). A fixed 1,000 was longer than a demo-scale run, so
-    AuxK never engaged."""
-    return max(1, min(1000, total_steps // 10))
-
-
 def check_sae_size(d_in: int, d_sae: int) -> None:
     if d_in * d_sae > MAX_SAE_PARAMETERS:
         raise ApplicationError(
@@ -158,8 +145,8 @@ def sae_train_request(
     shared: bool = False,
 ) -> SparseAutoencoder:
     """Queue the training of an SAE on ``cache``'s activations at ``hook`` (a completed cache the
-    caller may read). ``total_tokens`` defaults to one pass over the training part of the cache;
-    more passes reshuffle it."""
+    caller may read). ``total_tokens`` defaults to one pass over the training part of the cache,
+    or 512 steps when that is more (``engine.sae.default_total_tokens``); more passes reshuffle it."""
     check_label_text(name, field="name")
     if cache.status != ActivationCache.Status.COMPLETED:
         raise ApplicationError("CACHE_NOT_READY", f"The cache is {cache.status}.", status=409)
@@ -170,7 +157,7 @@ def sae_train_request(
             details={"invalid": [hook], "valid": cache.hooks},
         )
     d_in = int(cache.activation_shapes[hook][1])
-    total_tokens = total_tokens or training_tokens(cache)
+    total_tokens = total_tokens or default_total_tokens(training_tokens(cache), batch_size)
     config = training_hyperparameters(
         architecture=architecture, d_in=d_in, d_sae=d_sae, expansion_factor=expansion_factor, k=k,
         l1_coefficient=l1_coefficient, l0_coefficient=l0_coefficient, lr=lr, batch_size=batch_size,

@@ -45,7 +45,8 @@ def test_train_from_the_form_and_watch_the_curves_fill_in(page, site, tiny_gpt2_
     page.fill("#train-expansion", "4")
     page.fill("#train-k", "8")
     page.fill("#train-lr", "0.003")
-    page.fill("#train-batch", "64")  # one pass (the default) in ~60 steps: enough to watch
+    page.fill("#train-batch", "64")
+    page.fill("#train-tokens", "4000")  # ~60 steps: enough to watch
     page.fill("#train-name", "browser topk")
     page.click("#train-submit")
 

@@ -156,8 +156,10 @@ def test_the_form_offers_completed_caches_with_their_hooks_and_the_defaults(
     caches = re.findall(r'<option value="(act_\w+)" data-tokens="(\d+)"( selected)?>', form)
     assert {cache for cache, _, _ in caches} == {planted_cache.id, other.id}  # completed ones only
     chosen = [(cache, tokens) for cache, tokens, selected in caches if selected]
-    assert chosen == [(planted_cache.id, str(int(planted_cache.num_tokens * 0.95)))]
-    assert f'placeholder="{int(planted_cache.num_tokens * 0.95)} (one pass)"' in form
+    # One pass over the training part, or 512 steps of the form's batch size (4096) when more.
+    default_tokens = max(int(planted_cache.num_tokens * 0.95), 512 * 4096)
+    assert chosen == [(planted_cache.id, str(default_tokens))]
+    assert f'placeholder="{default_tokens}"' in form
     assert f'<optgroup label="{planted_cache.id}" data-cache="{planted_cache.id}">' in form
     assert f'<option value="{HOOK}" selected>{HOOK} · d={D_IN}</option>' in form
     assert '<option value="topk" selected>TopK</option>' in form
@@ -195,10 +197,10 @@ def test_posting_the_form_queues_a_training_and_opens_its_page(
     assert response.status_code == 302 and response["Location"] == f"/saes/{sae.id}/"
     assert (sae.status, sae.name, sae.owner, sae.shared) == ("queued", "my first SAE", writer, True)
     assert (sae.architecture, sae.d_in, sae.d_sae, sae.k) == ("batchtopk", D_IN, 4 * D_IN, 16)
-    # the coefficients of the other architectures were left out, the empty tokens field is one pass
+    # the other architectures' coefficients were left out; the empty tokens field: one pass, >= 512 steps
     assert "l1_coefficient" not in sae.hyperparameters and "l0_coefficient" not in sae.hyperparameters
     assert sae.hyperparameters["lr"] == 0.001 and sae.hyperparameters["b_dec_init"] == "mean"
-    assert sae.total_tokens == int(planted_cache.num_tokens * 0.95)
+    assert sae.total_tokens == max(int(planted_cache.num_tokens * 0.95), 512 * 128)
     assert sae.queue_name == shared_queue().name
     assert [job.func_name for job in shared_queue().jobs] == ["mistudio.job_runner.run_next_job"]
 

@@ -23,6 +23,7 @@ from rest_framework.exceptions import ValidationError
 
 from activations import selectors as activation_selectors
 from activations.models import ActivationCache
+from engine.sae import default_total_tokens
 from features.selectors import analysed_sae_ids
 from frontend.access import reader_required, sae_or_404, writer_refusal
 from frontend.charts import line_chart_svg
@@ -107,6 +108,7 @@ def training_caches(user) -> list[ActivationCache]:
     for cache in caches:
         cache.hook_widths = [(hook, (cache.activation_shapes.get(hook) or [0, 0])[1]) for hook in cache.hooks]
         cache.training_tokens = services.training_tokens(cache)
+        cache.default_tokens = default_total_tokens(cache.training_tokens, int(TRAIN_DEFAULTS["batch_size"]))
     return caches
 
 

@@ -39,10 +39,10 @@ def test_train_request_is_queued_with_defaults_filled_in(
     assert response.status_code == 202, response.content
     body = response.json()
     assert body["id"].startswith("sae_") and body["status"] == "queued"
-    # 8x expansion; k = d_in / 24, at least 4 (32 was 40 % of a small model's features firing).
-    assert (body["d_in"], body["d_sae"], body["k"]) == (D_IN, 8 * D_IN, 4)
-    # One pass over the training part (the held-out 5 % excluded), in whole batches.
-    assert body["total_tokens"] == int(planted_cache.num_tokens * 0.95)
+    # 8x expansion; k = d_in / 24, at least 16 (32 was 40 % of a small model's features firing).
+    assert (body["d_in"], body["d_sae"], body["k"]) == (D_IN, 8 * D_IN, 16)
+    # One pass over the training part (the held-out 5 % excluded), or 512 steps when that is more.
+    assert body["total_tokens"] == max(int(planted_cache.num_tokens * 0.95), 512 * 256)
     assert body["total_steps"] == -(-body["total_tokens"] // 256)
     assert body["hyperparameters"]["b_dec_init"] == "geometric_median"
     # Dead after a tenth of the run (a fixed 1,000 steps outlasted short runs: AuxK never engaged).
@@ -227,7 +227,7 @@ def test_import_checks_the_width_against_the_models_hook(tiny_model, writer, cli
 
 
 def test_defaults_are_sized_to_the_model_and_the_run():
-    """k follows d_in (32 for GPT-2 small's 768, 5 for the 128-wide demo model), and a feature is
+    """k follows d_in (32 for GPT-2 small's 768, at least 16), and a feature is
     dead after a tenth of the run, at most 1,000 steps (a 977-step demo run: 97)."""
     from saes.services import training_hyperparameters
 
@@ -238,7 +238,7 @@ def test_defaults_are_sized_to_the_model_and_the_run():
             total_tokens=total_tokens, b_dec_init="zeros", **options,
         )  # fmt: skip
 
-    assert [config(d_in, 4096)["k"] for d_in in (64, 128, 768, 2048, 4096)] == [4, 5, 32, 85, 128]
+    assert [config(d_in, 4096)["k"] for d_in in (64, 128, 768, 2048, 4096)] == [16, 16, 32, 85, 128]
     assert config(128, 977 * 4096)["dead_after_steps"] == 97
     assert config(768, 100_000 * 4096)["dead_after_steps"] == 1000
     assert config(128, 4096)["dead_after_steps"] == 1

@@ -24,8 +24,9 @@ def run(*arguments) -> str:
 
 def test_train_list_export_import_from_the_command_line(planted_cache, tmp_path):
     queued = run(
-        "train_sae", planted_cache.id, "--k", "4", "--expansion", "2", "--batch-size", "256", "--no-wait"
-    )
+        "train_sae", planted_cache.id, "--k", "4", "--expansion", "2", "--batch-size", "256",
+        "--tokens", "8192", "--no-wait",
+    )  # fmt: skip
     sae = SparseAutoencoder.objects.get()
     assert queued.strip() == f"SAE {sae.id} queued"
     assert (sae.hook_name, sae.architecture, sae.d_sae, sae.k) == (HOOK, "topk", 128, 4)  # its only hook

@@ -56,7 +56,7 @@
         (same || group.querySelector("option")).selected = true;
       }
       const option = cache.selectedOptions[0];
-      if (option) tokens.placeholder = `${option.dataset.tokens} (one pass)`;
+      if (option) tokens.placeholder = option.dataset.tokens;
     }
 
     // Fields that apply to some architectures only are hidden (and not sent) for the others.

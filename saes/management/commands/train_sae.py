@@ -30,7 +30,9 @@ class Command(BaseCommand):
         parser.add_argument("--l0", type=float, default=None, help="jumprelu: L0 coefficient (default 1)")
         parser.add_argument("--lr", type=float, default=3e-4)
         parser.add_argument("--batch-size", type=int, default=4096)
-        parser.add_argument("--tokens", type=int, default=None, help="default: one pass over the cache")
+        parser.add_argument(
+            "--tokens", type=int, default=None, help="default: one pass over the cache, at least 512 steps"
+        )
         parser.add_argument("--b-dec-init", choices=services.B_DEC_INITS, default="geometric_median")
         parser.add_argument(
             "--dead-after-steps", type=int, default=None, help="default: a tenth of the steps, at most 1000"
