@@ -185,10 +185,17 @@ def run_limit(model, tokenized: list[list[int]], deepest: int, *, repeats: int) 
 
 
 def cache_writer(
-    model, hooks: list[str], directory: Path, *, shard_max_tokens: int | None, write_delay: float
+    model,
+    hooks: list[str],
+    directory: Path,
+    *,
+    shard_max_tokens: int | None,
+    write_delay: float = 0.0,
+    dtype: str = "float32",
 ):
-    """A float32 CacheWriter for ``hooks`` in ``directory``: 64 MiB shards as the worker task writes
-    unless ``shard_max_tokens`` asks for more shards, ``write_delay`` seconds added to each."""
+    """A CacheWriter for ``hooks`` in ``directory``, storing ``dtype``: 64 MiB shards as the worker
+    task writes unless ``shard_max_tokens`` asks for more shards, ``write_delay`` seconds added to
+    each."""
     from activations.store import CacheWriter, shard_tokens_for
 
     widths = dict.fromkeys(hooks, model.config.hidden_size)
@@ -197,8 +204,8 @@ def cache_writer(
         key={"bench": "extraction", "hooks": hooks},
         provenance={"batch_size": BATCH_SIZE},
         hooks=widths,
-        dtype="float32",
-        shard_max_tokens=shard_max_tokens or shard_tokens_for(widths, "float32"),
+        dtype=dtype,
+        shard_max_tokens=shard_max_tokens or shard_tokens_for(widths, dtype),
     )
     writer.write_delay_seconds = write_delay
     return writer

@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from extraction import BATCH_SIZE, WARM_UP_BATCHES, dataset_batches, run_limit, timed
+from extraction import BATCH_SIZE, WARM_UP_BATCHES, cache_writer, dataset_batches, run_limit, timed
 
 BANDWIDTH_BYTES = 2**30
 BANDWIDTH_CHUNK = 64 * 2**20
@@ -32,8 +32,6 @@ TMPFS_MARGIN = 1.25
 TMPFS_DEFAULT = Path("/dev/shm")  # noqa: S108  (a place to measure, not a temporary file)
 # The extraction job's shard size (mistudio/settings.py's ACTIVATION_SHARD_MAX_TOKENS default).
 SHARD_MAX_TOKENS = 65536
-TOKEN_COLUMN_BYTES = 3 * 8  # token_ids, sample_index, position: int64 each
-ITEM_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
 @dataclass(frozen=True)
@@ -76,8 +74,10 @@ def default_cache_parent() -> Path:
 
 def estimated_cache_bytes(tokens: int, widths: dict[str, int], dtype: str) -> int:
     """Bytes of a finalized cache: each hook's rows and the token table, which is written per
-    shard and again whole at finalize."""
-    return tokens * (sum(widths.values()) * ITEM_BYTES[dtype] + 2 * TOKEN_COLUMN_BYTES)
+    shard and again whole at finalize (``activations.store.cache_bytes_per_token``)."""
+    from activations.store import cache_bytes_per_token
+
+    return tokens * cache_bytes_per_token(widths.values(), dtype)
 
 
 def tmpfs_folder(needed: int, preferred: Path = TMPFS_DEFAULT) -> tuple[Path | None, str]:
@@ -136,19 +136,13 @@ def extract_into_cache(
     """The extraction job's path from token ids to a finalized cache in ``directory``, stored in
     ``dtype``: ``extract`` feeding a ``BackgroundWriter`` (the next batch's forward pass runs while
     this one is written), then ``finalize``. Returns the manifest."""
-    from activations.store import BackgroundWriter, CacheWriter, shard_tokens_for
+    from activations.store import BackgroundWriter, shard_tokens_for
     from engine.extraction import extract, plan_batches
 
     plan = plan_batches([len(ids) for ids in tokenized], BATCH_SIZE)
     widths = dict.fromkeys(hooks, model.config.hidden_size)
-    writer = CacheWriter.create_or_resume(
-        directory,
-        key={"bench": "gpu", "hooks": hooks},
-        provenance={"batch_size": BATCH_SIZE},
-        hooks=widths,
-        dtype=dtype,
-        shard_max_tokens=min(SHARD_MAX_TOKENS, shard_tokens_for(widths, dtype)),
-    )
+    shard_tokens = min(SHARD_MAX_TOKENS, shard_tokens_for(widths, dtype))
+    writer = cache_writer(model, hooks, directory, shard_max_tokens=shard_tokens, dtype=dtype)
     with writer:  # releases the directory's lock, whatever happens
         batches = extract(model, tokenized, plan, hooks=hooks, dtype=dtype, start_batch=writer.next_batch)
         with BackgroundWriter(writer) as background:

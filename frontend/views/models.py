@@ -16,6 +16,7 @@ from django.views.decorators.http import require_safe
 from activations import selectors as activation_selectors
 from activations.services import STORAGE_DTYPES, storage_dtype_for
 from activations.services.extractions import DTYPE_BYTES, default_max_length
+from activations.store import cache_bytes_per_token
 from frontend.access import reader_required
 from mistudio.errors import ApplicationError
 from models_app import selectors
@@ -221,6 +222,8 @@ def model_detail_page(request, model_id: str):
             "sae_count": saes.count(),
             "datasets": activation_selectors.dataset_list(user=request.user),
             "dtypes": storage_dtype_choices(model),
+            # The int64 token columns a cache keeps per token besides the rows (the size estimate's).
+            "token_table_bytes": cache_bytes_per_token([], "float32"),
             "default_max_length": default_max_length(model),
             "context_length": context_length,
         },

@@ -241,7 +241,7 @@
     form.addEventListener("change", (event) => { if (event.target.name === "hooks") hooksChanged(); });
 
     // The cache's size at most: every sample at max length, each token's rows in the stored dtype
-    // plus its int64 token columns (stored twice: per shard and in the final token table).
+    // plus its int64 token columns (data-token-bytes: activations.store.cache_bytes_per_token's).
     const sizeNote = $("extract-size");
     function sizeChanged() {
       const values = new FormData(form);
@@ -254,7 +254,8 @@
       const option = datasetSelect.selectedOptions[0];
       const samples = Number(values.get("sample_count")) || Number(option?.dataset.samples) || 0;
       const tokens = samples * (Number(values.get("max_length")) || 0);
-      const perToken = width * Number(form.elements.dtype.selectedOptions[0].dataset.bytes) + 48;
+      const perToken = width * Number(form.elements.dtype.selectedOptions[0].dataset.bytes)
+        + Number(sizeNote.dataset.tokenBytes);
       sizeNote.textContent = `At most ${mi.bytes(tokens * perToken)} (${tokens.toLocaleString()} tokens × ${perToken.toLocaleString()} bytes)`
         + (modules.length ? ", plus the raw modules." : ".");
     }
