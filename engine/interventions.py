@@ -126,7 +126,7 @@ def position_mask(positions: str | tuple[int, ...], absolute: Any, prompt_length
     return torch.isin(absolute, wanted)
 
 
-def _feature_values(sae: Any, x: Any, features: tuple[int, ...]) -> Any:
+def feature_values(sae: Any, x: Any, features: tuple[int, ...]) -> Any:
     """``encode(x)[..., features]`` [tokens, n]; one encoder column each where the activation of a
     feature depends on its own pre-activation only (not TopK's choice among all)."""
     if sae.architecture == "topk":
@@ -179,7 +179,7 @@ def _apply_one(item: Intervention, x: Any) -> Any:
             out[:, neurons] = item.means.to(device=x.device, dtype=x.dtype)[neurons]
         return out
     # Features: clamp_feature, or ablate of features (to zero or to their means).
-    current = _feature_values(item.sae, x, item.features)  # [tokens, n]
+    current = feature_values(item.sae, x, item.features)  # [tokens, n]
     if item.kind == "clamp_feature":
         target = current.new_full(current.shape, item.value)
     elif item.means is None:

@@ -6,10 +6,13 @@ class FeaturesConfig(AppConfig):
     verbose_name = "SAE features"
 
     def ready(self) -> None:
-        from features import selectors, serializers
+        from features import selectors, serializers, services
         from features.models import FeatureAnalysis
+        from generation.interventions import register_feature_scale
         from mistudio.access import register_visibility
         from mistudio.jobs import register_job_kind
+        from saes.selectors import register_export_extra
+        from saes.tasks import register_import_extra
 
         selectors.register_event_groups()
         register_visibility(
@@ -19,3 +22,6 @@ class FeaturesConfig(AppConfig):
             what="feature analysis",
         )
         register_job_kind(FeatureAnalysis, state=serializers.analysis_state)
+        register_feature_scale(selectors.feature_max_activation)
+        register_export_extra(services.labels_export)
+        register_import_extra(services.labels_import)

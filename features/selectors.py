@@ -81,6 +81,20 @@ def current_analysis(*, user, sae: SparseAutoencoder, analysis_id: str | None = 
     return analysis
 
 
+def feature_max_activation(user, sae_id: str, feature: int) -> float | None:
+    """The feature's max activation in the newest completed analysis of the SAE that ``user`` may
+    see (the unit of a steering coefficient); None without one."""
+    sae = sae_list(user=user).filter(pk=sae_id).first()
+    if sae is None:
+        return None
+    try:
+        analysis = current_analysis(user=user, sae=sae)
+    except ApplicationError:
+        return None
+    row = Feature.objects.filter(analysis=analysis, index=feature).values_list("max_activation", flat=True)
+    return next(iter(row), None)
+
+
 # --- labels ----------------------------------------------------------------------------------------
 
 

@@ -4,8 +4,12 @@ Every front door (API, pages, admin, ``manage.py`` commands) calls these. An ana
 (``mistudio.jobs``); rows change through their ``mark_*`` methods and every change is announced.
 """
 
+import json
+import logging
+from pathlib import Path
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
 
 from activations.models import ActivationCache
@@ -16,11 +20,14 @@ from mistudio import jobs
 from mistudio.access import OPERATOR, check_may_change, reach
 from mistudio.budgets import memory_budget_check
 from mistudio.errors import ApplicationError
+from mistudio.local_paths import path_inside_roots
 from mistudio.text import check_label_text
 from mistudio.workers import call_worker
 from models_app.services import model_host, model_job_queue, model_worker_name
 from saes.models import SparseAutoencoder
 from saes.services import check_cache_for, default_cache
+
+logger = logging.getLogger(__name__)
 
 ENCODE_WAIT_SECONDS = 60
 MAX_ENCODE_CHARS = 20_000
@@ -120,6 +127,61 @@ def feature_label_set(
         return row
     row.save()
     return row
+
+
+# Labels travel with an SAE: its export carries labels.json, and an import reads it back.
+LABELS_FILE = "labels.json"
+LABELS_SCHEMA = "mistudio.labels/1"
+MAX_LABELS_BYTES = 8 * 1024 * 1024
+
+
+def labels_export(user, sae: SparseAutoencoder) -> tuple[str, bytes] | None:
+    """``labels.json``: the label and notes ``user`` sees on each labelled feature (their own, else
+    the newest shared one); None when there are none."""
+    from features.selectors import label_for, visible_labels
+
+    by_index: dict[int, list[FeatureLabel]] = {}
+    for label in visible_labels(user=user, sae=sae):
+        by_index.setdefault(label.index, []).append(label)
+    labels = [
+        {"index": index, "label": chosen.label, "notes": chosen.notes}
+        for index, found in sorted(by_index.items())
+        if (chosen := label_for(found, user)) is not None
+    ]
+    if not labels:
+        return None
+    return LABELS_FILE, json.dumps({"schema": LABELS_SCHEMA, "labels": labels}, indent=1).encode()
+
+
+def labels_import(sae: SparseAutoencoder, folder: Path) -> int:
+    """The labels of an imported folder's ``labels.json`` (if any), as the importer's own; entries
+    out of range or with text a label may not hold are skipped. Returns how many were kept."""
+    path = folder / LABELS_FILE
+    if not path.is_file():
+        return 0
+    path = path_inside_roots(str(path), settings.LOCAL_MODEL_ROOTS, setting="LOCAL_MODEL_ROOTS")
+    if path.stat().st_size > MAX_LABELS_BYTES:
+        logger.warning("%s is over %s bytes: its labels are not imported", path, MAX_LABELS_BYTES)
+        return 0
+    try:
+        entries = json.loads(path.read_bytes()).get("labels", [])
+    except (ValueError, AttributeError):
+        logger.warning("%s is not a labels file: its labels are not imported", path)
+        return 0
+    kept = 0
+    for entry in entries if isinstance(entries, list) else []:
+        index = entry.get("index") if isinstance(entry, dict) else None
+        label, notes = (
+            entry.get(name, "") if isinstance(entry, dict) else None for name in ("label", "notes")
+        )
+        if type(index) is not int or not isinstance(label, str) or not isinstance(notes, str):
+            continue
+        try:
+            feature_label_set(sae=sae, index=index, actor=sae.owner, label=label, notes=notes)
+        except ApplicationError:
+            continue
+        kept += 1
+    return kept
 
 
 # --- live encoding -------------------------------------------------------------------------------

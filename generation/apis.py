@@ -21,7 +21,7 @@ from rest_framework.views import APIView
 
 from generation.models import Generation
 from generation.selectors import generation_get, generation_list, generation_state
-from generation.serializers import GenerateInputSerializer
+from generation.serializers import GenerateInputSerializer, SweepInputSerializer
 from generation.services import (
     generation_cancel,
     generation_check,
@@ -29,6 +29,7 @@ from generation.services import (
     generation_request,
     generation_stop,
     result_body,
+    sweep_request,
 )
 from generation.streams import FINAL_EVENTS, read_events
 from mistudio import roles
@@ -208,6 +209,7 @@ async def generate(request: HttpRequest) -> JsonResponse | StreamingHttpResponse
             capture_dtype=capture.get("dtype", "float32"),
             store_activations=capture.get("store", True),
             interventions=capture.get("interventions"),
+            measure=capture.get("measure"),
             interface=Generation.Interface.API,
         )
         if data["stream"]:
@@ -229,6 +231,68 @@ async def generate(request: HttpRequest) -> JsonResponse | StreamingHttpResponse
         for event in events
     ]
     return JsonResponse({"results": results})
+
+
+def sweep_table(rows: list[Generation], events: list[dict[str, Any]]) -> dict[str, Any]:
+    """The answer of a sweep: its seed, unit and measured feature, and one entry per strength
+    (the baseline first) with the text and its measured effect."""
+    steered = next((row.interventions[0] for row in rows if row.interventions), {})
+    entries = []
+    for row, event in zip(rows, events, strict=True):
+        entry: dict[str, Any] = {
+            "coefficient": row.sweep_coefficient,
+            "raw_coefficient": row.sweep_coefficient * steered.get("unit_scale", 1.0),
+            "request_id": row.id,
+        }
+        if event["type"] == "done":
+            body = result_body(event)
+            entry.update(
+                output_text=body["output_text"],
+                finish_reason=body["finish_reason"],
+                completion_tokens=body["usage"]["completion_tokens"],
+                effect=body["effect"],
+            )
+        else:
+            entry.update(error_body(event["code"], event["message"]))
+        entries.append(entry)
+    return {
+        "model_id": rows[0].model_id,
+        "seed": rows[0].parameters["seed"],
+        "intervention": {
+            key: value for key, value in steered.items() if key not in ("coefficient", "value", "vector")
+        },
+        "unit": steered.get("unit", "raw"),
+        "unit_scale": steered.get("unit_scale", 1.0),
+        "measure": rows[0].measure or None,
+        "rows": entries,
+    }
+
+
+@csrf_exempt
+async def sweep(request: HttpRequest) -> JsonResponse:
+    """``POST /api/generate/sweep``: the prompt generated without the intervention and at each
+    coefficient, with one seed, as one batch; waits for all and answers :func:`sweep_table`."""
+    if request.method != "POST":
+        return error_response(ApplicationError("METHOD_NOT_ALLOWED", "Use POST.", status=405))
+    try:
+        user = await authenticated_user(request, permission=roles.WRITE)
+        await throttle_check(request=request, user=user, throttle_class=GenerationThrottle)
+        data = validated(SweepInputSerializer, json_body(request))
+        model = await sync_to_async(generation_model)(user=user, model_ref=data["model_id"])
+        rows = await sync_to_async(sweep_request)(
+            model_id=model.id,
+            owner=user,
+            intervention=data["intervention"],
+            coefficients=data.get("coefficients"),
+            measure=data.get("measure"),
+            prompts=[data["prompt"]],
+            sampling=SweepInputSerializer().sampling(data),
+            interface=Generation.Interface.API,
+        )
+        events = await asyncio.gather(*(result_event(row.id) for row in rows))
+    except ApplicationError as error:
+        return error_response(error)
+    return JsonResponse(await sync_to_async(sweep_table)(rows, events))
 
 
 class GenerationListApi(APIView):

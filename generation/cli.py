@@ -141,7 +141,8 @@ def checked_steering(model: LanguageModel, items: list[dict[str, Any]]) -> list[
 
 
 def steering_text(item: dict[str, Any]) -> str:
-    """One line for an intervention: ``add sae_…#812 x 8 at blocks.2.hook_resid_post (all)``."""
+    """One line for an intervention: ``add sae_…#812 x 8 at blocks.2.hook_resid_post (all)``, the
+    unit named when it is the feature's max activation."""
     what = f"{item['sae']}#{item['feature']}" if "sae" in item and "feature" in item else ""
     if item["type"] == "add":
         what = what or f"a vector of {len(item['vector'])}"
@@ -153,6 +154,8 @@ def steering_text(item: dict[str, Any]) -> str:
         detail = f"ablate {'features' if 'features' in item else 'neurons'} {indices}"
     else:
         detail = "replace"
+    if item.get("unit") == "max_activation":
+        detail += f" x max activation {item['unit_scale']:.3g}"
     positions = item["positions"] if isinstance(item["positions"], str) else f"positions {item['positions']}"
     return f"{detail} at {item['hook']} ({positions})"
 

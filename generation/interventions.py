@@ -40,8 +40,11 @@ _FIELDS = {
         "feature",
         "coefficient",
         "normalize",
+        "unit",
+        "unit_scale",
     },
-    "clamp_feature": {"type", "hook", "positions", "sae", "feature", "value"},
+    # unit_scale is the server's (validating a validated spec again gives it back): never read.
+    "clamp_feature": {"type", "hook", "positions", "sae", "feature", "value", "unit", "unit_scale"},
     "ablate": {"type", "hook", "positions", "sae", "features", "neurons", "mean_from"},
     "replace": {"type", "hook", "positions", "vector"},
 }
@@ -74,6 +77,9 @@ class VectorReference:
 
 _sae_source: _Source | None = None
 _vector_source: _Source | None = None
+# (user, sae id, feature) -> the feature's max activation in the newest analysis the user sees
+_feature_scale: Callable[[Any, str, int], float | None] | None = None
+UNITS = ("max_activation", "raw")
 
 
 def register_sae_source(
@@ -89,6 +95,19 @@ def register_vector_source(
     """How the ``steering`` app describes a vector for a user and loads it (a [width] tensor)."""
     global _vector_source
     _vector_source = _Source(describe, load)
+
+
+def register_feature_scale(scale: Callable[[Any, str, int], float | None]) -> None:
+    """How the ``features`` app tells a feature's max activation (the ``max_activation`` unit)."""
+    global _feature_scale
+    _feature_scale = scale
+
+
+def feature_scale(user, sae_id: str, feature: int) -> float | None:
+    """The feature's max activation in the newest completed analysis ``user`` sees (None: none,
+    or a feature that never fired)."""
+    scale = _feature_scale(user, sae_id, feature) if _feature_scale is not None else None
+    return scale if scale is not None and math.isfinite(scale) and scale > 0 else None
 
 
 def _referenced(
@@ -229,6 +248,10 @@ def _checked(index: int, item: Any, widths: dict[str, int], user) -> dict[str, A
             spec["feature"] = feature
         elif kind == "clamp_feature":
             raise _error(index, "clamp_feature needs an sae and a feature.", "sae")
+    if "feature" in spec:
+        _unit(index, item, spec, user)
+    elif item.get("unit", "raw") != "raw":
+        raise _error(index, "unit max_activation needs an sae and a feature.", "unit")
     if kind == "add":
         coefficient = item.get("coefficient", 1.0)
         if not _number(coefficient):
@@ -255,6 +278,58 @@ def _checked(index: int, item: Any, widths: dict[str, int], user) -> dict[str, A
         if "mean_from" in item:
             spec["mean_from"] = _mean_source(index, item["mean_from"], hook, width, user)
     return spec
+
+
+def _unit(index: int, item: dict, spec: dict[str, Any], user) -> None:
+    """An SAE feature's coefficient (add) or value (clamp) is in units of its max activation when
+    an analysis gives one: the default then, and ``unit: "raw"`` takes the number as it is. The
+    spec records the unit and its scale (the raw number is the given one times ``unit_scale``)."""
+    unit = item.get("unit")
+    if unit is not None and unit not in UNITS:
+        raise _error(index, f"unit must be one of {', '.join(UNITS)}.", "unit")
+    scale = feature_scale(user, spec["sae"], spec["feature"]) if unit != "raw" else None
+    if unit == "max_activation" and scale is None:
+        raise _error(
+            index,
+            f"no completed analysis of {spec['sae']} gives feature {spec['feature']} a max activation: "
+            'analyse the SAE, or give unit "raw".',
+            "unit",
+        )
+    spec["unit"] = "max_activation" if scale is not None else "raw"
+    spec["unit_scale"] = scale if scale is not None else 1.0
+
+
+def raw_amount(spec: dict[str, Any]) -> float:
+    """An add's coefficient or a clamp's value in the activation's own units."""
+    amount = spec["coefficient"] if spec["type"] == "add" else spec["value"]
+    return amount * spec.get("unit_scale", 1.0)
+
+
+def measure_request(raw: Any, specs: list[dict[str, Any]], *, widths: dict[str, int], user) -> dict[str, Any]:
+    """Which SAE feature a generation's effect is measured on: ``raw`` (``{"sae", "feature"}``),
+    or else the first SAE feature its interventions add or clamp; {} for none."""
+    if raw is None:
+        for spec in specs:
+            if spec["type"] in ("add", "clamp_feature") and "feature" in spec:
+                return {"sae": spec["sae"], "feature": spec["feature"], "hook": spec["hook"]}
+        return {}
+    if not isinstance(raw, dict) or set(raw) - {"sae", "feature"} or "sae" not in raw:
+        raise ApplicationError(
+            "INVALID_MEASURE", 'measure must be {"sae": <SAE id>, "feature": <index>}.', status=400
+        )
+    sae = _sae_source.describe(user, raw["sae"]) if _sae_source and isinstance(raw["sae"], str) else None
+    if sae is None:
+        raise ApplicationError("SAE_NOT_FOUND", f"No SAE {raw['sae']!r}.", status=404)
+    feature = raw.get("feature")
+    if not _integer(feature) or not 0 <= feature < sae.d_sae:
+        raise ApplicationError(
+            "INVALID_MEASURE", f"measure.feature must be an integer in [0, {sae.d_sae}).", status=400
+        )
+    if sae.hook_name not in widths or (widths[sae.hook_name] not in (None, sae.d_in)):
+        raise ApplicationError(
+            "INVALID_MEASURE", f"The SAE reads {sae.hook_name}, which this model does not have.", status=400
+        )
+    return {"sae": sae.id, "feature": feature, "hook": sae.hook_name}
 
 
 def _mean_source(index: int, cache_id: Any, hook: str, width: int | None, user) -> str:
@@ -325,6 +400,13 @@ def _cache_means(cache_id: str, hook: str, sae: Any, *, chunk: int) -> Any:
     return mean_feature_activations(sae, chunks)
 
 
+def loaded_sae(sae_id: str, device: Any = None) -> Any:
+    """The engine module of an SAE row, on ``device`` (in a worker)."""
+    if _sae_source is None:
+        raise ApplicationError("SAE_NOT_FOUND", f"No SAE {sae_id!r}.", status=404)
+    return _sae_source.load(sae_id).to(device or "cpu")
+
+
 def resolved_interventions(specs: list[dict[str, Any]], device: Any = None) -> list[Intervention]:
     """The engine's interventions for a stored spec, with SAEs loaded (once each) on ``device``."""
     import torch
@@ -333,9 +415,7 @@ def resolved_interventions(specs: list[dict[str, Any]], device: Any = None) -> l
 
     def sae_of(spec: dict[str, Any]) -> Any:
         if spec["sae"] not in modules:
-            if _sae_source is None:
-                raise ApplicationError("SAE_NOT_FOUND", f"No SAE {spec['sae']!r}.", status=404)
-            modules[spec["sae"]] = _sae_source.load(spec["sae"]).to(device or "cpu")
+            modules[spec["sae"]] = loaded_sae(spec["sae"], device)
         return modules[spec["sae"]]
 
     interventions = []
@@ -358,13 +438,13 @@ def resolved_interventions(specs: list[dict[str, Any]], device: Any = None) -> l
                 Intervention(
                     **common,
                     vector=vector,
-                    coefficient=spec.get("coefficient", 1.0),
+                    coefficient=raw_amount(spec),
                     normalize=spec.get("normalize", False),
                 )
             )
         elif kind == "clamp_feature":
             interventions.append(
-                Intervention(**common, sae=sae_of(spec), features=(spec["feature"],), value=spec["value"])
+                Intervention(**common, sae=sae_of(spec), features=(spec["feature"],), value=raw_amount(spec))
             )
         elif "sae" in spec:
             module = sae_of(spec)

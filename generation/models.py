@@ -55,6 +55,12 @@ class Generation(models.Model):
     capture_dtype = models.CharField(max_length=20, default="float32")
     # Interventions applied while generating (generation.interventions' JSON shape, validated).
     interventions = models.JSONField(default=list, blank=True)
+    # The SAE feature whose activation on the output is measured ({"sae", "feature", "hook"}), and
+    # what was measured (engine.effects.SteeringEffect, with that feature named).
+    measure = models.JSONField(default=dict, blank=True)
+    effect = models.JSONField(default=dict, blank=True)
+    # Rows of one coefficient sweep share the batch and carry their place in it.
+    sweep_coefficient = models.FloatField(null=True, blank=True)
     store_activations = models.BooleanField(default=True)
 
     status = models.CharField(max_length=20, choices=Status.choices, default=Status.QUEUED, db_index=True)

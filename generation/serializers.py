@@ -13,6 +13,7 @@ from generation.services import (
     MAX_BATCH_PROMPTS,
     MAX_PROMPT_CHARACTERS,
     MAX_STOP_SEQUENCES,
+    MAX_SWEEP_COEFFICIENTS,
     MAX_TOKENS_LIMIT,
     SamplingRequest,
 )
@@ -34,6 +35,7 @@ class CaptureSerializer(StrictSerializer):
     store = serializers.BooleanField(default=True)
     dtype = serializers.ChoiceField(choices=CAPTURE_DTYPES, default="float32")
     interventions = serializers.JSONField(required=False)
+    measure = serializers.JSONField(required=False)
 
 
 def string_or_list(value: Any, *, field: str, max_items: int, max_length: int) -> list[str]:
@@ -127,3 +129,16 @@ class GenerateInputSerializer(SamplingSerializer):
                     {"prompt": ["A stream takes one prompt (or messages); send a batch without stream."]}
                 )
         return attrs
+
+
+class SweepInputSerializer(SamplingSerializer):
+    """``POST /api/generate/sweep``: one prompt, one intervention, several strengths."""
+
+    model_id = serializers.CharField(max_length=500)
+    prompt = serializers.CharField(trim_whitespace=False, max_length=MAX_PROMPT_CHARACTERS)
+    intervention = serializers.JSONField()
+    coefficients = serializers.ListField(
+        child=serializers.FloatField(), required=False, allow_empty=False, max_length=MAX_SWEEP_COEFFICIENTS
+    )
+    measure = serializers.JSONField(required=False)
+    mistudio = None  # no capture or interventions beside the swept one

@@ -11,6 +11,7 @@ evict another model and take minutes, which a chat client waiting on a socket sh
 
 from __future__ import annotations
 
+import secrets
 import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -21,7 +22,12 @@ from django.utils import timezone
 from activations.model_structure import skeleton
 from activations.services import hook_names_for
 from engine.hooks import MODULE_PREFIX, list_hook_points
-from generation.interventions import interventions_memory, interventions_request
+from generation.interventions import (
+    MAX_MAGNITUDE,
+    interventions_memory,
+    interventions_request,
+    measure_request,
+)
 from generation.models import Generation
 from generation.selectors import generation_get
 from generation.streams import GenerationStream, request_cancel
@@ -121,6 +127,8 @@ def generation_request(
     capture_dtype: str = "float32",
     store_activations: bool = True,
     interventions: list[dict[str, Any]] | None = None,
+    measure: dict[str, Any] | None = None,
+    sweep: list[tuple[float, list[dict[str, Any]]]] | None = None,
     interface: str = Generation.Interface.API,
 ) -> list[Generation]:
     """Create one queued generation per prompt (or one for ``messages``) and queue them on the host.
@@ -130,6 +138,11 @@ def generation_request(
     is not ready, 400 for bad prompts, hook names or interventions (``generation.interventions``,
     which every row of the request gets). Permissions are the caller's to check
     (:func:`generation_model` finds a model the way an API user may see it).
+
+    ``measure`` names an SAE feature whose activation on the output the worker measures
+    (``engine.effects``); by default, the first feature the interventions add or clamp. ``sweep``
+    (from :func:`sweep_request`) makes one row of the one prompt per (coefficient, validated
+    interventions) instead.
     """
 
     model = LanguageModel.objects.get(pk=model_id)
@@ -146,19 +159,16 @@ def generation_request(
         check_prompt_text(
             "\n".join(message["content"] for message in messages) + system_prompt, field_name="messages"
         )
-    steering = (
-        interventions_request(
-            interventions,
-            widths=hook_widths(model, interventions),
-            user=owner if owner is not None else OPERATOR,
-        )
-        if interventions
-        else []
-    )
+    user = owner if owner is not None else OPERATOR
+    widths = hook_widths(model, interventions)
+    steering = interventions_request(interventions, widths=widths, user=user) if interventions else []
+    measured = measure_request(measure, steering, widths=widths, user=user)
+    if sweep is None:
+        planned = [(prompt, None, steering) for prompt in (prompts if prompts is not None else [""])]
+    else:
+        planned = [(prompts[0] if prompts else "", coefficient, specs) for coefficient, specs in sweep]
     host = model_host(model)
-    if (
-        estimate := interventions_memory(steering, user=owner if owner is not None else OPERATOR)
-    ) is not None:
+    if (estimate := interventions_memory(steering, user=user)) is not None:
         memory_budget_check(estimate, what="this mean ablation", worker_name=host)
     hooks = hook_names_for(model, hooks=capture, layers=None) if capture else []
     if hooks and prompts is not None and len(prompts) > 1:
@@ -189,9 +199,11 @@ def generation_request(
                 capture_hooks=hooks,
                 capture_dtype=capture_dtype,
                 store_activations=store_activations,
-                interventions=steering,
+                interventions=row_steering,
+                measure=measured,
+                sweep_coefficient=coefficient,
             )
-            for prompt in (prompts if prompts is not None else [""])
+            for prompt, coefficient, row_steering in planned
         ]
         # The worker's interactive queue: served between the steps of a job it runs.
         queue = interactive_queue(host)
@@ -200,6 +212,67 @@ def generation_request(
                 queue, "generation.tasks.run_generation", row.id, job_id=f"generate-{row.id}", result_ttl=0
             )
     return rows
+
+
+MAX_SWEEP_COEFFICIENTS = 8
+# In units of the feature's max activation (an SAE feature with an analysis), else raw.
+DEFAULT_SWEEP_COEFFICIENTS = (0.5, 1, 2, 4, 8)
+
+
+def sweep_request(
+    *,
+    model_id: str,
+    owner,
+    intervention: dict[str, Any],
+    coefficients: list[float] | None,
+    measure: dict[str, Any] | None = None,
+    interface: str = Generation.Interface.API,
+    **request: Any,
+) -> list[Generation]:
+    """A strength sweep: the same prompt (or messages) generated once without ``intervention`` and
+    once per coefficient with it (an add's ``coefficient``, a clamp's ``value``), all with one seed
+    (chosen here when the sampling has none), as one batch. Every row measures the effect on the
+    intervention's SAE feature (or on ``measure``). The rows come back baseline first."""
+    model = LanguageModel.objects.get(pk=model_id)
+    coefficients = list(DEFAULT_SWEEP_COEFFICIENTS if coefficients is None else coefficients)
+    if (
+        not 1 <= len(coefficients) <= MAX_SWEEP_COEFFICIENTS
+        or not all(
+            isinstance(value, (int, float)) and not isinstance(value, bool) and abs(value) <= MAX_MAGNITUDE
+            for value in coefficients
+        )
+        or len(set(coefficients)) != len(coefficients)
+    ):
+        raise ApplicationError(
+            "INVALID_SWEEP",
+            f"coefficients must be 1 to {MAX_SWEEP_COEFFICIENTS} distinct numbers.",
+            details={"fields": {"coefficients": ["Distinct numbers."]}},
+            status=400,
+        )
+    if not isinstance(intervention, dict) or intervention.get("type") not in ("add", "clamp_feature"):
+        raise ApplicationError(
+            "INVALID_SWEEP", "A sweep varies one add or clamp_feature intervention.", status=400
+        )
+    amount = "coefficient" if intervention["type"] == "add" else "value"
+    (template,) = interventions_request(
+        [{**intervention, amount: 1.0}],
+        widths=hook_widths(model, [intervention]),
+        user=owner if owner is not None else OPERATOR,
+    )
+    if measure is None and "feature" in template:
+        measure = {"sae": template["sae"], "feature": template["feature"]}
+    sampling: SamplingRequest = request.pop("sampling")
+    if sampling.seed is None:
+        sampling.seed = secrets.randbelow(2**31)
+    return generation_request(
+        model_id=model.id,
+        owner=owner,
+        sampling=sampling,
+        measure=measure,
+        sweep=[(0.0, []), *((float(value), [{**template, amount: float(value)}]) for value in coefficients)],
+        interface=interface,
+        **request,
+    )
 
 
 def hook_widths(model: LanguageModel, interventions: Any) -> dict[str, int | None]:

@@ -20,11 +20,12 @@ from django.utils import timezone
 
 from activations.models import ActivationCache
 from activations.services import cache_store_completed, cache_store_failed, cache_store_open, key_hash
+from engine.effects import steering_effect
 from engine.errors import EngineError
 from engine.generation import SamplingParams, check_context, context_length, generate, render_prompt
 from engine.placement import input_device
 from engine.registry import LOADED_MODELS
-from generation.interventions import resolved_interventions
+from generation.interventions import loaded_sae, resolved_interventions
 from generation.models import Generation
 from generation.selectors import generation_state
 from generation.streams import GenerationStream, cancel_requested
@@ -74,7 +75,7 @@ def activations_of(generation: Generation) -> dict[str, Any] | None:
 # The fields of the row's state that a finished generation's result gives (the API's result body).
 RESULT_FIELDS = (
     "request_id", "model_id", "output_text", "output_token_ids", "input_token_ids", "finish_reason",
-    "usage", "timings",
+    "usage", "timings", "effect", "sweep_coefficient",
 )  # fmt: skip
 
 
@@ -295,6 +296,33 @@ def store_capture(generation: Generation, result) -> Any:
     return cache
 
 
+def measure_effects(model, rows: list[Generation], results, interventions, *, device) -> None:
+    """Each measured row's ``effect`` (``engine.effects``): its feature on its output, read by the
+    unsteered model, the first token's KL and distinct-2. A measurement that fails says why in
+    the effect and fails nothing else. Saved with the row's result."""
+    modules: dict[str, Any] = {}
+    for row, result, steering in zip(rows, results, interventions, strict=True):
+        if not row.measure:
+            continue
+        measure = row.measure
+        try:
+            if measure["sae"] not in modules:
+                modules[measure["sae"]] = loaded_sae(measure["sae"], device)
+            effect = steering_effect(
+                model,
+                row.input_token_ids,
+                result.token_ids,
+                sae=modules[measure["sae"]],
+                hook=measure["hook"],
+                feature=measure["feature"],
+                interventions=steering,
+            ).as_dict()
+        except Exception as error:  # the generation stands without its measurement
+            logger.exception("measuring the effect of %s failed", row.id)
+            effect = {"error": f"{type(error).__name__}: {getattr(error, 'message', error)}"}
+        row.effect = {"sae": measure["sae"], "feature": measure["feature"], **effect}
+
+
 @worker_task(timeout=3600)
 def run_generation(generation_id: str) -> None:
     """Generate for this request and every queued one that can share its batch.
@@ -391,22 +419,26 @@ def run_batch(rows: list[Generation]) -> None:
             fail(row, error.code, error.message)
         return
     total_ms = (time.monotonic() - started) * 1000
+    measure_effects(loaded.model, ready, results, interventions, device=device)
     LanguageModel.objects.filter(pk=first.model_id).update(last_used_at=timezone.now())
     for index, (row, result) in enumerate(zip(ready, results, strict=True)):
         generated = len(result.token_ids)
         row.save(
-            update_fields=row.mark_finished(
-                output_token_ids=result.token_ids,
-                output_text=result.text,
-                finish_reason=result.finish_reason,
-                prefill_ms=round(result.prefill_seconds * 1000, 3),
-                decode_tokens_per_second=(
-                    round((generated - 1) / result.decode_seconds, 2)
-                    if generated > 1 and result.decode_seconds > 0
-                    else None
+            update_fields=[
+                *row.mark_finished(
+                    output_token_ids=result.token_ids,
+                    output_text=result.text,
+                    finish_reason=result.finish_reason,
+                    prefill_ms=round(result.prefill_seconds * 1000, 3),
+                    decode_tokens_per_second=(
+                        round((generated - 1) / result.decode_seconds, 2)
+                        if generated > 1 and result.decode_seconds > 0
+                        else None
+                    ),
+                    total_ms=round(total_ms, 3),
                 ),
-                total_ms=round(total_ms, 3),
-            )
+                "effect",  # measure_effects' result
+            ]
         )
         extra: dict[str, Any] = {"output_text": result.text}
         if result.logprobs is not None:

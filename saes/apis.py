@@ -171,7 +171,7 @@ class SaeExportApi(APIView):
     def get(self, request, sae_id: str):
         sae = selectors.completed_sae(user=request.user, sae_id=sae_id)
         response = ChunkedStreamingResponse(
-            selectors.sae_export_stream(sae), content_type="application/x-tar"
+            selectors.sae_export_stream(sae, user=request.user), content_type="application/x-tar"
         )
         response["Content-Disposition"] = f'attachment; filename="{sae.id}.tar"'
         return response

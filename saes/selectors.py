@@ -1,6 +1,7 @@
 """Read queries of SAE rows, for the API, pages, commands and WebSocket snapshots."""
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 from django.db.models import Prefetch, QuerySet
@@ -64,12 +65,34 @@ def sae_reference(user, sae_id: str) -> SaeReference | None:
     return SaeReference(id=sae.id, hook_name=sae.hook_name, d_in=sae.d_in, d_sae=sae.d_sae)
 
 
-def sae_export_stream(sae: SparseAutoencoder) -> Iterator[bytes]:
-    """The SAE as a tar of its SAELens folder, ``<id>/cfg.json`` and the safetensors files."""
+# (user, SAE) -> (file name, bytes) or None: files other apps add to an export (features: labels).
+_export_extras: list[Callable[[Any, SparseAutoencoder], tuple[str, bytes] | None]] = []
+
+
+def register_export_extra(extra: Callable[[Any, SparseAutoencoder], tuple[str, bytes] | None]) -> None:
+    _export_extras.append(extra)
+
+
+def sae_export_files(sae: SparseAutoencoder, *, user) -> list[tuple[str, Path, bytes | None]]:
+    """What an export holds: (file name, file, replacement bytes or None) for the SAELens folder,
+    then the registered extras (``labels.json``: the labels ``user`` sees)."""
     files = [sae.directory / name for name in EXPORTED_FILES]
     if not files[0].is_file() or not files[1].is_file():
         raise ApplicationError("SAE_FILES_MISSING", "The SAE's files are missing.", status=409)
-    return tar_stream((f"{sae.id}/{path.name}", path, None) for path in files if path.is_file())
+    entries: list[tuple[str, Path, bytes | None]] = [
+        (path.name, path, None) for path in files if path.is_file()
+    ]
+    for extra in _export_extras:
+        if (found := extra(user, sae)) is not None:
+            entries.append((found[0], files[0], found[1]))
+    return entries
+
+
+def sae_export_stream(sae: SparseAutoencoder, *, user) -> Iterator[bytes]:
+    """The SAE as a tar of its SAELens folder, ``<id>/cfg.json``, the safetensors files and extras."""
+    return tar_stream(
+        (f"{sae.id}/{name}", path, data) for name, path, data in sae_export_files(sae, user=user)
+    )
 
 
 def sae_snapshot(user, key: str | None) -> dict[str, Any] | None:

@@ -223,6 +223,19 @@ def run_sae_import(sae: SparseAutoencoder, job: JobContext) -> None:
     job_publish(
         sae, "completed", sae.mark_completed(evaluation={}, file_size_bytes=size, scaling_factor=None)
     )
+    for imported in _import_extras:  # after the SAE is complete: what fails here fails nothing else
+        try:
+            imported(sae, folder)
+        except Exception:
+            logger.exception("reading the extras of the imported SAE %s failed", sae.id)
+
+
+# (SAE row, its import folder) -> None: what other apps read from an import (features: labels).
+_import_extras: list = []
+
+
+def register_import_extra(imported) -> None:
+    _import_extras.append(imported)
 
 
 def held_out_evaluation(

@@ -214,4 +214,24 @@ def steer_from_the_feature_page(page, sae) -> None:
     expect(page.locator("#steer-caption")).to_contain_text(f"Seed {seed} for both")
     baseline, steered = page.inner_text("#output-text"), page.inner_text("#steered-text")
     assert baseline and steered and baseline != steered
+    # 50 x the feature's max activation (the analysis gives it), and what it did to the text.
+    expect(page.locator("#steer-caption")).to_contain_text("\u00d7 max activation")
+    expect(page.locator("#steered-effect")).to_contain_text(f"feature {index} on the text")
+    expect(page.locator("#steered-effect")).to_contain_text("(baseline ")
+    expect(page.locator("#steered-effect")).to_contain_text("KL at the first token")
     screenshot(page, "playground-steering")
+
+    # The sweep: a baseline and one row per coefficient, one seed, each with its measured effect.
+    page.fill("#sweep-coefficients", "1, 8, 50")
+    page.click("#sweep-button")
+    expect(page.locator("#sweep-state")).to_have_text("Done", timeout=LIVE_TIMEOUT_MS)
+    rows = page.locator("#sweep-table tbody tr")
+    expect(rows).to_have_count(4)
+    expect(rows.nth(0)).to_have_attribute("data-coefficient", "0")
+    expect(rows.nth(3)).to_have_attribute("data-coefficient", "50")
+    expect(page.locator("#sweep-caption")).to_contain_text(f"feature {index} of {sae.id}")
+    expect(page.locator("#sweep-caption")).to_contain_text("\u00d7 max activation")
+    values = [rows.nth(i).locator("td.effect").get_attribute("data-value") for i in range(4)]
+    assert all(value != "" for value in values), values  # every output measured
+    assert rows.nth(3).locator("td.text").inner_text() != rows.nth(0).locator("td.text").inner_text()
+    screenshot(page, "playground-sweep")

@@ -92,7 +92,10 @@ def test_the_steering_panel_offers_visible_completed_saes_preset_from_the_query(
     assert 'id="steer-index" min="0" step="1" value="17"' in panel
     assert 'data-mirror="steer-amount"' in panel and 'id="steer-amount" step="0.5" value="-12.5"' in panel
     assert re.search(r'value="add" checked>', panel) and 'value="clamp_feature" >' in panel
-    for label in ("SAE", "Feature", "Positions"):
+    # The coefficient is in units of the feature's max activation unless the preset says raw.
+    assert re.search(r'<option value="max_activation" selected>', panel)
+    assert 'id="sweep-coefficients" class="mono" value="0.5, 1, 2, 4, 8"' in panel
+    for label in ("SAE", "Feature", "Positions", "Unit"):
         assert re.search(rf'<label for="steer-[a-z]+">{label}</label>', panel)
     assert 'id="steered-pane"' in page and 'id="baseline-pane"' in page
 
@@ -102,7 +105,7 @@ def test_the_steering_panel_offers_visible_completed_saes_preset_from_the_query(
     query = {"sae": "sae_nope", "feature": "x", "coefficient": "inf", "kind": "clamp_feature"}
     unknown = browser.get("/playground/", query).content.decode()
     assert 'id="steer-missing"' in unknown and "<code>sae_nope</code>" in unknown
-    assert 'id="steer-index" min="0" step="1" value="0"' in unknown and 'value="8.0"' in unknown
+    assert 'id="steer-index" min="0" step="1" value="0"' in unknown and 'value="4.0"' in unknown
     assert re.search(r'value="clamp_feature" checked>', unknown) and ">Value</label>" in unknown
 
 

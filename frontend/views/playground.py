@@ -11,11 +11,14 @@ from activations import selectors as activation_selectors
 from activations import services as activation_services
 from frontend.access import reader_required
 from frontend.heatmap import cache_tokenizer, sample_heatmap
+from generation.interventions import UNITS
 from generation.serializers import GenerateInputSerializer
 from generation.services import (
     DEFAULT_MAX_TOKENS,
+    DEFAULT_SWEEP_COEFFICIENTS,
     MAX_PROMPT_CHARACTERS,
     MAX_STOP_SEQUENCES,
+    MAX_SWEEP_COEFFICIENTS,
     MAX_TOKENS_LIMIT,
 )
 from mistudio.errors import ApplicationError
@@ -26,7 +29,8 @@ from saes.selectors import sae_list
 from steering.models import SteeringVector
 from steering.selectors import vector_list
 
-DEFAULT_STEERING_COEFFICIENT = 8.0
+# In units of the feature's max activation (the page's default unit for an SAE feature).
+DEFAULT_STEERING_COEFFICIENT = 4.0
 STEERING_KINDS = ("add", "clamp_feature")
 STEERING_POSITIONS = ("all", "prompt", "generated")
 
@@ -68,6 +72,7 @@ def playground_page(request):
                 "max_tokens": MAX_TOKENS_LIMIT,
                 "prompt_characters": MAX_PROMPT_CHARACTERS,
                 "stop_sequences": MAX_STOP_SEQUENCES,
+                "sweep_coefficients": MAX_SWEEP_COEFFICIENTS,
             },
             **steering_context(request),
         },
@@ -93,6 +98,7 @@ def steering_context(request) -> dict[str, Any]:
     feature = request.GET.get("feature", "")
     coefficient = _finite(request.GET.get("coefficient"))
     kind = request.GET.get("kind", "add")
+    unit = request.GET.get("unit", "max_activation")
     positions = request.GET.get("positions", "all")
     return {
         "steering_saes": saes,
@@ -107,6 +113,8 @@ def steering_context(request) -> dict[str, Any]:
             "feature": int(feature) if feature.isdigit() else 0,
             "coefficient": DEFAULT_STEERING_COEFFICIENT if coefficient is None else coefficient,
             "kind": kind if kind in STEERING_KINDS else "add",
+            "unit": unit if unit in UNITS else "max_activation",
+            "sweep": ", ".join(f"{value:g}" for value in DEFAULT_SWEEP_COEFFICIENTS),
             "positions": positions if positions in STEERING_POSITIONS else "all",
         },
     }

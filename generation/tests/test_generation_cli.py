@@ -158,9 +158,10 @@ def test_generate_steer_changes_the_text_and_keeps_the_request(worker, tiny_gpt2
     plain, _ = generate(*base)
     steered, _ = generate(*base, "--steer", f"{sae.id}:7*12")
     assert steered != plain
+    # The unit is raw: no analysis gives the feature a max activation.
     assert latest(gpt2).interventions == [
         {"type": "add", "sae": sae.id, "hook": HOOK, "positions": "all", "feature": 7,
-         "coefficient": 12.0, "normalize": False}
+         "unit": "raw", "unit_scale": 1.0, "coefficient": 12.0, "normalize": False}
     ]  # fmt: skip
     spelled_out = json.dumps({"type": "add", "sae": sae.id, "feature": 7, "coefficient": 12})
     same, _ = generate(*base, "--steer", spelled_out)
@@ -324,6 +325,8 @@ def test_play_chats_with_a_model(worker, tiny_gpt2_folder, tiny_llama_folder):
                 "hook": HOOK,
                 "positions": "all",
                 "feature": 7,
+                "unit": "raw",
+                "unit_scale": 1.0,
                 "value": 5.0,
             }
         ]

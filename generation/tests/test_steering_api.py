@@ -19,7 +19,7 @@ from models_app.models import LanguageModel
 from models_app.services import model_register
 from saes.tests.conftest import HOOK, write_planted_cache
 
-from .test_generate_api import post
+from .test_generate_api import get, post
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -131,6 +131,84 @@ def test_sae_feature_interventions_through_api_generate(live_stack, tiny_gpt2_fo
         [{"type": "clamp_feature", "sae": sae.id, "feature": feature, "value": 5.0, "positions": "prompt"}]
     )
     assert status == 200, again
+
+
+def analysed(sae, *, feature: int, max_activation: float):
+    """A completed analysis row giving ``feature`` its max activation (the steering unit)."""
+    from django.utils import timezone
+
+    from features.models import Feature, FeatureAnalysis
+
+    analysis = FeatureAnalysis.objects.create(
+        sae=sae, owner=sae.owner, status=FeatureAnalysis.Status.COMPLETED, finished_at=timezone.now()
+    )
+    Feature.objects.create(
+        analysis=analysis, index=feature, density=0.1, max_activation=max_activation, mean_activation=0.1
+    )
+
+
+def test_a_sweep_steers_in_units_of_max_activation_and_measures_each_output(live_stack, tiny_gpt2_folder):
+    from django.contrib.auth import get_user_model
+
+    model = LanguageModel.objects.get(pk=live_stack.models["gpt2"])
+    user = get_user_model().objects.get(username="live-writer")
+    sae = completed_sae_row(model, write_planted_cache(model, user, samples=8), user)
+    module = random_sae_module().eval()
+    feature = 7
+    analysed(sae, feature=feature, max_activation=0.5)
+    direction = module.W_dec[feature].detach()
+
+    status, sweep = post(
+        live_stack,
+        "generate/sweep",
+        {
+            "model_id": model.id, "prompt": PROMPT, "temperature": 0, "max_tokens": 8,
+            "intervention": {"type": "add", "sae": sae.id, "feature": feature}, "coefficients": [4, 16],
+        },
+    )  # fmt: skip
+    assert status == 200, sweep
+    assert (sweep["unit"], sweep["unit_scale"]) == ("max_activation", 0.5)
+    assert sweep["measure"] == {"sae": sae.id, "feature": feature, "hook": HOOK}
+    assert [row["coefficient"] for row in sweep["rows"]] == [0, 4, 16]
+    assert [row["raw_coefficient"] for row in sweep["rows"]] == [0, 2, 8]
+    assert isinstance(sweep["seed"], int)
+
+    prompt_ids = None
+    for row in sweep["rows"]:
+        result = get(live_stack, f"generations/{row['request_id']}")
+        prompt_ids = result["input_token_ids"]
+        tokens = prompt_ids + result["output_token_ids"]
+        raw = row["raw_coefficient"]
+        # The text is what the model writes with raw x the decoder row added (greedy).
+        logits, _ = hooked_forward(tiny_gpt2_folder, tokens, lambda h, raw=raw: h + raw * direction)
+        assert_greedy_under(result, logits)
+        # Its effect: the feature read by the unsteered model over the output, encoded by the SAE.
+        _, hidden = hooked_forward(tiny_gpt2_folder, tokens, lambda h: h)
+        with torch.no_grad():
+            on_text = module.encode(hidden)[len(prompt_ids) :, feature]
+        effect = row["effect"]
+        assert effect["activation_mean"] == pytest.approx(float(on_text.mean()), abs=1e-4)
+        assert effect["generated_tokens"] == len(result["output_token_ids"])
+        if raw == 0:
+            assert effect["first_token_kl"] is None
+            continue
+        base, _ = hooked_forward(tiny_gpt2_folder, prompt_ids, lambda h: h)
+        moved, _ = hooked_forward(tiny_gpt2_folder, prompt_ids, lambda h, raw=raw: h + raw * direction)
+        base, moved = torch.log_softmax(base[-1], -1), torch.log_softmax(moved[-1], -1)
+        kl = float((moved.exp() * (moved - base)).sum())
+        assert effect["first_token_kl"] == pytest.approx(kl, rel=1e-3, abs=1e-6)
+
+    # The raw unit takes the number as it is; max_activation without an analysis is refused.
+    status, raw = post(
+        live_stack,
+        "generate/sweep",
+        {
+            "model_id": model.id, "prompt": PROMPT, "temperature": 0, "max_tokens": 2,
+            "intervention": {"type": "add", "sae": sae.id, "feature": 3, "unit": "max_activation"},
+        },
+    )  # fmt: skip
+    assert status == 400, raw
+    assert list(raw["error"]["details"]["fields"]) == ["interventions[0].unit"]
 
 
 def test_steered_and_plain_requests_at_once_each_get_their_own(live_stack):

@@ -1,6 +1,7 @@
 """The SAE commands: train_sae, list_saes, export_sae, import_sae, on a real cache and a real worker."""
 
 import io
+import json
 import tarfile
 
 import pytest
@@ -49,8 +50,17 @@ def test_train_list_export_import_from_the_command_line(planted_cache, tmp_path)
     with tarfile.open(tmp_path / "exported.tar") as archive:
         assert f"{sae.id}/sae_weights.safetensors" in archive.getnames()
 
+    # Labels travel in labels.json; an entry out of range is skipped on the way back in.
+    from features.models import FeatureLabel
+    from features.services import feature_label_set
+
+    feature_label_set(sae=sae, index=3, actor=None, label="closing brackets", notes="fires on `)`")
     inside = settings.LOCAL_MODEL_ROOTS[0] / "cli-import"
     run("export_sae", sae.id, str(inside))
+    labels = json.loads((inside / "labels.json").read_text())
+    assert labels["labels"] == [{"index": 3, "label": "closing brackets", "notes": "fires on `)`"}]
+    labels["labels"].append({"index": 128, "label": "beyond the SAE", "notes": ""})
+    (inside / "labels.json").write_text(json.dumps(labels))
     queued = run("import_sae", str(inside), "--model", "tiny", "--no-wait")  # a worker reads the arrays
     copy = SparseAutoencoder.objects.exclude(pk=sae.id).get()
     assert queued.strip() == f"import of {copy.id} queued"
@@ -60,6 +70,9 @@ def test_train_list_export_import_from_the_command_line(planted_cache, tmp_path)
         "completed", "topk", 64, 128, HOOK,
     )  # fmt: skip
     assert copy.model_id == sae.model_id and copy.source == "saelens"
+    assert list(FeatureLabel.objects.filter(sae=copy).values_list("index", "label", "notes")) == [
+        (3, "closing brackets", "fires on `)`")
+    ]
     # The same files again: the earlier import, nothing copied twice.
     assert (
         run("import_sae", str(inside), "--model", "tiny").strip()

@@ -6,7 +6,10 @@
 // With steering on, Generate sends two streamed requests with one seed (filled in when the field is
 // empty): the baseline as above, and the same body with mistudio.interventions = [one SAE feature,
 // or a saved steering vector added],
-// whose text streams into the second pane beside it.
+// whose text streams into the second pane beside it. An SAE feature's coefficient is in units of
+// its max activation by default (the Unit select); both requests measure that feature on their
+// output, and the steered pane shows the effect. Sweep posts /api/generate/sweep and fills a table:
+// one row per coefficient with the measured effect.
 (function () {
   "use strict";
 
@@ -22,7 +25,7 @@
   const canWrite = form.dataset.canWrite === "true";
   const steerBox = $("steer"), steerSae = $("steer-sae"), steerIndex = $("steer-index");
   const steerAmount = $("steer-amount"), steerError = $("steer-error"), seedInput = $("seed");
-  const steerVector = $("steer-vector");
+  const steerVector = $("steer-vector"), steerUnit = $("steer-unit");
 
   const state = {
     running: false,
@@ -157,11 +160,12 @@
     const vector = steerSource() === "vector";
     const clamp = !vector && steerKind() === "clamp_feature";
     $("steer-amount-label").textContent = clamp ? "Value" : "Coefficient";
+    const raw = !steerUnit || steerUnit.value === "raw";
     $("steer-amount-help").textContent = vector
       ? "Times the vector, added to the activation at its hook point"
       : clamp
-        ? "The feature's activation is set to this value"
-        : "Times the feature's decoder direction, added to the activation";
+        ? (raw ? "The feature's activation is set to this value" : "The feature's activation is set to this many times its max activation")
+        : (raw ? "Times the feature's decoder row, added to the activation" : "Times the feature's max activation, along its decoder row: 1 adds what the feature writes at its strongest");
   }
 
   // The one intervention, or null after saying in the panel what is missing.
@@ -177,7 +181,7 @@
       showSteerError(problem);
       return null;
     }
-    const item = { type: steerKind(), sae: option.value, feature: Number(index), positions: $("steer-positions").value };
+    const item = { type: steerKind(), sae: option.value, feature: Number(index), positions: $("steer-positions").value, unit: steerUnit.value };
     item[item.type === "add" ? "coefficient" : "value"] = Number(amount);
     return item;
   }
@@ -210,7 +214,9 @@
       steerSae.addEventListener("change", () => { describeSae(); showSteerError(""); });
       steerIndex.addEventListener("input", () => { describeSae(); showSteerError(""); });
       form.querySelectorAll('input[name="steer_kind"]').forEach((radio) => radio.addEventListener("change", describeKind));
+      steerUnit.addEventListener("change", () => { describeKind(); showSteerError(""); });
       offerSaes();
+      describeKind();
     }
     showSteering();
   }
@@ -401,6 +407,7 @@
       steered = item;
     }
     const body = requestBody();
+    if (steered && steered.sae) body.mistudio = { ...(body.mistudio || {}), measure: { sae: steered.sae, feature: steered.feature } };
     resetOutput(body);
     setRunning(true);
     setRunState("Queued", "queued");
@@ -474,13 +481,31 @@
     return copy;
   }
 
+  // "feature 7 on the text 0.412 (baseline 0.031) · KL 0.52 nats · distinct-2 0.83" under the steered pane.
+  function showEffect() {
+    const line = $("steered-effect"), steeredEffect = state.steeredEffect, baseline = state.lastResult?.effect;
+    line.hidden = !steeredEffect;
+    if (!steeredEffect) return;
+    const parts = [];
+    if (steeredEffect.activation_mean !== null && steeredEffect.activation_mean !== undefined) {
+      const before = baseline && baseline.activation_mean !== null && baseline.activation_mean !== undefined ? ` (baseline ${fixed(baseline.activation_mean)})` : "";
+      parts.push(`feature ${steeredEffect.feature} on the text ${fixed(steeredEffect.activation_mean)}${before}`);
+    }
+    if (steeredEffect.first_token_kl !== null && steeredEffect.first_token_kl !== undefined) parts.push(`KL at the first token ${fixed(steeredEffect.first_token_kl)} nats`);
+    if (steeredEffect.distinct_2 !== null && steeredEffect.distinct_2 !== undefined) parts.push(`distinct-2 ${steeredEffect.distinct_2.toFixed(2)}`);
+    if (steeredEffect.error) parts.push(`not measured: ${steeredEffect.error}`);
+    line.textContent = `Measured: ${parts.join(" · ")}`;
+  }
+
   function resetSteered(body, item) {
     $("steered-text").textContent = "";
     $("steered-prompt").textContent = body.prompt !== undefined ? body.prompt : "";
     $("steered-error").hidden = true;
     $("steered-stats").textContent = "";
-    const unit = item.steering_vector ? "vector" : "direction";
-    const amount = item.type === "add" ? `${item.coefficient >= 0 ? "+" : ""}${item.coefficient} × ${unit}` : `clamped to ${item.value}`;
+    state.steeredEffect = null;
+    showEffect();
+    const unit = item.steering_vector ? "vector" : item.unit === "raw" ? "decoder row" : "max activation";
+    const amount = item.type === "add" ? `${item.coefficient >= 0 ? "+" : ""}${item.coefficient} × ${unit}` : `clamped to ${item.value}${item.unit === "raw" ? "" : " × max activation"}`;
     const caption = $("steer-caption");
     const what = item.steering_vector ? `vector ${item.steering_vector}` : `feature ${item.feature} of ${item.sae}`;
     caption.textContent = `Seed ${body.seed} for both · ${what}, ${amount}, ${item.positions} positions`;
@@ -525,6 +550,8 @@
           link.href = `/api/generations/${encodeURIComponent(event.request_id)}`;
           link.textContent = event.request_id;
           $("steered-stats").replaceChildren(`${event.usage.completion_tokens} tokens · ${event.finish_reason || "done"} · request `, link);
+          state.steeredEffect = event.effect || null;
+          showEffect();
           return;
         } else if (event.type === "error") {
           throw new mi.ApiError(500, event);
@@ -553,6 +580,7 @@
     // The final result is authoritative (a stream that lost tokens still ends with the whole text).
     outputText.textContent = result.output_text;
     state.lastResult = result;
+    showEffect();
     const timings = result.timings || {};
     setStat("prompt_tokens", result.usage.prompt_tokens);
     setStat("completion_tokens", result.usage.completion_tokens);
@@ -606,6 +634,107 @@
       if (ticket === heatRequest) target.removeAttribute("aria-busy");
     }
   }
+
+  // --- the strength sweep: POST /api/generate/sweep, one table row per coefficient --------------------
+
+  const fixed = (value) => (Math.abs(value) >= 100 ? value.toFixed(0) : Math.abs(value) >= 1 ? value.toFixed(2) : value.toFixed(3));
+  const sweepButton = $("sweep-button");
+
+  function sweepCoefficients() {
+    const text = $("sweep-coefficients").value.trim();
+    const values = text.split(/[\s,;]+/).filter(Boolean).map(Number);
+    if (!values.length || values.some((value) => !Number.isFinite(value))) return null;
+    return values;
+  }
+
+  async function sweep() {
+    if (state.running || !canWrite) return;
+    mi.clearErrors(form);
+    showSteerError("");
+    const item = intervention();
+    if (!item) return;
+    const coefficients = sweepCoefficients();
+    if (!coefficients) {
+      showSteerError("Sweep coefficients are numbers separated by commas, e.g. 0.5, 1, 2, 4.");
+      return;
+    }
+    delete item.coefficient;
+    delete item.value;
+    const body = requestBody();
+    delete body.stream;
+    delete body.mistudio;
+    if (mode() === "chat") {
+      showSteerError("The sweep takes a completion prompt; switch the mode to Completion.");
+      return;
+    }
+    Object.assign(body, { intervention: item, coefficients });
+    const card = $("sweep-card"), rows = $("sweep-table").tBodies[0], error = $("sweep-error");
+    card.hidden = false;
+    rows.replaceChildren();
+    error.hidden = true;
+    $("sweep-caption").textContent = `${coefficients.length} coefficients and a baseline, one batch…`;
+    $("sweep-state").textContent = "Running";
+    $("sweep-state").className = "badge status-running";
+    setRunning(true);
+    sweepButton.disabled = true;
+    try {
+      const table = await mi.api("POST", "generate/sweep", body);
+      drawSweep(table);
+      $("sweep-state").textContent = "Done";
+      $("sweep-state").className = "badge status-completed";
+    } catch (problem) {
+      error.textContent = problem.message + (problem.code && !String(problem.code).startsWith("HTTP_") ? ` (${problem.code})` : "");
+      error.hidden = false;
+      $("sweep-caption").textContent = "";
+      $("sweep-state").textContent = "Failed";
+      $("sweep-state").className = "badge status-failed";
+      if (problem.status === 400 || problem.status === 404) showSteerError(error.textContent);
+    } finally {
+      setRunning(false);
+      sweepButton.disabled = !canWrite;
+    }
+  }
+
+  function drawSweep(table) {
+    const rows = $("sweep-table").tBodies[0];
+    const unit = table.unit === "max_activation" ? `× max activation ${fixed(table.unit_scale)}` : "raw";
+    const what = table.intervention.steering_vector ? `vector ${table.intervention.steering_vector}` : `feature ${table.intervention.feature} of ${table.intervention.sae}`;
+    const measured = table.measure ? `; measured on feature ${table.measure.feature}` : "";
+    $("sweep-caption").textContent = `${what}, ${table.intervention.type === "add" ? "added" : "clamped"} (${unit}) · seed ${table.seed} for every row${measured}`;
+    const peak = Math.max(1e-9, ...table.rows.map((row) => row.effect?.activation_mean ?? 0));
+    for (const row of table.rows) {
+      const tr = document.createElement("tr");
+      tr.dataset.coefficient = String(row.coefficient);
+      if (row.coefficient === 0) tr.className = "baseline";
+      const cell = (text, className) => {
+        const td = document.createElement("td");
+        if (className) td.className = className;
+        td.textContent = text;
+        tr.append(td);
+        return td;
+      };
+      const effect = row.effect || {};
+      cell(row.coefficient === 0 ? "baseline" : String(row.coefficient), "num");
+      cell(row.coefficient === 0 ? "0" : fixed(row.raw_coefficient), "num");
+      const on = effect.activation_mean;
+      const td = cell(on === null || on === undefined ? "—" : fixed(on), "effect");
+      td.dataset.value = on ?? "";
+      if (on !== null && on !== undefined) {
+        const bar = document.createElement("span");
+        bar.className = "bar";
+        bar.style.width = `${Math.max(0, (100 * on) / peak)}%`;
+        td.append(bar);
+      }
+      cell(effect.first_token_kl === null || effect.first_token_kl === undefined ? "—" : fixed(effect.first_token_kl), "num");
+      const distinct = effect.distinct_2;
+      const tdDistinct = cell(distinct === null || distinct === undefined ? "—" : distinct.toFixed(2), `num${distinct !== null && distinct !== undefined && distinct < 0.5 ? " low" : ""}`);
+      if (distinct !== null && distinct !== undefined && distinct < 0.5) tdDistinct.title = "Repetitive: fewer than half the bigrams are distinct";
+      cell(row.error ? `${row.error.message} (${row.error.code})` : row.output_text, "text");
+      rows.append(tr);
+    }
+  }
+
+  if (sweepButton) sweepButton.addEventListener("click", sweep);
 
   // --- actions ---------------------------------------------------------------------------------------
 

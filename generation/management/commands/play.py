@@ -383,6 +383,11 @@ class Chat:
         # Sent back as a prompt next turn, where NUL is refused: keep the text as the row does.
         self.history.append({"role": "assistant", "content": storable_text(event["output_text"]).strip()})
         self.note(f"({tokens} tokens, {rate_text(event)})")
+        if not event["output_text"].strip() and event.get("finish_reason") == "stop":
+            self.note(
+                "(an empty reply: the model ended it at once. A base model without a chat template "
+                "often does; /ignore_eos on makes it go on, /reset starts again)"
+            )
         if event.get("activations"):
             self.note(f"activations: {activations_text(event['activations'])}")
 

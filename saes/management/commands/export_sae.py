@@ -5,13 +5,17 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
+from mistudio.access import OPERATOR
 from mistudio.errors import ApplicationError
 from saes.models import SparseAutoencoder
-from saes.selectors import EXPORTED_FILES, sae_export_stream
+from saes.selectors import sae_export_files, sae_export_stream
 
 
 class Command(BaseCommand):
-    help = "Write a completed SAE as a SAELens folder (cfg.json, sae_weights.safetensors) or a .tar of one."
+    help = (
+        "Write a completed SAE as a SAELens folder (cfg.json, sae_weights.safetensors, and labels.json "
+        "with its feature labels) or a .tar of one."
+    )
 
     def add_arguments(self, parser):
         parser.add_argument("sae", help="SAE id (sae_…)")
@@ -23,7 +27,8 @@ class Command(BaseCommand):
             raise CommandError(f"No completed SAE {options['sae']!r} (see `manage.py list_saes`).")
         output = Path(options["output"])
         try:
-            chunks = sae_export_stream(sae)
+            chunks = sae_export_stream(sae, user=OPERATOR)
+            files = sae_export_files(sae, user=OPERATOR)
         except ApplicationError as error:
             raise CommandError(f"{error.code}: {error.message}") from None
         if output.suffix == ".tar":
@@ -34,7 +39,9 @@ class Command(BaseCommand):
             if output.exists() and any(output.iterdir()):
                 raise CommandError(f"{output} exists and is not empty.")
             output.mkdir(parents=True, exist_ok=True)
-            for name in EXPORTED_FILES:
-                if (sae.directory / name).is_file():
-                    shutil.copyfile(sae.directory / name, output / name)
+            for name, path, data in files:
+                if data is None:
+                    shutil.copyfile(path, output / name)
+                else:
+                    (output / name).write_bytes(data)
         self.stdout.write(f"wrote {output} (SAELens layout: sae_lens.SAE.load_from_disk reads it)")
