@@ -181,6 +181,35 @@ class HookPointsApi(APIView):
         return Response(selectors.hook_points(model))
 
 
+class TokenizeApi(APIView):
+    """``POST /api/models/{id}/tokenize``: how the model's tokenizer splits a few texts (its files,
+    no load): the patching page's preview of prompts and one-token answers."""
+
+    permission_classes = [CanRead]
+
+    class InputSerializer(StrictSerializer):
+        texts = serializers.ListField(
+            child=serializers.CharField(
+                max_length=selectors.MAX_TOKENIZE_CHARACTERS, allow_blank=True, trim_whitespace=False
+            ),
+            min_length=1,
+            max_length=selectors.MAX_TOKENIZE_TEXTS,
+        )
+        special_tokens = serializers.BooleanField(
+            default=True, help_text="Add them as a prompt gets them (false: as an answer token is read)"
+        )
+
+    @extend_schema(request=InputSerializer, responses={200: dict})
+    def post(self, request, model_id: str):
+        model = model_get(user=request.user, model_id=model_id)
+        data = self.InputSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        tokens = selectors.text_tokens(
+            model, data.validated_data["texts"], special_tokens=data.validated_data["special_tokens"]
+        )
+        return Response({"tokens": tokens, "counts": [len(found) for found in tokens]})
+
+
 # --- Extractions ------------------------------------------------------------------------------------
 
 

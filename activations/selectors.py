@@ -292,6 +292,67 @@ def tokenizer_for(folder: str):
     return AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
 
 
+MAX_TOKENIZE_TEXTS = 8
+MAX_TOKENIZE_CHARACTERS = 4000
+
+
+def text_tokens(
+    model: LanguageModel, texts: list[str], *, special_tokens: bool
+) -> list[list[dict[str, Any]]]:
+    """How the model's tokenizer splits each text: ``[{"id", "text"}]`` per text, with the special
+    tokens a prompt gets (BOS where the tokenizer adds one, as extraction and patching tokenize
+    prompts) or without them (as one-token answers are read). No model load: its tokenizer files."""
+    folder = model_folder(model)
+    if folder is None:
+        raise ApplicationError(
+            "TOKENIZER_UNAVAILABLE", "The model's files are not on this machine (load it once).", status=409
+        )
+    tokenizer = _cached_tokenizer(str(folder))
+    result = []
+    for text in texts:
+        ids = tokenizer(text, add_special_tokens=special_tokens).input_ids
+        result.append(
+            [
+                {"id": token, "text": piece}
+                for token, piece in zip(ids, token_strings(tokenizer, ids), strict=True)
+            ]
+        )
+    return result
+
+
+@functools.lru_cache(maxsize=8)
+def _cached_tokenizer(folder: str):
+    return tokenizer_for(folder)
+
+
+def token_strings(tokenizer, token_ids) -> list[str]:
+    """Each token as text; a token that is part of a character's UTF-8 bytes (which decodes alone
+    to "\ufffd") as its bytes, ``<0xE2><0x80>``."""
+    ids = [int(token) for token in token_ids]
+    if tokenizer is None:
+        return [f"#{token}" if token >= 0 else "" for token in ids]
+    return [_token_text(tokenizer, token) if token >= 0 else "" for token in ids]
+
+
+def _token_text(tokenizer, token: int) -> str:
+    text = tokenizer.decode([token])
+    if "\ufffd" not in text:
+        return text
+    piece = tokenizer.convert_ids_to_tokens(token)
+    decoder = _byte_decoder()
+    if isinstance(piece, str) and piece and all(character in decoder for character in piece):
+        return "".join(f"<0x{decoder[character]:02X}>" for character in piece)
+    return piece if isinstance(piece, str) and piece else text
+
+
+@functools.cache
+def _byte_decoder() -> dict[str, int]:
+    """Byte-level BPE's characters back to the bytes they stand for (GPT-2, Llama 3 and others)."""
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    return {character: byte for byte, character in bytes_to_unicode().items()}
+
+
 def model_folder(model: LanguageModel) -> Path | None:
     """Where the model's files are on this machine (for its tokenizer), if they are: a local
     folder only while it and every entry of it stay inside ``LOCAL_MODEL_ROOTS``."""

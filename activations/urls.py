@@ -7,6 +7,7 @@ urlpatterns = [
     path("datasets/<str:dataset_id>", apis.DatasetDetailApi.as_view(), name="dataset-detail"),
     path("datasets/<str:dataset_id>/samples", apis.DatasetSamplesApi.as_view(), name="dataset-samples"),
     path("models/<str:model_id>/hook-points", apis.HookPointsApi.as_view(), name="model-hook-points"),
+    path("models/<str:model_id>/tokenize", apis.TokenizeApi.as_view(), name="model-tokenize"),
     path(
         "models/<str:model_id>/extract-activations",
         apis.ExtractActivationsApi.as_view(),

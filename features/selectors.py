@@ -6,7 +6,6 @@ array, sliced from the file without reading the rest (the cache is never touched
 
 from __future__ import annotations
 
-import functools
 import itertools
 import json
 from collections.abc import Iterator
@@ -16,7 +15,7 @@ import numpy as np
 from django.db.models import Exists, OuterRef, Q, QuerySet
 
 from activations.models import ActivationCache
-from activations.selectors import model_folder, tokenizer_for
+from activations.selectors import model_folder, token_strings, tokenizer_for
 from features.models import Feature, FeatureAnalysis, FeatureLabel
 from features.serializers import analysis_state, feature_summary, label_state
 from mistudio.access import linked_id, visible_row, visible_rows
@@ -199,34 +198,6 @@ def analysis_tokenizer(sae: SparseAutoencoder):
         return tokenizer_for(str(folder)) if folder is not None else None
     except (OSError, ValueError):
         return None
-
-
-def token_strings(tokenizer, token_ids) -> list[str]:
-    """Each token as text; a token that is part of a character's UTF-8 bytes (which decodes alone
-    to "\ufffd") as its bytes, ``<0xE2><0x80>``."""
-    ids = [int(token) for token in token_ids]
-    if tokenizer is None:
-        return [f"#{token}" if token >= 0 else "" for token in ids]
-    return [_token_text(tokenizer, token) if token >= 0 else "" for token in ids]
-
-
-def _token_text(tokenizer, token: int) -> str:
-    text = tokenizer.decode([token])
-    if "\ufffd" not in text:
-        return text
-    piece = tokenizer.convert_ids_to_tokens(token)
-    decoder = _byte_decoder()
-    if isinstance(piece, str) and piece and all(character in decoder for character in piece):
-        return "".join(f"<0x{decoder[character]:02X}>" for character in piece)
-    return piece if isinstance(piece, str) and piece else text
-
-
-@functools.cache
-def _byte_decoder() -> dict[str, int]:
-    """Byte-level BPE's characters back to the bytes they stand for (GPT-2, Llama 3 and others)."""
-    from transformers.convert_slow_tokenizer import bytes_to_unicode
-
-    return {character: byte for byte, character in bytes_to_unicode().items()}
 
 
 def _examples(

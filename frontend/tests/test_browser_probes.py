@@ -33,10 +33,23 @@ def test_patching_draws_the_heatmap_and_the_lens_fills_its_table(page, site, tin
     page.fill("#patch-corrupted", CORRUPTED + " sea")  # one token too many: the API's 400 shows
     page.fill("#patch-answer", " the")
     page.fill("#patch-wrong", " and")
+    # The tokenizer preview says it before the run: the lengths differ; each answer is one token.
+    longer = tokenizer.encode(CORRUPTED + " sea")
+    preview = page.locator("#patch-corrupted-tokens")
+    expect(preview.locator(".token-note")).to_have_text(
+        f"{len(longer)} tokens · the other has {tokens}: patching needs the same number"
+    )
+    expect(preview.locator(".tok")).to_have_count(len(longer))
+    expect(preview.locator(".tok").last).to_have_text(tokenizer.decode(longer[-1:]))
+    expect(page.locator("#patch-answer-tokens .token-note")).to_have_text("one token")
+    page.fill("#patch-wrong", " and so")
+    expect(page.locator("#patch-wrong-tokens .token-note")).to_have_text("2 tokens: the metric reads one")
+    page.fill("#patch-wrong", " and")
     page.click("#patch-submit")
     expect(page.locator("#patch-error")).to_contain_text("PROMPT_LENGTHS_DIFFER", timeout=LIVE_TIMEOUT_MS)
 
     page.fill("#patch-corrupted", CORRUPTED)
+    expect(page.locator("#patch-clean-tokens .token-note")).to_have_text(f"{tokens} tokens · same length")
     page.click("#patch-submit")
     expect(page.locator("#patching-result")).to_be_visible(timeout=LIVE_TIMEOUT_MS)
     expect(page.locator("#patch-error")).to_have_count(0)

@@ -13,6 +13,62 @@
   const submit = $("patch-submit"), state = $("patch-state"), table = $("patch-heatmap");
   const number = (value) => (value === null || value === undefined ? "—" : Number(value).toFixed(3));
 
+  // --- the tokenizer preview: POST /api/models/{id}/tokenize as the fields change -----------------
+  // Prompts as patching reads them (with the special tokens a prompt gets), answers without them;
+  // each shows its tokens, and whether the prompts are of equal length and the answers one token.
+
+  const modelId = form.dataset.modelId;
+  let previewTimer = null, previewTicket = 0;
+
+  function strip(target, tokens, note, ok) {
+    target.replaceChildren();
+    if (!tokens) return;
+    const line = document.createElement("div");
+    line.className = `token-note ${ok ? "ok" : "warn-text"}`;
+    line.textContent = note;
+    const pieces = document.createElement("div");
+    pieces.className = "token-strip mono";
+    for (const token of tokens) {
+      const piece = document.createElement("span");
+      piece.className = "tok";
+      piece.textContent = token.text;
+      piece.title = `token ${token.id}`;
+      pieces.append(piece);
+    }
+    target.append(line, pieces);
+  }
+
+  async function preview() {
+    const ticket = ++previewTicket;
+    const prompts = [form.elements.clean.value, form.elements.corrupted.value];
+    const answers = [form.elements.answer.value, form.elements.wrong_answer.value];
+    try {
+      const [promptTokens, answerTokens] = await Promise.all([
+        prompts.some(Boolean) ? mi.api("POST", `models/${encodeURIComponent(modelId)}/tokenize`, { texts: prompts, special_tokens: true }) : null,
+        answers.some(Boolean) ? mi.api("POST", `models/${encodeURIComponent(modelId)}/tokenize`, { texts: answers, special_tokens: false }) : null,
+      ]);
+      if (ticket !== previewTicket) return; // the fields changed meanwhile
+      const [clean, corrupted] = promptTokens ? promptTokens.tokens : [[], []];
+      const same = clean.length === corrupted.length;
+      const lengths = (count, other) => `${count} token${count === 1 ? "" : "s"}` + (prompts.every(Boolean) ? (same ? " · same length" : ` · the other has ${other}: patching needs the same number`) : "");
+      strip($("patch-clean-tokens"), prompts[0] ? clean : null, lengths(clean.length, corrupted.length), same);
+      strip($("patch-corrupted-tokens"), prompts[1] ? corrupted : null, lengths(corrupted.length, clean.length), same);
+      const [answer, wrong] = answerTokens ? answerTokens.tokens : [[], []];
+      const one = (tokens) => (tokens.length === 1 ? "one token" : `${tokens.length} tokens: the metric reads one`);
+      strip($("patch-answer-tokens"), answers[0] ? answer : null, one(answer), answer.length === 1);
+      strip($("patch-wrong-tokens"), answers[1] ? wrong : null, one(wrong), wrong.length === 1);
+    } catch (error) {
+      if (ticket === previewTicket) $("patch-clean-tokens").textContent = `No tokenizer preview: ${error.message}`;
+    }
+  }
+
+  for (const name of ["clean", "corrupted", "answer", "wrong_answer"]) {
+    form.elements[name].addEventListener("input", () => {
+      clearTimeout(previewTimer);
+      previewTimer = setTimeout(preview, 250);
+    });
+  }
+
   form.querySelectorAll("[data-hooks]").forEach((button) => {
     button.addEventListener("click", () => { $("patch-hooks").value = button.dataset.hooks; });
   });
