@@ -5,13 +5,24 @@ Built from the row's config on PyTorch's meta device: no memory for parameters, 
 
 import functools
 import json
+import threading
 
 from engine.inspection import ENCODER_MODEL_TYPES
 from models_app.models import LanguageModel
 
 
-@functools.lru_cache(maxsize=16)
+# transformers' lazy first import is not thread-safe: two requests building a skeleton at once
+# in a fresh web process got "cannot import name 'AutoConfig'". One build at a time.
+_BUILDING = threading.Lock()
+
+
 def _skeleton(config_json: str):
+    with _BUILDING:
+        return _built_skeleton(config_json)
+
+
+@functools.lru_cache(maxsize=16)
+def _built_skeleton(config_json: str):
     import torch
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 

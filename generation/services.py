@@ -160,7 +160,8 @@ def generation_request(
             "\n".join(message["content"] for message in messages) + system_prompt, field_name="messages"
         )
     user = owner if owner is not None else OPERATOR
-    widths = hook_widths(model, interventions)
+    # The model's structure only when a hook must be checked (building it the first time is slow).
+    widths = hook_widths(model, interventions) if interventions or measure is not None else {}
     steering = interventions_request(interventions, widths=widths, user=user) if interventions else []
     measured = measure_request(measure, steering, widths=widths, user=user)
     if sweep is None:

@@ -1,6 +1,6 @@
 """Activation patching and the logit lens in a real browser, on the tiny GPT-2 loaded by a real
 worker: the heatmap is drawn (and reads out by keyboard), an API error shows in the form, the lens
-fills its table. And the playground steered by a saved steering vector."""
+fills its table. And the playground steered by a saved steering vector, and one computed there."""
 
 import pytest
 import torch
@@ -11,6 +11,7 @@ from transformers import AutoTokenizer
 from frontend.tests.browser import LIVE_TIMEOUT_MS, screenshot
 from models_app.models import LanguageModel
 from models_app.tests.live_stack import register_and_load
+from steering.models import SteeringVector
 from steering.services import vector_import
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -115,3 +116,18 @@ def test_the_playground_steers_with_a_saved_vector_preset_by_its_id(page, site, 
     baseline, steered = page.inner_text("#output-text"), page.inner_text("#steered-text")
     assert baseline and steered and baseline != steered
     screenshot(page, "playground-vector")
+
+    # A new vector from the page: difference of means, computed by the worker, then chosen.
+    page.click("#new-vector summary")
+    page.fill("#vector-hook", "blocks.1.hook_resid_post")
+    page.fill("#vector-positive", "The sea is calm\nThe river runs")
+    page.fill("#vector-negative", "A list of items\n")
+    page.fill("#vector-name", "sea minus list")
+    page.click("#vector-create")
+    page.wait_for_url(lambda url: "vector=sv_" in url and vector.id not in url, timeout=LIVE_TIMEOUT_MS)
+    vector = SteeringVector.objects.get(name="sea minus list")
+    assert (vector.status, vector.hook_name, vector.positive) == (
+        "completed", "blocks.1.hook_resid_post", ["The sea is calm", "The river runs"],
+    )  # fmt: skip
+    expect(page.locator("#steer-vector")).to_have_value(vector.id)
+    expect(page.locator("#steer-vector-meta")).to_contain_text("blocks.1.hook_resid_post · width 64")

@@ -235,3 +235,12 @@ def steer_from_the_feature_page(page, sae) -> None:
     assert all(value != "" for value in values), values  # every output measured
     assert rows.nth(3).locator("td.text").inner_text() != rows.nth(0).locator("td.text").inner_text()
     screenshot(page, "playground-sweep")
+
+    # Ablation from the page: the feature set to 0 (its amount field goes away).
+    page.check('input[name="steer_kind"][value="ablate"]')
+    expect(page.locator("#steer-amount")).to_be_hidden()
+    page.click("#generate-button")
+    expect(page.locator("#steer-caption")).to_contain_text(f"feature {index} of {sae.id}, ablated")
+    expect(page.locator("#steered-stats")).to_contain_text("tokens", timeout=LIVE_TIMEOUT_MS)
+    expect(page.locator("#generate-button")).to_be_enabled(timeout=LIVE_TIMEOUT_MS)
+    expect(page.locator("#steer-error")).to_be_hidden()

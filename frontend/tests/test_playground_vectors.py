@@ -80,7 +80,9 @@ def test_an_unknown_vector_is_named_and_no_vector_says_how_to_make_one(writer, t
     )
     assert 'id="steer-missing-vector"' in panel and "<code>sv_nope</code>" in panel
     assert '<input type="checkbox" id="steer" >' in panel  # nothing to steer with: off
-    assert "No completed SAE or steering vector" in panel
+    # Nothing to steer with yet: the panel offers to compute a vector, open.
+    assert "No completed steering vector yet: compute one below." in panel
+    assert re.search(r'<details class="new-vector" id="new-vector" open>', panel)
 
     vector_row(model, writer, "mine", status="failed")
     panel = steer_panel(browser.get("/playground/", {"model": model.id}).content.decode())

@@ -31,7 +31,7 @@ from steering.selectors import vector_list
 
 # In units of the feature's max activation (the page's default unit for an SAE feature).
 DEFAULT_STEERING_COEFFICIENT = 4.0
-STEERING_KINDS = ("add", "clamp_feature")
+STEERING_KINDS = ("add", "clamp_feature", "ablate")
 STEERING_POSITIONS = ("all", "prompt", "generated")
 
 
@@ -105,7 +105,7 @@ def steering_context(request) -> dict[str, Any]:
         "steering_vectors": vectors,
         "steering": {
             "on": found or found_vector,
-            "source": "vector" if found_vector or (vectors and not saes) else "feature",
+            "source": "vector" if found_vector or not saes else "feature",
             "sae": wanted if found else "",
             "missing_sae": wanted if wanted and not found else "",
             "vector": wanted_vector if found_vector else "",

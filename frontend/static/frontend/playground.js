@@ -82,6 +82,7 @@
 
   const steerSource = () => form.querySelector('input[name="steer_source"]:checked')?.value || "feature";
   const steering = () => steerBox.checked && Boolean(steerSource() === "vector" ? steerVector : steerSae);
+  const amountField = steerAmount.closest(".field");
   const steerKind = () => form.querySelector('input[name="steer_kind"]:checked')?.value || "add";
 
   function showSource() {
@@ -159,6 +160,7 @@
   function describeKind() {
     const vector = steerSource() === "vector";
     const clamp = !vector && steerKind() === "clamp_feature";
+    amountField.hidden = !vector && steerKind() === "ablate"; // an ablation takes no amount
     $("steer-amount-label").textContent = clamp ? "Value" : "Coefficient";
     const raw = !steerUnit || steerUnit.value === "raw";
     $("steer-amount-help").textContent = vector
@@ -176,11 +178,12 @@
     let problem = null;
     if (!option || !option.value) problem = "Choose an SAE to steer with.";
     else if (!/^\d+$/.test(index)) problem = "The feature is a whole number from 0.";
-    else if (amount === "" || !Number.isFinite(Number(amount))) problem = `The ${steerKind() === "clamp_feature" ? "value" : "coefficient"} must be a number.`;
+    else if (steerKind() !== "ablate" && (amount === "" || !Number.isFinite(Number(amount)))) problem = `The ${steerKind() === "clamp_feature" ? "value" : "coefficient"} must be a number.`;
     if (problem) {
       showSteerError(problem);
       return null;
     }
+    if (steerKind() === "ablate") return { type: "ablate", sae: option.value, features: [Number(index)], positions: $("steer-positions").value };
     const item = { type: steerKind(), sae: option.value, feature: Number(index), positions: $("steer-positions").value, unit: steerUnit.value };
     item[item.type === "add" ? "coefficient" : "value"] = Number(amount);
     return item;
@@ -407,7 +410,7 @@
       steered = item;
     }
     const body = requestBody();
-    if (steered && steered.sae) body.mistudio = { ...(body.mistudio || {}), measure: { sae: steered.sae, feature: steered.feature } };
+    if (steered && steered.sae) body.mistudio = { ...(body.mistudio || {}), measure: { sae: steered.sae, feature: steered.feature ?? steered.features[0] } };
     resetOutput(body);
     setRunning(true);
     setRunState("Queued", "queued");
@@ -478,6 +481,7 @@
 
   function steeredBody(body, item) {
     const copy = { ...body, mistudio: { interventions: [item] } }; // no capture: one cache per click
+    if (item.type === "ablate") copy.mistudio.measure = { sae: item.sae, feature: item.features[0] };
     return copy;
   }
 
@@ -505,9 +509,10 @@
     state.steeredEffect = null;
     showEffect();
     const unit = item.steering_vector ? "vector" : item.unit === "raw" ? "decoder row" : "max activation";
-    const amount = item.type === "add" ? `${item.coefficient >= 0 ? "+" : ""}${item.coefficient} × ${unit}` : `clamped to ${item.value}${item.unit === "raw" ? "" : " × max activation"}`;
+    const amount = item.type === "add" ? `${item.coefficient >= 0 ? "+" : ""}${item.coefficient} × ${unit}`
+      : item.type === "ablate" ? "ablated" : `clamped to ${item.value}${item.unit === "raw" ? "" : " × max activation"}`;
     const caption = $("steer-caption");
-    const what = item.steering_vector ? `vector ${item.steering_vector}` : `feature ${item.feature} of ${item.sae}`;
+    const what = item.steering_vector ? `vector ${item.steering_vector}` : `feature ${item.feature ?? item.features[0]} of ${item.sae}`;
     caption.textContent = `Seed ${body.seed} for both · ${what}, ${amount}, ${item.positions} positions`;
     caption.hidden = false;
   }
@@ -653,6 +658,10 @@
     showSteerError("");
     const item = intervention();
     if (!item) return;
+    if (item.type === "ablate") {
+      showSteerError("An ablation has no strength to sweep: choose Add or Clamp.");
+      return;
+    }
     const coefficients = sweepCoefficients();
     if (!coefficients) {
       showSteerError("Sweep coefficients are numbers separated by commas, e.g. 0.5, 1, 2, 4.");
@@ -735,6 +744,48 @@
   }
 
   if (sweepButton) sweepButton.addEventListener("click", sweep);
+
+  // --- a new steering vector: POST /api/steering-vectors, then the page again with it chosen ----------
+
+  const lines = (id) => $(id).value.split("\n").map((line) => line.trim()).filter(Boolean);
+
+  async function createVector() {
+    const error = $("vector-error"), stateLine = $("vector-state");
+    error.hidden = true;
+    const option = modelSelect.selectedOptions[0];
+    const layers = Number(option?.dataset.layers) || 1;
+    const body = {
+      model_id: modelSelect.value,
+      hook_name: $("vector-hook").value.trim() || `blocks.${Math.floor((layers - 1) / 2)}.hook_resid_post`,
+      positive: lines("vector-positive"),
+      negative: lines("vector-negative"),
+      reduction: $("vector-last").checked ? "last" : "mean",
+      name: $("vector-name").value.trim(),
+    };
+    const button = $("vector-create");
+    button.disabled = true;
+    stateLine.textContent = "Queued…";
+    try {
+      let vector = await mi.api("POST", "steering-vectors", body);
+      while (["queued", "running"].includes(vector.status)) {
+        stateLine.textContent = vector.status === "running" ? "Computing…" : "Queued…";
+        await new Promise((resolve) => setTimeout(resolve, 500));
+        vector = await mi.api("GET", `steering-vectors/${encodeURIComponent(vector.id)}`);
+      }
+      if (vector.status !== "completed") throw new mi.ApiError(500, { error: { code: vector.error_code || vector.status, message: vector.error_message || `The vector is ${vector.status}.` } });
+      stateLine.textContent = `Done: norm ${Number(vector.norm).toFixed(3)}`;
+      const query = new URLSearchParams({ model: modelSelect.value, vector: vector.id });
+      location.assign(`${location.pathname}?${query}`);
+    } catch (problem) {
+      mi.showErrors(form, problem);
+      form.querySelector(".form-error")?.remove();
+      error.textContent = `${problem.message}${problem.code && !String(problem.code).startsWith("HTTP_") ? ` (${problem.code})` : ""}`;
+      error.hidden = false;
+      stateLine.textContent = "";
+      button.disabled = !canWrite;
+    }
+  }
+  if ($("vector-create")) $("vector-create").addEventListener("click", createVector);
 
   // --- actions ---------------------------------------------------------------------------------------
 
