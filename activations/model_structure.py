@@ -10,7 +10,6 @@ import threading
 from engine.inspection import ENCODER_MODEL_TYPES
 from models_app.models import LanguageModel
 
-
 # transformers' lazy first import is not thread-safe: two requests building a skeleton at once
 # in a fresh web process got "cannot import name 'AutoConfig'". One build at a time.
 _BUILDING = threading.Lock()

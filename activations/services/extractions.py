@@ -110,6 +110,7 @@ def extraction_request(
     """Answer from the cache, join the identical job in flight, or queue a new one.
 
     ``dtype`` is the stored dtype; by default the model's compute dtype (:func:`storage_dtype_for`).
+    Neither ``hooks`` nor ``layers`` given: :func:`default_extraction_hook` (an empty list is a 400).
     ``max_length`` defaults to :data:`DEFAULT_MAX_LENGTH` tokens and never exceeds the model's
     context (a longer sample is truncated to the context rather than failing the job).
     A model that is not loaded is loaded first, in the worker that takes the job.
@@ -120,6 +121,8 @@ def extraction_request(
     dataset = Dataset.objects.filter(pk=dataset_id).first()
     if dataset is None:
         raise ApplicationError("DATASET_NOT_FOUND", "No such dataset.", status=404)
+    if hooks is None and layers is None:
+        hooks = [default_extraction_hook(model)]
     names = hook_names_for(model, hooks=hooks, layers=layers)
     key = cache_key(
         model=model,
@@ -208,6 +211,12 @@ def joined(running: ExtractionJob, *, owner) -> ExtractionJob:
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 DEFAULT_MAX_LENGTH = 512
+
+
+def default_extraction_hook(model: LanguageModel) -> str:
+    """Where an extraction reads when it names no hook point or layer: the middle block's residual
+    stream (the usual first SAE site), ``blocks.{layers // 2}.hook_resid_post``."""
+    return f"blocks.{(model.num_layers or 1) // 2}.hook_resid_post"
 
 
 def default_max_length(model: LanguageModel, wanted: int = DEFAULT_MAX_LENGTH) -> int:

@@ -113,6 +113,15 @@ def test_an_identical_request_reuses_the_cache_and_a_concurrent_one_joins_the_jo
     assert different.status_code == 202
 
 
+def test_no_hook_named_reads_the_middle_blocks_residual_stream_and_none_at_all_is_a_400(setup):
+    model, dataset, api = setup
+    response = extract(api, model, dataset, hooks=None)
+    assert response.status_code == 202, response.content
+    assert ExtractionJob.objects.get().hooks == ["blocks.1.hook_resid_post"]  # 2 blocks: the second
+    empty = extract(api, model, dataset, hooks=[])
+    assert empty.status_code == 400 and empty.json()["error"]["code"] == "INVALID_HOOK"
+
+
 def test_the_stored_dtype_defaults_to_the_models_and_the_size_is_estimated(setup):
     """A bf16 model's activations are cached as bf16 unless the request asks otherwise, and the
     answer says at most how large the cache gets (samples x max_length tokens)."""

@@ -15,7 +15,7 @@ from activations.services import dataset_create_from_texts, extraction_request
 from activations.store import ActivationStore, verify
 from models_app.services import model_register
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.waits]
 
 
 def start_worker(process_env):

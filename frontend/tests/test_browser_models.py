@@ -125,7 +125,12 @@ def test_extract_from_the_detail_page_then_reuse_the_cache(page, site, tiny_gpt2
     page.fill("#extract-max-length", "24")
     form.get_by_label("Storage dtype").select_option("float16")
 
-    # Nothing picked: the API's message under the hook picker, the numbers kept.
+    # The middle block's residual stream comes picked (the API's default too); with nothing
+    # picked, the API's message shows under the hook picker, the numbers kept.
+    default = page.locator('input[name="hooks"][value="blocks.1.hook_resid_post"]')
+    expect(default).to_be_checked()
+    expect(page.locator("#hook-summary")).to_have_text("1 hook point selected")
+    default.uncheck()
     page.click("#extract-submit")
     expect(form.locator('[data-error-for="hooks"]')).to_have_text(
         "At least one hook point (or layer) is required."

@@ -15,7 +15,7 @@ from django.views.decorators.http import require_safe
 
 from activations import selectors as activation_selectors
 from activations.services import STORAGE_DTYPES, storage_dtype_for
-from activations.services.extractions import DTYPE_BYTES, default_max_length
+from activations.services.extractions import DTYPE_BYTES, default_extraction_hook, default_max_length
 from activations.store import cache_bytes_per_token
 from frontend.access import reader_required
 from mistudio.errors import ApplicationError
@@ -211,6 +211,7 @@ def model_detail_page(request, model_id: str):
             "config_rows": config_summary(model),
             "config_json": json.dumps(model.config, indent=2, sort_keys=True),
             "hook_groups": groups,
+            "default_hook": default_extraction_hook(model),
             "hook_count": sum(len(group["points"]) for group in groups),
             "hooks_error": hooks_error,
             "memory_rows": estimates,

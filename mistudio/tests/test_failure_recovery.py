@@ -38,7 +38,7 @@ from mistudio.tests.private_servers import (
 )
 from models_app.tests.live_stack import ASGI_APPLICATION, free_port, process_environment, wait_until
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.waits]
 
 TEXTS = [f"Sample {index}: the quick brown fox jumps over the lazy dog." for index in range(12)]
 

@@ -37,7 +37,7 @@ from saes.models import SparseAutoencoder
 from saes.tests.conftest import HOOK, write_planted_cache
 from steering.services import logit_lens_request
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.waits]
 
 IDLE_SECONDS = 6.5  # longer than the 1 s socket timeout and the 5 s dequeue below
 

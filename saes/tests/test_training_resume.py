@@ -16,7 +16,7 @@ from saes.models import SparseAutoencoder as SaeRow
 from saes.services import sae_train_request
 from saes.tests.conftest import HOOK, write_planted_cache
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.waits]
 
 
 def start_worker(process_env):

@@ -283,7 +283,7 @@
       const body = { dataset_id: values.get("dataset_id"), dtype: values.get("dtype") };
       const hooks = values.getAll("hooks");
       const modules = String(values.get("module_hooks") || "").split(/[\s,]+/).filter(Boolean);
-      if (hooks.length || modules.length) body.hooks = [...hooks, ...modules];
+      body.hooks = [...hooks, ...modules]; // none picked: the API says a hook point is needed
       const layers = String(values.get("layer_indices") || "").split(/[\s,]+/).filter(Boolean);
       if (layers.some((layer) => !/^\d+$/.test(layer))) {
         return { error: { message: "The request is not valid.", fields: { layer_indices: ["Whole layer numbers, separated by commas: 0, 6, 11."] } } };
