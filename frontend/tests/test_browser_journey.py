@@ -1,7 +1,10 @@
 """A researcher's first session, in one browser tab against a live Daphne and a real worker:
 sign in → add a tiny local model → load it (the badge turns "ready" without a reload) → extract
 activations (progress reaches 100 % and the cache appears) → open the activation browser (the
-top-tokens list shows) → the playground streams text → sign out.
+top-tokens list shows) → the playground streams text → and then the research path on every
+default: extract the middle block (the picked hook, the default length), train an SAE (nothing
+typed), analyse it, open its densest feature, steer with it and sweep its strength, patch, export
+→ sign out.
 
 The other browser modules test each page in depth; this one proves the pages connect."""
 
@@ -17,6 +20,7 @@ from frontend.tests.browser import LIVE_TIMEOUT_MS
 from frontend.views.activations import TOP_K
 from generation.models import Generation
 from models_app.models import LanguageModel
+from saes.models import SparseAutoencoder
 
 pytestmark = pytest.mark.slow
 
@@ -99,7 +103,72 @@ def test_sign_in_add_load_extract_browse_and_generate(page, site, tiny_gpt2_fold
     row = Generation.objects.get(pk=page.locator("#request-link").text_content())
     assert row.model_id == model.id and row.completion_tokens == 80 and row.status == "completed"
 
+    research_path_on_defaults(page, site, model, dataset)
+
     # Signing out ends the session: the pages ask to sign in again.
     page.get_by_role("button", name="Sign out").click()
     page.goto(site.url("/playground/"))
     expect(page).to_have_url(re.compile(r"/login/"))
+
+
+def research_path_on_defaults(page, site, model, dataset) -> None:
+    """Extract → train → analyse → steer and sweep → patch → export, keeping every default."""
+    page.goto(site.url(f"/models/{model.id}/"))
+    form = page.locator("#extract-form")
+    form.get_by_label("Dataset").select_option(dataset.id)
+    expect(page.locator("#hook-summary")).to_have_text("1 hook point selected")  # the middle block
+    page.click("#extract-submit")
+    panel = page.locator("#job-panel")
+    expect(panel.locator("#job-status")).to_have_text("completed", timeout=LIVE_TIMEOUT_MS)
+    cache = ActivationCache.objects.filter(model_id=model.id, hooks=["blocks.1.hook_resid_post"]).get()
+
+    page.goto(site.url(f"/activations/{cache.id}/"))
+    page.click("#train-sae-link")
+    page.wait_for_url(re.compile(rf"/saes/\?cache={cache.id}"))
+    page.click("#train-submit")  # nothing typed: the defaults sized to the model
+    page.wait_for_url(re.compile(r"/saes/sae_\w+/$"))
+    sae = SparseAutoencoder.objects.get(cache=cache)
+    expect(page.locator("#sae-training")).to_have_attribute(
+        "data-status", "completed", timeout=LIVE_TIMEOUT_MS
+    )
+    sae.refresh_from_db()
+    assert (sae.architecture, sae.k, sae.d_sae) == ("topk", 16, 8 * model.hidden_size)
+    assert sae.evaluation["explained_variance"] > 0.5, sae.evaluation
+
+    page.click("#run-analysis")
+    expect(page.locator("#analysis-list li").first).to_have_attribute(
+        "data-status", "completed", timeout=LIVE_TIMEOUT_MS
+    )
+    page.goto(site.url(f"/saes/{sae.id}/features/?sort=-density"))
+    page.locator("#feature-table tbody tr a").first.click()
+    page.wait_for_url(re.compile(rf"/saes/{sae.id}/features/\d+/$"))
+    index = int(page.locator("#feature-page").get_attribute("data-index"))
+
+    # Steer with it on the page's defaults (4 x its max activation), then sweep the defaults.
+    page.click("#steer-feature")
+    page.fill("#prompt", "The residual stream")
+    page.click("#generate-button")
+    expect(page.locator("#steered-effect")).to_contain_text(
+        f"feature {index} on the text", timeout=LIVE_TIMEOUT_MS
+    )
+    page.click("#sweep-button")
+    expect(page.locator("#sweep-state")).to_have_text("Done", timeout=LIVE_TIMEOUT_MS)
+    rows = page.locator("#sweep-table tbody tr")
+    expect(rows).to_have_count(6)  # the baseline and 0.5, 1, 2, 4, 8
+    expect(page.locator("#sweep-caption")).to_contain_text("\u00d7 max activation")
+    assert Generation.objects.filter(sweep_coefficient__isnull=False).count() == 6
+
+    # Patching, its tokenizer preview saying the prompts match, then the SAE exported.
+    page.goto(site.url(f"/models/{model.id}/patching/"))
+    page.fill("#patch-clean", "The river runs down to the")
+    page.fill("#patch-corrupted", "The river runs down to and")
+    page.fill("#patch-answer", " the")
+    page.fill("#patch-wrong", " and")
+    expect(page.locator("#patch-clean-tokens .token-note")).to_contain_text("same length")
+    page.click("#patch-submit")
+    expect(page.locator("#patching-result")).to_be_visible(timeout=LIVE_TIMEOUT_MS)
+
+    page.goto(site.url(f"/saes/{sae.id}/"))
+    with page.expect_download() as download:
+        page.click("#export-sae")
+    assert download.value.suggested_filename == f"{sae.id}.tar"
