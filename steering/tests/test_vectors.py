@@ -167,7 +167,12 @@ def test_the_steering_vector_command(tiny_model, tmp_path):
     command = threading.Thread(
         target=call_command,
         args=("steering_vector", "create", tiny_model.name, HOOK, "--positive", POSITIVE[0]),
-        kwargs={"negative": [f"@{prompts}"], "name": "cli", "stdout": out, "stderr": io.StringIO()},
+        kwargs={
+            "negative": [f"@{prompts}"],
+            "name": "cli",
+            "stdout": out,
+            "stderr": (status := io.StringIO()),
+        },
     )
     command.start()
     wait_until(lambda: SteeringVector.objects.exists(), timeout=30, what="the queued vector")
@@ -176,6 +181,7 @@ def test_the_steering_vector_command(tiny_model, tmp_path):
     vector = SteeringVector.objects.get()
     assert vector.status == "completed" and vector.negative == NEGATIVE and vector.positive == POSITIVE[:1]
     assert out.getvalue().startswith(f"{vector.id}  cli  {HOOK} [64]  norm ")
+    assert out.getvalue().count("\n") == 1 and vector.id not in status.getvalue()  # its line, once
 
     target = tmp_path / "out.safetensors"
     call_command("steering_vector", "export", vector.id, str(target), stdout=io.StringIO())

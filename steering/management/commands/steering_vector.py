@@ -79,7 +79,8 @@ class Command(BaseCommand):
             positive=read_prompts(options["positive"]), negative=read_prompts(options["negative"]),
             reduction="last" if options["last"] else "mean", name=options["name"],
         )  # fmt: skip
-        self.stderr.write(f"{vector.id} queued; waiting for a worker (`manage.py worker`)…")
+        # A status on stderr that does not repeat the result's line (stdout), which starts with the id.
+        self.stderr.write("Queued; waiting for a worker (`manage.py worker`)…")
         deadline = time.monotonic() + WAIT_SECONDS
         while vector.status in SteeringVector.ACTIVE and time.monotonic() < deadline:
             time.sleep(0.2)
