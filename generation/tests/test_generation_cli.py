@@ -169,6 +169,16 @@ def test_generate_steer_changes_the_text_and_keeps_the_request(worker, tiny_gpt2
     with pytest.raises(CommandError, match="INVALID_INTERVENTION: Intervention 0: vector has 3 values"):
         generate(*base, "--steer", json.dumps({"type": "add", "hook": HOOK, "vector": [1, 2, 3]}))
 
+    # --sweep: the baseline and each strength, one seed, the feature measured on each output; the
+    # strongest row's text is the steered one at that (raw: no analysis) coefficient.
+    table, err = generate(*base, "--steer", f"{sae.id}:7", "--sweep", "1,12", "--seed", "5")
+    header, *lines = table.strip().splitlines()
+    assert header.split()[:3] == ["coefficient", "raw", "feature"]
+    assert [line.split()[0] for line in lines] == ["0", "1", "12"]
+    assert json.loads(lines[2].split("  ")[-1]) == steered[:70]
+    assert all(line.split()[2] != "-" for line in lines)  # each output measured
+    assert "seed 5, coefficients raw" in err
+
 
 @pytest.mark.slow
 def test_generate_load_loads_a_model_that_is_not_loaded(worker, tiny_gpt2_folder):

@@ -7,6 +7,7 @@ Ctrl-C stops the generation in the worker and exits with status 130.
 
 import json
 import sys
+import time
 from argparse import BooleanOptionalAction
 
 from django.core.management.base import BaseCommand, CommandError
@@ -26,11 +27,13 @@ from generation.cli import (
     summary_line,
     terminal_safe,
 )
-from generation.services import CAPTURE_DTYPES, result_body
+from generation.models import Generation
+from generation.services import CAPTURE_DTYPES, result_body, sweep_request
 from mistudio.errors import ApplicationError
 from models_app.management.commandline import find_model, plain
 
 INTERRUPTED_STATUS = 130  # what a shell reports for a process ended by SIGINT
+SWEEP_WAIT_SECONDS = 600
 
 
 class Command(BaseCommand):
@@ -70,6 +73,13 @@ class Command(BaseCommand):
             "direction, SAE:FEATURE=VALUE clamps it, or JSON / @file.json in /api/generate's shape",
         )
         parser.add_argument(
+            "--sweep",
+            metavar="C,C,...",
+            help="a strength sweep of the one --steer intervention: the prompt once without it and once "
+            "at each coefficient (an SAE feature's in units of its max activation), one seed, one batch; "
+            "prints each output with its measured effect",
+        )
+        parser.add_argument(
             "--load", action="store_true", help="load the model first when it is not loaded (and wait)"
         )
         parser.add_argument(
@@ -96,6 +106,9 @@ class Command(BaseCommand):
             steering = checked_steering(model, steering_list(options["steer"])) if options["steer"] else []
         except InvalidSetting as error:
             raise CommandError(f"INVALID_PARAMETER: {error}") from None
+        if options["sweep"] is not None:
+            self.sweep(model, prompt, sampling, options)
+            return
         request = {
             "model_id": model.id,
             "owner": None,
@@ -152,3 +165,44 @@ class Command(BaseCommand):
             self.stderr.write(palette.dim(summary_line(event)), style_func=plain)
         if outcome.interrupted:
             raise CommandError("Cancelled (Ctrl-C).", returncode=INTERRUPTED_STATUS)
+
+    def sweep(self, model, prompt: str, sampling, options) -> None:
+        """``--sweep``: queue the rows, wait for them, print one line per strength."""
+        items = steering_list(options["steer"])
+        if len(items) != 1:
+            raise CommandError("INVALID_PARAMETER: --sweep varies exactly one --steer intervention.")
+        try:
+            coefficients = [float(value) for value in options["sweep"].replace(",", " ").split()]
+        except ValueError:
+            raise CommandError("INVALID_PARAMETER: --sweep takes numbers: 0.5,1,2,4.") from None
+        try:
+            rows = sweep_request(
+                model_id=model.id, owner=None, intervention=items[0], coefficients=coefficients or None,
+                prompts=[prompt], system_prompt=options["system"], chat_template=options["chat_template"],
+                sampling=sampling, interface=Generation.Interface.CLI,
+            )  # fmt: skip
+        except ApplicationError as error:
+            raise CommandError(f"{error.code}: {error.message}") from None
+        ids = [row.id for row in rows]
+        deadline = time.monotonic() + SWEEP_WAIT_SECONDS
+        while Generation.objects.filter(pk__in=ids, status__in=Generation.ACTIVE).exists():
+            if time.monotonic() > deadline:
+                raise CommandError(f"The sweep did not finish in {SWEEP_WAIT_SECONDS} s.")
+            time.sleep(0.2)
+        finished = Generation.objects.in_bulk(ids)
+        steered = next((row.interventions[0] for row in rows if row.interventions), {})
+        unit = "x max activation" if steered.get("unit") == "max_activation" else "raw"
+        self.stderr.write(f"seed {rows[0].parameters['seed']}, coefficients {unit}", style_func=plain)
+        self.stdout.write("coefficient  raw       feature   KL(1st)  distinct-2  output")
+        for row in (finished[row_id] for row_id in ids):
+            effect = row.effect or {}
+
+            def number(name: str, effect=effect) -> str:
+                value = effect.get(name)
+                return f"{value:8.4f}" if isinstance(value, float) else f"{'-':>8}"
+
+            raw = row.sweep_coefficient * steered.get("unit_scale", 1.0)
+            text = row.output_text if row.status == "completed" else f"[{row.error_code}] {row.error_message}"
+            measured = f"{number('activation_mean')} {number('first_token_kl')} {number('distinct_2'):>11}"
+            line = f"{row.sweep_coefficient:>11g}  {raw:<8.4g} {measured}"
+            self.stdout.write(f"{line}  {json.dumps(text[:70])}")
