@@ -44,6 +44,7 @@ def main() -> None:
         "--product-defaults",
         action="store_true",
         help="train as POST /api/saes does when only cache and hook are given: k = default_k(d_in), "
+        "expansion = default_expansion(d_in, training tokens), "
         "lr 3e-4, batch 4096, dead_after_steps and total tokens as engine.sae's defaults",
     )
     parser.add_argument("--layers", help="comma-separated layers (default: all)")
@@ -64,6 +65,7 @@ def main() -> None:
     from engine.sae import (
         TrainingConfig,
         default_dead_after_steps,
+        default_expansion,
         default_k,
         default_total_tokens,
         shuffled_batches,
@@ -117,7 +119,12 @@ def main() -> None:
         product = arguments.product_defaults
         config = TrainingConfig(
             architecture="topk",
-            d_sae=arguments.expansion * d_in,
+            d_sae=(
+                default_expansion(d_in, len(data))
+                if product and "--expansion" not in sys.argv
+                else arguments.expansion
+            )
+            * d_in,
             k=default_k(d_in) if product and "--k" not in sys.argv else arguments.k,
             lr=arguments.lr,
             batch_size=arguments.batch_size,

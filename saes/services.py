@@ -21,7 +21,7 @@ from engine.errors import EngineError
 from engine.hooks import MAX_HOOK_NAME_LENGTH, is_hook_name
 from engine.inspection import confined_folder_entries
 from engine.inspection.sae_folders import SaeFiles, inspect_sae_folder
-from engine.sae import default_dead_after_steps, default_k, default_total_tokens
+from engine.sae import default_dead_after_steps, default_expansion, default_k, default_total_tokens
 from mistudio import jobs
 from mistudio.access import OPERATOR, check_may_change, reach
 from mistudio.budgets import memory_budget_check
@@ -146,7 +146,8 @@ def sae_train_request(
 ) -> SparseAutoencoder:
     """Queue the training of an SAE on ``cache``'s activations at ``hook`` (a completed cache the
     caller may read). ``total_tokens`` defaults to one pass over the training part of the cache,
-    or 512 steps when that is more (``engine.sae.default_total_tokens``); more passes reshuffle it."""
+    or 512 steps when that is more (``engine.sae.default_total_tokens``); more passes reshuffle it.
+    Neither ``d_sae`` nor ``expansion_factor``: 8, less on a small cache (``default_expansion``)."""
     check_label_text(name, field="name")
     if cache.status != ActivationCache.Status.COMPLETED:
         raise ApplicationError("CACHE_NOT_READY", f"The cache is {cache.status}.", status=409)
@@ -157,7 +158,10 @@ def sae_train_request(
             details={"invalid": [hook], "valid": cache.hooks},
         )
     d_in = int(cache.activation_shapes[hook][1])
-    total_tokens = total_tokens or default_total_tokens(training_tokens(cache), batch_size)
+    available = training_tokens(cache)
+    total_tokens = total_tokens or default_total_tokens(available, batch_size)
+    if d_sae is None and expansion_factor is None:
+        expansion_factor = default_expansion(d_in, available)
     config = training_hyperparameters(
         architecture=architecture, d_in=d_in, d_sae=d_sae, expansion_factor=expansion_factor, k=k,
         l1_coefficient=l1_coefficient, l0_coefficient=l0_coefficient, lr=lr, batch_size=batch_size,

@@ -45,6 +45,23 @@ def default_k(d_in: int) -> int:
     return max(16, min(128, round(d_in / 24)))
 
 
+DEFAULT_EXPANSION = 8
+# A default dictionary is no larger than gives each feature this many distinct training tokens:
+# on the demo cache (57,986 tokens, d_in 128) 1,024 features left 57-69 % dead on held-out tokens
+# whatever k, lr or AuxK's weight, 256 left 24 % (bench/sae_demo.py, docs/benchmarks.md).
+MIN_TOKENS_PER_FEATURE = 200
+
+
+def default_expansion(d_in: int, training_tokens: int) -> int:
+    """d_sae / d_in unless asked: 8, or on a cache too small for that the largest power of two
+    whose features each have :data:`MIN_TOKENS_PER_FEATURE` training tokens (at least 1). A
+    research-scale cache (GPT-2 small: 1.3M tokens or more) keeps 8."""
+    expansion = DEFAULT_EXPANSION
+    while expansion > 1 and training_tokens < MIN_TOKENS_PER_FEATURE * expansion * d_in:
+        expansion //= 2
+    return expansion
+
+
 # A default training runs at least this many steps (several passes over a small cache): one pass
 # over the demo cache was 15 steps, explained variance 0.48 with k 32 and 0.30 with k 16; 425
 # steps reached 0.92 with k 16.

@@ -285,3 +285,12 @@ def test_unreadable_or_inconsistent_folders_are_refused_with_a_code(tmp_path):
     with pytest.raises(SaeFormatError) as pickled:
         load_gemma_scope(tmp_path)
     assert pickled.value.code == "INVALID_SAE"
+
+
+def test_the_default_dictionary_gives_each_feature_enough_tokens():
+    from engine.sae import default_expansion
+
+    assert default_expansion(768, 2_000_000) == 8  # GPT-2 small on a research-scale cache
+    assert default_expansion(768, 1_000_000) == 4
+    assert default_expansion(128, 57_986) == 2  # the demo cache: 256 features, 226 tokens each
+    assert default_expansion(64, 100) == 1

@@ -57,7 +57,16 @@
       }
       const option = cache.selectedOptions[0];
       if (option) tokens.placeholder = option.dataset.tokens;
+      describeHook();
     }
+
+    // The default expansion for the chosen hook of the chosen cache, as the service will pick it.
+    const expansion = document.getElementById("train-expansion");
+    function describeHook() {
+      const chosen = hook.selectedOptions[0];
+      if (chosen && chosen.dataset.expansion) expansion.placeholder = chosen.dataset.expansion;
+    }
+    hook.addEventListener("change", describeHook);
 
     // Fields that apply to some architectures only are hidden (and not sent) for the others.
     function showArchitectureFields() {
