@@ -47,15 +47,16 @@ def default_k(d_in: int) -> int:
 
 DEFAULT_EXPANSION = 8
 # A default dictionary is no larger than gives each feature this many distinct training tokens:
-# on the demo cache (57,986 tokens, d_in 128) 1,024 features left 57-69 % dead on held-out tokens
-# whatever k, lr or AuxK's weight, 256 left 24 % (bench/sae_demo.py, docs/benchmarks.md).
-MIN_TOKENS_PER_FEATURE = 200
+# on the demo cache (about 58,000 tokens, d_in 128) 1,024 features left 29 % dead on held-out
+# tokens (57-74 % on a less trained demo model, whatever k, lr or AuxK's weight), 512 left 9 % at
+# explained variance 0.90 (docs/benchmarks.md).
+MIN_TOKENS_PER_FEATURE = 100
 
 
 def default_expansion(d_in: int, training_tokens: int) -> int:
     """d_sae / d_in unless asked: 8, or on a cache too small for that the largest power of two
     whose features each have :data:`MIN_TOKENS_PER_FEATURE` training tokens (at least 1). A
-    research-scale cache (GPT-2 small: 1.3M tokens or more) keeps 8."""
+    research-scale cache (GPT-2 small: 620,000 tokens or more) keeps 8."""
     expansion = DEFAULT_EXPANSION
     while expansion > 1 and training_tokens < MIN_TOKENS_PER_FEATURE * expansion * d_in:
         expansion //= 2

@@ -291,6 +291,6 @@ def test_the_default_dictionary_gives_each_feature_enough_tokens():
     from engine.sae import default_expansion
 
     assert default_expansion(768, 2_000_000) == 8  # GPT-2 small on a research-scale cache
-    assert default_expansion(768, 1_000_000) == 4
-    assert default_expansion(128, 57_986) == 2  # the demo cache: 256 features, 226 tokens each
+    assert default_expansion(768, 500_000) == 4
+    assert default_expansion(128, 57_986) == 4  # the demo cache: 512 features, 113 tokens each
     assert default_expansion(64, 100) == 1
