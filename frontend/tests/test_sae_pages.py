@@ -12,7 +12,7 @@ from django.conf import settings
 from django.test import Client
 
 from conftest import make_user
-from engine.sae import SaeShape
+from engine.sae import SaeShape, default_expansion
 from engine.sae import SparseAutoencoder as SaeModule
 from engine.sae.formats import save_saelens
 from mistudio.workers import shared_queue
@@ -161,13 +161,17 @@ def test_the_form_offers_completed_caches_with_their_hooks_and_the_defaults(
     assert chosen == [(planted_cache.id, str(default_tokens))]
     assert f'placeholder="{default_tokens}"' in form
     assert f'<optgroup label="{planted_cache.id}" data-cache="{planted_cache.id}">' in form
-    assert f'<option value="{HOOK}" selected>{HOOK} · d={D_IN}</option>' in form
+    # Each hook offers the expansion the service would pick there: 8, less on a cache this small.
+    expansion = default_expansion(D_IN, int(planted_cache.num_tokens * 0.95))
+    assert f'<option value="{HOOK}" data-expansion="{expansion}" selected>{HOOK} · d={D_IN}</option>' in form
     assert '<option value="topk" selected>TopK</option>' in form
     architectures = re.findall(
         r'<option value="(\w+)"[^>]*>', form.split('name="architecture"')[1].split("</select>")[0]
     )
     assert architectures == ["standard", "topk", "batchtopk", "jumprelu"]
-    assert 'name="expansion_factor" type="number" min="1" max="1024" step="1" value="8"' in form
+    assert (
+        'name="expansion_factor" type="number" min="1" max="1024" step="1" value="" placeholder="8"' in form
+    )
     assert re.search(
         r'data-architectures="topk batchtopk">\s*<label for="train-k">k</label>\s*'
         r'<input id="train-k" name="k"[^>]*value="" placeholder="d_in ÷ 24"',
@@ -232,7 +236,9 @@ def test_form_errors_are_shown_in_the_form_with_what_was_typed(writer, planted_c
     assert re.search(r'data-error-for="lr">[^<]*less than or equal to 1', page)
 
     response = browser.post("/saes/", {**form, "hook": HOOK, "k": "5000"})
-    assert response.status_code == 400 and "k (5000) must not exceed d_sae (512)" in response.content.decode()
+    assert response.status_code == 400 and re.search(
+        r"k \(5000\) must not exceed d_sae \(\d+\)", response.content.decode()
+    )
     response = browser.post("/saes/", {**form, "cache_id": "act_nosuch"})
     assert response.status_code == 404 and 'data-error-for="cache_id"' in response.content.decode()
     assert not SparseAutoencoder.objects.exists()

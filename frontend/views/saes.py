@@ -100,7 +100,8 @@ def _field_errors(error: ValidationError) -> dict[str, str]:
 
 
 def training_caches(user) -> list[ActivationCache]:
-    """Completed caches the user may read, each with ``hook_widths``: (hook, width) in its order."""
+    """Completed caches the user may read, each with ``hook_widths``: (hook, width, the default
+    expansion of an SAE there) in its order."""
     caches = list(
         activation_selectors.cache_list(user=user, filters={"status": ActivationCache.Status.COMPLETED})
         .select_related("model")
@@ -314,8 +315,11 @@ def sae_detail_page(request, sae_id: str):
         return render(request, "frontend/partials/sae_analysis_list.html", analyses_context(request, sae))
     hyperparameters = sorted((sae.hyperparameters or {}).items())
     # The caches an evaluation or a feature analysis can read: the SAE's hook at its width.
+    wanted = (sae.hook_name, sae.d_in)
     matching_caches = [
-        cache for cache in training_caches(request.user) if (sae.hook_name, sae.d_in) in cache.hook_widths
+        cache
+        for cache in training_caches(request.user)
+        if any((hook, width) == wanted for hook, width, _ in cache.hook_widths)
     ]
     return render(
         request,
