@@ -155,6 +155,7 @@ def research_path_on_defaults(page, site, model, dataset) -> None:
     expect(page.locator("#steered-effect")).to_contain_text(
         f"feature {index} on the text", timeout=LIVE_TIMEOUT_MS
     )
+    expect(page.locator("#sweep-button")).to_be_enabled(timeout=LIVE_TIMEOUT_MS)  # both runs ended
     page.click("#sweep-button")
     expect(page.locator("#sweep-state")).to_have_text("Done", timeout=LIVE_TIMEOUT_MS)
     rows = page.locator("#sweep-table tbody tr")

@@ -223,6 +223,7 @@ def steer_from_the_feature_page(page, sae) -> None:
 
     # The sweep: a baseline and one row per coefficient, one seed, each with its measured effect.
     page.fill("#sweep-coefficients", "1, 8, 50")
+    expect(page.locator("#sweep-button")).to_be_enabled(timeout=LIVE_TIMEOUT_MS)
     page.click("#sweep-button")
     expect(page.locator("#sweep-state")).to_have_text("Done", timeout=LIVE_TIMEOUT_MS)
     rows = page.locator("#sweep-table tbody tr")

@@ -388,6 +388,8 @@
   function setRunning(running) {
     state.running = running;
     generateButton.disabled = running || !canWrite;
+    const sweepButton = $("sweep-button"); // one run at a time: a click while one runs would do nothing
+    if (sweepButton) sweepButton.disabled = running || !canWrite;
     stopButton.disabled = !running;
     caret.hidden = !running;
     output.setAttribute("aria-busy", running ? "true" : "false");
@@ -685,7 +687,6 @@
     $("sweep-state").textContent = "Running";
     $("sweep-state").className = "badge status-running";
     setRunning(true);
-    sweepButton.disabled = true;
     try {
       const table = await mi.api("POST", "generate/sweep", body);
       drawSweep(table);
@@ -700,7 +701,6 @@
       if (problem.status === 400 || problem.status === 404) showSteerError(error.textContent);
     } finally {
       setRunning(false);
-      sweepButton.disabled = !canWrite;
     }
   }
 
