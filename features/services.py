@@ -170,10 +170,9 @@ def labels_import(sae: SparseAutoencoder, folder: Path) -> int:
         return 0
     kept = 0
     for entry in entries if isinstance(entries, list) else []:
-        index = entry.get("index") if isinstance(entry, dict) else None
-        label, notes = (
-            entry.get(name, "") if isinstance(entry, dict) else None for name in ("label", "notes")
-        )
+        if not isinstance(entry, dict):
+            continue
+        index, label, notes = entry.get("index"), entry.get("label", ""), entry.get("notes", "")
         if type(index) is not int or not isinstance(label, str) or not isinstance(notes, str):
             continue
         try:

@@ -29,6 +29,7 @@ from generation.services import (
     generation_request,
     generation_stop,
     result_body,
+    sweep_header,
     sweep_request,
 )
 from generation.streams import FINAL_EVENTS, read_events
@@ -234,14 +235,14 @@ async def generate(request: HttpRequest) -> JsonResponse | StreamingHttpResponse
 
 
 def sweep_table(rows: list[Generation], events: list[dict[str, Any]]) -> dict[str, Any]:
-    """The answer of a sweep: its seed, unit and measured feature, and one entry per strength
-    (the baseline first) with the text and its measured effect."""
-    steered = next((row.interventions[0] for row in rows if row.interventions), {})
+    """The answer of a sweep: :func:`sweep_header`, and one entry per strength (the baseline first)
+    with the text and its measured effect."""
+    header = sweep_header(rows)
     entries = []
     for row, event in zip(rows, events, strict=True):
         entry: dict[str, Any] = {
             "coefficient": row.sweep_coefficient,
-            "raw_coefficient": row.sweep_coefficient * steered.get("unit_scale", 1.0),
+            "raw_coefficient": row.sweep_coefficient * header["unit_scale"],
             "request_id": row.id,
         }
         if event["type"] == "done":
@@ -255,17 +256,7 @@ def sweep_table(rows: list[Generation], events: list[dict[str, Any]]) -> dict[st
         else:
             entry.update(error_body(event["code"], event["message"]))
         entries.append(entry)
-    return {
-        "model_id": rows[0].model_id,
-        "seed": rows[0].parameters["seed"],
-        "intervention": {
-            key: value for key, value in steered.items() if key not in ("coefficient", "value", "vector")
-        },
-        "unit": steered.get("unit", "raw"),
-        "unit_scale": steered.get("unit_scale", 1.0),
-        "measure": rows[0].measure or None,
-        "rows": entries,
-    }
+    return {**header, "rows": entries}
 
 
 @csrf_exempt

@@ -276,6 +276,23 @@ def sweep_request(
     )
 
 
+def sweep_header(rows: list[Generation]) -> dict[str, Any]:
+    """What every row of a sweep shares (rows from :func:`sweep_request`, baseline first): its
+    model, seed, swept intervention (without its amount), unit and scale (a row's raw coefficient is
+    its ``sweep_coefficient`` times ``unit_scale``) and measured feature."""
+    steered = next((row.interventions[0] for row in rows if row.interventions), {})
+    return {
+        "model_id": rows[0].model_id,
+        "seed": rows[0].parameters["seed"],
+        "intervention": {
+            key: value for key, value in steered.items() if key not in ("coefficient", "value", "vector")
+        },
+        "unit": steered.get("unit", "raw"),
+        "unit_scale": steered.get("unit_scale", 1.0),
+        "measure": rows[0].measure or None,
+    }
+
+
 def hook_widths(model: LanguageModel, interventions: Any) -> dict[str, int | None]:
     """The width of each hook point of ``model``, and None for the ``module:`` paths the
     interventions name (valid ones: 400 ``INVALID_HOOK`` otherwise)."""

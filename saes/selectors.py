@@ -88,11 +88,11 @@ def sae_export_files(sae: SparseAutoencoder, *, user) -> list[tuple[str, Path, b
     return entries
 
 
-def sae_export_stream(sae: SparseAutoencoder, *, user) -> Iterator[bytes]:
-    """The SAE as a tar of its SAELens folder, ``<id>/cfg.json``, the safetensors files and extras."""
-    return tar_stream(
-        (f"{sae.id}/{name}", path, data) for name, path, data in sae_export_files(sae, user=user)
-    )
+def sae_export_stream(sae: SparseAutoencoder, *, user, files=None) -> Iterator[bytes]:
+    """The SAE as a tar of its SAELens folder, ``<id>/cfg.json``, the safetensors files and extras
+    (``files``: :func:`sae_export_files` already read)."""
+    files = sae_export_files(sae, user=user) if files is None else files
+    return tar_stream((f"{sae.id}/{name}", path, data) for name, path, data in files)
 
 
 def sae_snapshot(user, key: str | None) -> dict[str, Any] | None:

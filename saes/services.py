@@ -22,6 +22,7 @@ from engine.hooks import MAX_HOOK_NAME_LENGTH, is_hook_name
 from engine.inspection import confined_folder_entries
 from engine.inspection.sae_folders import SaeFiles, inspect_sae_folder
 from engine.sae import default_dead_after_steps, default_expansion, default_k, default_total_tokens
+from engine.sae.training import DEFAULT_EXPANSION
 from mistudio import jobs
 from mistudio.access import OPERATOR, check_may_change, reach
 from mistudio.budgets import memory_budget_check
@@ -72,7 +73,7 @@ def training_hyperparameters(
         raise ApplicationError("INVALID_PARAMETER", f"b_dec_init must be one of {', '.join(B_DEC_INITS)}.")
     if d_sae is not None and expansion_factor is not None and d_sae != expansion_factor * d_in:
         raise ApplicationError("INVALID_PARAMETER", "Give d_sae or expansion_factor, not both.")
-    d_sae = d_sae or (expansion_factor or 8) * d_in
+    d_sae = d_sae or (expansion_factor or DEFAULT_EXPANSION) * d_in
     check_sae_size(d_in, d_sae)
     config: dict[str, Any] = {
         "architecture": architecture,

@@ -483,6 +483,7 @@ __all__ = [
     "TrainingCheckpoint",
     "TrainingConfig",
     "default_dead_after_steps",
+    "default_expansion",
     "default_k",
     "default_total_tokens",
     "explained_variance",

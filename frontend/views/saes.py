@@ -24,7 +24,6 @@ from rest_framework.exceptions import ValidationError
 from activations import selectors as activation_selectors
 from activations.models import ActivationCache
 from engine.sae import default_expansion, default_total_tokens
-from engine.sae.training import DEFAULT_EXPANSION
 from features.selectors import analysed_sae_ids
 from frontend.access import reader_required, sae_or_404, writer_refusal
 from frontend.charts import line_chart_svg
@@ -111,8 +110,7 @@ def training_caches(user) -> list[ActivationCache]:
         cache.training_tokens = services.training_tokens(cache)
         widths = [(hook, (cache.activation_shapes.get(hook) or [0, 0])[1]) for hook in cache.hooks]
         cache.hook_widths = [
-            (hook, width, default_expansion(width, cache.training_tokens) if width else DEFAULT_EXPANSION)
-            for hook, width in widths
+            (hook, width, default_expansion(width, cache.training_tokens)) for hook, width in widths
         ]
         cache.default_tokens = default_total_tokens(cache.training_tokens, int(TRAIN_DEFAULTS["batch_size"]))
     return caches

@@ -361,6 +361,9 @@
     form.querySelector(`[data-stat="${name}"]`).textContent = value;
   }
 
+  // " (CODE)" after an API error's message; nothing for a bare HTTP status.
+  const codeSuffix = (error) => (error.code && !String(error.code).startsWith("HTTP_") ? ` (${error.code})` : "");
+
   const ms = (value) => (value === null || value === undefined ? "—" : value >= 1000 ? `${(value / 1000).toFixed(2)} s` : `${Math.round(value)} ms`);
 
   function resetOutput(body) {
@@ -571,7 +574,7 @@
         return;
       }
       const message = error instanceof mi.ApiError ? error.message : "The server cannot be reached.";
-      const code = error.code && !String(error.code).startsWith("HTTP_") ? ` (${error.code})` : "";
+      const code = codeSuffix(error);
       $("steered-error").textContent = `${message}${code}`;
       $("steered-error").hidden = false;
       // An invalid intervention is the panel's business: say it where it can be fixed.
@@ -693,7 +696,7 @@
       $("sweep-state").textContent = "Done";
       $("sweep-state").className = "badge status-completed";
     } catch (problem) {
-      error.textContent = problem.message + (problem.code && !String(problem.code).startsWith("HTTP_") ? ` (${problem.code})` : "");
+      error.textContent = `${problem.message}${codeSuffix(problem)}`;
       error.hidden = false;
       $("sweep-caption").textContent = "";
       $("sweep-state").textContent = "Failed";
@@ -779,7 +782,7 @@
     } catch (problem) {
       mi.showErrors(form, problem);
       form.querySelector(".form-error")?.remove();
-      error.textContent = `${problem.message}${problem.code && !String(problem.code).startsWith("HTTP_") ? ` (${problem.code})` : ""}`;
+      error.textContent = `${problem.message}${codeSuffix(problem)}`;
       error.hidden = false;
       stateLine.textContent = "";
       button.disabled = !canWrite;

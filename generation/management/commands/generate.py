@@ -28,7 +28,7 @@ from generation.cli import (
     terminal_safe,
 )
 from generation.models import Generation
-from generation.services import CAPTURE_DTYPES, result_body, sweep_request
+from generation.services import CAPTURE_DTYPES, result_body, sweep_header, sweep_request
 from mistudio.errors import ApplicationError
 from models_app.management.commandline import find_model, plain
 
@@ -190,9 +190,9 @@ class Command(BaseCommand):
                 raise CommandError(f"The sweep did not finish in {SWEEP_WAIT_SECONDS} s.")
             time.sleep(0.2)
         finished = Generation.objects.in_bulk(ids)
-        steered = next((row.interventions[0] for row in rows if row.interventions), {})
-        unit = "x max activation" if steered.get("unit") == "max_activation" else "raw"
-        self.stderr.write(f"seed {rows[0].parameters['seed']}, coefficients {unit}", style_func=plain)
+        header = sweep_header(rows)
+        unit = "x max activation" if header["unit"] == "max_activation" else "raw"
+        self.stderr.write(f"seed {header['seed']}, coefficients {unit}", style_func=plain)
         self.stdout.write("coefficient  raw       feature   KL(1st)  distinct-2  output")
         for row in (finished[row_id] for row_id in ids):
             effect = row.effect or {}
@@ -201,7 +201,7 @@ class Command(BaseCommand):
                 value = effect.get(name)
                 return f"{value:8.4f}" if isinstance(value, float) else f"{'-':>8}"
 
-            raw = row.sweep_coefficient * steered.get("unit_scale", 1.0)
+            raw = row.sweep_coefficient * header["unit_scale"]
             text = row.output_text if row.status == "completed" else f"[{row.error_code}] {row.error_message}"
             measured = f"{number('activation_mean')} {number('first_token_kl')} {number('distinct_2'):>11}"
             line = f"{row.sweep_coefficient:>11g}  {raw:<8.4g} {measured}"

@@ -27,8 +27,8 @@ class Command(BaseCommand):
             raise CommandError(f"No completed SAE {options['sae']!r} (see `manage.py list_saes`).")
         output = Path(options["output"])
         try:
-            chunks = sae_export_stream(sae, user=OPERATOR)
             files = sae_export_files(sae, user=OPERATOR)
+            chunks = sae_export_stream(sae, user=OPERATOR, files=files)
         except ApplicationError as error:
             raise CommandError(f"{error.code}: {error.message}") from None
         if output.suffix == ".tar":
