@@ -13,13 +13,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine.sae_architectures import BATCH_WIDE, REGISTRY
+
 FLOAT = 4  # bytes of a float32
 GiB = 2**30
 # Torch's own allocations and thread stacks the first time work of a kind runs in a process.
 RUNTIME_BYTES = 256 * 2**20
 # [batch, d_sae] float32 tensors alive at once in one training step (activations, their
 # gradients, the top-k or threshold masks), per architecture: measured on the CPU.
-TRAINING_STEP_TENSORS = {"topk": 4, "standard": 6, "jumprelu": 9, "batchtopk": 9}
+TRAINING_STEP_TENSORS = {name: architecture.step_tensors for name, architecture in REGISTRY.items()}
 # Parameters, gradients and Adam's two moments (4 copies), plus a checkpoint's copy of
 # parameters and moments (3 more) while it is written.
 TRAINING_PARAMETER_COPIES = 7
@@ -86,7 +88,7 @@ def sae_training(
         "rows read ahead and shuffled": buffered_rows * d_in * FLOAT,
         "runtime": RUNTIME_BYTES,
     }
-    if architecture == "batchtopk":
+    if architecture in BATCH_WIDE:
         parts["the threshold's sample, encoded"] = ENCODING_TENSORS * sample_rows * d_sae * FLOAT
     return MemoryEstimate(parts)
 

@@ -234,6 +234,7 @@ def extract(
     padding_side: str = "right",
     pad_token_id: int | None = None,
     should_cancel: Callable[[], bool] | None = None,
+    to_host: bool = True,
 ) -> Iterator[BatchActivations]:
     """Run ``model`` over the batches of ``plan`` and yield each batch's activations.
 
@@ -242,7 +243,9 @@ def extract(
     hook point names (validated here, raising :class:`HookError`); ``dtype`` is the stored
     dtype. ``should_cancel()`` is asked before every batch; when it says yes,
     :class:`ExtractionCancelled` is raised. Arguments are checked when this is called, the
-    model runs as the returned iterator is consumed.
+    model runs as the returned iterator is consumed. ``to_host=False`` keeps the activations on
+    the hooks' device (fresh copies there): for a consumer on the GPU, such as SAE training from
+    the model, which then never waits on a device-to-host copy.
     """
     import torch
 
@@ -275,6 +278,7 @@ def extract(
         padding_side=padding_side,
         pad_token_id=runtime_pad_token_id(model, pad_token_id),
         should_cancel=should_cancel,
+        to_host=to_host,
     )
 
 
@@ -353,6 +357,7 @@ def _extract_batches(
     padding_side: str,
     pad_token_id: int,
     should_cancel: Callable[[], bool] | None,
+    to_host: bool,
 ) -> Iterator[BatchActivations]:
     names = list(sites)
     parameters = inspect.signature(runner.forward).parameters
@@ -412,14 +417,17 @@ def _extract_batches(
                 {"hooks": missing},
             )
         count = inputs["token_count"]
-        copies, ready = _copy_to_host({name: buffers[name][:count] for name in names})
+        kept = {name: buffers[name][:count] for name in names}
+        copies, ready = (
+            _copy_to_host(kept) if to_host else ({name: rows.clone() for name, rows in kept.items()}, [])
+        )
         yield BatchActivations(
             batch_index=start_batch + offset,
             sample_indices=list(batch),
             token_ids=inputs["token_ids"],
             sample_index=inputs["sample_index"],
             positions=inputs["positions"],
-            # Fresh CPU copies: the buffers are overwritten by the next batch.
+            # Fresh copies: the buffers are overwritten by the next batch.
             host_copies=copies,
             ready=ready,
         )

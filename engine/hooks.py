@@ -7,6 +7,8 @@ Canonical names (ARCHITECTURE.md, "Hook points"):
   leaving block ``i`` (input / output of the block module);
 * ``blocks.{i}.hook_attn_out`` / ``blocks.{i}.hook_mlp_out``: the attention / MLP sub-layer output
   before it is added to the residual stream (also in parallel-attention blocks);
+* ``blocks.{i}.ln2.hook_normalized``: the MLP's input, after the block's second norm (a
+  transcoder's usual input; TransformerLens' name);
 * ``blocks.{i}.mlp.hook_post``: the MLP neurons, i.e. the input of the MLP's down projection
   (``act(x W_in)`` or, for gated MLPs, ``act(gate(x)) * up(x)``);
 * ``ln_final.hook_normalized``: the output of the final norm (absent for BERT, which has none);
@@ -53,8 +55,9 @@ RESID_POST = "hook_resid_post"
 ATTN_OUT = "hook_attn_out"
 MLP_OUT = "hook_mlp_out"
 MLP_POST = "mlp.hook_post"
+MLP_IN = "ln2.hook_normalized"
 # In the order a block computes them.
-BLOCK_HOOKS: tuple[str, ...] = (RESID_PRE, ATTN_OUT, MLP_POST, MLP_OUT, RESID_POST)
+BLOCK_HOOKS: tuple[str, ...] = (RESID_PRE, ATTN_OUT, MLP_IN, MLP_POST, MLP_OUT, RESID_POST)
 _BLOCK_HOOK_NAME = re.compile(r"blocks\.(0|[1-9][0-9]*)\.(" + "|".join(map(re.escape, BLOCK_HOOKS)) + r")")
 
 READ_OUTPUT = "output"
@@ -98,6 +101,8 @@ class _Layout:
     mlp: str
     # The MLP's down projection, whose input is the neurons.
     down_projection: str
+    # A module whose input (first tensor) is the MLP's input, after the block's second norm.
+    mlp_input: str = "mlp"
 
 
 _LLAMA_LAYOUT = _Layout("layers", "norm", "self_attn", "mlp", "mlp.down_proj")
@@ -115,7 +120,9 @@ _LAYOUTS: dict[str, _Layout] = {
     "bloom": _Layout("h", "ln_f", "self_attention.dense", "mlp.dense_4h_to_h", "mlp.dense_4h_to_h"),
     # BERT is post-LN: each sub-layer ends in projection -> dropout -> LayerNorm(x + residual);
     # the contribution before the residual add is the projection's output (dropout is off in eval).
-    "bert": _Layout("encoder.layer", None, "attention.output.dense", "output.dense", "output.dense"),
+    "bert": _Layout(
+        "encoder.layer", None, "attention.output.dense", "output.dense", "output.dense", "intermediate.dense"
+    ),
 }
 
 
@@ -327,6 +334,7 @@ def _site(model: Any, name: str) -> HookSite:
         RESID_POST: HookSite(block, READ_OUTPUT),
         ATTN_OUT: HookSite(_join(block, layout.attention), READ_OUTPUT),
         MLP_OUT: HookSite(_join(block, layout.mlp), READ_OUTPUT),
+        MLP_IN: HookSite(_join(block, layout.mlp_input), READ_INPUT),
         MLP_POST: HookSite(_join(block, layout.down_projection), READ_INPUT),
     }
     return sites[hook]

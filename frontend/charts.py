@@ -408,3 +408,73 @@ def line_chart_svg(
     body.append(_text(axis_name, 14, top + plot_height / 2, css_class="axis-label", rotate=-90))
     classes = "line-chart log-scale" if log_y else "line-chart"
     return _svg(width, height, label, body, classes, data=f' data-points="{len(usable)}"')
+
+
+def scatter_chart_svg(
+    points: Sequence[tuple[float | None, float | None, str]],
+    *,
+    label: str,
+    x_label: str,
+    y_label: str,
+    size: tuple[int, int] = LINE_CHART_SIZE,
+) -> SafeString:
+    """One ``circle.dot`` per ``(x, y, name)`` (an SAE of a group: its L0 against its explained
+    variance), each titled with its name and values, the Pareto frontier (most y for the least x)
+    joined by a ``polyline.frontier``. Points without both values are left out."""
+    width, height = size
+    usable = [
+        (float(x), float(y), name)
+        for x, y, name in points
+        if x is not None and y is not None and math.isfinite(float(x)) and math.isfinite(float(y))
+    ]
+    if not usable:
+        return _empty_chart(width, height, label, "No results yet")
+    left, right, top, bottom = 62, 18, 14, 42
+    plot_width, plot_height = width - left - right, height - top - bottom
+    base = top + plot_height
+    xs, ys = [x for x, _, _ in usable], [y for _, y, _ in usable]
+    x_ticks = nice_ticks(min(0.0, min(xs)), max(xs) if max(xs) > 0 else 1.0, 5)
+    y_low, y_high = min(ys), max(ys)
+    if y_high - y_low < 1e-9:
+        y_low, y_high = y_low - 0.05, y_high + 0.05
+    y_ticks = nice_ticks(y_low, y_high, 4)
+    x_low, x_high = x_ticks[0], x_ticks[-1]
+    y_low, y_high = min(y_low, y_ticks[0]), max(y_high, y_ticks[-1])
+
+    def x_of(value: float) -> float:
+        return left + (value - x_low) / ((x_high - x_low) or 1.0) * plot_width
+
+    def y_of(value: float) -> float:
+        return base - (value - y_low) / ((y_high - y_low) or 1.0) * plot_height
+
+    body: list[str] = []
+    y_step = y_ticks[1] - y_ticks[0] if len(y_ticks) > 1 else None
+    _y_axis(
+        body,
+        y_ticks,
+        y_of,
+        left=left,
+        right=left + plot_width,
+        labels=[format_value(t, y_step) for t in y_ticks],
+    )
+    body.append(_line("axis", left, left + plot_width, base, base))
+    x_step = x_ticks[1] - x_ticks[0] if len(x_ticks) > 1 else None
+    for tick in x_ticks:
+        body.append(_line("axis", x_of(tick), x_of(tick), base, base + 5))
+        body.append(_text(format_value(tick, x_step) if tick else "0", x_of(tick), base + 18))
+    frontier, best = [], -math.inf
+    for x, y, _ in sorted(usable, key=lambda point: (point[0], -point[1])):
+        if y > best:
+            frontier.append((x, y))
+            best = y
+    if len(frontier) > 1:
+        coordinates = " ".join(f"{x_of(x):.2f},{y_of(y):.2f}" for x, y in frontier)
+        body.append(f'<polyline class="line frontier" points="{coordinates}"/>')
+    for x, y, name in usable:
+        body.append(
+            f'<circle class="dot" cx="{x_of(x):.2f}" cy="{y_of(y):.2f}" r="5" data-value="{y!r}">'
+            f"<title>{escape(f'{name}: {x_label} {x:.4g}, {y_label} {y:.4g}')}</title></circle>"
+        )
+    body.append(_text(x_label, left + plot_width / 2, height - 6, css_class="axis-label"))
+    body.append(_text(y_label, 14, top + plot_height / 2, css_class="axis-label", rotate=-90))
+    return _svg(width, height, label, body, "scatter-chart", data=f' data-points="{len(usable)}"')

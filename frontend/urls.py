@@ -12,6 +12,7 @@ from frontend.views import (
     models,
     playground,
     probes,
+    sae_groups,
     saes,
     workers,
 )
@@ -28,6 +29,8 @@ urlpatterns = [
     path("activations/<str:cache_id>/", activations.cache_browser_page, name="cache"),
     path("saes/", saes.sae_list_page, name="saes"),
     path("saes/import/", saes.sae_import_page, name="sae-import"),
+    path("saes/groups/new/", sae_groups.sae_group_new_page, name="sae-group-new"),
+    path("saes/groups/<str:group_id>/", sae_groups.sae_group_page, name="sae-group"),
     path("saes/<str:sae_id>/", saes.sae_detail_page, name="sae"),
     path("saes/<str:sae_id>/analyses/", features.analysis_action_page, name="sae-analyses"),
     path("saes/<str:sae_id>/features/", features.feature_list_page, name="features"),

@@ -58,6 +58,17 @@ class SaeReference:
     hook_name: str
     d_in: int
     d_sae: int
+    # A transcoder's output hook and width: where its features write (None for an SAE).
+    hook_name_out: str | None = None
+    d_out: int | None = None
+
+    @property
+    def feature_hook(self) -> str:
+        return self.hook_name_out or self.hook_name
+
+    @property
+    def feature_width(self) -> int:
+        return self.d_out or self.d_in
 
 
 @dataclass(frozen=True)
@@ -199,14 +210,23 @@ def _checked(index: int, item: Any, widths: dict[str, int], user) -> dict[str, A
             noun="steering vector", article="a", code="STEERING_VECTOR_NOT_FOUND",
         )  # fmt: skip
         spec["steering_vector"] = stored.id
-    default_hook = sae.hook_name if sae is not None else stored.hook_name if stored is not None else None
+    if sae is not None and sae.hook_name_out and kind != "add":
+        raise _error(
+            index,
+            f"{sae.id} is a transcoder: its features can be added at {sae.hook_name_out}; clamping and "
+            "ablating them is for SAEs.",
+            "sae",
+        )
+    default_hook = sae.feature_hook if sae is not None else stored.hook_name if stored is not None else None
     hook = item.get("hook", default_hook)
     if not isinstance(hook, str) or hook not in widths:
         raise _error(index, f"hook must be a hook point of the model, not {hook!r}.", "hook")
     width = widths[hook]
     spec["hook"] = hook
-    if sae is not None and width is not None and sae.d_in != width:
-        raise _error(index, f"the SAE reads a width of {sae.d_in}; {hook} has {width}.", "sae")
+    if sae is not None and width is not None and sae.feature_width != width:
+        raise _error(
+            index, f"the SAE's features have a width of {sae.feature_width}; {hook} has {width}.", "sae"
+        )
     if stored is not None and width is not None and stored.width != width:
         raise _error(
             index, f"the vector has a width of {stored.width}; {hook} has {width}.", "steering_vector"

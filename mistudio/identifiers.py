@@ -34,6 +34,10 @@ def new_sae_id() -> str:
     return new_id("sae")
 
 
+def new_sae_group_id() -> str:
+    return new_id("grp")
+
+
 def new_analysis_id() -> str:
     return new_id("fa")
 

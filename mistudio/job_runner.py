@@ -62,9 +62,7 @@ class _Waiting:
 def _waiting(queue_name: str) -> list[_Waiting]:
     waiting = []
     for kind in job_kinds():
-        rows = kind.model.objects.filter(status=JobStatus.QUEUED, queue_name=queue_name).order_by(
-            "created_at"
-        )
+        rows = kind.model.jobs().filter(status=JobStatus.QUEUED, queue_name=queue_name).order_by("created_at")
         for pk, owner_id, created_at in rows.values_list("pk", "owner_id", "created_at")[:500]:
             waiting.append(_Waiting(created_at=created_at, pk=pk, owner_id=owner_id, model=kind.model))
     return sorted(waiting)

@@ -105,6 +105,12 @@ class JobRow(models.Model):
         """The dotted path of the task body that runs this row."""
         return self.task
 
+    @classmethod
+    def jobs(cls) -> models.QuerySet:
+        """The rows that are jobs of their own: scheduled, counted against the caps, resumed (a
+        kind whose rows may be parts of another job leaves those out)."""
+        return cls.objects.all()
+
     def event_groups(self) -> list[str]:
         return [f"{self.kind}.{self.pk}"]
 
@@ -217,7 +223,7 @@ def active_jobs(*, owner=None) -> list[JobRow]:
     """Queued and running rows of every kind (of ``owner`` when given), oldest first."""
     rows: list[JobRow] = []
     for kind in job_kinds():
-        active = kind.model.objects.filter(status__in=JobRow.ACTIVE)
+        active = kind.model.jobs().filter(status__in=JobRow.ACTIVE)
         rows += list(active.filter(owner=owner) if owner is not None else active)
     return sorted(rows, key=lambda row: row.created_at)
 
@@ -345,14 +351,16 @@ def jobs_resume_on_worker_start(identity: WorkerIdentity) -> None:
     waiting_queues = {own.name, settings.SHARED_QUEUE}
     for kind in job_kinds():
         # Rows queued before jobs named their queue wait on the shared one.
-        kind.model.objects.filter(status=JobStatus.QUEUED, queue_name="").update(
+        kind.model.jobs().filter(status=JobStatus.QUEUED, queue_name="").update(
             queue_name=settings.SHARED_QUEUE
         )
-        for row in kind.model.objects.filter(host_worker=identity.name, status=JobStatus.RUNNING):
+        for row in kind.model.jobs().filter(host_worker=identity.name, status=JobStatus.RUNNING):
             job_submit(row, queue=own)
-        for queue_name in kind.model.objects.filter(
-            status=JobStatus.QUEUED, queue_name__in=waiting_queues
-        ).values_list("queue_name", flat=True):
+        for queue_name in (
+            kind.model.jobs()
+            .filter(status=JobStatus.QUEUED, queue_name__in=waiting_queues)
+            .values_list("queue_name", flat=True)
+        ):
             _add_token(queue_by_name(queue_name))
 
 

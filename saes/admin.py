@@ -3,8 +3,8 @@ from django.contrib import admin, messages
 from mistudio.access import OPERATOR
 from mistudio.admin import JobAdmin
 from mistudio.errors import ApplicationError
-from saes import services
-from saes.models import SaeEvaluation, SparseAutoencoder
+from saes import groups, services
+from saes.models import SaeEvaluation, SaeGroup, SparseAutoencoder
 
 
 @admin.register(SparseAutoencoder)
@@ -57,3 +57,18 @@ class SaeEvaluationAdmin(JobAdmin):
     list_filter = ["status"]
     search_fields = ["id", "sae__id", "sae__name", "cache__id"]
     readonly_fields = [field.name for field in SaeEvaluation._meta.fields]
+
+
+@admin.register(SaeGroup)
+class SaeGroupAdmin(JobAdmin):
+    list_display = ["id", "name", "model", "dataset", "status", "progress", "owner", "created_at"]
+    list_filter = ["status", "shared"]
+    search_fields = ["id", "name", "model__name"]
+    readonly_fields = [
+        field.name for field in SaeGroup._meta.fields if field.name not in SaeGroup.OWNER_FIELDS
+    ]
+
+    def save_model(self, request, obj, form, change) -> None:
+        groups.sae_group_update(
+            group=obj, actor=OPERATOR, **{name: form.cleaned_data[name] for name in form.changed_data}
+        )

@@ -5,14 +5,14 @@ from rest_framework import serializers, status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from activations.selectors import completed_cache
+from activations.selectors import completed_cache, dataset_get
 from mistudio.permissions import CanRead, CanWrite
 from mistudio.serializers import StrictSerializer
 from mistudio.streaming import ChunkedStreamingResponse
 from models_app.selectors import model_get
-from saes import selectors, services
+from saes import groups, selectors, services
 from saes.models import ARCHITECTURES, SparseAutoencoder
-from saes.serializers import sae_state
+from saes.serializers import TranscoderSerializer, VariantSerializer, sae_group_state, sae_state
 
 
 def sae_body(sae: SparseAutoencoder, request, *, with_history: bool = True) -> dict:
@@ -175,3 +175,90 @@ class SaeExportApi(APIView):
         )
         response["Content-Disposition"] = f'attachment; filename="{sae.id}.tar"'
         return response
+
+
+# --- groups: training from the model ----------------------------------------------------------------
+
+
+class SaeGroupListApi(APIView):
+    """List SAE groups, or start one (202): SAEs and transcoders trained straight from a model
+    over a dataset, one forward pass feeding them all."""
+
+    permission_classes = [CanWrite]
+
+    class TrainSerializer(VariantSerializer):
+        model_id = serializers.CharField(max_length=64)
+        dataset_id = serializers.CharField(max_length=64)
+        hooks = serializers.ListField(
+            child=serializers.CharField(max_length=300), max_length=groups.MAX_GROUP_MEMBERS, default=list
+        )
+        transcoders = serializers.ListField(
+            child=TranscoderSerializer(), max_length=groups.MAX_GROUP_MEMBERS, default=list
+        )
+        variants = serializers.ListField(
+            child=VariantSerializer(), max_length=groups.MAX_GROUP_MEMBERS, default=list
+        )
+        batch_size = serializers.IntegerField(min_value=1, max_value=65536, default=4096)
+        total_tokens = serializers.IntegerField(min_value=1, max_value=10**12, required=False)
+        max_length = serializers.IntegerField(min_value=2, max_value=2**20, required=False)
+        b_dec_init = serializers.ChoiceField(choices=services.B_DEC_INITS, default="geometric_median")
+        name = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")
+        shared = serializers.BooleanField(default=False)
+
+    @extend_schema(
+        operation_id="api_sae_groups_list",
+        responses=inline_serializer(
+            "SaeGroupList", {"groups": serializers.ListField(), "total": serializers.IntegerField()}
+        ),
+    )
+    def get(self, request):
+        found = selectors.group_list(user=request.user)
+        return Response(
+            {
+                "groups": [sae_group_state(group, viewer=request.user) for group in found[:200]],
+                "total": found.count(),
+            }
+        )
+
+    @extend_schema(request=TrainSerializer, responses={202: dict})
+    def post(self, request):
+        data = self.TrainSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        values = dict(data.validated_data)
+        model = model_get(user=request.user, model_id=values.pop("model_id"))
+        dataset = dataset_get(user=request.user, dataset_id=values.pop("dataset_id"))
+        group = groups.sae_group_train_request(owner=request.user, model=model, dataset=dataset, **values)
+        return Response(sae_group_state(group, viewer=request.user), status=status.HTTP_202_ACCEPTED)
+
+
+class SaeGroupDetailApi(APIView):
+    """One group with its members' results; its owner may rename or share it (members follow)."""
+
+    permission_classes = [CanWrite]
+
+    class UpdateSerializer(StrictSerializer):
+        name = serializers.CharField(required=False, max_length=500)
+        shared = serializers.BooleanField(required=False)
+
+    @extend_schema(responses={200: dict})
+    def get(self, request, group_id: str):
+        group = selectors.group_get(user=request.user, group_id=group_id)
+        return Response(sae_group_state(group, viewer=request.user))
+
+    @extend_schema(request=UpdateSerializer, responses={200: dict})
+    def patch(self, request, group_id: str):
+        group = selectors.group_get(user=request.user, group_id=group_id)
+        data = self.UpdateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        group = groups.sae_group_update(group=group, actor=request.user, **data.validated_data)
+        return Response(sae_group_state(group, viewer=request.user))
+
+
+class SaeGroupCancelApi(APIView):
+    permission_classes = [CanWrite]
+
+    @extend_schema(request=None, responses={202: dict})
+    def post(self, request, group_id: str):
+        group = selectors.group_get(user=request.user, group_id=group_id)
+        group = groups.sae_group_cancel(group=group, actor=request.user)
+        return Response(sae_group_state(group, viewer=request.user), status=status.HTTP_202_ACCEPTED)

@@ -10,7 +10,7 @@ class SaesConfig(AppConfig):
         from mistudio.access import register_visibility
         from mistudio.jobs import register_job_kind
         from saes import selectors, serializers, tasks
-        from saes.models import SaeEvaluation, SparseAutoencoder
+        from saes.models import SaeEvaluation, SaeGroup, SparseAutoencoder
 
         selectors.register_event_groups()
         register_sae_source(selectors.sae_reference, tasks.sae_module_by_id)
@@ -19,3 +19,10 @@ class SaesConfig(AppConfig):
         )
         register_job_kind(SparseAutoencoder, state=serializers.sae_event_state)
         register_job_kind(SaeEvaluation, state=serializers.evaluation_state)
+        register_visibility(
+            SaeGroup,
+            lambda user: selectors.group_list(user=user),
+            code="SAE_GROUP_NOT_FOUND",
+            what="SAE group",
+        )
+        register_job_kind(SaeGroup, state=serializers.sae_group_state)

@@ -1,20 +1,46 @@
-"""Sparse autoencoders: trained here on an activation cache, or imported from a folder."""
+"""Sparse autoencoders and transcoders: trained here on an activation cache or straight from a
+model over a dataset (many at once, in a group), or imported from a folder."""
 
 from django.conf import settings
 from django.db import models
 
-from mistudio.identifiers import new_evaluation_id, new_sae_id
+from engine.sae_architectures import ARCHITECTURES, PENALIZED
+from mistudio.identifiers import new_evaluation_id, new_sae_group_id, new_sae_id
 from mistudio.jobs import JobRow
 
-# engine.sae.ARCHITECTURES, named here so that the web process needs no torch to validate a request.
-ARCHITECTURES = ("standard", "topk", "batchtopk", "jumprelu")
-# The architectures whose sparsity comes from a penalty, and its coefficient's name.
-PENALIZED = {"standard": "l1_coefficient", "jumprelu": "l0_coefficient"}
+__all__ = ["ARCHITECTURES", "PENALIZED", "SaeEvaluation", "SaeGroup", "SparseAutoencoder"]
 # Above this fraction of dead features (held out), the SAE says so.
 DEAD_WARNING_FRACTION = 0.25
 
 
-class SparseAutoencoder(JobRow):
+class TrainingProgress(models.Model):
+    """Where a training stands: steps and tokens against their totals, throughput, ETA (an SAE's
+    and a group's)."""
+
+    step = models.PositiveIntegerField(default=0)
+    total_steps = models.PositiveIntegerField(default=0)
+    tokens_seen = models.BigIntegerField(default=0)
+    total_tokens = models.BigIntegerField(default=0)
+    tokens_per_second = models.FloatField(null=True, blank=True)
+
+    class Meta:
+        abstract = True
+
+    def mark_totals(self, *, total_steps: int, total_tokens: int) -> list[str]:
+        self.total_steps, self.total_tokens = total_steps, total_tokens
+        return ["total_steps", "total_tokens"]
+
+    def mark_step(self, *, step: int, tokens_seen: int, tokens_per_second: float) -> list[str]:
+        """``progress``, ``eta_seconds`` (of the job row) and the counters after ``step``."""
+        self.step, self.tokens_seen = step, tokens_seen
+        self.progress = round(100 * step / self.total_steps, 2) if self.total_steps else 0.0
+        self.tokens_per_second = round(tokens_per_second, 1)
+        remaining = max(0, self.total_tokens - tokens_seen)
+        self.eta_seconds = round(remaining / tokens_per_second, 1) if tokens_per_second > 0 else None
+        return ["step", "tokens_seen", "progress", "tokens_per_second", "eta_seconds"]
+
+
+class SparseAutoencoder(TrainingProgress, JobRow):
     """One SAE at one hook point of one model, with its files in ``SAE_DIR/<id>/`` (SAELens layout).
 
     Trained, or imported from a folder (by a job too: the folder is checked on a worker):
@@ -35,6 +61,23 @@ class SparseAutoencoder(JobRow):
     id = models.CharField(primary_key=True, max_length=64, default=new_sae_id, editable=False)
     name = models.CharField(max_length=500, blank=True)
     source = models.CharField(max_length=20, choices=Source.choices, default=Source.TRAINED)
+    group = models.ForeignKey(
+        "saes.SaeGroup",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="members",
+        help_text="The group it trained in, from the model: the group is the job",
+    )
+    group_index = models.PositiveIntegerField(null=True, blank=True)
+    dataset = models.ForeignKey(
+        "activations.Dataset",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="saes",
+        help_text="The dataset it was trained on, from the model on the fly",
+    )
     model = models.ForeignKey(
         "models_app.LanguageModel", null=True, blank=True, on_delete=models.SET_NULL, related_name="saes"
     )
@@ -48,9 +91,13 @@ class SparseAutoencoder(JobRow):
         help_text="The activation cache it was trained on",
     )
     hook_name = models.CharField(max_length=300, help_text="miStudio's hook name (TransformerLens' names)")
-    architecture = models.CharField(max_length=20)
+    hook_name_out = models.CharField(
+        max_length=300, blank=True, help_text="A transcoder's output hook (it reads hook_name)"
+    )
+    architecture = models.CharField(max_length=30)
     d_in = models.PositiveIntegerField()
     d_sae = models.PositiveIntegerField()
+    d_out = models.PositiveIntegerField(null=True, blank=True, help_text="A transcoder's output width")
     k = models.PositiveIntegerField(null=True, blank=True, help_text="TopK / BatchTopK")
     hyperparameters = models.JSONField(default=dict, blank=True, help_text="The training configuration")
     scaling_factor = models.FloatField(null=True, blank=True, help_text="Folded into the weights")
@@ -64,11 +111,6 @@ class SparseAutoencoder(JobRow):
         help_text="Of an imported SAE's files: a re-import reuses it",
     )
 
-    step = models.PositiveIntegerField(default=0)
-    total_steps = models.PositiveIntegerField(default=0)
-    tokens_seen = models.BigIntegerField(default=0)
-    total_tokens = models.BigIntegerField(default=0)
-    tokens_per_second = models.FloatField(null=True, blank=True)
     metrics = models.JSONField(default=dict, blank=True, help_text="The latest training step's metrics")
     history = models.JSONField(default=list, blank=True, help_text="Training curves: at most ~400 points")
     evaluation = models.JSONField(default=dict, blank=True, help_text="Held-out metrics, CE loss recovered")
@@ -83,6 +125,20 @@ class SparseAutoencoder(JobRow):
 
     def __str__(self) -> str:
         return f"{self.name or self.id} ({self.hook_name})"
+
+    @classmethod
+    def jobs(cls):
+        """A member of a group is part of its group's job, not a job of its own."""
+        return cls.objects.filter(group__isnull=True)
+
+    @property
+    def is_transcoder(self) -> bool:
+        return bool(self.hook_name_out)
+
+    @property
+    def feature_hook(self) -> str:
+        """Where its features live (what they write): a transcoder's output hook, else its hook."""
+        return self.hook_name_out or self.hook_name
 
     def task_name(self) -> str:
         if self.source == self.Source.TRAINED:
@@ -134,19 +190,20 @@ class SparseAutoencoder(JobRow):
         return found
 
     def mark_running(self, *, host_worker: str, total_steps: int = 0, total_tokens: int = 0) -> list[str]:
-        self.total_steps, self.total_tokens = total_steps, total_tokens
-        return [*super().mark_running(host_worker=host_worker), "total_steps", "total_tokens"]
+        return [
+            *super().mark_running(host_worker=host_worker),
+            *self.mark_totals(total_steps=total_steps, total_tokens=total_tokens),
+        ]
 
     def mark_progress(
         self, *, step: int, tokens_seen: int, tokens_per_second: float, metrics: dict, points: list[dict]
     ) -> list[str]:
         """The latest training step's state; ``points`` are appended to the curves."""
-        self.step, self.tokens_seen, self.metrics = step, tokens_seen, metrics
-        self.progress = round(100 * step / self.total_steps, 2) if self.total_steps else 0.0
-        self.tokens_per_second = round(tokens_per_second, 1)
-        remaining = max(0, self.total_tokens - tokens_seen)
-        self.eta_seconds = round(remaining / tokens_per_second, 1) if tokens_per_second > 0 else None
-        fields = ["step", "tokens_seen", "metrics", "progress", "tokens_per_second", "eta_seconds"]
+        self.metrics = metrics
+        fields = [
+            "metrics",
+            *self.mark_step(step=step, tokens_seen=tokens_seen, tokens_per_second=tokens_per_second),
+        ]
         if points:
             self.history = [*self.history, *points]
             fields.append("history")
@@ -204,3 +261,71 @@ class SaeEvaluation(JobRow):
         }
         self.sae.evaluation = {**self.sae.evaluation, "error": error}
         self.sae.save(update_fields=["evaluation", "updated_at"])
+
+
+class SaeGroup(TrainingProgress, JobRow):
+    """SAEs and transcoders trained together straight from a model over a dataset: every forward
+    pass feeds all of them (several hooks, several hyper-parameter variants), no activation is
+    written to disk. The group is the job; each member is a :class:`SparseAutoencoder` row with
+    its own curves and evaluation, whose status follows the group's."""
+
+    kind = "sae_group"
+    task = "saes.tasks.run_sae_group_training"
+    noun = "SAE group"
+    failure_code = "TRAINING_FAILED"
+    OWNER_FIELDS = ("name", "shared")
+
+    id = models.CharField(primary_key=True, max_length=64, default=new_sae_group_id, editable=False)
+    name = models.CharField(max_length=500, blank=True)
+    model = models.ForeignKey(
+        "models_app.LanguageModel", null=True, on_delete=models.SET_NULL, related_name="sae_groups"
+    )
+    dataset = models.ForeignKey(
+        "activations.Dataset", null=True, on_delete=models.SET_NULL, related_name="sae_groups"
+    )
+    settings = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="How the model reads the dataset: max_length, batches, held-out samples",
+    )
+    shared = models.BooleanField(
+        default=False, help_text="Visible to every reader (changes stay the owner's)"
+    )
+
+    class Meta(JobRow.Meta):
+        verbose_name = "SAE group"
+
+    def __str__(self) -> str:
+        return f"{self.name or self.id}"
+
+    def event_groups(self) -> list[str]:
+        return [f"sae_group.{self.id}", *([f"model.{self.model_id}"] if self.model_id else [])]
+
+    @property
+    def directory(self):
+        """The group's checkpoints (each member's SAELens folder is its own row's)."""
+        return settings.SAE_DIR / self.id
+
+    @property
+    def checkpoint_directory(self):
+        return self.directory / "checkpoint"
+
+    def leftovers(self) -> list:
+        return [self.directory]
+
+    def on_ended(self) -> None:
+        """Its members end as it did (failed with its error, or cancelled); the checkpoints go."""
+        for member in self.members.filter(status__in=JobRow.ACTIVE):
+            if self.status == JobRow.Status.FAILED:
+                fields = member.mark_failed(code=self.error_code, message=self.error_message)
+            else:
+                fields = member.mark_cancelled()
+            member.save(update_fields=[*fields, "updated_at"])
+            member.release_leftovers()
+        self.release_leftovers()
+
+    def mark_running(self, *, host_worker: str, total_steps: int = 0, total_tokens: int = 0) -> list[str]:
+        return [
+            *super().mark_running(host_worker=host_worker),
+            *self.mark_totals(total_steps=total_steps, total_tokens=total_tokens),
+        ]

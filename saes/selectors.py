@@ -11,8 +11,8 @@ from mistudio.access import check_may_change, completed_row, visible_row, visibl
 from mistudio.errors import ApplicationError
 from mistudio.events import register_group_kind
 from mistudio.streaming import tar_stream
-from saes.models import SaeEvaluation, SparseAutoencoder
-from saes.serializers import sae_state
+from saes.models import SaeEvaluation, SaeGroup, SparseAutoencoder
+from saes.serializers import sae_group_state, sae_state
 
 # What an export holds: the SAELens folder, never the training checkpoint.
 EXPORTED_FILES = ("cfg.json", "sae_weights.safetensors", "sparsity.safetensors")
@@ -62,7 +62,10 @@ def sae_reference(user, sae_id: str) -> SaeReference | None:
     sae = sae_list(user=user).filter(pk=sae_id, status=SparseAutoencoder.Status.COMPLETED).first()
     if sae is None:
         return None
-    return SaeReference(id=sae.id, hook_name=sae.hook_name, d_in=sae.d_in, d_sae=sae.d_sae)
+    return SaeReference(
+        id=sae.id, hook_name=sae.hook_name, d_in=sae.d_in, d_sae=sae.d_sae,
+        hook_name_out=sae.hook_name_out or None, d_out=sae.d_out,
+    )  # fmt: skip
 
 
 # (user, SAE) -> (file name, bytes) or None: files other apps add to an export (features: labels).
@@ -104,5 +107,24 @@ def sae_visible(user, key: str) -> bool:
     return sae_list(user=user).filter(pk=key).exists()
 
 
+def group_list(*, user) -> QuerySet[SaeGroup]:
+    """Groups the user may see: their own, shared ones and system ones (all for ``model:admin``)."""
+    return visible_rows(SaeGroup.objects.select_related("owner", "model"), user, shareable=True)
+
+
+def group_get(*, user, group_id: str) -> SaeGroup:
+    return visible_row(group_list(user=user), group_id, code="SAE_GROUP_NOT_FOUND", what="SAE group")
+
+
+def group_snapshot(user, key: str | None) -> dict[str, Any] | None:
+    group = group_list(user=user).filter(pk=key).first()
+    return None if group is None else sae_group_state(group, viewer=user)
+
+
+def group_visible(user, key: str) -> bool:
+    return group_list(user=user).filter(pk=key).exists()
+
+
 def register_event_groups() -> None:
     register_group_kind("sae", keyed=True, snapshot=sae_snapshot, visible=sae_visible)
+    register_group_kind("sae_group", keyed=True, snapshot=group_snapshot, visible=group_visible)

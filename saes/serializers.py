@@ -2,9 +2,13 @@
 
 from typing import Any
 
-from activations.models import ActivationCache
+from rest_framework import serializers
+
+from activations.models import ActivationCache, Dataset
+from engine.sae_architectures import ARCHITECTURES
 from mistudio.access import AUDIENCE, linked_id
-from saes.models import SaeEvaluation, SparseAutoencoder
+from mistudio.serializers import StrictSerializer
+from saes.models import SaeEvaluation, SaeGroup, SparseAutoencoder
 
 
 def iso(value) -> str | None:
@@ -26,9 +30,14 @@ def sae_state(sae: SparseAutoencoder, *, viewer=AUDIENCE, with_history: bool = T
         "model_id": sae.model_id,
         "model_name": sae.model_name,
         "cache_id": linked_id(viewer, sae, ActivationCache, sae.cache_id),
+        "dataset_id": linked_id(viewer, sae, Dataset, sae.dataset_id),
+        "group_id": sae.group_id,
         "hook_name": sae.hook_name,
+        "hook_name_out": sae.hook_name_out or None,
+        "feature_hook": sae.feature_hook,
         "architecture": sae.architecture,
         "d_in": sae.d_in,
+        "d_out": sae.d_out,
         "d_sae": sae.d_sae,
         "k": sae.k,
         "hyperparameters": sae.hyperparameters,
@@ -84,3 +93,78 @@ def evaluation_state(evaluation: SaeEvaluation, *, viewer=AUDIENCE) -> dict[str,
         "created_at": iso(evaluation.created_at),
         "finished_at": iso(evaluation.finished_at),
     }
+
+
+# What a group shows of each member's held-out evaluation (the frontier plot's axes and more).
+MEMBER_METRICS = ("l0", "explained_variance", "ce_loss_recovered", "dead_features", "mse")
+
+
+def group_member_state(sae: SparseAutoencoder) -> dict[str, Any]:
+    """A member as its group lists it: what tells it from the others, and its results."""
+    return {
+        "id": sae.id,
+        "name": sae.name,
+        "hook_name": sae.hook_name,
+        "hook_name_out": sae.hook_name_out or None,
+        "architecture": sae.architecture,
+        "d_sae": sae.d_sae,
+        "k": sae.k,
+        "lr": sae.hyperparameters.get("lr"),
+        "status": sae.status,
+        "step": sae.step,
+        "metrics": sae.metrics,
+        "evaluation": {key: sae.evaluation.get(key) for key in MEMBER_METRICS},
+    }
+
+
+def sae_group_state(group: SaeGroup, *, viewer=AUDIENCE) -> dict[str, Any]:
+    """A group as ``GET /api/saes/groups/{id}``, ``sae_group:*`` events and snapshots show it:
+    the dataset's id only to those who may see the dataset."""
+    return {
+        "id": group.id,
+        "name": group.name,
+        "model_id": group.model_id,
+        "dataset_id": linked_id(viewer, group, Dataset, group.dataset_id),
+        "settings": group.settings,
+        "status": group.status,
+        "progress": group.progress,
+        "step": group.step,
+        "total_steps": group.total_steps,
+        "tokens_seen": group.tokens_seen,
+        "total_tokens": group.total_tokens,
+        "tokens_per_second": group.tokens_per_second,
+        "eta_seconds": group.eta_seconds,
+        "memory_estimate_bytes": group.memory_estimate_bytes,
+        "host_worker": group.host_worker,
+        "error_code": group.error_code,
+        "error_message": group.error_message,
+        "owner": group.owner.username if group.owner_id else None,
+        "shared": group.shared,
+        "created_at": iso(group.created_at),
+        "started_at": iso(group.started_at),
+        "finished_at": iso(group.finished_at),
+        "members": [group_member_state(sae) for sae in group.members.order_by("group_index")],
+    }
+
+
+# --- a group request's parts (the API, the page and the command validate with them) ---------------
+
+
+class TranscoderSerializer(StrictSerializer):
+    hook_in = serializers.CharField(max_length=300)
+    hook_out = serializers.CharField(max_length=300)
+    skip = serializers.BooleanField(default=False)
+
+
+class VariantSerializer(StrictSerializer):
+    architecture = serializers.ChoiceField(choices=ARCHITECTURES, required=False)
+    expansion_factor = serializers.IntegerField(min_value=1, max_value=1024, required=False)
+    d_sae = serializers.IntegerField(min_value=1, max_value=2**24, required=False)
+    k = serializers.IntegerField(min_value=1, max_value=2**16, required=False)
+    l1_coefficient = serializers.FloatField(min_value=0, max_value=1e6, required=False)
+    l0_coefficient = serializers.FloatField(min_value=0, max_value=1e6, required=False)
+    lr = serializers.FloatField(min_value=1e-8, max_value=1.0, required=False)
+    matryoshka_widths = serializers.ListField(
+        child=serializers.IntegerField(min_value=1, max_value=2**24), max_length=16, required=False
+    )
+    dead_after_steps = serializers.IntegerField(min_value=1, max_value=10**9, required=False)

@@ -23,6 +23,8 @@ from engine.inspection import confined_folder_entries
 from engine.inspection.sae_folders import SaeFiles, inspect_sae_folder
 from engine.sae import default_dead_after_steps, default_expansion, default_k, default_total_tokens
 from engine.sae.training import DEFAULT_EXPANSION
+from engine.sae_architectures import K_SPARSE, REGISTRY
+from engine.sae_architectures import matryoshka_widths as matryoshka_default_widths
 from mistudio import jobs
 from mistudio.access import OPERATOR, check_may_change, reach
 from mistudio.budgets import memory_budget_check
@@ -60,9 +62,13 @@ def training_hyperparameters(
     total_tokens: int,
     b_dec_init: str,
     dead_after_steps: int | None = None,
+    matryoshka_widths: list[int] | None = None,
+    skip: bool = False,
+    default_k_for=default_k,
 ) -> dict[str, Any]:
     """The training configuration, validated, with the defaults a researcher expects filled in:
-    sized to the model (:func:`default_k`) and to the run (:func:`default_dead_after_steps`)."""
+    sized to the model (``default_k_for(d_in)``) and to the run (:func:`default_dead_after_steps`).
+    ``skip``: a skip transcoder's linear path."""
     if architecture not in ARCHITECTURES:
         raise ApplicationError(
             "INVALID_ARCHITECTURE",
@@ -85,17 +91,28 @@ def training_hyperparameters(
         "warmup_steps": min(1000, max(1, -(-total_tokens // batch_size) // 20)),
         "dead_after_steps": dead_after_steps or default_dead_after_steps(-(-total_tokens // batch_size)),
     }
-    if architecture in ("topk", "batchtopk"):
-        k = k or default_k(d_in)
+    if architecture in K_SPARSE:
+        k = k or default_k_for(d_in)
         if k > d_sae:
             raise ApplicationError("INVALID_PARAMETER", f"k ({k}) must not exceed d_sae ({d_sae}).")
         config["k"] = k
     elif k is not None:
-        raise ApplicationError("INVALID_PARAMETER", f"k applies to topk and batchtopk, not {architecture}.")
-    if architecture == "standard":
-        config["l1_coefficient"] = 5.0 if l1_coefficient is None else l1_coefficient
-    if architecture == "jumprelu":
-        config["l0_coefficient"] = 1.0 if l0_coefficient is None else l0_coefficient
+        raise ApplicationError(
+            "INVALID_PARAMETER", f"k applies to {', '.join(K_SPARSE)}, not {architecture}."
+        )
+    penalty = REGISTRY[architecture].penalty
+    if penalty is not None:
+        given = {"l1_coefficient": l1_coefficient, "l0_coefficient": l0_coefficient}[penalty]
+        config[penalty] = REGISTRY[architecture].default_penalty if given is None else given
+    if architecture == "matryoshka_batchtopk":
+        try:
+            config["matryoshka_widths"] = list(matryoshka_default_widths(d_sae, matryoshka_widths))
+        except ValueError as error:
+            raise ApplicationError("INVALID_PARAMETER", str(error)) from None
+    elif matryoshka_widths:
+        raise ApplicationError("INVALID_PARAMETER", "matryoshka_widths applies to matryoshka_batchtopk.")
+    if skip:
+        config["skip"] = True
     return config
 
 
@@ -200,7 +217,12 @@ def sae_train_request(
 
 
 def sae_cancel(*, sae: SparseAutoencoder, actor) -> SparseAutoencoder:
-    """A queued training or import is cancelled at once; a running one stops after its current step."""
+    """A queued training or import is cancelled at once; a running one stops after its current step.
+    A member of a group is part of its group's job: the group is cancelled."""
+    if sae.group_id is not None:
+        jobs.job_cancel(sae.group, actor=actor)
+        sae.refresh_from_db()
+        return sae
     return jobs.job_cancel(sae, actor=actor)
 
 

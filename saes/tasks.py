@@ -13,6 +13,7 @@ from django.conf import settings
 
 from activations.models import ActivationCache
 from activations.selectors import cache_store
+from activations.services import DatasetReader
 from activations.store import ActivationStore
 from engine.prefetch import prefetched
 from engine.registry import LOADED_MODELS
@@ -25,6 +26,7 @@ from mistudio.job_runner import JobContext, job_task
 from mistudio.jobs import DAY, job_publish
 from models_app.tasks import model_in_this_worker
 from saes.cache_data import (
+    CE_MAX_SEQUENCES,
     PREFETCH_BATCHES,
     SHUFFLE_BUFFER_BATCHES,
     cache_split,
@@ -33,7 +35,7 @@ from saes.cache_data import (
     row_chunks,
     spread_sample,
 )
-from saes.models import SaeEvaluation, SparseAutoencoder
+from saes.models import SaeEvaluation, SaeGroup, SparseAutoencoder
 from saes.services import (
     HOLDOUT_FRACTION,
     folder_size,
@@ -284,6 +286,7 @@ def save_files(sae: SparseAutoencoder, module, feature_density, *, prepend_bos: 
         model_name=sae.model_name,
         metadata={"mistudio_sae_id": sae.id, "training": sae.hyperparameters, "prepend_bos": prepend_bos},
         log_feature_density=log_feature_density(feature_density),
+        hook_name_out=sae.hook_name_out or None,
     )
     shutil.rmtree(sae.checkpoint_directory, ignore_errors=True)
 
@@ -313,3 +316,206 @@ def run_sae_evaluation(evaluation: SaeEvaluation, job: JobContext) -> None:
     sae.evaluation = {**sae.evaluation, **results, "error": None}
     sae.save(update_fields=["evaluation", "updated_at"])
     job_publish(evaluation, "completed", [*evaluation.mark_completed(), "results"])
+
+
+# --- training from the model: a group ------------------------------------------------------------
+
+# Held-out rows kept for a group's evaluation (every hook side by side) and CE-loss sequences.
+GROUP_EVALUATION_ROWS = 16384
+
+
+def group_member_configs(group: SaeGroup) -> list:
+    """The group's members in order, each as the engine's :class:`GroupMember`."""
+    from engine.sae.group import GroupMember
+
+    members = list(group.members.order_by("group_index"))
+    return members, [
+        GroupMember(hook_in=sae.hook_name, hook_out=sae.hook_name_out or None, config=training_config(sae))
+        for sae in members
+    ]
+
+
+@job_task(SaeGroup, timeout=14 * DAY)
+def run_sae_group_training(group: SaeGroup, job: JobContext) -> None:
+    """Train the group's members from the model over its dataset: one forward pass a batch feeds
+    them all through a shuffle buffer on the worker's device (nothing written to disk but the
+    checkpoints, every ``SAE_CHECKPOINT_EVERY_STEPS`` steps, from which a retried job continues);
+    then evaluate each on the held-out samples (explained variance, CE loss recovered with it
+    spliced in) and save it in SAELens' layout."""
+    import torch
+
+    from engine.hooks import list_hook_points
+    from engine.sae.group import group_hooks, latest_checkpoint, model_source, train_group
+
+    loaded = model_in_this_worker(group.model_id, group, purpose="training SAEs from the model")
+    if group.dataset is None:
+        raise ApplicationError("DATASET_NOT_FOUND", "The group's dataset is gone.")
+    members, specs = group_member_configs(group)
+    settings_ = group.settings
+    total_steps = max(spec.config.total_steps for spec in specs)
+    fields = group.mark_running(
+        host_worker=job.worker.name, total_steps=total_steps, total_tokens=group.total_tokens
+    )
+    newest = latest_checkpoint(group.checkpoint_directory)
+    for index, sae in enumerate(members):
+        member_fields = sae.mark_running(
+            host_worker=job.worker.name,
+            total_steps=specs[index].config.total_steps,
+            total_tokens=specs[index].config.total_tokens,
+        )
+        if newest is not None:  # the curves as far as the checkpoint; the steps after it run again
+            checkpoint = TrainingCheckpoint.load(newest / f"member-{index}")
+            sae.history = [
+                curve_point(metrics) for metrics in checkpoint.history
+                if on_curve(metrics["step"], sae.total_steps)
+            ]  # fmt: skip
+            member_fields.append("history")
+        job_publish(sae, "started", member_fields)
+    job_publish(group, "started", fields, resumed=newest is not None)
+
+    hooks = group_hooks(specs)
+    widths = {info.name: info.width for info in list_hook_points(loaded.model)}
+    device = job.worker.compute_device
+    throttles = [ProgressThrottle(min_step=101.0, min_interval=0.5) for _ in members]
+    points: list[list[dict[str, Any]]] = [[] for _ in members]
+
+    def on_step(index: int, metrics) -> None:
+        sae = members[index]
+        values = asdict(metrics)
+        if on_curve(metrics.step, sae.total_steps):
+            points[index].append(curve_point(values))
+        final = metrics.step >= sae.total_steps
+        if not throttles[index].ready(100 * metrics.step / sae.total_steps, final=final):
+            return
+        fields = sae.mark_progress(
+            step=metrics.step,
+            tokens_seen=metrics.tokens,
+            tokens_per_second=metrics.tokens_per_second,
+            metrics=curve_point(values),
+            points=points[index],
+        )
+        job_publish(sae, "progress", fields, points=list(points[index]))
+        points[index].clear()
+        if index == 0:
+            group_fields = group.mark_step(
+                step=metrics.step, tokens_seen=metrics.tokens, tokens_per_second=metrics.tokens_per_second
+            )
+            job_publish(group, "progress", group_fields)
+
+    reader = DatasetReader(group.dataset)
+
+    def open_source(position):
+        return model_source(
+            loaded.model,
+            loaded.tokenizer,
+            reader,
+            hooks=hooks,
+            train_samples=settings_["train_samples"],
+            max_length=settings_["max_length"],
+            batch_size=settings_["forward_batch_size"],
+            window_samples=settings_["window_samples"],
+            position=position,
+            dtype=settings_["dtype"],
+            device=device,
+        )
+
+    with reader:
+        results = train_group(
+            specs,
+            widths=widths,
+            open_source=open_source,
+            buffer_rows=SHUFFLE_BUFFER_BATCHES * specs[0].config.batch_size,
+            device=device,
+            on_step=on_step,
+            should_cancel=job.should_cancel,
+            checkpoint_folder=group.checkpoint_directory,
+            checkpoint_every_steps=settings.SAE_CHECKPOINT_EVERY_STEPS,
+            rows_dtype=getattr(torch, settings_["dtype"]),
+        )
+        job.check_cancel()
+        held_out = reader(settings_["train_samples"], group.dataset.sample_count)
+    evaluations = group_evaluation(
+        loaded, members, results, held_out, hooks=hooks, settings=settings_, job=job
+    )
+    for index, sae in enumerate(members):
+        trained = results[index]
+        evaluation = evaluations[index]
+        save_files(
+            sae, trained.sae, evaluation.pop("feature_density"), prepend_bos=group_prepends_bos(loaded, group)
+        )
+        fields = sae.mark_completed(
+            evaluation=evaluation,
+            file_size_bytes=folder_size(sae.directory),
+            scaling_factor=trained.scaling_factor,
+        )
+        job_publish(sae, "completed", fields)
+    shutil.rmtree(group.checkpoint_directory, ignore_errors=True)
+    job_publish(group, "completed", group.mark_completed())
+
+
+def group_prepends_bos(loaded, group: SaeGroup) -> bool:
+    """Whether the tokenizer starts each sample with BOS (what SAELens' ``prepend_bos`` says)."""
+    ids = loaded.tokenizer("a")["input_ids"]
+    bos = getattr(loaded.tokenizer, "bos_token_id", None)
+    return bool(ids) and bos is not None and ids[0] == bos
+
+
+def group_evaluation(
+    loaded, members, results, held_out: list[str], *, hooks, settings: dict, job
+) -> list[dict]:
+    """Each member's metrics on the held-out samples (at most ``GROUP_EVALUATION_ROWS`` tokens of
+    them, every hook read in one pass) and CE loss recovered with it spliced into the model."""
+    import torch
+
+    from engine.extraction import extract, plan_batches, tokenize_samples
+    from engine.sae.evaluation import ce_loss_recovered, evaluate_activations
+
+    tokenized = [ids for ids in tokenize_samples(loaded.tokenizer, held_out, settings["max_length"]) if ids]
+    kept, rows = [], 0
+    for ids in tokenized:
+        if rows + len(ids) > GROUP_EVALUATION_ROWS and kept:
+            break
+        kept.append(ids)
+        rows += len(ids)
+    if not kept:
+        raise ApplicationError("NO_HELD_OUT_TOKENS", "The held-out samples hold no token.")
+    batches = extract(
+        loaded.model,
+        kept,
+        plan_batches([len(ids) for ids in kept], settings["forward_batch_size"]),
+        hooks=hooks,
+        dtype="float32",
+        should_cancel=job.should_cancel,
+    )
+    activations: dict[str, list] = {name: [] for name in hooks}
+    for batch in batches:
+        for name in hooks:
+            activations[name].append(batch.activations[name])
+    columns = {name: torch.cat(parts) for name, parts in activations.items()}
+    sequences = [ids for ids in kept if len(ids) >= 2][:CE_MAX_SEQUENCES]
+    evaluations = []
+    for index, sae in enumerate(members):
+        job.check_cancel()
+        module = results[index].sae
+        inputs = columns[sae.hook_name]
+        chunk = (inputs, columns[sae.hook_name_out]) if sae.hook_name_out else inputs
+        result = evaluate_activations(module, [chunk], rows_per_step=evaluation_rows(sae.d_sae))
+        evaluation = {
+            **result.to_dict(),
+            "feature_density": result.feature_density,
+            "held_out_tokens": result.tokens,
+            "held_out_samples": len(kept),
+            "ce_loss_recovered": None,
+        }
+        if sequences:
+            ce = ce_loss_recovered(
+                loaded.model,
+                sequences,
+                hook_name=sae.feature_hook,
+                sae=module,
+                input_hook=sae.hook_name if sae.hook_name_out else None,
+                should_cancel=job.should_cancel,
+            )
+            evaluation |= {**ce.to_dict(), "ce_tokens": ce.tokens}
+        evaluations.append(evaluation)
+    return evaluations

@@ -18,6 +18,7 @@ from activations.services.caches import (
 )
 from activations.services.datasets import (
     DATASET_ERROR_STATUS,
+    DatasetReader,
     dataset_create_from_local,
     dataset_create_from_texts,
     dataset_create_from_upload,
@@ -45,6 +46,7 @@ from activations.services.extractions import (
 __all__ = [
     "DATASET_ERROR_STATUS",
     "STORAGE_DTYPES",
+    "DatasetReader",
     "cache_cleanup",
     "cache_cleanup_daily",
     "cache_delete",

@@ -152,6 +152,43 @@ def dataset_samples(dataset: Dataset, *, limit: int | None = None) -> list[str]:
     return samples
 
 
+class DatasetReader:
+    """The samples of a stored dataset by index range, read streaming from its JSON Lines file:
+    a range that starts where the last one stopped continues the open file, so a dataset larger
+    than memory is read once per pass, never held whole. Close it (or use it as a context)."""
+
+    def __init__(self, dataset: Dataset) -> None:
+        self.path = dataset.storage_path
+        self._handle = None
+        self._next = 0  # index of the sample the open file is at
+
+    def __call__(self, start: int, stop: int) -> list[str]:
+        if self._handle is None or start < self._next:
+            self.close()
+            self._handle = open(self.path, encoding="utf-8")  # noqa: SIM115  (kept open across calls)
+            self._next = 0
+        samples = []
+        for line in self._handle:
+            index = self._next
+            self._next += 1
+            if index >= start:
+                samples.append(json.loads(line)["text"])
+            if self._next >= stop:
+                break
+        return samples
+
+    def close(self) -> None:
+        if self._handle is not None:
+            self._handle.close()
+            self._handle = None
+
+    def __enter__(self) -> "DatasetReader":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+
 def dataset_update(*, dataset_id: str, actor, **changes: Any) -> Dataset:
     """Rename or share / unshare a dataset (``Dataset.OWNER_FIELDS``): ``actor`` must own it (or be
     an admin or the ``OPERATOR``), else 403 ``NOT_OWNER``."""

@@ -42,13 +42,17 @@ class TrainingCheckpoint:
     scaling: float
     # Training time before this checkpoint, over every process that trained it (downtime excluded).
     elapsed_seconds: float
-    # W_enc, W_dec, b_enc, b_dec as trained: in the scaled space, before fold_scaling.
+    # W_enc, W_dec, b_enc, b_dec (and a skip transcoder's W_skip) as trained: in the scaled
+    # space, before fold_scaling.
     parameters: dict[str, torch.Tensor]
     log_threshold: torch.Tensor | None  # jumprelu only
     # Adam's state per parameter, flattened: "<parameter>.exp_avg", ".exp_avg_sq", ".step".
     optimizer_state: dict[str, torch.Tensor]
     steps_since_fired: torch.Tensor
     history: list[dict[str, Any]]  # StepMetrics as dicts
+    # A transcoder's output width and the factor its targets were scaled by.
+    d_out: int | None = None
+    output_scaling: float | None = None
 
     def save(self, folder: Path) -> None:
         """Write the checkpoint into ``folder`` (created if need be), replacing the one there.
@@ -73,15 +77,15 @@ class TrainingCheckpoint:
             "scaling": self.scaling,
             "elapsed_seconds": self.elapsed_seconds,
             "history": self.history,
+            "d_out": self.d_out,
+            "output_scaling": self.output_scaling,
         }
         (folder / CHECKPOINT_DESCRIPTION).unlink(missing_ok=True)
-        _fsync_directory(folder)
+        fsync_directory(folder)
         metadata = {"format": str(CHECKPOINT_FORMAT), "step": str(self.step)}
         tensors = {name: tensor.detach().contiguous() for name, tensor in tensors.items()}
-        _replace_durably(
-            folder / CHECKPOINT_TENSORS, lambda path: save_file(tensors, path, metadata=metadata)
-        )
-        _replace_durably(
+        replace_durably(folder / CHECKPOINT_TENSORS, lambda path: save_file(tensors, path, metadata=metadata))
+        replace_durably(
             folder / CHECKPOINT_DESCRIPTION, lambda path: path.write_text(json.dumps(description))
         )
 
@@ -111,7 +115,11 @@ class TrainingCheckpoint:
             tokens=description["tokens"],
             scaling=description["scaling"],
             elapsed_seconds=description["elapsed_seconds"],
-            parameters={name: tensors[f"sae.{name}"] for name in SAE_PARAMETERS},
+            parameters={
+                name.removeprefix("sae."): tensor
+                for name, tensor in tensors.items()
+                if name.startswith("sae.")
+            },
             log_threshold=tensors.get("log_threshold"),
             optimizer_state={
                 name.removeprefix("adam."): tensor
@@ -120,12 +128,14 @@ class TrainingCheckpoint:
             },
             steps_since_fired=tensors["steps_since_fired"],
             history=description["history"],
+            d_out=description.get("d_out"),
+            output_scaling=description.get("output_scaling"),
         )
 
-    def check_continues(self, config: TrainingConfig, d_in: int) -> None:
+    def check_continues(self, config: TrainingConfig, d_in: int, d_out: int | None = None) -> None:
         """Raise ValueError unless this checkpoint was written by a training of ``config`` on
-        activations of width ``d_in``."""
-        expected = asdict(config)
+        activations of width ``d_in`` (and for a transcoder, targets of width ``d_out``)."""
+        expected = json.loads(json.dumps(asdict(config)))  # tuples as the json holds them: lists
         changed = sorted(
             key for key in expected.keys() | self.config.keys() if expected.get(key) != self.config.get(key)
         )
@@ -133,21 +143,24 @@ class TrainingCheckpoint:
             raise ValueError(
                 f"the checkpoint was written with another training config (differs in: {', '.join(changed)})"
             )
-        if self.d_in != d_in:
-            raise ValueError(f"the checkpoint was written for d_in {self.d_in}, not {d_in}")
+        if (self.d_in, self.d_out) != (d_in, d_out):
+            raise ValueError(
+                f"the checkpoint was written for d_in {self.d_in} and d_out {self.d_out}, "
+                f"not {d_in} and {d_out}"
+            )
 
 
-def _replace_durably(path: Path, write: Callable[[Path], object]) -> None:
+def replace_durably(path: Path, write: Callable[[Path], object]) -> None:
     """``write`` a temporary file beside ``path``, flush it to disk, and rename it over ``path``."""
     temporary = path.with_name(path.name + ".tmp")
     write(temporary)
     with open(temporary, "rb") as written:
         os.fsync(written.fileno())
     os.replace(temporary, path)
-    _fsync_directory(path.parent)
+    fsync_directory(path.parent)
 
 
-def _fsync_directory(folder: Path) -> None:
+def fsync_directory(folder: Path) -> None:
     """Make the renames and deletions in ``folder`` durable (a no-op where directories can't be opened)."""
     try:
         descriptor = os.open(folder, os.O_RDONLY)

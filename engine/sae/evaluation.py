@@ -172,6 +172,8 @@ def evaluate_activations(
 ) -> ActivationEvaluation:
     """Reconstruction metrics of ``sae`` on the rows of ``chunks`` (each [n, d_in], any float dtype
     and device; moved to the SAE's device and encoded in float32, ``rows_per_step`` rows at a time).
+    A transcoder's chunks are pairs (inputs [n, d_in], targets [n, d_out]): its output is compared
+    with the targets, and the explained variance is theirs.
 
     Only sums are kept between chunks, so any chunking of the same rows gives the same metrics
     (up to float rounding). ``should_cancel()`` is asked before every chunk
@@ -190,20 +192,26 @@ def evaluate_activations(
         for chunk in chunks:
             if should_cancel is not None and should_cancel():
                 raise EvaluationCancelled
-            if chunk.dim() != 2 or chunk.shape[1] != d_in:
+            inputs, targets = chunk if isinstance(chunk, tuple) else (chunk, chunk)
+            if inputs.dim() != 2 or inputs.shape[1] != d_in:
                 raise EvaluationError(
                     "WRONG_WIDTH",
-                    f"Activations must be [rows, {d_in}] for this SAE, got {list(chunk.shape)}.",
-                    {"expected": d_in, "shape": list(chunk.shape)},
+                    f"Activations must be [rows, {d_in}] for this SAE, got {list(inputs.shape)}.",
+                    {"expected": d_in, "shape": list(inputs.shape)},
                 )
-            for start in range(0, chunk.shape[0], rows_per_step):
-                x = chunk[start : start + rows_per_step].to(device=device, dtype=torch.float32)
+            for start in range(0, inputs.shape[0], rows_per_step):
+                x = inputs[start : start + rows_per_step].to(device=device, dtype=torch.float32)
+                y = targets[start : start + rows_per_step].to(device=device, dtype=torch.float32)
                 features = sae.encode(x)
                 fired = features > 0
-                squared_error += (sae.decode(features) - x).pow(2).sum(dtype=torch.float64)
+                reconstruction = sae.decode(features)
+                skip = sae.skip_path(x)
+                if skip is not None:
+                    reconstruction = reconstruction + skip
+                squared_error += (reconstruction - y).pow(2).sum(dtype=torch.float64)
                 fire_counts += fired.sum(0)
                 active += fired.sum()
-                moments.add(x)
+                moments.add(y)
     rows = moments.count
     if rows == 0:
         raise EvaluationError("NO_ACTIVATIONS", "There are no held-out activations to evaluate on.")
@@ -233,9 +241,14 @@ def ce_loss_recovered(
     sae: SparseAutoencoder,
     batch_size: int = 8,
     should_cancel: Callable[[], bool] | None = None,
+    input_hook: str | None = None,
 ) -> CeLossRecovered:
     """Next-token cross-entropy of causal LM ``model`` over ``sequences`` (token ids), clean, with
     ``sae``'s reconstruction spliced in at ``hook_name``, and with ``hook_name`` zero-ablated.
+
+    A transcoder names the hook point it reads, ``input_hook``: its output, computed from what
+    the model has there in the same pass, replaces ``hook_name`` (the MLP's output, say), and the
+    zero ablation zeroes ``hook_name`` alone.
 
     Each loss is the mean over every predicted position of every sequence (a sequence of ``L``
     tokens predicts ``L - 1``; shorter than 2 tokens, it is skipped). The SAE runs in float32 on
@@ -258,7 +271,7 @@ def ce_loss_recovered(
     predicted token, a sequence too long for the model, token ids outside its vocabulary, a hook
     whose width is not the SAE's ``d_in``, or a model without logits.
     """
-    sites = hook_sites(model, [hook_name])
+    sites = hook_sites(model, [hook_name] if input_hook is None else [input_hook, hook_name])
     kept = [index for index, ids in enumerate(sequences) if len(ids) >= 2]
     tokens = sum(len(sequences[index]) - 1 for index in kept)
     if tokens == 0:
@@ -286,7 +299,7 @@ def ce_loss_recovered(
         if "use_cache" in parameters:
             arguments["use_cache"] = False
         lengths = attention_mask.sum(-1).tolist()
-        edits = _edits(sae, arguments["attention_mask"].bool())
+        edits = _edits(sae, arguments["attention_mask"].bool(), output_hook=hook_name, input_hook=input_hook)
         with grad_free():
             for run, edit in edits.items():
                 logits = _logits(model, sites, edit, arguments)
@@ -301,19 +314,29 @@ def ce_loss_recovered(
     )
 
 
-def _edits(sae: SparseAutoencoder, real: torch.Tensor) -> dict[str, Callable[[str, Any], Any] | None]:
+def _edits(
+    sae: SparseAutoencoder, real: torch.Tensor, *, output_hook: str, input_hook: str | None
+) -> dict[str, Callable[[str, Any], Any] | None]:
     """The visitor of each run: none (clean), the SAE's reconstruction, zeros; the last two
-    replace the positions where ``real`` [batch, tokens] is true and leave the pads alone."""
+    replace the positions where ``real`` [batch, tokens] is true and leave the pads alone. A
+    transcoder's visitor keeps what it reads at ``input_hook`` for the output hook's splice."""
+    read: dict[str, torch.Tensor] = {}
 
     def at_real_tokens(value: torch.Tensor, replacement: torch.Tensor) -> torch.Tensor:
         mask = real.to(value.device).reshape(*real.shape, *([1] * (value.dim() - 2)))
         return torch.where(mask, replacement, value)
 
-    return {
-        "clean": None,
-        "sae": lambda name, value: at_real_tokens(value, _reconstruction(sae, value, name)),
-        "zero": lambda name, value: at_real_tokens(value, torch.zeros_like(value)),
-    }
+    def splice(name: str, value: torch.Tensor) -> torch.Tensor | None:
+        if name != output_hook:
+            read["input"] = value
+            return None
+        source = value if input_hook is None else read.pop("input")
+        return at_real_tokens(value, _reconstruction(sae, source, name).to(value.device, value.dtype))
+
+    def zero(name: str, value: torch.Tensor) -> torch.Tensor | None:
+        return at_real_tokens(value, torch.zeros_like(value)) if name == output_hook else None
+
+    return {"clean": None, "sae": splice, "zero": zero}
 
 
 def _check_sequences(model: Any, sequences: list[Sequence[int]]) -> None:
@@ -356,6 +379,8 @@ def _reconstruction(sae: SparseAutoencoder, value: torch.Tensor, name: str) -> t
             {"hook_width": int(value.shape[-1]), "d_in": sae.shape.d_in},
         )
     reconstruction = sae(value.to(device=sae.W_enc.device, dtype=torch.float32))
+    if reconstruction.shape[-1] != sae.shape.output_width:
+        raise EvaluationError("WRONG_WIDTH", f"{name}: the transcoder's output has the wrong width.")
     return reconstruction.to(device=value.device, dtype=value.dtype)
 
 

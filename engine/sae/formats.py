@@ -6,6 +6,15 @@
   ``sparsity.safetensors`` (log10 feature density). A BatchTopK SAE is written as the JumpReLU
   it is at inference (SAELens does the same). Configs of SAELens 5 and earlier (``hook_name`` and
   ``model_name`` at the top level, TopK as ``activation_fn_str``) are read too.
+* **Transcoders** in SAELens 6's inference classes: ``transcoder`` (ReLU), ``skip_transcoder``,
+  ``jumprelu_transcoder``, ``jumprelu_skip_transcoder``; ``d_out`` in cfg, ``hook_name_out`` in
+  its metadata, ``W_dec`` [d_sae, d_out], ``b_dec`` [d_out], ``W_skip`` [d_out, d_in], and
+  ``apply_b_dec_to_input`` false. SAELens has no TopK transcoder: one is written as ``topk`` with
+  ``d_out`` (miStudio reads it back; SAELens does not).
+* **circuit-tracer** (:func:`save_circuit_tracer`): one ``layer_{i}.safetensors`` per transcoder,
+  ``W_enc`` [d_sae, d_model] (transposed), ``W_dec``, ``b_enc``, ``b_dec``, ``W_skip`` and
+  ``activation_function.threshold`` for a JumpReLU, what ``circuit_tracer``'s
+  ``load_relu_transcoder`` reads.
 * **Gemma Scope**: ``params.npz`` with the same five arrays, a JumpReLU that does not subtract
   ``b_dec`` from its input.
 
@@ -37,6 +46,7 @@ from engine.inspection.sae_folders import (
     transformer_lens_hook_name,
 )
 from engine.sae.model import SaeShape, SparseAutoencoder
+from engine.sae_architectures import REGISTRY
 
 SPARSITY_FILENAME = "sparsity.safetensors"
 _TENSORS = ("W_enc", "W_dec", "b_enc", "b_dec")
@@ -49,7 +59,9 @@ __all__ = [
     "load_gemma_scope",
     "load_saelens",
     "mistudio_hook_name",
+    "save_circuit_tracer",
     "save_saelens",
+    "saved_architecture",
     "transformer_lens_hook_name",
 ]
 
@@ -62,12 +74,14 @@ def save_saelens(
     model_name: str,
     metadata: dict[str, Any] | None = None,
     log_feature_density: torch.Tensor | None = None,
+    hook_name_out: str | None = None,
 ) -> Path:
-    """Write ``sae`` as a SAELens folder (created if missing); returns it."""
+    """Write ``sae`` as a SAELens folder (created if missing); returns it. A transcoder names the
+    hook point it writes, ``hook_name_out``."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     shape = sae.shape
-    architecture = "jumprelu" if shape.architecture == "batchtopk" else shape.architecture
+    architecture = saved_architecture(shape)
     cfg: dict[str, Any] = {
         "architecture": architecture,
         "d_in": shape.d_in,
@@ -86,6 +100,9 @@ def save_saelens(
             **(metadata or {}),
         },
     }
+    if shape.is_transcoder:
+        cfg["d_out"] = shape.d_out
+        cfg["metadata"]["hook_name_out"] = transformer_lens_hook_name(hook_name_out or "")
     if architecture == "topk":
         cfg["k"] = shape.k
         cfg["rescale_acts_by_decoder_norm"] = False
@@ -94,6 +111,49 @@ def save_saelens(
         save_file({"sparsity": log_feature_density.detach().cpu().contiguous()}, folder / SPARSITY_FILENAME)
     (folder / CFG_FILENAME).write_text(json.dumps(cfg, indent=2))
     return folder
+
+
+# SAELens' transcoder architectures: (inference form, skip path) -> name.
+TRANSCODER_ARCHITECTURES = {
+    ("standard", False): "transcoder",
+    ("standard", True): "skip_transcoder",
+    ("jumprelu", False): "jumprelu_transcoder",
+    ("jumprelu", True): "jumprelu_skip_transcoder",
+}
+
+
+def saved_architecture(shape: SaeShape) -> str:
+    """The architecture SAELens loads ``shape`` as (BatchTopK and Matryoshka: the JumpReLU they
+    are at inference; a transcoder: SAELens' transcoder class of that form)."""
+    saved = REGISTRY[shape.architecture].saved_as
+    if shape.is_transcoder:
+        return TRANSCODER_ARCHITECTURES.get((saved, shape.skip), saved)
+    return saved
+
+
+def save_circuit_tracer(sae: SparseAutoencoder, folder: Path | str, *, layer: int) -> Path:
+    """Write transcoder ``sae`` as circuit-tracer's ``layer_{layer}.safetensors`` in ``folder``."""
+    shape = sae.shape
+    saved = REGISTRY[shape.architecture].saved_as
+    if not shape.is_transcoder or saved not in ("standard", "jumprelu"):
+        raise SaeFormatError(
+            "UNSUPPORTED_SAE", "circuit-tracer reads ReLU and JumpReLU transcoders (BatchTopK ones included)."
+        )
+    tensors = {
+        "W_enc": sae.W_enc.T,
+        "W_dec": sae.W_dec,
+        "b_enc": sae.b_enc,
+        "b_dec": sae.b_dec,
+    }
+    if sae.W_skip is not None:
+        tensors["W_skip"] = sae.W_skip
+    if saved == "jumprelu":
+        tensors["activation_function.threshold"] = sae.threshold
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"layer_{layer}.safetensors"
+    save_file({name: tensor.detach().cpu().contiguous() for name, tensor in tensors.items()}, path)
+    return path
 
 
 def load_saelens(folder: Path | str) -> tuple[SparseAutoencoder, dict[str, Any]]:
@@ -122,14 +182,21 @@ def load_saelens(folder: Path | str) -> tuple[SparseAutoencoder, dict[str, Any]]
                 {key: cfg[key]},
             )
     rescale = bool(cfg.get("rescale_acts_by_decoder_norm"))
+    transcoder = {name: form for form, name in TRANSCODER_ARCHITECTURES.items()}.get(architecture)
+    if transcoder is not None:
+        architecture = transcoder[0]
+    elif architecture == "topk" and cfg.get("d_out") is not None:  # miStudio's own TopK transcoder
+        transcoder = ("topk", "W_skip" in tensors)
     if architecture not in ("standard", "topk", "jumprelu") or (rescale and architecture != "topk"):
         raise SaeFormatError("UNSUPPORTED_SAE", f"Architecture {architecture!r} is not supported.")
     sae = _from_tensors(
         tensors,
         architecture=architecture,
         k=int(k) if architecture == "topk" and k else None,
-        apply_b_dec_to_input=bool(cfg.get("apply_b_dec_to_input", True)),
+        apply_b_dec_to_input=bool(cfg.get("apply_b_dec_to_input", True)) and transcoder is None,
         expected=(cfg.get("d_in"), cfg.get("d_sae")),
+        transcoder=transcoder is not None,
+        skip=bool(transcoder and transcoder[1]),
     )
     if rescale:
         # SAELens' TopK scales h by the decoder rows' norms and the features by their inverse, as
@@ -141,8 +208,10 @@ def load_saelens(folder: Path | str) -> tuple[SparseAutoencoder, dict[str, Any]]
             sae.W_dec.div_(norms[:, None])
     metadata = cfg.get("metadata") or {}
     hook_name = metadata.get("hook_name") or cfg.get("hook_name")
+    hook_name_out = metadata.get("hook_name_out")
     return sae, {
         "hook_name": mistudio_hook_name(hook_name) if hook_name else None,
+        "hook_name_out": mistudio_hook_name(hook_name_out) if hook_name_out else None,
         "model_name": metadata.get("model_name") or cfg.get("model_name"),
         "cfg": cfg,
     }
@@ -172,20 +241,28 @@ def _from_tensors(
     k: int | None,
     apply_b_dec_to_input: bool,
     expected: tuple[Any, Any],
+    transcoder: bool = False,
+    skip: bool = False,
 ) -> SparseAutoencoder:
-    needed = [*_TENSORS, *(["threshold"] if architecture == "jumprelu" else [])]
+    needed = [
+        *_TENSORS,
+        *(["threshold"] if architecture == "jumprelu" else []),
+        *(["W_skip"] if skip else []),
+    ]
     missing = [name for name in needed if name not in tensors]
     if missing:
         raise SaeFormatError("INVALID_SAE", f"Missing tensors: {', '.join(missing)}.", {"missing": missing})
-    if tensors["W_enc"].dim() != 2:
-        raise SaeFormatError("INVALID_SAE", "W_enc must be [d_in, d_sae].")
+    if tensors["W_enc"].dim() != 2 or tensors["b_dec"].dim() != 1:
+        raise SaeFormatError("INVALID_SAE", "W_enc must be [d_in, d_sae] and b_dec a vector.")
     d_in, d_sae = tensors["W_enc"].shape
+    d_out = int(tensors["b_dec"].shape[0]) if transcoder else d_in
     shapes = {
         "W_enc": (d_in, d_sae),
-        "W_dec": (d_sae, d_in),
+        "W_dec": (d_sae, d_out),
         "b_enc": (d_sae,),
-        "b_dec": (d_in,),
+        "b_dec": (d_out,),
         "threshold": (d_sae,),
+        "W_skip": (d_out, d_in),
     }
     wrong = [name for name in needed if tuple(tensors[name].shape) != shapes[name]]
     if wrong or any(
@@ -205,8 +282,11 @@ def _from_tensors(
         )
     try:
         sae = SparseAutoencoder(
-            SaeShape(architecture, d_in, d_sae, k, apply_b_dec_to_input=apply_b_dec_to_input)
-        )
+            SaeShape(
+                architecture, d_in, d_sae, k, apply_b_dec_to_input=apply_b_dec_to_input,
+                d_out=d_out if transcoder else None, skip=skip,
+            )
+        )  # fmt: skip
     except ValueError as error:
         raise SaeFormatError("INVALID_SAE", str(error)) from None
     with torch.no_grad():

@@ -9,8 +9,16 @@ from the input first (SAELens' ``apply_b_dec_to_input``, on by default; off for 
 * ``batchtopk``: in training, the ``k * rows`` largest over the whole batch; for inference it is
   a JumpReLU with one threshold learnt in training (what SAELens saves it as);
 * ``jumprelu``: ``relu(h) * (h > threshold)``, strictly greater;
+* ``matryoshka_batchtopk``: BatchTopK whose nested prefixes of the dictionary (the first
+  ``matryoshka_widths[i]`` features) are each trained to reconstruct on their own (Bussmann et
+  al. 2025, Nabeshima 2024); at inference a JumpReLU like ``batchtopk``;
 
 where ``h = (x - b_dec) @ W_enc + b_enc``. Decoding is ``f @ W_dec + b_dec``.
+
+A **transcoder** reads one hook point and predicts another (``d_out`` wide, typically the MLP's
+output from its input): ``b_dec`` lives in the output space, so it is not subtracted from the
+input, and a *skip* transcoder adds a linear path ``x @ W_skip.T`` (``W_skip`` [d_out, d_in],
+SAELens' ``SkipTranscoder``) to the decoded features.
 """
 
 from __future__ import annotations
@@ -20,9 +28,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-ARCHITECTURES: tuple[str, ...] = ("standard", "topk", "batchtopk", "jumprelu")
-# Architectures whose inference form has a per-feature threshold.
-THRESHOLDED: tuple[str, ...] = ("batchtopk", "jumprelu")
+from engine.sae_architectures import ARCHITECTURES, BATCH_WIDE, K_SPARSE, THRESHOLDED
 
 
 @dataclass(frozen=True)
@@ -35,12 +41,25 @@ class SaeShape:
     # Features kept per row (topk) or per row on average (batchtopk); None for the others.
     k: int | None = None
     apply_b_dec_to_input: bool = True
+    # A transcoder's output width (None: an SAE, which reconstructs its input) and skip path.
+    d_out: int | None = None
+    skip: bool = False
 
     def __post_init__(self) -> None:
         if self.architecture not in ARCHITECTURES:
             raise ValueError(f"architecture must be one of {', '.join(ARCHITECTURES)}")
-        if self.architecture in ("topk", "batchtopk") and not (self.k and 0 < self.k <= self.d_sae):
+        if self.architecture in K_SPARSE and not (self.k and 0 < self.k <= self.d_sae):
             raise ValueError(f"{self.architecture} needs 0 < k <= d_sae")
+        if self.skip and self.d_out is None:
+            raise ValueError("a skip connection needs a transcoder (d_out)")
+
+    @property
+    def is_transcoder(self) -> bool:
+        return self.d_out is not None
+
+    @property
+    def output_width(self) -> int:
+        return self.d_out if self.d_out is not None else self.d_in
 
 
 class SparseAutoencoder(nn.Module):
@@ -49,11 +68,12 @@ class SparseAutoencoder(nn.Module):
     def __init__(self, shape: SaeShape) -> None:
         super().__init__()
         self.shape = shape
-        d_in, d_sae = shape.d_in, shape.d_sae
+        d_in, d_sae, d_out = shape.d_in, shape.d_sae, shape.output_width
         self.W_enc = nn.Parameter(torch.zeros(d_in, d_sae))
-        self.W_dec = nn.Parameter(torch.zeros(d_sae, d_in))
+        self.W_dec = nn.Parameter(torch.zeros(d_sae, d_out))
         self.b_enc = nn.Parameter(torch.zeros(d_sae))
-        self.b_dec = nn.Parameter(torch.zeros(d_in))
+        self.b_dec = nn.Parameter(torch.zeros(d_out))
+        self.W_skip = nn.Parameter(torch.zeros(d_out, d_in)) if shape.skip else None
         # JumpReLU's threshold; for batchtopk the inference threshold (one value, repeated).
         self.threshold = nn.Parameter(torch.zeros(d_sae), requires_grad=False)
 
@@ -78,7 +98,7 @@ class SparseAutoencoder(nn.Module):
             return hidden_pre.relu()
         if architecture == "topk":
             return topk_activations(hidden_pre, self.shape.k)
-        if architecture == "batchtopk" and training:
+        if architecture in BATCH_WIDE and training:
             return batch_topk_activations(hidden_pre, self.shape.k)
         return jumprelu(hidden_pre, self.threshold)
 
@@ -98,14 +118,22 @@ class SparseAutoencoder(nn.Module):
             + self.b_dec
         )
 
+    def skip_path(self, x: torch.Tensor) -> torch.Tensor | None:
+        """A skip transcoder's linear term ``x @ W_skip.T``; None without one."""
+        return None if self.W_skip is None else x.to(self.W_skip.dtype) @ self.W_skip.T
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.decode(self.encode(x))
+        out = self.decode(self.encode(x))
+        skip = self.skip_path(x)
+        return out if skip is None else out + skip
 
     def tensors(self) -> dict[str, torch.Tensor]:
         """The parameters as SAELens stores them (``threshold`` only where it means something)."""
         names = ["W_enc", "W_dec", "b_enc", "b_dec"]
         if self.architecture in THRESHOLDED:
             names.append("threshold")
+        if self.W_skip is not None:
+            names.append("W_skip")
         return {name: getattr(self, name).detach().contiguous() for name in names}
 
 

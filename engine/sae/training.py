@@ -34,6 +34,7 @@ import torch
 
 from engine.sae.checkpoint import SAE_PARAMETERS, TrainingCheckpoint
 from engine.sae.model import SaeShape, SparseAutoencoder
+from engine.sae_architectures import BATCH_WIDE, K_SPARSE, REGISTRY, matryoshka_widths
 
 B_DEC_INITS: tuple[str, ...] = ("geometric_median", "mean", "zeros")
 
@@ -61,6 +62,23 @@ def default_expansion(d_in: int, training_tokens: int) -> int:
     while expansion > 1 and training_tokens < MIN_TOKENS_PER_FEATURE * expansion * d_in:
         expansion //= 2
     return expansion
+
+
+# Training from the model (issue 27): what a researcher picks at research scale. 16x and k = d_in/12
+# (64 for GPT-2 small's 768, 128 at most; 16 at least); enough tokens that each feature sees
+# LIVE_TOKENS_PER_FEATURE of them (GPT-2 small 16x: 49M tokens), within the bounds below.
+DEFAULT_LIVE_EXPANSION = 16
+LIVE_TOKENS_PER_FEATURE = 4000
+LIVE_TOKENS_BOUNDS = (1_000_000, 2_000_000_000)
+
+
+def default_live_k(d_in: int) -> int:
+    return max(16, min(128, round(d_in / 12)))
+
+
+def default_live_tokens(d_sae: int) -> int:
+    low, high = LIVE_TOKENS_BOUNDS
+    return max(low, min(high, LIVE_TOKENS_PER_FEATURE * d_sae))
 
 
 # A default training runs at least this many steps (several passes over a small cache): one pass
@@ -106,6 +124,10 @@ class TrainingConfig:
     # bench/sae.py), 1 for standard and jumprelu (their planted dictionaries are recovered better).
     decoder_init_norm: float | None = None
     seed: int = 0
+    # Matryoshka: the nested dictionary sizes (None: engine.sae_architectures.matryoshka_widths).
+    matryoshka_widths: tuple[int, ...] | None = None
+    # A transcoder with a linear skip path (W_skip).
+    skip: bool = False
 
     @property
     def total_steps(self) -> int:
@@ -134,6 +156,8 @@ class TrainedSae:
     steps: int
     tokens: int
     history: list[StepMetrics] = field(default_factory=list)
+    # A transcoder's target scaling factor (folded in too).
+    output_scaling_factor: float | None = None
 
 
 def geometric_median(points: torch.Tensor, *, iterations: int = 100, tolerance: float = 1e-6) -> torch.Tensor:
@@ -158,9 +182,14 @@ def initialised_sae(shape: SaeShape, config: TrainingConfig, sample: torch.Tenso
         decoder = (torch.rand(shape.d_sae, shape.d_in, generator=generator) * 2 - 1) * bound
         norm = config.decoder_init_norm
         if norm is None:
-            norm = 0.1 if shape.architecture in ("topk", "batchtopk") else 1.0
+            norm = REGISTRY[shape.architecture].decoder_init_norm
+        if shape.is_transcoder:  # W_dec [d_sae, d_out]: its own draw, the encoder as in SAELens
+            decoder = (torch.rand(shape.d_sae, shape.d_out, generator=generator) * 2 - 1) * bound
+            encoder = (torch.rand(shape.d_sae, shape.d_in, generator=generator) * 2 - 1) * bound
+            sae.W_enc.copy_((encoder / encoder.norm(dim=1, keepdim=True) * norm).T)
         sae.W_dec.copy_(decoder / decoder.norm(dim=1, keepdim=True) * norm)
-        sae.W_enc.copy_(sae.W_dec.T)
+        if not shape.is_transcoder:
+            sae.W_enc.copy_(sae.W_dec.T)
         if config.b_dec_init == "geometric_median":
             sae.b_dec.copy_(geometric_median(sample.float()))
         elif config.b_dec_init == "mean":
@@ -242,6 +271,222 @@ def _aux_k_loss(
     return scale * (aux_recon - residual).pow(2).sum(-1).mean()
 
 
+class SaeTrainer:
+    """One SAE (or transcoder) in training, stepped a batch at a time: what :func:`train` runs
+    for one SAE and :mod:`engine.sae.group` for many fed by the same batches.
+
+    ``sample`` (rows of the input activations; for a transcoder ``sample_out``, the same rows'
+    targets) sets the scaling factors and ``b_dec``. ``resume`` continues a checkpoint of the
+    same config and widths instead (the scaling and ``b_dec`` then come from it). The SAE lives
+    on ``device``; the checkpoints and the result are on the CPU.
+    """
+
+    def __init__(
+        self,
+        config: TrainingConfig,
+        *,
+        d_in: int,
+        sample: torch.Tensor,
+        d_out: int | None = None,
+        sample_out: torch.Tensor | None = None,
+        resume: TrainingCheckpoint | None = None,
+        device: str = "cpu",
+    ) -> None:
+        self.config, self.d_in, self.d_out, self.device = config, d_in, d_out, device
+        architecture = self.architecture = config.architecture
+        torch.manual_seed(config.seed)
+        shape = SaeShape(
+            architecture, d_in, config.d_sae, config.k, apply_b_dec_to_input=d_out is None,
+            d_out=d_out, skip=config.skip,
+        )  # fmt: skip
+        self.widths = (
+            matryoshka_widths(config.d_sae, config.matryoshka_widths)
+            if architecture == "matryoshka_batchtopk"
+            else ()
+        )
+        if resume is None:
+            sample = sample.float()
+            self.scaling = _scaling(config, sample)
+            if d_out is None:
+                self.output_scaling = None
+                sae = initialised_sae(shape, config, sample * self.scaling)
+            else:
+                target = sample_out.float()
+                self.output_scaling = _scaling(config, target)
+                sae = initialised_sae(shape, config, target * self.output_scaling)
+        else:
+            resume.check_continues(config, d_in, d_out)
+            self.scaling, self.output_scaling = resume.scaling, resume.output_scaling
+            sae = SparseAutoencoder(shape)
+            with torch.no_grad():
+                for name in _trained_parameters(sae):
+                    getattr(sae, name).copy_(resume.parameters[name])
+        self.sae = sae = sae.to(device)
+        self.log_threshold = None
+        self.parameters = {name: getattr(sae, name) for name in _trained_parameters(sae)}
+        if architecture == "jumprelu":
+            initial = resume.log_threshold if resume is not None else sae.threshold.detach().log()
+            self.log_threshold = torch.nn.Parameter(initial.clone().to(device))
+            self.parameters["log_threshold"] = self.log_threshold
+        self.optimizer = torch.optim.Adam(list(self.parameters.values()), lr=config.lr, betas=(0.9, 0.999))
+        self.steps_since_fired = torch.zeros(config.d_sae, dtype=torch.long, device=device)
+        self.history: list[StepMetrics] = []
+        self.tokens = self.step_count = 0
+        self.elapsed_before = 0.0  # training seconds spent by the processes before this one
+        self.seconds = 0.0  # spent stepping in this process
+        if resume is not None:
+            self.optimizer.load_state_dict(
+                _adam_state_dict(self.optimizer, list(self.parameters), resume.optimizer_state)
+            )
+            self.steps_since_fired = resume.steps_since_fired.clone().to(device)
+            self.history = [StepMetrics(**metrics) for metrics in resume.history]
+            self.step_count, self.tokens = resume.step, resume.tokens
+            self.elapsed_before = resume.elapsed_seconds
+
+    @property
+    def done(self) -> bool:
+        return self.step_count >= self.config.total_steps
+
+    def step(self, batch: torch.Tensor, target: torch.Tensor | None = None) -> StepMetrics:
+        """One optimisation step on ``batch`` [rows, d_in] (a transcoder's ``target`` [rows, d_out]
+        beside it); returns its metrics (also appended to ``history``)."""
+        started = time.perf_counter()
+        config, sae, architecture = self.config, self.sae, self.architecture
+        x = batch.to(self.device, non_blocking=True).float() * self.scaling
+        y = x if target is None else target.to(self.device, non_blocking=True).float() * self.output_scaling
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr = _learning_rate(config, self.step_count)
+        hidden_pre = sae.pre_activations(x)
+        skip = sae.skip_path(x)
+        sparsity = aux = x.new_zeros(())
+        if architecture == "jumprelu":
+            threshold = self.log_threshold.exp()
+            features = _JumpReLUFunction.apply(hidden_pre, threshold, config.jumprelu_bandwidth)
+            l0 = _StepFunction.apply(hidden_pre, threshold, config.jumprelu_bandwidth).sum(-1)
+            sparsity = config.l0_coefficient * l0.mean()
+        if architecture == "topk":  # k per row: decoded sparsely, never made dense
+            values, indices = hidden_pre.topk(config.k, dim=-1, sorted=False)
+            values = values.relu()
+            recon = sae.decode_sparse(values, indices)
+            active_per_row = (values > 0).sum(-1)
+        else:
+            if architecture != "jumprelu":
+                features = sae.activate(hidden_pre, training=True)
+            recon = sae.decode(features)
+            active_per_row = (features > 0).sum(-1)
+        if skip is not None:
+            recon = recon + skip
+        mse = (recon - y).pow(2).sum(-1).mean()
+        reconstruction_loss = mse
+        if self.widths:  # every smaller prefix of the dictionary reconstructs on its own too
+            for width in self.widths[:-1]:
+                prefix = features[:, :width] @ sae.W_dec[:width] + sae.b_dec
+                if skip is not None:
+                    prefix = prefix + skip
+                reconstruction_loss = reconstruction_loss + (prefix - y).pow(2).sum(-1).mean()
+        dead = self.steps_since_fired >= config.dead_after_steps
+        if architecture == "standard":
+            sparsity = config.l1_coefficient * (features * sae.W_dec.norm(dim=1)).sum(-1).mean()
+        elif architecture in K_SPARSE:
+            aux = config.aux_coefficient * _aux_k_loss(sae, y, recon, hidden_pre, dead)
+        loss = reconstruction_loss + sparsity + aux
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optimizer.step()
+
+        with torch.no_grad():
+            if architecture != "standard":
+                sae.W_dec.div_(sae.W_dec.norm(dim=1, keepdim=True).clamp(min=1e-8))
+            if architecture == "topk":
+                fired = torch.zeros_like(self.steps_since_fired, dtype=torch.bool).index_fill_(
+                    0, indices[values > 0], True
+                )
+            else:
+                fired = (features > 0).any(0)
+            self.steps_since_fired = torch.where(fired, 0, self.steps_since_fired + 1)
+            total_variance = float((y - y.mean(0)).pow(2).sum())
+            residual = float((y - recon).pow(2).sum())
+        self.step_count += 1
+        self.tokens += len(batch)
+        self.seconds += time.perf_counter() - started
+        metrics = StepMetrics(
+            step=self.step_count,
+            tokens=self.tokens,
+            mse=float(mse.detach()),
+            sparsity_loss=float(sparsity.detach()),
+            aux_loss=float(aux.detach()),
+            l0=float(active_per_row.float().mean()),
+            explained_variance=1 - residual / total_variance if total_variance > 0 else 0.0,
+            dead=int((self.steps_since_fired >= config.dead_after_steps).sum()),
+            lr=lr,
+            tokens_per_second=self.tokens / max(self.elapsed_seconds, 1e-9),
+        )
+        self.history.append(metrics)
+        return metrics
+
+    @property
+    def elapsed_seconds(self) -> float:
+        """Training time so far, over every process that trained this SAE."""
+        return self.elapsed_before + self.seconds
+
+    def checkpoint(self) -> TrainingCheckpoint:
+        adam_state = self.optimizer.state_dict()["state"]
+        log_threshold = self.log_threshold
+        return TrainingCheckpoint(
+            config=asdict(self.config),
+            d_in=self.d_in,
+            step=self.step_count,
+            tokens=self.tokens,
+            scaling=self.scaling,
+            elapsed_seconds=self.elapsed_seconds,
+            parameters={
+                name: getattr(self.sae, name).detach().cpu().clone() for name in _trained_parameters(self.sae)
+            },
+            log_threshold=log_threshold.detach().cpu().clone() if log_threshold is not None else None,
+            optimizer_state={
+                f"{name}.{key}": value.cpu().clone()
+                for index, name in enumerate(self.parameters)
+                for key, value in adam_state[index].items()
+            },
+            steps_since_fired=self.steps_since_fired.cpu().clone(),
+            history=[asdict(metrics) for metrics in self.history],
+            d_out=self.d_out,
+            output_scaling=self.output_scaling,
+        )
+
+    def finish(self, sample: torch.Tensor) -> TrainedSae:
+        """The trained SAE on the CPU, taking and giving raw activations: JumpReLU's threshold set,
+        the batch-wide architectures' inference threshold taken on ``sample`` (input rows), the
+        scaling folded in."""
+        sae = self.sae
+        with torch.no_grad():
+            if self.log_threshold is not None:
+                sae.threshold.copy_(self.log_threshold.exp())
+            if self.architecture in BATCH_WIDE:
+                scaled = sample.to(self.device).float() * self.scaling
+                sae.threshold.fill_(batch_topk_threshold(sae, scaled, self.config.k))
+            fold_scaling(sae, self.scaling, self.output_scaling)
+        return TrainedSae(
+            sae=sae.cpu(),
+            scaling_factor=self.scaling,
+            steps=self.step_count,
+            tokens=self.tokens,
+            history=self.history,
+            output_scaling_factor=self.output_scaling,
+        )
+
+
+def _scaling(config: TrainingConfig, sample: torch.Tensor) -> float:
+    """The factor that gives ``sample``'s rows a mean norm of sqrt(width) (1 when not normalising)."""
+    if not config.normalize_activations:
+        return 1.0
+    return math.sqrt(sample.shape[1]) / float(sample.norm(dim=1).mean())
+
+
+def _trained_parameters(sae: SparseAutoencoder) -> list[str]:
+    return [*SAE_PARAMETERS, *(["W_skip"] if sae.W_skip is not None else [])]
+
+
 def train(
     batches: Iterable[torch.Tensor],
     *,
@@ -279,135 +524,20 @@ def train(
         raise ValueError("checkpoint_every_steps must be >= 0")
     if checkpoint_every_steps and on_checkpoint is None:
         raise ValueError("checkpoint_every_steps needs an on_checkpoint to hand the checkpoints to")
-    torch.manual_seed(config.seed)
-    shape = SaeShape(config.architecture, d_in, config.d_sae, config.k)
-    architecture = config.architecture
-    if resume is None:
-        sample = sample.float()
-        scaling = math.sqrt(d_in) / float(sample.norm(dim=1).mean()) if config.normalize_activations else 1.0
-        sae = initialised_sae(shape, config, sample * scaling)
-    else:
-        resume.check_continues(config, d_in)
-        scaling = resume.scaling
-        sae = SparseAutoencoder(shape)
-        with torch.no_grad():
-            for name in SAE_PARAMETERS:
-                getattr(sae, name).copy_(resume.parameters[name])
-    sae = sae.to(device)
-    log_threshold = None
-    parameters = {name: getattr(sae, name) for name in SAE_PARAMETERS}
-    if architecture == "jumprelu":
-        initial = resume.log_threshold if resume is not None else sae.threshold.detach().log()
-        log_threshold = parameters["log_threshold"] = torch.nn.Parameter(initial.clone().to(device))
-    optimizer = torch.optim.Adam(list(parameters.values()), lr=config.lr, betas=(0.9, 0.999))
-    steps_since_fired = torch.zeros(config.d_sae, dtype=torch.long, device=device)
-    history: list[StepMetrics] = []
-    tokens = step = 0
-    elapsed_before = 0.0  # training seconds spent by the processes before this one
+    trainer = SaeTrainer(config, d_in=d_in, sample=sample, resume=resume, device=device)
     batches = iter(batches)
     if resume is not None:
-        optimizer.load_state_dict(_adam_state_dict(optimizer, list(parameters), resume.optimizer_state))
-        steps_since_fired = resume.steps_since_fired.clone().to(device)
-        history = [StepMetrics(**metrics) for metrics in resume.history]
-        step, tokens, elapsed_before = resume.step, resume.tokens, resume.elapsed_seconds
         _skip_trained_batches(batches, steps=resume.step, tokens=resume.tokens)
-    started = time.perf_counter()
-
-    def checkpoint() -> TrainingCheckpoint:
-        adam_state = optimizer.state_dict()["state"]
-        return TrainingCheckpoint(
-            config=asdict(config),
-            d_in=d_in,
-            step=step,
-            tokens=tokens,
-            scaling=scaling,
-            elapsed_seconds=elapsed_before + time.perf_counter() - started,
-            parameters={name: getattr(sae, name).detach().cpu().clone() for name in SAE_PARAMETERS},
-            log_threshold=log_threshold.detach().cpu().clone() if log_threshold is not None else None,
-            optimizer_state={
-                f"{name}.{key}": value.cpu().clone()
-                for index, name in enumerate(parameters)
-                for key, value in adam_state[index].items()
-            },
-            steps_since_fired=steps_since_fired.cpu().clone(),
-            history=[asdict(metrics) for metrics in history],
-        )
-
     for batch in batches:
-        if step >= config.total_steps or (should_cancel is not None and should_cancel()):
+        if trainer.done or (should_cancel is not None and should_cancel()):
             break
-        x = batch.to(device, non_blocking=True).float() * scaling
-        for group in optimizer.param_groups:
-            group["lr"] = lr = _learning_rate(config, step)
-        hidden_pre = sae.pre_activations(x)
-        sparsity = aux = x.new_zeros(())
-        if architecture == "jumprelu":
-            threshold = log_threshold.exp()
-            features = _JumpReLUFunction.apply(hidden_pre, threshold, config.jumprelu_bandwidth)
-            l0 = _StepFunction.apply(hidden_pre, threshold, config.jumprelu_bandwidth).sum(-1)
-            sparsity = config.l0_coefficient * l0.mean()
-        if architecture == "topk":  # k per row: decoded sparsely, never made dense
-            values, indices = hidden_pre.topk(config.k, dim=-1, sorted=False)
-            values = values.relu()
-            recon = sae.decode_sparse(values, indices)
-            active_per_row = (values > 0).sum(-1)
-        else:
-            if architecture != "jumprelu":
-                features = sae.activate(hidden_pre, training=True)
-            recon = sae.decode(features)
-            active_per_row = (features > 0).sum(-1)
-        mse = (recon - x).pow(2).sum(-1).mean()
-        dead = steps_since_fired >= config.dead_after_steps
-        if architecture == "standard":
-            sparsity = config.l1_coefficient * (features * sae.W_dec.norm(dim=1)).sum(-1).mean()
-        elif architecture in ("topk", "batchtopk"):
-            aux = config.aux_coefficient * _aux_k_loss(sae, x, recon, hidden_pre, dead)
-        loss = mse + sparsity + aux
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-
-        with torch.no_grad():
-            if architecture != "standard":
-                sae.W_dec.div_(sae.W_dec.norm(dim=1, keepdim=True).clamp(min=1e-8))
-            if architecture == "topk":
-                fired = torch.zeros_like(steps_since_fired, dtype=torch.bool).index_fill_(
-                    0, indices[values > 0], True
-                )
-            else:
-                fired = (features > 0).any(0)
-            steps_since_fired = torch.where(fired, 0, steps_since_fired + 1)
-            centred = x - x.mean(0)
-            total_variance = float(centred.pow(2).sum())
-            residual = float((x - recon).pow(2).sum())
-        step += 1
-        tokens += len(batch)
-        metrics = StepMetrics(
-            step=step,
-            tokens=tokens,
-            mse=float(mse.detach()),
-            sparsity_loss=float(sparsity.detach()),
-            aux_loss=float(aux.detach()),
-            l0=float(active_per_row.float().mean()),
-            explained_variance=1 - residual / total_variance if total_variance > 0 else 0.0,
-            dead=int((steps_since_fired >= config.dead_after_steps).sum()),
-            lr=lr,
-            tokens_per_second=tokens / max(elapsed_before + time.perf_counter() - started, 1e-9),
-        )
-        history.append(metrics)
+        metrics = trainer.step(batch)
         if on_step is not None:
             on_step(metrics)
-        if checkpoint_every_steps and step % checkpoint_every_steps == 0 and step < config.total_steps:
-            on_checkpoint(checkpoint())
-
-    with torch.no_grad():
-        if log_threshold is not None:
-            sae.threshold.copy_(log_threshold.exp())
-        if architecture == "batchtopk":
-            sae.threshold.fill_(batch_topk_threshold(sae, sample.to(device).float() * scaling, config.k))
-        fold_scaling(sae, scaling)
-    sae = sae.cpu()
-    return TrainedSae(sae=sae, scaling_factor=scaling, steps=step, tokens=tokens, history=history)
+        step = trainer.step_count
+        if checkpoint_every_steps and step % checkpoint_every_steps == 0 and not trainer.done:
+            on_checkpoint(trainer.checkpoint())
+    return trainer.finish(sample)
 
 
 def batch_topk_threshold(sae: SparseAutoencoder, x: torch.Tensor, k: int) -> float:
@@ -452,13 +582,18 @@ def _skip_trained_batches(batches: Iterator[torch.Tensor], *, steps: int, tokens
         )
 
 
-def fold_scaling(sae: SparseAutoencoder, scaling: float) -> None:
+def fold_scaling(sae: SparseAutoencoder, scaling: float, output_scaling: float | None = None) -> None:
     """Make ``sae``, trained on activations times ``scaling``, take and give raw activations:
-    ``h = (x s - b) W + c = (x - b/s)(s W) + c`` and ``(f V + b) / s = f (V/s) + b/s``."""
+    ``h = (x s - b) W + c = (x - b/s)(s W) + c`` and ``(f V + b) / s = f (V/s) + b/s``. A
+    transcoder's targets were scaled by ``output_scaling`` t instead: ``(f V + b + x s S) / t``
+    gives ``V/t``, ``b/t`` and ``W_skip`` times ``s/t``."""
+    out = scaling if output_scaling is None else output_scaling
     with torch.no_grad():
         sae.W_enc.mul_(scaling)
-        sae.W_dec.div_(scaling)
-        sae.b_dec.div_(scaling)
+        sae.W_dec.div_(out)
+        sae.b_dec.div_(out)
+        if sae.W_skip is not None:
+            sae.W_skip.mul_(scaling / out)
 
 
 def explained_variance(sae: SparseAutoencoder, x: torch.Tensor) -> float:
@@ -478,6 +613,7 @@ def l0(sae: SparseAutoencoder, x: torch.Tensor) -> float:
 
 __all__ = [
     "B_DEC_INITS",
+    "SaeTrainer",
     "StepMetrics",
     "TrainedSae",
     "TrainingCheckpoint",
@@ -485,6 +621,8 @@ __all__ = [
     "default_dead_after_steps",
     "default_expansion",
     "default_k",
+    "default_live_k",
+    "default_live_tokens",
     "default_total_tokens",
     "explained_variance",
     "fold_scaling",

@@ -230,9 +230,15 @@ def test_sublayer_outputs_add_up_to_the_residual_stream(family, family_runs):
     for layer in range(num_layers(model)):
         block_path = f"{_blocks_path(model)}.{layer}"
         block = model.get_submodule(block_path)
-        pre, attn, mlp, post = (
+        pre, attn, mlp_in, mlp, post = (
             _per_sample(batches, f"blocks.{layer}.{hook}")
-            for hook in ("hook_resid_pre", "hook_attn_out", "hook_mlp_out", "hook_resid_post")
+            for hook in (
+                "hook_resid_pre",
+                "hook_attn_out",
+                "ln2.hook_normalized",
+                "hook_mlp_out",
+                "hook_resid_post",
+            )
         )
         for sample, ids in enumerate(tokenized):
             if family == "bert":
@@ -241,6 +247,7 @@ def test_sublayer_outputs_add_up_to_the_residual_stream(family, family_runs):
                     middle = block.attention.output.LayerNorm(attn[sample] + pre[sample])
                     expected = block.output.LayerNorm(mlp[sample] + middle)
                 torch.testing.assert_close(post[sample], expected, atol=ATOL, rtol=0)
+                torch.testing.assert_close(mlp_in[sample], middle, atol=ATOL, rtol=0)
                 continue
             torch.testing.assert_close(
                 pre[sample] + attn[sample] + mlp[sample], post[sample], atol=ATOL, rtol=0
@@ -253,6 +260,8 @@ def test_sublayer_outputs_add_up_to_the_residual_stream(family, family_runs):
             torch.testing.assert_close(
                 inputs[f"{block_path}.{mlp_name}"][0], expected_input, atol=ATOL, rtol=0
             )
+            # The MLP's input hook (a transcoder's usual input) is that normed stream.
+            torch.testing.assert_close(mlp_in[sample], expected_input, atol=ATOL, rtol=0)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -418,7 +427,7 @@ def test_layers_shorthand_and_duplicates(load_tiny):
 def test_hook_point_listing_and_depths(load_tiny):
     gpt2 = load_tiny("gpt2").model
     points = {point.name: point for point in list_hook_points(gpt2)}
-    assert len(points) == 1 + 5 * 2 + 1
+    assert len(points) == 1 + 6 * 2 + 1
     assert points["blocks.1.mlp.hook_post"].width == 256 and points["blocks.1.mlp.hook_post"].layer == 1
     assert points["blocks.1.hook_attn_out"].width == 64 and points["hook_embed"].layer is None
     assert family_of(gpt2) == "gpt2" and family_of(load_tiny("mistral").model) == "mistral"

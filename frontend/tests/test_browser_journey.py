@@ -3,8 +3,8 @@ sign in → add a tiny local model → load it (the badge turns "ready" without 
 activations (progress reaches 100 % and the cache appears) → open the activation browser (the
 top-tokens list shows) → the playground streams text → and then the research path on every
 default: extract the middle block (the picked hook, the default length), train an SAE (nothing
-typed), analyse it, open its densest feature, steer with it and sweep its strength, patch, export
-→ sign out.
+typed), analyse it, open its densest feature, steer with it and sweep its strength, patch, export,
+train a group of SAEs straight from the model and compare them → sign out.
 
 The other browser modules test each page in depth; this one proves the pages connect."""
 
@@ -177,3 +177,22 @@ def research_path_on_defaults(page, site, model, dataset) -> None:
     with page.expect_download() as download:
         page.click("#export-sae")
     assert download.value.suggested_filename == f"{sae.id}.tar"
+
+    # A group straight from the model: two hooks x two variants from one forward pass, compared.
+    page.goto(site.url("/saes/"))
+    page.click("#new-group-link")
+    page.wait_for_url(site.url("/saes/groups/new/"))
+    page.select_option("#group-model", model.id)
+    expect(page.locator("#group-suggestion")).to_contain_text("k 16")  # d_in 64: k at its floor
+    page.select_option("#group-dataset", dataset.id)
+    page.fill("#group-hooks", "blocks.0.hook_resid_post blocks.1.hook_resid_post")
+    page.fill("#group-variants", "k=8\nk=16")
+    page.fill("#group-expansion", "2")
+    page.fill("#group-batch", "512")
+    page.fill("#group-tokens", "10240")
+    page.click("#group-submit")
+    page.wait_for_url(re.compile(r"/saes/groups/grp_\w+/$"))
+    expect(page.locator('[data-testid="group-status"]')).to_have_text("completed", timeout=LIVE_TIMEOUT_MS)
+    expect(page.locator("#group-members tbody tr")).to_have_count(4)
+    expect(page.locator('[data-chart="explained_variance"] circle.dot')).to_have_count(4)
+    expect(page.locator('[data-chart="ce_loss_recovered"] circle.dot')).to_have_count(4)

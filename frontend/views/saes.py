@@ -24,6 +24,7 @@ from rest_framework.exceptions import ValidationError
 from activations import selectors as activation_selectors
 from activations.models import ActivationCache
 from engine.sae import default_expansion, default_total_tokens
+from engine.sae_architectures import K_SPARSE, REGISTRY
 from features.selectors import analysed_sae_ids
 from frontend.access import reader_required, sae_or_404, writer_refusal
 from frontend.charts import line_chart_svg
@@ -37,18 +38,13 @@ from saes.models import ARCHITECTURES, SparseAutoencoder
 
 # The training form's fields that apply to some architectures only (left out of the request otherwise).
 ARCHITECTURE_FIELDS = {
-    "k": ("topk", "batchtopk"),
+    "k": K_SPARSE,
     "l1_coefficient": ("standard",),
     "l0_coefficient": ("jumprelu",),
 }
 # The form field an error of the training service is about, shown under it as well.
 ERROR_FIELDS = {"INVALID_HOOK": "hook", "CACHE_NOT_FOUND": "cache_id", "CACHE_NOT_READY": "cache_id"}
-ARCHITECTURE_LABELS = {
-    "topk": "TopK",
-    "batchtopk": "BatchTopK",
-    "jumprelu": "JumpReLU",
-    "standard": "Standard (ReLU + L1)",
-}
+ARCHITECTURE_LABELS = {name: architecture.label for name, architecture in REGISTRY.items()}
 TRAIN_DEFAULTS = {
     "architecture": "topk",
     "expansion_factor": "",
@@ -198,6 +194,7 @@ def list_context(request, *, train_values=None, train_errors=None, import_values
         "import_formats": IMPORT_FORMATS,
         "models": model_list(user=request.user).order_by("name"),
         "open_import": bool(import_errors),
+        "sae_groups": selectors.group_list(user=request.user).prefetch_related("members")[:20],
     }
 
 

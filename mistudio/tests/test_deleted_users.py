@@ -25,7 +25,7 @@ from features.models import FeatureAnalysis, FeatureLabel
 from generation.models import Generation
 from mistudio.access import _VISIBILITY, DELETED_USERS_ACCOUNT, may_see, owned_models
 from models_app.models import LanguageModel
-from saes.models import SaeEvaluation, SparseAutoencoder
+from saes.models import SaeEvaluation, SaeGroup, SparseAutoencoder
 from steering.models import SteeringVector
 
 pytestmark = pytest.mark.django_db
@@ -103,7 +103,9 @@ def rows_of(user, olga) -> dict[type[Model], list[Model]]:
         model=olga["model"], hook_name=HOOK, width=64, status="completed", owner=user, shared=True,
         positive_dataset=dataset, negative_dataset=dataset,
     )  # fmt: skip
+    group = SaeGroup.objects.create(model=model, dataset=dataset, status="completed", owner=user, shared=True)
     return {
+        SaeGroup: [group],
         LanguageModel: [model],
         Dataset: [dataset],
         ActivationCache: [cache],

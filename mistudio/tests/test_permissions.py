@@ -24,7 +24,7 @@ from features.models import Feature, FeatureAnalysis
 from generation.models import Generation
 from models_app.models import LanguageModel
 from models_app.services import model_register
-from saes.models import SparseAutoencoder
+from saes.models import SaeGroup, SparseAutoencoder
 from steering.models import SteeringVector
 from steering.services import vector_store
 
@@ -84,6 +84,9 @@ MATRIX: dict[str, dict[str, tuple]] = {
     "api/activation-caches/{cache}/top-k": {"GET": OWNER_READS},
     "api/saes": {"GET": ANY_READER, "POST": WRITERS},
     "api/saes/import": {"POST": WRITERS},
+    "api/saes/groups": {"GET": ANY_READER, "POST": WRITERS},
+    "api/saes/groups/{group}": {"GET": OWNER_READS, "PATCH": OWNER_CHANGES},
+    "api/saes/groups/{group}/cancel": {"POST": OWNER_CHANGES},
     "api/saes/{sae}": {"GET": OWNER_READS, "PATCH": OWNER_CHANGES, "DELETE": OWNER_CHANGES},
     "api/steering-vectors": {"GET": ANY_READER, "POST": WRITERS},
     "api/steering-vectors/import": {"POST": WRITERS},
@@ -125,6 +128,8 @@ MATRIX: dict[str, dict[str, tuple]] = {
     "activations/{cache}/": {"GET": OWNER_PAGE},
     "saes/": {"GET": PAGE, "POST": PAGE_WRITERS},
     "saes/import/": {"POST": PAGE_WRITERS},
+    "saes/groups/new/": {"GET": PAGE, "POST": PAGE_WRITERS},
+    "saes/groups/{group}/": {"GET": OWNER_PAGE, "POST": OWNER_PAGE_CHANGES},
     "saes/{sae}/": {"GET": OWNER_PAGE, "POST": OWNER_PAGE_CHANGES},
     "saes/{sae}/analyses/": {"POST": OWNER_PAGE_CHANGES},  # run or cancel a feature analysis
     "saes/{sae}/features/": {"GET": OWNER_PAGE},
@@ -149,6 +154,7 @@ PLACEHOLDERS = {
     "cache_id": "{cache}",
     "generation_id": "{generation}",
     "sae_id": "{sae}",
+    "group_id": "{group}",
     "analysis_id": "{analysis}",
     "index": "{index}",
     "vector_id": "{vector}",
@@ -212,6 +218,7 @@ def owned_rows(owner, folder) -> dict[str, str]:
         model=model, cache=cache, hook_name="blocks.0.hook_resid_post", architecture="topk", d_in=64,
         d_sae=256, k=8, status="completed", owner=owner,
     )  # fmt: skip
+    group = SaeGroup.objects.create(model=model, dataset=dataset, status="completed", owner=owner)
     analysis = FeatureAnalysis.objects.create(sae=sae, cache=cache, status="completed", owner=owner)
     Feature.objects.create(analysis=analysis, index=5, density=0.1, max_activation=1, mean_activation=0.5)
     vector = SteeringVector.objects.create(
@@ -228,6 +235,7 @@ def owned_rows(owner, folder) -> dict[str, str]:
         "{cache}": cache.id,
         "{generation}": generation.id,
         "{sae}": sae.id,
+        "{group}": group.id,
         "{unmatched}": "no/such/endpoint",
     }
 

@@ -91,3 +91,33 @@ def test_command_errors_are_clear(planted_cache):
     with pytest.raises(CommandError, match="No completed SAE"):
         run("export_sae", "sae_missing", "/tmp/nowhere")
     assert "No SAEs yet" in run("list_saes")
+
+
+def test_train_sae_group_from_the_command_line(tiny_model):
+    from activations.models import Dataset
+    from activations.services import dataset_create_from_texts
+    from saes.models import SaeGroup
+
+    texts = [f"sample number {index} says something about cats and dogs" for index in range(40)]
+    dataset = dataset_create_from_texts(name="cli", texts=texts, owner=None, source=Dataset.Source.BUILTIN)
+    queued = run(
+        "train_sae_group", tiny_model.id, dataset.id, "--hooks", "blocks.0.hook_resid_post",
+        "--transcoder", "blocks.1.ln2.hook_normalized -> blocks.1.hook_mlp_out", "--variant", "k=4",
+        "--variant", "k=8", "--expansion", "2", "--batch-size", "64", "--tokens", "256", "--no-wait",
+    )  # fmt: skip
+    group = SaeGroup.objects.get()
+    assert queued == f"SAE group {group.id} queued (4 members)\n"
+    with pytest.raises(CommandError, match="input hook -> output hook"):
+        run("train_sae_group", tiny_model.id, dataset.id, "--transcoder", "only-one-hook", "--no-wait")
+    run_worker(name="cli-worker", device="cpu", burst=True)
+    group.refresh_from_db()
+    assert group.status == "completed", group.error_message
+    # Waiting on a finished group prints its comparison table.
+    table = io.StringIO()
+    from saes.management.commands.train_sae_group import Command
+
+    command = Command(stdout=table)
+    command.follow(group, timeout=5)
+    lines = table.getvalue().splitlines()
+    header = next(index for index, line in enumerate(lines) if line.startswith("SAE "))
+    assert lines[header].split()[:3] == ["SAE", "hook", "arch"] and len(lines) - header == 5

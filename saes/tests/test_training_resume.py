@@ -74,3 +74,66 @@ def test_sigkill_mid_training_then_restart_resumes_from_the_checkpoint(tiny_mode
     assert sae.evaluation["explained_variance"] == pytest.approx(
         uninterrupted.evaluation["explained_variance"]
     )
+
+
+def test_sigkill_mid_group_training_from_the_model_resumes_to_the_uninterrupted_result(
+    tiny_model, writer, process_env
+):
+    """Training from the model: the checkpoint holds the SAEs, the optimiser, the dataset position
+    and the shuffle buffer with its generator, so the resumed group ends where one never killed does."""
+    from activations.models import Dataset
+    from activations.services import dataset_create_from_texts
+    from engine.testing.corpus import local_corpus
+    from saes.groups import sae_group_train_request
+    from saes.models import SaeGroup
+
+    texts = [text for text in local_corpus(max_chars=40_000) if len(text) > 40][:120]
+    dataset = dataset_create_from_texts(name="docs", texts=texts, owner=writer, source=Dataset.Source.UPLOAD)
+    config = {
+        "model": tiny_model, "dataset": dataset, "hooks": [HOOK],
+        "transcoders": [{"hook_in": "blocks.1.ln2.hook_normalized", "hook_out": "blocks.1.hook_mlp_out"}],
+        "expansion_factor": 2, "k": 4, "batch_size": 64, "lr": 1e-3, "total_tokens": 64 * 400,
+        "max_length": 32,
+    }  # fmt: skip
+    group = sae_group_train_request(owner=writer, **config)
+    checkpoints = group.checkpoint_directory
+
+    def checkpoint_step() -> int:
+        complete = [path for path in checkpoints.glob("step-*") if (path / "source.json").exists()]
+        return max((int(path.name.removeprefix("step-")) for path in complete), default=0)
+
+    worker = start_worker(process_env)
+    try:
+        wait_until(
+            lambda: checkpoint_step() >= 80, interval=0.02, timeout=300, what="a checkpoint at step 80"
+        )
+        worker.send_signal(signal.SIGKILL)
+        worker.wait(timeout=30)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+    group.refresh_from_db()
+    assert group.status == "running" and group.step < group.total_steps  # nobody finished it
+
+    uninterrupted = sae_group_train_request(owner=writer, **config)
+    worker = start_worker(process_env)
+    try:
+        both = SaeGroup.objects.filter(pk__in=[group.id, uninterrupted.id])
+        wait_until(lambda: not both.filter(status__in=SaeGroup.ACTIVE).exists(), timeout=300)
+    finally:
+        worker.terminate()
+        worker.wait(timeout=30)
+    group.refresh_from_db()
+    uninterrupted.refresh_from_db()
+    assert group.status == uninterrupted.status == "completed", (group.error_code, group.error_message)
+    assert not checkpoints.exists()
+    pairs = zip(
+        group.members.order_by("group_index"), uninterrupted.members.order_by("group_index"), strict=True
+    )
+    for resumed_row, straight_row in pairs:
+        steps = [point["step"] for point in resumed_row.history]
+        assert steps == sorted(set(steps)) == [point["step"] for point in straight_row.history]
+        resumed, _ = load_saelens(resumed_row.directory)
+        straight, _ = load_saelens(straight_row.directory)
+        for name, tensor in straight.tensors().items():
+            torch.testing.assert_close(resumed.tensors()[name], tensor, rtol=1e-5, atol=1e-6, msg=name)

@@ -1,0 +1,203 @@
+"""Pages: training from the model — the form that starts a group of SAEs and transcoders, and a
+group's page comparing its members (the L0 / explained-variance frontier and CE loss recovered as
+plots, a table of every member), live while it trains.
+
+The form is validated by the API's own serializer and calls the service ``/api/saes/groups``
+calls. The group page fetches ``?fragment=live`` (its status, members and plots, rendered by the
+template of the first load) every two seconds while the group is queued or running.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from django.contrib import messages
+from django.http import Http404
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_http_methods
+from rest_framework.exceptions import ValidationError
+
+from activations import selectors as activation_selectors
+from activations.models import Dataset
+from activations.services.extractions import default_extraction_hook
+from engine.sae import default_live_k, default_live_tokens
+from engine.sae.training import DEFAULT_LIVE_EXPANSION
+from engine.sae_architectures import REGISTRY
+from frontend.access import reader_required, writer_refusal
+from frontend.charts import scatter_chart_svg
+from frontend.views.saes import _field_errors, _posted
+from mistudio.access import linked_id, may_change
+from mistudio.errors import ApplicationError
+from models_app.selectors import model_get, model_list
+from saes import groups, selectors
+from saes.apis import SaeGroupListApi
+from saes.groups import parse_transcoders, parse_variants
+from saes.models import ARCHITECTURES, SaeGroup
+
+CHART_SIZE = (440, 280)
+FORM_DEFAULTS = {
+    "architecture": "topk",
+    "expansion_factor": "",
+    "k": "",
+    "lr": "0.0003",
+    "batch_size": "4096",
+    "total_tokens": "",
+    "max_length": "",
+    "hooks": "",
+    "transcoders": "",
+    "variants": "",
+    "name": "",
+}
+
+
+def suggestion(model) -> dict[str, Any] | None:
+    """What the form suggests for ``model``: its middle resid_post, 16x, k and the tokens."""
+    if model is None or not model.hidden_size:
+        return None
+    d_in = model.hidden_size
+    d_sae = DEFAULT_LIVE_EXPANSION * d_in
+    return {
+        "hook": default_extraction_hook(model),
+        "d_in": d_in,
+        "d_sae": d_sae,
+        "k": default_live_k(d_in),
+        "tokens": default_live_tokens(d_sae),
+        "expansion": DEFAULT_LIVE_EXPANSION,
+    }
+
+
+def form_context(request, *, values=None, errors=None) -> dict[str, Any]:
+    models = list(model_list(user=request.user).order_by("name"))
+    datasets = list(activation_selectors.dataset_list(user=request.user).order_by("name"))
+    wanted = (values or {}).get("model_id") or request.GET.get("model", "")
+    chosen = next((model for model in models if model.id == wanted), models[0] if models else None)
+    suggested = suggestion(chosen)
+    shown = {**FORM_DEFAULTS, **(values or {})}
+    if not shown["hooks"] and suggested:
+        shown["hooks"] = suggested["hook"]
+    return {
+        "models": models,
+        "datasets": datasets,
+        "chosen_model": chosen,
+        "suggestion": suggested,
+        "form": shown,
+        "errors": errors or {},
+        "architectures": [(name, REGISTRY[name].label) for name in ARCHITECTURES],
+    }
+
+
+@reader_required
+@require_http_methods(["GET", "HEAD", "POST"])
+def sae_group_new_page(request):
+    """The form that trains a group from the model (POST: ``sae_group_train_request``, then the
+    group's page; errors come back in the form)."""
+    if request.method == "GET" or request.method == "HEAD":
+        return render(request, "frontend/sae_group_new.html", form_context(request))
+    refused = writer_refusal(request)
+    if refused:
+        return refused
+    names = ["model_id", "dataset_id", "architecture", "expansion_factor", "k", "lr", "batch_size"]
+    names += ["total_tokens", "max_length", "name"]
+    shown = _posted(request, names)
+    for name in ("hooks", "transcoders", "variants"):
+        shown[name] = request.POST.get(name, "")
+    try:
+        values = {
+            key: value for key, value in shown.items() if key not in ("hooks", "transcoders", "variants")
+        }
+        values["hooks"] = [hook for hook in re.split(r"[\s,]+", shown["hooks"]) if hook]
+        values["transcoders"] = parse_transcoders(shown["transcoders"])
+        values["variants"] = parse_variants(shown["variants"])
+        values["shared"] = request.POST.get("shared") == "on"
+        data = SaeGroupListApi.TrainSerializer(data=values)
+        data.is_valid(raise_exception=True)
+        validated = dict(data.validated_data)
+        model = model_get(user=request.user, model_id=validated.pop("model_id"))
+        dataset = activation_selectors.dataset_get(user=request.user, dataset_id=validated.pop("dataset_id"))
+        group = groups.sae_group_train_request(owner=request.user, model=model, dataset=dataset, **validated)
+    except ValidationError as error:
+        errors, status = _field_errors(error), 400
+        errors.setdefault("form", "Check the values below.")
+    except ApplicationError as error:
+        errors, status = {"form": error.message}, error.status
+    else:
+        messages.success(request, f"Training of {group.name} queued.")
+        return redirect("frontend:sae-group", group.id)
+    shown["shared"] = request.POST.get("shared") == "on"
+    return render(
+        request,
+        "frontend/sae_group_new.html",
+        form_context(request, values=shown, errors=errors),
+        status=status,
+    )
+
+
+def group_charts(members: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The frontier plots: L0 against explained variance and against CE loss recovered."""
+    charts = []
+    for key, title in (
+        ("explained_variance", "Explained variance"),
+        ("ce_loss_recovered", "CE loss recovered"),
+    ):
+        points = [(m["evaluation"].get("l0"), m["evaluation"].get(key), m["name"]) for m in members]
+        charts.append(
+            {
+                "key": key,
+                "title": f"L0 vs {title.lower()}",
+                "svg": scatter_chart_svg(
+                    points,
+                    label=f"{title} against L0, one dot per SAE",
+                    x_label="L0 (held out)",
+                    y_label=title.lower(),
+                    size=CHART_SIZE,
+                ),
+            }
+        )
+    return charts
+
+
+def group_context(request, group: SaeGroup) -> dict[str, Any]:
+    from saes.serializers import sae_group_state
+
+    state = sae_group_state(group, viewer=request.user)
+    return {
+        "group": group,
+        "state": state,
+        "active": group.status in SaeGroup.ACTIVE,
+        "charts": group_charts(state["members"]),
+        "can_change": may_change(group, request.user),
+        "dataset_visible": linked_id(request.user, group, Dataset, group.dataset_id) is not None,
+    }
+
+
+@reader_required
+@require_http_methods(["GET", "HEAD", "POST"])
+def sae_group_page(request, group_id: str):
+    """One group: status, tokens/s, the frontier plots and every member's results; ``action=cancel``
+    POSTed here cancels it. ``?fragment=live``: the part that changes while it trains."""
+    refused = writer_refusal(request) if request.method == "POST" else None
+    if refused:  # by role, before the lookup
+        return refused
+    try:
+        group = selectors.group_get(user=request.user, group_id=group_id)
+    except ApplicationError as error:
+        raise Http404(error.message) from None
+    if request.method == "POST":
+        if request.POST.get("action") != "cancel":
+            return render(
+                request,
+                "frontend/partials/cache_error.html",
+                {"message": "Unknown action: cancel."},
+                status=400,
+            )
+        try:
+            groups.sae_group_cancel(group=group, actor=request.user)
+            messages.info(request, "Cancelling: the group stops after its current step.")
+        except ApplicationError as error:
+            messages.error(request, error.message)
+        return redirect("frontend:sae-group", group.id)
+    context = group_context(request, group)
+    if request.GET.get("fragment") == "live":
+        return render(request, "frontend/partials/sae_group_live.html", context)
+    return render(request, "frontend/sae_group.html", context)

@@ -1,0 +1,137 @@
+"""Training from the model, many at once, through the whole stack: API → queue → real worker → the
+model run over the dataset → every member's SAELens folder, curves and held-out evaluation, the
+group page's plots; the held-out numbers recomputed independently with transformers."""
+
+import json
+
+import pytest
+import torch
+from django.test import Client
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from activations.models import Dataset
+from activations.services import dataset_create_from_texts
+from conftest import make_user
+from engine.sae.formats import load_saelens
+from engine.testing.corpus import local_corpus
+from mistudio.workers import run_worker
+from saes.models import SaeGroup
+from saes.models import SparseAutoencoder as SaeRow
+from saes.tests.test_training_job import burst
+
+pytestmark = pytest.mark.django_db(transaction=True)
+RESID, MLP_IN, MLP_OUT = "blocks.0.hook_resid_post", "blocks.1.ln2.hook_normalized", "blocks.1.hook_mlp_out"
+
+
+@pytest.fixture
+def texts_dataset(writer):
+    texts = [text for text in local_corpus(max_chars=40_000) if len(text) > 40][:160]
+    return dataset_create_from_texts(name="docs", texts=texts, owner=writer, source=Dataset.Source.UPLOAD)
+
+
+def _request(api, model, dataset, **changes):
+    body = {
+        "model_id": model.id, "dataset_id": dataset.id, "hooks": [RESID],
+        "transcoders": [{"hook_in": MLP_IN, "hook_out": MLP_OUT, "skip": True}],
+        "variants": [{"k": 4}, {"architecture": "batchtopk", "k": 8}],
+        "expansion_factor": 2, "batch_size": 128, "total_tokens": 128 * 10, "max_length": 32, "lr": 3e-3,
+        **changes,
+    }  # fmt: skip
+    return api.post("/api/saes/groups", body, format="json")
+
+
+def test_a_group_trains_from_the_model_and_each_member_is_evaluated_and_compared(
+    tiny_gpt2_folder, tiny_model, writer, client_for, texts_dataset
+):
+    api = client_for(writer)
+    response = _request(api, tiny_model, texts_dataset)
+    assert response.status_code == 202, response.content
+    body = response.json()
+    assert body["status"] == "queued" and len(body["members"]) == 4
+    assert [(m["hook_name"], m["hook_name_out"], m["architecture"], m["k"]) for m in body["members"]] == [
+        (RESID, None, "topk", 4), (RESID, None, "batchtopk", 8),
+        (MLP_IN, MLP_OUT, "topk", 4), (MLP_IN, MLP_OUT, "batchtopk", 8),
+    ]  # fmt: skip
+    burst()  # loads the model here, trains the four from one forward pass a batch, evaluates
+    group = SaeGroup.objects.get(pk=body["id"])
+    assert group.status == "completed", (group.error_code, group.error_message)
+    assert group.step == group.total_steps == 10 and group.tokens_per_second > 0
+    assert not group.checkpoint_directory.exists()  # checkpoints go with a completed group
+    members = list(group.members.order_by("group_index"))
+    assert all(member.status == "completed" for member in members)
+    for member in members:  # each its own curves and evaluation
+        assert member.history and member.history[-1]["step"] == 10
+        assert member.evaluation["ce_loss_recovered"] is not None and member.evaluation["l0"] > 0
+
+    # The held-out numbers of the first member, recomputed with transformers on the held-out samples.
+    held_out_texts = [
+        json.loads(line)["text"] for line in texts_dataset.storage_path.read_text().splitlines()
+    ]
+    held_out_texts = held_out_texts[group.settings["train_samples"] :]
+    tokenizer = AutoTokenizer.from_pretrained(tiny_gpt2_folder)
+    reference = AutoModelForCausalLM.from_pretrained(tiny_gpt2_folder, use_safetensors=True).eval()
+    rows = []
+    with torch.no_grad():
+        for text in held_out_texts:
+            ids = tokenizer(text, truncation=True, max_length=32)["input_ids"]
+            if ids:
+                rows.append(reference(torch.tensor([ids]), output_hidden_states=True).hidden_states[1][0])
+    held_out = torch.cat(rows)
+    module, described = load_saelens(members[0].directory)
+    with torch.no_grad():
+        residual = (held_out - module(held_out)).pow(2).sum()
+    variance = (held_out - held_out.mean(0)).pow(2).sum()
+    assert members[0].evaluation["held_out_tokens"] == len(held_out)
+    assert members[0].evaluation["explained_variance"] == pytest.approx(
+        float(1 - residual / variance), abs=1e-4
+    )
+    assert described["cfg"]["metadata"]["training"]["k"] == 4
+
+    # The transcoders: SAELens' transcoder classes (BatchTopK: the JumpReLU it is at inference).
+    _, topk_tc = load_saelens(members[2].directory)
+    jump_tc, jump_described = load_saelens(members[3].directory)
+    assert jump_described["cfg"]["architecture"] == "jumprelu_skip_transcoder"
+    assert jump_described["cfg"]["d_out"] == 64 and jump_described["hook_name_out"] == MLP_OUT
+    assert topk_tc["cfg"]["architecture"] == "topk" and jump_tc.W_skip is not None
+
+    # The group page compares them: two frontier plots with a dot per member, and the table.
+    browser = Client()
+    browser.force_login(writer)
+    page = browser.get(f"/saes/groups/{group.id}/")
+    html = page.content.decode()
+    assert page.status_code == 200 and html.count('data-points="4"') == 2
+    assert html.count('<tr data-sae-id="') == 4
+
+    # Shared: another user sees the group and its members, never the owner's private dataset.
+    other = client_for(make_user("otto-other", "model:write"))
+    assert other.get(f"/api/saes/groups/{group.id}").status_code == 404
+    assert api.patch(f"/api/saes/groups/{group.id}", {"shared": True}, format="json").status_code == 200
+    seen = other.get(f"/api/saes/groups/{group.id}").json()
+    assert seen["dataset_id"] is None and len(seen["members"]) == 4
+    member = other.get(f"/api/saes/{members[0].id}").json()
+    assert member["dataset_id"] is None and member["group_id"] == group.id
+    assert api.get(f"/api/saes/{members[0].id}").json()["dataset_id"] == texts_dataset.id
+
+
+def test_a_queued_group_cancelled_cancels_its_members_and_requests_are_checked(
+    tiny_model, writer, client_for, texts_dataset
+):
+    api = client_for(writer)
+    group_id = _request(api, tiny_model, texts_dataset).json()["id"]
+    member = SaeRow.objects.filter(group_id=group_id).first()
+    # A member is part of its group's job: cancelling it cancels the group.
+    assert api.post(f"/api/saes/{member.id}/cancel").status_code == 202
+    assert SaeGroup.objects.get(pk=group_id).status == "cancelled"
+    assert set(SaeRow.objects.filter(group_id=group_id).values_list("status", flat=True)) == {"cancelled"}
+    run_worker(name="idle", device="cpu", burst=True)  # nothing left to run
+    # Bad requests: a clear 4xx, nothing queued.
+    before = SaeGroup.objects.count()
+    wrong_hook = _request(api, tiny_model, texts_dataset, hooks=["blocks.9.hook_resid_post"])
+    assert wrong_hook.status_code == 400 and wrong_hook.json()["error"]["code"] == "INVALID_HOOK"
+    too_many = _request(api, tiny_model, texts_dataset, variants=[{"k": k} for k in range(1, 18)])
+    assert too_many.status_code == 400 and too_many.json()["error"]["code"] == "GROUP_TOO_LARGE"
+    nothing = _request(api, tiny_model, texts_dataset, hooks=[], transcoders=[])
+    assert nothing.status_code == 400 and nothing.json()["error"]["code"] == "HOOK_REQUIRED"
+    unknown = _request(api, tiny_model, texts_dataset, variants=[{"momentum": 0.9}])
+    assert unknown.status_code == 400
+    assert SaeGroup.objects.count() == before
