@@ -81,7 +81,7 @@ from extraction_costs import (  # noqa: E402
     extract_into_cache,
     measure_extraction_costs,
 )
-from gpu_table import markdown_table, table_rows  # noqa: E402
+from gpu_table import Row, markdown_table, table_rows  # noqa: E402
 
 SEED = 0
 MIN_LENGTH = 16
@@ -481,6 +481,46 @@ def measure_sae_training(
     return trained.history[-1].tokens_per_second, shape
 
 
+def measure_live_training(
+    model, tokenized: list[list[int]], hooks: list[str], *, device: str, dtype: str, tokens: int,
+    batch_size: int,
+) -> list[tuple[str, float]]:  # fmt: skip
+    """Training from the model on the fly (``engine.sae.group``, what the group job runs): tokens/s
+    of one SAE at the deepest hook, then of one SAE at each hook from one forward pass a batch,
+    forward passes included, the shuffle buffer on ``device`` in ``dtype``."""
+    from engine.hooks import list_hook_points
+    from engine.sae import TrainingConfig
+    from engine.sae.group import GroupMember, model_source, train_group
+
+    widths = {info.name: info.width for info in list_hook_points(model)}
+    steps = math.ceil(tokens / batch_size)
+    rates = []
+    for label, chosen in (("1 SAE", hooks[-1:]), (f"{len(hooks)} SAEs, one forward pass", hooks)):
+        config = TrainingConfig(
+            architecture="topk", d_sae=SAE_EXPANSION * widths[chosen[0]], k=SAE_K, lr=SAE_LEARNING_RATE,
+            batch_size=batch_size, total_tokens=tokens, warmup_steps=max(1, steps // 20),
+        )  # fmt: skip
+
+        def open_source(position, chosen=chosen):
+            return model_source(
+                model, None, lambda start, stop: tokenized[start:stop], hooks=chosen,
+                train_samples=len(tokenized), max_length=max(map(len, tokenized)), batch_size=32,
+                position=position, dtype=dtype, device=device,
+            )  # fmt: skip
+
+        started = time.perf_counter()
+        results = train_group(
+            [GroupMember(hook, config) for hook in chosen], widths=widths, open_source=open_source,
+            buffer_rows=SAE_BUFFER_BATCHES * batch_size, device=device,
+        )  # fmt: skip
+        if device.startswith("cuda"):
+            import torch
+
+            torch.cuda.synchronize(device)
+        rates.append((label, results[0].tokens / (time.perf_counter() - started)))
+    return rates
+
+
 # -- main ------------------------------------------------------------------------------------------
 
 
@@ -562,6 +602,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         sae, sae_shape = trained if trained is not None else (None, f"batch {sizes.sae_batch_size}")
         if trained is not None:
             log(f"  SAE training {sae:,.0f} tokens/s")
+        log("SAE training from the model ...")
+        live = attempt(
+            "SAE training from the model",
+            lambda: measure_live_training(
+                model, tokenized, hooks, device=options.device, dtype=dtype, tokens=sizes.sae_tokens,
+                batch_size=sizes.sae_batch_size,
+            ),
+        )  # fmt: skip
 
         lengths = [len(ids) for ids in tokenized]
         detail = (
@@ -577,6 +625,10 @@ def main(argv: Sequence[str] | None = None) -> None:
             costs, deepest=max(layers), hooks=len(hooks), peers=peers, decode=decode, generate=reference,
             sae=sae, sae_shape=sae_shape,
         )  # fmt: skip
+        for label, rate in live or []:
+            rows.append(Row(f"SAE training from the model, {label}, forwards in", rate=rate, against="-"))
+        if live is None:
+            rows.append(Row("SAE training from the model", rate=None, against="failed"))
         table = f"{title}\n\n{markdown_table(rows)}"
         print(table, flush=True)
         if options.output_dir is not None:
@@ -590,6 +642,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 "decode": decode,
                 "generate": reference,
                 "sae": sae,
+                "sae_from_the_model": dict(live or []),
                 "rows": [dataclasses.asdict(row) for row in rows],
             }
             write_outputs(options.output_dir, options.model, table, numbers)

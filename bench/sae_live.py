@@ -45,7 +45,23 @@ sys.path.insert(0, str(ROOT))
 
 BENCH_PYTHON = ROOT / ".venv-bench" / "bin" / "python"
 ONE_HOOK = "blocks.6.hook_resid_post"
-FOUR_HOOKS = [f"blocks.{layer}.hook_resid_post" for layer in (2, 5, 8, 11)]
+# The four hook points of the many-at-once part: spread over the layers (four separate jobs, each
+# stopping after its hook, run 30/12 of a forward pass where the group runs one: at most 2.5x), or
+# the sites of the last block (each separate job runs the whole forward pass: up to 4x).
+FOUR_SITES = {
+    "spread": [f"blocks.{layer}.hook_resid_post" for layer in (2, 5, 8, 11)],
+    "block": [
+        f"blocks.11.{hook}"
+        for hook in ("hook_attn_out", "ln2.hook_normalized", "hook_mlp_out", "hook_resid_post")
+    ],
+}
+# sparsify names a module whose output it reads.
+SPARSIFY_MODULES = {
+    "hook_resid_post": "",
+    "hook_attn_out": ".attn",
+    "ln2.hook_normalized": ".ln_2",
+    "hook_mlp_out": ".mlp",
+}
 FORWARD_SAMPLES = 32
 BUFFER_BATCHES = 16
 AUX_COEFFICIENT = 1 / 32
@@ -89,17 +105,6 @@ def token_samples(folder: Path, context: int, count: int) -> list[list[int]]:
     return [ids[start : start + context] for start in range(0, context * count, context)]
 
 
-class IdsTokenizer:
-    """A tokenizer for ``model_source`` whose "texts" are token-id lists already (the same ids both
-    trainers see)."""
-
-    def __call__(self, texts, **_):
-        return {"input_ids": [list(text) for text in texts]}
-
-    def num_special_tokens_to_add(self, pair: bool = False) -> int:
-        return 0
-
-
 def train_ours(folder: str, hooks: list[str], tokens: int, args: dict, save_to: str | None) -> dict:
     import torch
 
@@ -130,7 +135,7 @@ def train_ours(folder: str, hooks: list[str], tokens: int, args: dict, save_to: 
     def open_source(position):
         return model_source(
             weights.model,
-            IdsTokenizer(),
+            None,
             lambda start, stop: samples[start:stop],
             hooks=hooks,
             train_samples=len(samples),
@@ -216,9 +221,10 @@ def train_saelens(folder: str, tokens: int, args: dict, save_to: str) -> dict:
         context_size=args["context"],
         training_tokens=tokens,
         train_batch_size_tokens=args["batch_size"],
-        n_batches_in_buffer=max(
-            1, BUFFER_BATCHES * args["batch_size"] // (FORWARD_SAMPLES * args["context"])
-        ),
+        # Its buffer holds n_batches_in_buffer x context_size rows: 16 batches, as ours.
+        n_batches_in_buffer=max(1, BUFFER_BATCHES * args["batch_size"] // args["context"]),
+        # The activation scale from 8,192 rows, as ours (its default reads 1,000 batches first).
+        n_batches_for_norm_estimate=max(1, 8192 // args["batch_size"]),
         store_batch_size_prompts=FORWARD_SAMPLES,
         lr=args["lr"],
         lr_warm_up_steps=warmup,
@@ -260,7 +266,10 @@ def train_sparsify(folder: str, hooks: list[str], tokens: int, args: dict, save_
     config = TrainConfig(
         SaeConfig(expansion_factor=args["expansion"], k=args["k"]),
         batch_size=args["batch_size"] // args["context"],
-        hookpoints=[f"h.{hook.split('.')[1]}" for hook in hooks],
+        hookpoints=[sparsify_module(hook) for hook in hooks],
+        # AuxK as ours: 1/32, for latents silent as long as ours counts them dead.
+        auxk_alpha=AUX_COEFFICIENT,
+        dead_feature_threshold=max(1, schedule(tokens, args["batch_size"])[0] // 10) * args["batch_size"],
         lr=args["lr"],
         log_to_wandb=False,
         save_dir=save_to,
@@ -277,6 +286,11 @@ def train_sparsify(folder: str, hooks: list[str], tokens: int, args: dict, save_
         "tokens_per_second": trained / seconds,
         "peak_rss_mib": peak_rss_mib(),
     }
+
+
+def sparsify_module(hook: str) -> str:
+    _, layer, site = hook.split(".", 2)
+    return f"h.{layer}{SPARSIFY_MODULES[site]}"
 
 
 def score(folder: str, hook: str, saes: list[str], args: dict) -> list[dict]:
@@ -353,6 +367,7 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=128)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--parts", default="one,four,memory")
+    parser.add_argument("--four-sites", choices=sorted(FOUR_SITES), default="spread")
     args = parser.parse_args()
     parts = set(args.parts.split(","))
     peers = BENCH_PYTHON.exists()
@@ -395,10 +410,11 @@ def main() -> None:
             print(json.dumps({"one_sae": row}, indent=1), flush=True)
         if "four" in parts:
             spec = {**base, "tokens": args.group_tokens, "samples": args.group_tokens // args.context}
-            together = run_json(me, "--child", "ours", str(folder), json.dumps({**spec, "hooks": FOUR_HOOKS}))
+            four_hooks = FOUR_SITES[args.four_sites]
+            together = run_json(me, "--child", "ours", str(folder), json.dumps({**spec, "hooks": four_hooks}))
             apart = [
                 run_json(me, "--child", "ours", str(folder), json.dumps({**spec, "hooks": [hook]}))
-                for hook in FOUR_HOOKS
+                for hook in four_hooks
             ]
             row = {
                 "group": together,
@@ -411,12 +427,12 @@ def main() -> None:
                     "--child",
                     "sparsify",
                     str(folder),
-                    json.dumps({**spec, "hooks": FOUR_HOOKS, "save_to": str(work / "sparsify")}),
+                    json.dumps({**spec, "hooks": four_hooks, "save_to": str(work / "sparsify")}),
                 )
                 row["ratio_vs_sparsify"] = (
                     together["tokens_per_second"] / row["sparsify"]["tokens_per_second"]
                 )
-            print(json.dumps({"four_saes": row}, indent=1), flush=True)
+            print(json.dumps({f"four_saes_{args.four_sites}": row}, indent=1), flush=True)
         if "memory" in parts:
             demo = work / "demo"
             build_model(demo, "demo")

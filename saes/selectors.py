@@ -16,6 +16,7 @@ from saes.serializers import sae_group_state, sae_state
 
 # What an export holds: the SAELens folder, never the training checkpoint.
 EXPORTED_FILES = ("cfg.json", "sae_weights.safetensors", "sparsity.safetensors")
+CIRCUIT_TRACER_FOLDER = "circuit_tracer"
 
 
 def sae_list(*, user, filters: dict[str, Any] | None = None) -> QuerySet[SparseAutoencoder]:
@@ -85,6 +86,9 @@ def sae_export_files(sae: SparseAutoencoder, *, user) -> list[tuple[str, Path, b
     entries: list[tuple[str, Path, bytes | None]] = [
         (path.name, path, None) for path in files if path.is_file()
     ]
+    # A transcoder's circuit-tracer file, written beside the SAELens folder when it trained.
+    for path in sorted((sae.directory / CIRCUIT_TRACER_FOLDER).glob("layer_*.safetensors")):
+        entries.append((f"{CIRCUIT_TRACER_FOLDER}/{path.name}", path, None))
     for extra in _export_extras:
         if (found := extra(user, sae)) is not None:
             entries.append((found[0], files[0], found[1]))

@@ -3,6 +3,7 @@ a worker keeps loaded. They run in a miStudio worker."""
 
 import contextlib
 import logging
+import re
 import shutil
 import time
 from dataclasses import asdict
@@ -19,7 +20,8 @@ from engine.prefetch import prefetched
 from engine.registry import LOADED_MODELS
 from engine.sae import TrainingCheckpoint, shuffled_batches, train
 from engine.sae.evaluation import ce_loss_recovered, evaluate_activations, log_feature_density
-from engine.sae.formats import load_gemma_scope, load_saelens, save_saelens
+from engine.sae.formats import load_gemma_scope, load_saelens, save_circuit_tracer, save_saelens
+from engine.sae_architectures import REGISTRY
 from mistudio.errors import ApplicationError
 from mistudio.events import ProgressThrottle
 from mistudio.job_runner import JobContext, job_task
@@ -36,6 +38,7 @@ from saes.cache_data import (
     spread_sample,
 )
 from saes.models import SaeEvaluation, SaeGroup, SparseAutoencoder
+from saes.selectors import CIRCUIT_TRACER_FOLDER
 from saes.services import (
     HOLDOUT_FRACTION,
     folder_size,
@@ -288,6 +291,9 @@ def save_files(sae: SparseAutoencoder, module, feature_density, *, prepend_bos: 
         log_feature_density=log_feature_density(feature_density),
         hook_name_out=sae.hook_name_out or None,
     )
+    layer = re.match(r"blocks\.(\d+)\.", sae.hook_name_out or "")
+    if layer is not None and REGISTRY[sae.architecture].saved_as in ("standard", "jumprelu"):
+        save_circuit_tracer(module, sae.directory / CIRCUIT_TRACER_FOLDER, layer=int(layer[1]))
     shutil.rmtree(sae.checkpoint_directory, ignore_errors=True)
 
 

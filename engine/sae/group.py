@@ -98,10 +98,11 @@ def model_source(
 
     ``read_texts(start, stop)`` gives samples ``start..stop-1`` (a dataset read streaming, a
     window of ``window_samples`` at a time, so a dataset larger than memory is never held
-    whole). Each window is tokenized (at most ``max_length`` tokens a sample) and run
-    ``batch_size`` samples a forward pass in :func:`engine.extraction.plan_batches` order; pad
-    positions are dropped. The rows stay on the hooks' device (moved to ``device``), in ``dtype``.
-    ``position`` (epoch, window start, batch in the window) resumes where a checkpoint left off.
+    whole): texts, or with ``tokenizer`` None token-id lists already. Each window is tokenized
+    (at most ``max_length`` tokens a sample) and run ``batch_size`` samples a forward pass in
+    :func:`engine.extraction.plan_batches` order; pad positions are dropped. The rows stay on
+    the hooks' device (moved to ``device``), in ``dtype``. ``position`` (epoch, window start,
+    batch in the window) resumes where a checkpoint left off.
     """
     from engine.extraction import extract, plan_batches, tokenize_samples
 
@@ -112,7 +113,11 @@ def model_source(
         rows_this_pass = 0
         while at["window"] < train_samples:
             stop = min(train_samples, at["window"] + window_samples)
-            tokenized = tokenize_samples(tokenizer, read_texts(at["window"], stop), max_length)
+            window = read_texts(at["window"], stop)
+            if tokenizer is None:
+                tokenized = [list(ids)[:max_length] for ids in window]
+            else:
+                tokenized = tokenize_samples(tokenizer, window, max_length)
             plan = plan_batches([len(ids) for ids in tokenized], batch_size)
             for batch in extract(
                 model, tokenized, plan, hooks=list(hooks), dtype=dtype, start_batch=at["batch"], to_host=False

@@ -168,12 +168,12 @@ def test_the_form_offers_completed_caches_with_their_hooks_and_the_defaults(
     architectures = re.findall(
         r'<option value="(\w+)"[^>]*>', form.split('name="architecture"')[1].split("</select>")[0]
     )
-    assert architectures == ["standard", "topk", "batchtopk", "jumprelu"]
+    assert architectures == ["topk", "batchtopk", "matryoshka_batchtopk", "jumprelu", "standard"]
     assert (
         'name="expansion_factor" type="number" min="1" max="1024" step="1" value="" placeholder="8"' in form
     )
     assert re.search(
-        r'data-architectures="topk batchtopk">\s*<label for="train-k">k</label>\s*'
+        r'data-architectures="topk batchtopk matryoshka_batchtopk">\s*<label for="train-k">k</label>\s*'
         r'<input id="train-k" name="k"[^>]*value="" placeholder="d_in ÷ 24"',
         form,
     )  # empty: sized to the hook's width by the service

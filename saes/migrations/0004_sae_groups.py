@@ -7,77 +7,162 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('activations', '0004_job_rows'),
-        ('models_app', '0006_memory_by_device'),
-        ('saes', '0003_source_labels'),
+        ("activations", "0004_job_rows"),
+        ("models_app", "0006_memory_by_device"),
+        ("saes", "0003_source_labels"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='sparseautoencoder',
-            name='d_out',
+            model_name="sparseautoencoder",
+            name="d_out",
             field=models.PositiveIntegerField(blank=True, help_text="A transcoder's output width", null=True),
         ),
         migrations.AddField(
-            model_name='sparseautoencoder',
-            name='dataset',
-            field=models.ForeignKey(blank=True, help_text='The dataset it was trained on, from the model on the fly', null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='saes', to='activations.dataset'),
+            model_name="sparseautoencoder",
+            name="dataset",
+            field=models.ForeignKey(
+                blank=True,
+                help_text="The dataset it was trained on, from the model on the fly",
+                null=True,
+                on_delete=django.db.models.deletion.SET_NULL,
+                related_name="saes",
+                to="activations.dataset",
+            ),
         ),
         migrations.AddField(
-            model_name='sparseautoencoder',
-            name='group_index',
+            model_name="sparseautoencoder",
+            name="group_index",
             field=models.PositiveIntegerField(blank=True, null=True),
         ),
         migrations.AddField(
-            model_name='sparseautoencoder',
-            name='hook_name_out',
-            field=models.CharField(blank=True, help_text="A transcoder's output hook (it reads hook_name)", max_length=300),
+            model_name="sparseautoencoder",
+            name="hook_name_out",
+            field=models.CharField(
+                blank=True, help_text="A transcoder's output hook (it reads hook_name)", max_length=300
+            ),
         ),
         migrations.AlterField(
-            model_name='sparseautoencoder',
-            name='architecture',
+            model_name="sparseautoencoder",
+            name="architecture",
             field=models.CharField(max_length=30),
         ),
         migrations.CreateModel(
-            name='SaeGroup',
+            name="SaeGroup",
             fields=[
-                ('status', models.CharField(choices=[('queued', 'Queued'), ('running', 'Running'), ('completed', 'Completed'), ('failed', 'Failed'), ('cancelled', 'Cancelled')], db_index=True, default='queued', max_length=20)),
-                ('progress', models.FloatField(default=0)),
-                ('eta_seconds', models.FloatField(blank=True, null=True)),
-                ('queue_name', models.CharField(blank=True, help_text='The RQ queue whose worker runs it', max_length=255)),
-                ('host_worker', models.CharField(blank=True, max_length=255)),
-                ('error_code', models.CharField(blank=True, max_length=100)),
-                ('error_message', models.TextField(blank=True)),
-                ('memory_estimate_bytes', models.BigIntegerField(default=0, help_text='Its estimated peak memory, checked before it was queued and before it starts')),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('started_at', models.DateTimeField(blank=True, null=True)),
-                ('finished_at', models.DateTimeField(blank=True, null=True)),
-                ('updated_at', models.DateTimeField(auto_now=True)),
-                ('step', models.PositiveIntegerField(default=0)),
-                ('total_steps', models.PositiveIntegerField(default=0)),
-                ('tokens_seen', models.BigIntegerField(default=0)),
-                ('total_tokens', models.BigIntegerField(default=0)),
-                ('tokens_per_second', models.FloatField(blank=True, null=True)),
-                ('id', models.CharField(default=mistudio.identifiers.new_sae_group_id, editable=False, max_length=64, primary_key=True, serialize=False)),
-                ('name', models.CharField(blank=True, max_length=500)),
-                ('settings', models.JSONField(blank=True, default=dict, help_text='How the model reads the dataset: max_length, batches, held-out samples')),
-                ('shared', models.BooleanField(default=False, help_text="Visible to every reader (changes stay the owner's)")),
-                ('dataset', models.ForeignKey(null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='sae_groups', to='activations.dataset')),
-                ('model', models.ForeignKey(null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='sae_groups', to='models_app.languagemodel')),
-                ('owner', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, to=settings.AUTH_USER_MODEL)),
+                (
+                    "status",
+                    models.CharField(
+                        choices=[
+                            ("queued", "Queued"),
+                            ("running", "Running"),
+                            ("completed", "Completed"),
+                            ("failed", "Failed"),
+                            ("cancelled", "Cancelled"),
+                        ],
+                        db_index=True,
+                        default="queued",
+                        max_length=20,
+                    ),
+                ),
+                ("progress", models.FloatField(default=0)),
+                ("eta_seconds", models.FloatField(blank=True, null=True)),
+                (
+                    "queue_name",
+                    models.CharField(
+                        blank=True, help_text="The RQ queue whose worker runs it", max_length=255
+                    ),
+                ),
+                ("host_worker", models.CharField(blank=True, max_length=255)),
+                ("error_code", models.CharField(blank=True, max_length=100)),
+                ("error_message", models.TextField(blank=True)),
+                (
+                    "memory_estimate_bytes",
+                    models.BigIntegerField(
+                        default=0,
+                        help_text="Its estimated peak memory, checked before it was queued and before it starts",
+                    ),
+                ),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("started_at", models.DateTimeField(blank=True, null=True)),
+                ("finished_at", models.DateTimeField(blank=True, null=True)),
+                ("updated_at", models.DateTimeField(auto_now=True)),
+                ("step", models.PositiveIntegerField(default=0)),
+                ("total_steps", models.PositiveIntegerField(default=0)),
+                ("tokens_seen", models.BigIntegerField(default=0)),
+                ("total_tokens", models.BigIntegerField(default=0)),
+                ("tokens_per_second", models.FloatField(blank=True, null=True)),
+                (
+                    "id",
+                    models.CharField(
+                        default=mistudio.identifiers.new_sae_group_id,
+                        editable=False,
+                        max_length=64,
+                        primary_key=True,
+                        serialize=False,
+                    ),
+                ),
+                ("name", models.CharField(blank=True, max_length=500)),
+                (
+                    "settings",
+                    models.JSONField(
+                        blank=True,
+                        default=dict,
+                        help_text="How the model reads the dataset: max_length, batches, held-out samples",
+                    ),
+                ),
+                (
+                    "shared",
+                    models.BooleanField(
+                        default=False, help_text="Visible to every reader (changes stay the owner's)"
+                    ),
+                ),
+                (
+                    "dataset",
+                    models.ForeignKey(
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="sae_groups",
+                        to="activations.dataset",
+                    ),
+                ),
+                (
+                    "model",
+                    models.ForeignKey(
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="sae_groups",
+                        to="models_app.languagemodel",
+                    ),
+                ),
+                (
+                    "owner",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
             ],
             options={
-                'verbose_name': 'SAE group',
-                'ordering': ['-created_at'],
-                'abstract': False,
+                "verbose_name": "SAE group",
+                "ordering": ["-created_at"],
+                "abstract": False,
             },
         ),
         migrations.AddField(
-            model_name='sparseautoencoder',
-            name='group',
-            field=models.ForeignKey(blank=True, help_text='The group it trained in, from the model: the group is the job', null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='members', to='saes.saegroup'),
+            model_name="sparseautoencoder",
+            name="group",
+            field=models.ForeignKey(
+                blank=True,
+                help_text="The group it trained in, from the model: the group is the job",
+                null=True,
+                on_delete=django.db.models.deletion.SET_NULL,
+                related_name="members",
+                to="saes.saegroup",
+            ),
         ),
     ]

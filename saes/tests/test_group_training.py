@@ -2,11 +2,14 @@
 model run over the dataset → every member's SAELens folder, curves and held-out evaluation, the
 group page's plots; the held-out numbers recomputed independently with transformers."""
 
+import io
 import json
+import tarfile
 
 import pytest
 import torch
 from django.test import Client
+from safetensors.torch import load as safetensors_load
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from activations.models import Dataset
@@ -93,6 +96,15 @@ def test_a_group_trains_from_the_model_and_each_member_is_evaluated_and_compared
     assert jump_described["cfg"]["architecture"] == "jumprelu_skip_transcoder"
     assert jump_described["cfg"]["d_out"] == 64 and jump_described["hook_name_out"] == MLP_OUT
     assert topk_tc["cfg"]["architecture"] == "topk" and jump_tc.W_skip is not None
+    # The JumpReLU one also exports in circuit-tracer's layout (layer_<i>.safetensors).
+    export = api.get(f"/api/saes/{members[3].id}/export")
+    with tarfile.open(fileobj=io.BytesIO(b"".join(export.streaming_content))) as archive:
+        layer = archive.extractfile(f"{members[3].id}/circuit_tracer/layer_1.safetensors").read()
+    tensors = safetensors_load(layer)
+    torch.testing.assert_close(tensors["W_enc"], jump_tc.W_enc.T, atol=0, rtol=0)
+    torch.testing.assert_close(tensors["activation_function.threshold"], jump_tc.threshold, atol=0, rtol=0)
+    assert tensors["W_skip"].shape == (64, 64)
+    assert not (members[2].directory / "circuit_tracer").exists()  # circuit-tracer reads no TopK
 
     # The group page compares them: two frontier plots with a dot per member, and the table.
     browser = Client()
