@@ -15,15 +15,18 @@ Every run is a fresh process (its peak RSS its own), on the CPU, timed around th
   forward pass. Both SAEs are then scored by one function on held-out text (explained variance,
   L0), loaded by SAELens's ``SAE.load_from_disk``. Goal: tokens/s >= 1.2x, explained variance at
   least as good.
-* **four at once**: TopK SAEs at ``blocks.{2,5,8,11}.hook_resid_post`` in one group (one forward
-  pass a batch) against four groups of one (each runs the model as far as its hook), and against
-  eai-sparsify's ``Trainer`` on the same four hook points (``h.2`` … module outputs), same
-  expansion, k, tokens a step, token ids. Goals: >= 2.5x the four jobs, >= 1.0x sparsify.
+* **four at once**: four TopK SAEs in one group (one forward pass a batch) against four groups of
+  one (each runs the model as far as its hook), and against eai-sparsify's ``Trainer`` on the same
+  four hook points (module outputs), same expansion, k, tokens a step, token ids, AuxK (1/32, for
+  latents silent as long as ours counts them dead). ``--four-sites spread``: the resid_post of
+  blocks 2, 5, 8, 11 (four separate jobs that stop early run 30/12 of a forward pass where the group
+  runs one, so 2.5x is the ceiling); ``block``: four sites of block 11 (every job runs it all).
+  Goals: >= 2.5x the four jobs, >= 1.0x sparsify.
 * **memory**: one SAE from the demo model's geometry (4 layers, width 128) at 1M and 10M tokens:
   peak RSS growth <= 10 %.
 
     .venv/bin/python bench/sae_live.py [--tokens 65536] [--group-tokens 32768] [--expansion 4]
-        [--k 32] [--batch-size 1024] [--context 128] [--parts one,four,memory]
+        [--k 32] [--batch-size 1024] [--context 128] [--parts one,four,memory] [--four-sites spread]
 
 SAELens and sparsify run in .venv-bench (bench/requirements-bench.txt); without it only ours runs.
 """

@@ -254,13 +254,16 @@ def check_cache_for(
         raise ApplicationError("CACHE_REQUIRED", f"Name an activation cache to {purpose} (cache_id).")
     if cache.status != ActivationCache.Status.COMPLETED:
         raise ApplicationError("CACHE_NOT_READY", f"The cache is {cache.status}.", status=409)
-    width = (cache.activation_shapes.get(sae.hook_name) or [0, 0])[1]
-    if sae.hook_name not in cache.hooks or width != sae.d_in:
-        raise ApplicationError(
-            "INVALID_HOOK",
-            f"The cache has no {sae.hook_name!r} activations of width {sae.d_in}: extract that hook first.",
-            details={"hook_name": sae.hook_name, "cache_hooks": cache.hooks},
-        )
+    needed = [(sae.hook_name, sae.d_in)]
+    if sae.hook_name_out:  # a transcoder reads its input and output hooks side by side
+        needed.append((sae.hook_name_out, sae.d_out))
+    for hook, width in needed:
+        if hook not in cache.hooks or (cache.activation_shapes.get(hook) or [0, 0])[1] != width:
+            raise ApplicationError(
+                "INVALID_HOOK",
+                f"The cache has no {hook!r} activations of width {width}: extract that hook first.",
+                details={"hook_name": hook, "cache_hooks": cache.hooks},
+            )
     return cache
 
 

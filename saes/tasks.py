@@ -250,10 +250,13 @@ def held_out_evaluation(
     """Metrics on the held-out rows, and CE loss recovered when ``loaded`` (the model in this
     worker) is given; without it ``ce_loss_recovered`` is None (an evaluation job follows where
     the model is). ``feature_density`` is a tensor, for sparsity.safetensors."""
+    chunks = row_chunks(store, sae.hook_name, split.holdout_start, split.num_tokens)
+    if sae.hook_name_out:  # a transcoder: its inputs beside the outputs it predicts
+        outputs = row_chunks(store, sae.hook_name_out, split.holdout_start, split.num_tokens)
+        chunks = zip(chunks, outputs, strict=True)
     result = evaluate_activations(
-        module, row_chunks(store, sae.hook_name, split.holdout_start, split.num_tokens),
-        rows_per_step=evaluation_rows(sae.d_sae), should_cancel=should_cancel,
-    )  # fmt: skip
+        module, chunks, rows_per_step=evaluation_rows(sae.d_sae), should_cancel=should_cancel
+    )
     evaluation = {
         **result.to_dict(),
         "feature_density": result.feature_density,
@@ -266,7 +269,10 @@ def held_out_evaluation(
     sequences = holdout_sequences(store, split)
     if not sequences:
         return {**evaluation, "ce_note": "No whole held-out sample to run the model on."}
-    ce = ce_loss_recovered(loaded.model, sequences, hook_name=sae.hook_name, sae=module)
+    ce = ce_loss_recovered(
+        loaded.model, sequences, hook_name=sae.feature_hook, sae=module,
+        input_hook=sae.hook_name if sae.hook_name_out else None,
+    )  # fmt: skip
     return {**evaluation, **ce.to_dict(), "ce_tokens": ce.tokens}
 
 

@@ -231,20 +231,28 @@ def train_group(
     source = open_source(description.get("position")) if spread.leader else None
     position = description.get("position")
     ended = False
+    step = int(description.get("step", 0))
+    total_steps = max(member.config.total_steps for member in members)
 
     def refill() -> torch.Tensor | None:
-        """The next batch on rank 0, reading the source as needed (None: the source has ended)."""
+        """The next batch on rank 0, reading the source as needed (None: the source has ended).
+
+        The buffer takes the stream's first ``total_steps x batch_size`` rows and no more: once
+        it holds all the remaining steps need, the source is read no further and the buffer is
+        drained, so a run ends without a buffer's worth of forward passes wasted (and which rows
+        train depends on the stream alone, not on how it is chunked)."""
         nonlocal ended, position
         while (batch := buffer.next_batch()) is None:
             if ended:
                 return None
-            item = next(source, None)
+            room = (total_steps - step) * batch_size - buffer.held_rows
+            item = next(source, None) if room > 0 else None
             if item is None:
                 ended = True
                 buffer.end()
             else:
                 rows, position = item
-                buffer.add(rows)
+                buffer.add(rows[:room])
         return batch
 
     pending: torch.Tensor | None = None
@@ -271,9 +279,7 @@ def train_group(
             resume=checkpoint,
             device=device,
         )
-    step = int(description.get("step", 0))
     elapsed_before = float(description.get("elapsed_seconds", 0.0))
-    total_steps = max(member.config.total_steps for member in members)
     started = time.perf_counter()
     while step < total_steps:
         cancel = spread.leader and should_cancel is not None and should_cancel()

@@ -33,71 +33,25 @@ from typing import Any
 import torch
 
 from engine.sae.checkpoint import SAE_PARAMETERS, TrainingCheckpoint
+from engine.sae.losses import JumpReLUFunction, StepFunction, aux_k_loss
 from engine.sae.model import SaeShape, SparseAutoencoder
-from engine.sae_architectures import BATCH_WIDE, K_SPARSE, REGISTRY, matryoshka_widths
+from engine.sae_architectures import (
+    BATCH_WIDE,
+    DEFAULT_EXPANSION,
+    DEFAULT_LIVE_EXPANSION,
+    K_SPARSE,
+    MIN_TOKENS_PER_FEATURE,
+    REGISTRY,
+    default_dead_after_steps,
+    default_expansion,
+    default_k,
+    default_live_k,
+    default_live_tokens,
+    default_total_tokens,
+    matryoshka_widths,
+)
 
 B_DEC_INITS: tuple[str, ...] = ("geometric_median", "mean", "zeros")
-
-
-def default_k(d_in: int) -> int:
-    """Active features per token unless asked: d_in / 24, from 16 to 128 (32 for GPT-2 small's 768,
-    as OpenAI's TopK SAEs; 16 for the 128-wide demo model, where 32 left features firing on 40 %
-    of tokens and 5 or 8 left most features dead: bench/sae_demo.py --product-defaults)."""
-    return max(16, min(128, round(d_in / 24)))
-
-
-DEFAULT_EXPANSION = 8
-# A default dictionary is no larger than gives each feature this many distinct training tokens:
-# on the demo cache (about 58,000 tokens, d_in 128) 1,024 features left 29 % dead on held-out
-# tokens (57-74 % on a less trained demo model, whatever k, lr or AuxK's weight), 512 left 9 % at
-# explained variance 0.90 (docs/benchmarks.md).
-MIN_TOKENS_PER_FEATURE = 100
-
-
-def default_expansion(d_in: int, training_tokens: int) -> int:
-    """d_sae / d_in unless asked: 8, or on a cache too small for that the largest power of two
-    whose features each have :data:`MIN_TOKENS_PER_FEATURE` training tokens (at least 1). A
-    research-scale cache (GPT-2 small: 620,000 tokens or more) keeps 8."""
-    expansion = DEFAULT_EXPANSION
-    while expansion > 1 and training_tokens < MIN_TOKENS_PER_FEATURE * expansion * d_in:
-        expansion //= 2
-    return expansion
-
-
-# Training from the model (issue 27): what a researcher picks at research scale. 16x and k = d_in/12
-# (64 for GPT-2 small's 768, 128 at most; 16 at least); enough tokens that each feature sees
-# LIVE_TOKENS_PER_FEATURE of them (GPT-2 small 16x: 49M tokens), within the bounds below.
-DEFAULT_LIVE_EXPANSION = 16
-LIVE_TOKENS_PER_FEATURE = 4000
-LIVE_TOKENS_BOUNDS = (1_000_000, 2_000_000_000)
-
-
-def default_live_k(d_in: int) -> int:
-    return max(16, min(128, round(d_in / 12)))
-
-
-def default_live_tokens(d_sae: int) -> int:
-    low, high = LIVE_TOKENS_BOUNDS
-    return max(low, min(high, LIVE_TOKENS_PER_FEATURE * d_sae))
-
-
-# A default training runs at least this many steps (several passes over a small cache): one pass
-# over the demo cache was 15 steps, explained variance 0.48 with k 32 and 0.30 with k 16; 425
-# steps reached 0.92 with k 16.
-MIN_DEFAULT_STEPS = 512
-
-
-def default_total_tokens(available: int, batch_size: int) -> int:
-    """Tokens a training sees unless asked: one pass over the ``available`` ones, or
-    :data:`MIN_DEFAULT_STEPS` batches when that is more (the data reshuffled each pass)."""
-    return max(available, MIN_DEFAULT_STEPS * batch_size)
-
-
-def default_dead_after_steps(total_steps: int) -> int:
-    """Steps without firing after which a feature counts as dead (and AuxK revives it): a tenth of
-    the run, at most 1,000 (SAELens' window). A fixed 1,000 was longer than a demo-scale run, so
-    AuxK never engaged."""
-    return max(1, min(1000, total_steps // 10))
 
 
 @dataclass(frozen=True)
@@ -201,49 +155,6 @@ def initialised_sae(shape: SaeShape, config: TrainingConfig, sample: torch.Tenso
     return sae
 
 
-def _rectangle(x: torch.Tensor) -> torch.Tensor:
-    return ((x > -0.5) & (x < 0.5)).to(x)
-
-
-class _JumpReLUFunction(torch.autograd.Function):
-    """``x * (x > threshold)``; the threshold's gradient through a rectangle-kernel estimate."""
-
-    @staticmethod
-    def forward(ctx, x, threshold, bandwidth):
-        ctx.save_for_backward(x, threshold)
-        ctx.bandwidth = bandwidth
-        return x * (x > threshold).to(x)
-
-    @staticmethod
-    def backward(ctx, grad_output):
-        x, threshold = ctx.saved_tensors
-        bandwidth = ctx.bandwidth
-        x_grad = (x > threshold).to(x) * grad_output
-        threshold_grad = (
-            -(threshold / bandwidth) * _rectangle((x - threshold) / bandwidth) * grad_output
-        ).sum(dim=0)
-        return x_grad, threshold_grad, None
-
-
-class _StepFunction(torch.autograd.Function):
-    """``x > threshold`` as 0/1; the threshold's gradient through the same kernel estimate."""
-
-    @staticmethod
-    def forward(ctx, x, threshold, bandwidth):
-        ctx.save_for_backward(x, threshold)
-        ctx.bandwidth = bandwidth
-        return (x > threshold).to(x)
-
-    @staticmethod
-    def backward(ctx, grad_output):
-        x, threshold = ctx.saved_tensors
-        bandwidth = ctx.bandwidth
-        threshold_grad = (-(1.0 / bandwidth) * _rectangle((x - threshold) / bandwidth) * grad_output).sum(
-            dim=0
-        )
-        return torch.zeros_like(x), threshold_grad, None
-
-
 def _learning_rate(config: TrainingConfig, step: int) -> float:
     total = config.total_steps
     if step < config.warmup_steps:
@@ -252,23 +163,6 @@ def _learning_rate(config: TrainingConfig, step: int) -> float:
     if config.decay_fraction > 0 and step >= decay_start:
         return config.lr * max(0.0, (total - step) / max(1, total - decay_start))
     return config.lr
-
-
-def _aux_k_loss(
-    sae: SparseAutoencoder, x: torch.Tensor, recon: torch.Tensor, hidden_pre: torch.Tensor, dead: torch.Tensor
-) -> torch.Tensor:
-    """Dead features, ``k_aux`` of them per row, reconstruct the live ones' residual (AuxK)."""
-    num_dead = int(dead.sum())
-    if num_dead == 0:
-        return x.new_zeros(())
-    k_aux = x.shape[-1] // 2
-    scale = min(num_dead / k_aux, 1.0)
-    k_aux = min(k_aux, num_dead)
-    masked = torch.where(dead, hidden_pre, torch.full_like(hidden_pre, -math.inf))
-    values, indices = masked.topk(k_aux, dim=-1, sorted=False)
-    residual = (x - recon).detach()
-    aux_recon = sae.decode_sparse(values.relu(), indices) - sae.b_dec
-    return scale * (aux_recon - residual).pow(2).sum(-1).mean()
 
 
 class SaeTrainer:
@@ -361,8 +255,8 @@ class SaeTrainer:
         sparsity = aux = x.new_zeros(())
         if architecture == "jumprelu":
             threshold = self.log_threshold.exp()
-            features = _JumpReLUFunction.apply(hidden_pre, threshold, config.jumprelu_bandwidth)
-            l0 = _StepFunction.apply(hidden_pre, threshold, config.jumprelu_bandwidth).sum(-1)
+            features = JumpReLUFunction.apply(hidden_pre, threshold, config.jumprelu_bandwidth)
+            l0 = StepFunction.apply(hidden_pre, threshold, config.jumprelu_bandwidth).sum(-1)
             sparsity = config.l0_coefficient * l0.mean()
         if architecture == "topk":  # k per row: decoded sparsely, never made dense
             values, indices = hidden_pre.topk(config.k, dim=-1, sorted=False)
@@ -388,7 +282,7 @@ class SaeTrainer:
         if architecture == "standard":
             sparsity = config.l1_coefficient * (features * sae.W_dec.norm(dim=1)).sum(-1).mean()
         elif architecture in K_SPARSE:
-            aux = config.aux_coefficient * _aux_k_loss(sae, y, recon, hidden_pre, dead)
+            aux = config.aux_coefficient * aux_k_loss(sae, y, recon, hidden_pre, dead)
         loss = reconstruction_loss + sparsity + aux
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -613,6 +507,9 @@ def l0(sae: SparseAutoencoder, x: torch.Tensor) -> float:
 
 __all__ = [
     "B_DEC_INITS",
+    "DEFAULT_EXPANSION",
+    "DEFAULT_LIVE_EXPANSION",
+    "MIN_TOKENS_PER_FEATURE",
     "SaeTrainer",
     "StepMetrics",
     "TrainedSae",

@@ -147,3 +147,45 @@ def test_a_queued_group_cancelled_cancels_its_members_and_requests_are_checked(
     unknown = _request(api, tiny_model, texts_dataset, variants=[{"momentum": 0.9}])
     assert unknown.status_code == 400
     assert SaeGroup.objects.count() == before
+
+
+def test_a_transcoder_evaluates_on_a_cache_of_both_hooks_is_analysed_and_steers_at_its_output(
+    tiny_model, writer, client_for, texts_dataset
+):
+    from activations.models import ExtractionJob
+    from features.models import FeatureAnalysis
+
+    api = client_for(writer)
+    body = _request(
+        api, tiny_model, texts_dataset, hooks=[], variants=[{"architecture": "batchtopk", "k": 8}]
+    )
+    body = body.json()
+    transcoder_id = body["members"][0]["id"]
+    extraction = api.post(
+        f"/api/models/{tiny_model.id}/extract-activations",
+        {"dataset_id": texts_dataset.id, "hooks": [MLP_IN, MLP_OUT], "max_length": 32},
+        format="json",
+    ).json()
+    burst()  # the group, then the cache of both hooks
+    assert SaeGroup.objects.get(pk=body["id"]).status == "completed"
+    cache = ExtractionJob.objects.get(pk=extraction["extraction_id"]).cache
+    # A cache without the output hook cannot evaluate it; one with both can.
+    row = api.get(f"/api/saes/{transcoder_id}").json()
+    assert row["feature_hook"] == MLP_OUT and row["d_out"] == 64
+    evaluated = api.post(f"/api/saes/{transcoder_id}/evaluate", {"cache_id": cache.id}, format="json")
+    assert evaluated.status_code == 202, evaluated.content
+    analysis = api.post(f"/api/saes/{transcoder_id}/analyses", {"cache_id": cache.id}, format="json")
+    assert analysis.status_code == 202, analysis.content
+    burst()
+    evaluation = SaeRow.objects.get(pk=transcoder_id).evaluation
+    assert evaluation["error"] is None and 0 < evaluation["explained_variance"] <= 1
+    assert evaluation["ce_loss_recovered"] is not None and evaluation["cache_id"] == cache.id
+    assert FeatureAnalysis.objects.get(pk=analysis.json()["id"]).status == "completed"
+    # Steering: its features are added at the output hook; clamping one is refused (400).
+    clamp = api.post(
+        "/api/generate",
+        {"model_id": tiny_model.id, "prompt": "The", "max_tokens": 2, "mistudio": {"interventions": [
+            {"type": "clamp_feature", "sae": transcoder_id, "feature": 0, "value": 1.0}]}},
+        format="json",
+    )  # fmt: skip
+    assert clamp.status_code == 400 and "transcoder" in clamp.json()["error"]["message"]
