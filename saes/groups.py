@@ -18,7 +18,7 @@ from rest_framework.exceptions import ValidationError
 from activations.models import Dataset
 from activations.selectors import hook_points
 from activations.services import hook_names_for
-from activations.services.extractions import storage_dtype_for
+from activations.services.extractions import default_max_length, storage_dtype_for
 from engine import budgets
 from engine.sae import default_live_k, default_live_tokens
 from engine.sae.training import DEFAULT_LIVE_EXPANSION
@@ -98,8 +98,6 @@ def holdout_samples(sample_count: int) -> int:
 
 def group_settings(model: LanguageModel, dataset: Dataset, *, max_length: int | None) -> dict[str, Any]:
     """How the model reads the dataset: tokens per sample, samples per forward pass, held-out split."""
-    from activations.services.extractions import default_max_length
-
     if dataset.sample_count < 2:
         raise ApplicationError(
             "DATASET_TOO_SMALL", "Training from the model needs at least 2 samples: some are held out."
@@ -147,7 +145,7 @@ def group_members(
 
 def group_memory(
     model: LanguageModel, configs: list[tuple[dict[str, Any], int, int]], *, settings: dict
-) -> Any:
+) -> budgets.MemoryEstimate:
     """The group's estimated peak: each member's training (``engine.budgets.sae_training``, less
     its own read-ahead), one shuffle buffer of every hook's rows side by side, one forward pass."""
     parts: dict[str, int] = {}

@@ -336,8 +336,8 @@ def run_sae_evaluation(evaluation: SaeEvaluation, job: JobContext) -> None:
 GROUP_EVALUATION_ROWS = 16384
 
 
-def group_member_configs(group: SaeGroup) -> list:
-    """The group's members in order, each as the engine's :class:`GroupMember`."""
+def group_member_configs(group: SaeGroup) -> tuple[list[SparseAutoencoder], list]:
+    """The group's member rows in order, and each as the engine's :class:`GroupMember`."""
     from engine.sae.group import GroupMember
 
     members = list(group.members.order_by("group_index"))
@@ -363,7 +363,7 @@ def run_sae_group_training(group: SaeGroup, job: JobContext) -> None:
     if group.dataset is None:
         raise ApplicationError("DATASET_NOT_FOUND", "The group's dataset is gone.")
     members, specs = group_member_configs(group)
-    settings_ = group.settings
+    reading = group.settings
     total_steps = max(spec.config.total_steps for spec in specs)
     fields = group.mark_running(
         host_worker=job.worker.name, total_steps=total_steps, total_tokens=group.total_tokens
@@ -422,12 +422,12 @@ def run_sae_group_training(group: SaeGroup, job: JobContext) -> None:
             loaded.tokenizer,
             reader,
             hooks=hooks,
-            train_samples=settings_["train_samples"],
-            max_length=settings_["max_length"],
-            batch_size=settings_["forward_batch_size"],
-            window_samples=settings_["window_samples"],
+            train_samples=reading["train_samples"],
+            max_length=reading["max_length"],
+            batch_size=reading["forward_batch_size"],
+            window_samples=reading["window_samples"],
             position=position,
-            dtype=settings_["dtype"],
+            dtype=reading["dtype"],
             device=device,
         )
 
@@ -442,19 +442,15 @@ def run_sae_group_training(group: SaeGroup, job: JobContext) -> None:
             should_cancel=job.should_cancel,
             checkpoint_folder=group.checkpoint_directory,
             checkpoint_every_steps=settings.SAE_CHECKPOINT_EVERY_STEPS,
-            rows_dtype=getattr(torch, settings_["dtype"]),
+            rows_dtype=getattr(torch, reading["dtype"]),
         )
         job.check_cancel()
-        held_out = reader(settings_["train_samples"], group.dataset.sample_count)
-    evaluations = group_evaluation(
-        loaded, members, results, held_out, hooks=hooks, settings=settings_, job=job
-    )
+        held_out = reader(reading["train_samples"], group.dataset.sample_count)
+    evaluations = group_evaluation(loaded, members, results, held_out, hooks=hooks, reading=reading, job=job)
     for index, sae in enumerate(members):
         trained = results[index]
         evaluation = evaluations[index]
-        save_files(
-            sae, trained.sae, evaluation.pop("feature_density"), prepend_bos=group_prepends_bos(loaded, group)
-        )
+        save_files(sae, trained.sae, evaluation.pop("feature_density"), prepend_bos=prepends_bos(loaded))
         fields = sae.mark_completed(
             evaluation=evaluation,
             file_size_bytes=folder_size(sae.directory),
@@ -465,7 +461,7 @@ def run_sae_group_training(group: SaeGroup, job: JobContext) -> None:
     job_publish(group, "completed", group.mark_completed())
 
 
-def group_prepends_bos(loaded, group: SaeGroup) -> bool:
+def prepends_bos(loaded) -> bool:
     """Whether the tokenizer starts each sample with BOS (what SAELens' ``prepend_bos`` says)."""
     ids = loaded.tokenizer("a")["input_ids"]
     bos = getattr(loaded.tokenizer, "bos_token_id", None)
@@ -473,7 +469,7 @@ def group_prepends_bos(loaded, group: SaeGroup) -> bool:
 
 
 def group_evaluation(
-    loaded, members, results, held_out: list[str], *, hooks, settings: dict, job
+    loaded, members, results, held_out: list[str], *, hooks, reading: dict, job
 ) -> list[dict]:
     """Each member's metrics on the held-out samples (at most ``GROUP_EVALUATION_ROWS`` tokens of
     them, every hook read in one pass) and CE loss recovered with it spliced into the model."""
@@ -482,7 +478,7 @@ def group_evaluation(
     from engine.extraction import extract, plan_batches, tokenize_samples
     from engine.sae.evaluation import ce_loss_recovered, evaluate_activations
 
-    tokenized = [ids for ids in tokenize_samples(loaded.tokenizer, held_out, settings["max_length"]) if ids]
+    tokenized = [ids for ids in tokenize_samples(loaded.tokenizer, held_out, reading["max_length"]) if ids]
     kept, rows = [], 0
     for ids in tokenized:
         if rows + len(ids) > GROUP_EVALUATION_ROWS and kept:
@@ -494,7 +490,7 @@ def group_evaluation(
     batches = extract(
         loaded.model,
         kept,
-        plan_batches([len(ids) for ids in kept], settings["forward_batch_size"]),
+        plan_batches([len(ids) for ids in kept], reading["forward_batch_size"]),
         hooks=hooks,
         dtype="float32",
         should_cancel=job.should_cancel,
