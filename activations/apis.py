@@ -11,6 +11,7 @@ from rest_framework.views import APIView
 
 from activations import selectors, services
 from activations.models import ActivationCache, Dataset, ExtractionJob
+from engine.datasets import FORMATS as DATASET_FORMATS
 from mistudio.api_inputs import ARRAY_INDEX_MAX, DATABASE_INT_MAX
 from mistudio.errors import ApplicationError
 from mistudio.json_input import JSONParser
@@ -62,9 +63,7 @@ class DatasetListApi(APIView):
         name = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")
         file = serializers.FileField(required=False)
         local_path = serializers.CharField(max_length=4096, required=False)
-        format = serializers.ChoiceField(
-            choices=["text_lines", "text_paragraphs", "jsonl", "csv", "hf_disk"], required=False
-        )
+        format = serializers.ChoiceField(choices=list(DATASET_FORMATS), required=False)
         field = serializers.CharField(max_length=200, required=False)
         shared = serializers.BooleanField(default=False, help_text="Visible to every reader")
 

@@ -38,6 +38,19 @@ def test_upload_text_lines_jsonl_and_csv(api):
     assert samples == ["hello, world", "two\nlines"]
 
 
+def test_upload_parquet_reads_its_text_column(api):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    buffer = io.BytesIO()
+    pq.write_table(pa.table({"id": [1, 2], "body": ["one row", "another row"]}), buffer)
+    response = upload(api, buffer.getvalue(), "rows.parquet", field="body")
+    assert response.status_code == 201, response.content
+    assert response.json()["format"] == "parquet" and response.json()["field"] == "body"
+    samples = api.get(f"/api/datasets/{response.json()['id']}/samples").json()["samples"]
+    assert samples == ["one row", "another row"]
+
+
 def test_the_same_samples_have_the_same_content_hash(api):
     first = upload(api, b"alpha\nbeta\n", "a.txt").json()
     second = upload(api, b'{"text": "alpha"}\n{"text": "beta"}\n', "b.jsonl").json()

@@ -14,6 +14,8 @@ Formats (:data:`FORMATS`):
 * ``csv``: a header row, then one record per row; ``field`` names the column (default ``"text"``).
   Standard quoting (commas, quotes and newlines inside quoted cells); every row must have as many
   cells as the header, so an unquoted comma is an error rather than a silently cut sample.
+* ``parquet``: a Parquet file (pyarrow, a row group at a time); ``field`` (default ``"text"``)
+  names a string column; nulls are skipped like empty values.
 * ``hf_disk``: a folder written by ``Dataset.save_to_disk`` or ``DatasetDict.save_to_disk``; the
   ``field`` column (default ``"text"``) must be a string column. A ``DatasetDict`` is read from its
   ``split`` argument, else its ``"train"`` split, else its first split.

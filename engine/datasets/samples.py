@@ -8,7 +8,7 @@ from typing import Any
 
 from engine.errors import EngineError
 
-FORMATS: tuple[str, ...] = ("text_lines", "text_paragraphs", "jsonl", "csv", "hf_disk")
+FORMATS: tuple[str, ...] = ("text_lines", "text_paragraphs", "jsonl", "csv", "parquet", "hf_disk")
 DEFAULT_FIELD = "text"
 # An error listing the fields, columns or splits a file has shows this many, each this long at most.
 _LISTED_NAMES = 50

@@ -30,6 +30,7 @@ _FORMAT_BY_SUFFIX: dict[str, str] = {
     ".jsonl": "jsonl",
     ".ndjson": "jsonl",
     ".csv": "csv",
+    ".parquet": "parquet",
 }
 _UTF8_BOM = b"\xef\xbb\xbf"
 _OTHER_BOMS: tuple[tuple[bytes, str], ...] = (
@@ -67,8 +68,51 @@ def parse_bytes(
         )
     _check_size(len(data), max_bytes)
     collector = _Collector(max_samples, max_sample_bytes)
-    used_field = _parse_text(_decode(data), format, field, collector)
+    if format == "parquet":
+        used_field = _parse_parquet(data, field or DEFAULT_FIELD, collector)
+    else:
+        used_field = _parse_text(_decode(data), format, field, collector)
     return _finish(collector, format=format, field=used_field, size_bytes=len(data))
+
+
+# Arrow's text column types (Parquet's BYTE_ARRAY with a UTF8 annotation reads as one of them).
+_ARROW_TEXT_TYPES = ("string", "large_string", "string_view")
+
+
+def _parse_parquet(data: bytes, field: str, collector: _Collector) -> str:
+    """The ``field`` column of a Parquet file, a row group at a time (pyarrow; nothing in it is
+    unpickled: pyarrow does not load pickled extension types)."""
+    import pyarrow as pa  # lazily: only this format needs it
+    import pyarrow.parquet as pq
+
+    try:
+        parquet = pq.ParquetFile(pa.BufferReader(data))
+        schema = parquet.schema_arrow
+    except (pa.ArrowException, OSError) as error:
+        raise DatasetError(
+            "INVALID_FORMAT", "Not a Parquet file this can read.", {"error": type(error).__name__}
+        ) from None
+    if field not in schema.names:
+        listed, details = _listing("fields", list(schema.names))
+        raise DatasetError(
+            "FIELD_NOT_FOUND",
+            f"The Parquet file has no column {field!r}; it has {listed}.",
+            {"field": field, **details},
+        )
+    kind = str(schema.field(field).type)
+    if kind not in _ARROW_TEXT_TYPES:
+        raise DatasetError("INVALID_FORMAT", f"Column {field!r} holds {kind}, not text.", {"field": field})
+    row = 0
+    try:
+        for batch in parquet.iter_batches(columns=[field]):
+            for value in batch.column(0).to_pylist():
+                collector.add(value if value is not None else "", row=row)
+                row += 1
+    except pa.ArrowException as error:
+        raise DatasetError(
+            "INVALID_FORMAT", "The Parquet file is damaged.", {"error": type(error).__name__}
+        ) from None
+    return field
 
 
 def guess_format(filename: str, data_head: bytes) -> str:

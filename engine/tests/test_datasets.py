@@ -500,7 +500,7 @@ def test_guess_format(filename, head, expected):
     assert guess_format(filename, head) == expected
 
 
-@pytest.mark.parametrize("filename", ["data.json", "data.parquet", "samples.pkl", "no_extension"])
+@pytest.mark.parametrize("filename", ["data.json", "data.feather", "samples.pkl", "no_extension"])
 def test_guess_format_refuses_what_it_cannot_read(filename):
     head = b'[{"text": "a"}]' if filename.endswith(".json") else b"abc"
     error = refusal("INVALID_FORMAT", guess_format, filename, head)
@@ -535,3 +535,35 @@ def test_the_module_imports_without_django_or_datasets():
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "['a']"
+
+
+def test_a_parquet_file_gives_its_text_column_row_group_by_row_group(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.table(
+        {"text": ["first sample", None, "  ", "third, with a comma", "é ünïcode"], "n": [1, 2, 3, 4, 5]}
+    )
+    path = tmp_path / "corpus.parquet"
+    pq.write_table(table, path, row_group_size=2)  # three row groups
+    parsed = parse_path(path, format=None, field=None, max_bytes=10**6)
+    assert parsed.format == "parquet" and parsed.field == "text"
+    assert parsed.samples == ["first sample", "third, with a comma", "é ünïcode"]
+    assert parsed.skipped_empty == 2  # the null and the blank
+    with pytest.raises(DatasetError) as missing:
+        parse_path(path, format=None, field="body", max_bytes=10**6)
+    assert missing.value.code == "FIELD_NOT_FOUND" and missing.value.details["available_fields"] == [
+        "text",
+        "n",
+    ]
+    with pytest.raises(DatasetError) as numbers:
+        parse_path(path, format=None, field="n", max_bytes=10**6)
+    assert numbers.value.code == "INVALID_FORMAT" and "int64" in numbers.value.message
+    broken = tmp_path / "broken.parquet"
+    broken.write_bytes(path.read_bytes()[:40])
+    with pytest.raises(DatasetError) as damaged:
+        parse_path(broken, format=None, field=None, max_bytes=10**6)
+    assert damaged.value.code == "INVALID_FORMAT"
+    with pytest.raises(DatasetError) as too_large:
+        parse_path(path, format=None, field=None, max_bytes=100)
+    assert too_large.value.code == "DATASET_TOO_LARGE"

@@ -17,6 +17,7 @@ UPLOAD_FORMATS = [
     ("text_paragraphs", "Text: paragraphs split by blank lines"),
     ("jsonl", "JSON Lines"),
     ("csv", "CSV"),
+    ("parquet", "Parquet"),
 ]
 
 

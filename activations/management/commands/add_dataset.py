@@ -3,6 +3,7 @@
 from django.core.management.base import BaseCommand, CommandError
 
 from activations import services
+from engine.datasets import FORMATS as DATASET_FORMATS
 from mistudio.errors import ApplicationError
 
 
@@ -12,7 +13,7 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("path", help="absolute path of a file or folder inside LOCAL_DATA_ROOTS")
         parser.add_argument("--name", default="")
-        parser.add_argument("--format", choices=["text_lines", "text_paragraphs", "jsonl", "csv", "hf_disk"])
+        parser.add_argument("--format", choices=list(DATASET_FORMATS))
         parser.add_argument("--field", help="JSONL field / CSV or dataset column (default: text)")
 
     def handle(self, *args, **options):
