@@ -318,19 +318,10 @@ def score(folder: str, hook: str, saes: list[str], args: dict) -> list[dict]:
         def load(path):
             return load_saelens(path)[0]
 
-    scores = []
-    for path in saes:
-        sae = load(path)
-        with torch.no_grad():
-            features = sae.encode(rows)
-            residual = (rows - sae.decode(features)).pow(2).sum()
-        scores.append(
-            {
-                "explained_variance": float(1 - residual / (rows - rows.mean(0)).pow(2).sum()),
-                "l0": float((features > 0).sum(-1).float().mean()),
-            }
-        )
-    return scores
+    sys.path.insert(0, str(Path(__file__).parent))
+    from sae import held_out_quality  # bench/sae.py's scorer: one function for every benchmark
+
+    return [held_out_quality(load(path), rows) for path in saes]
 
 
 def run_json(python: Path | str, *arguments: str) -> dict | list:

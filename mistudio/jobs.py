@@ -40,6 +40,7 @@ from mistudio.access import check_may_change
 from mistudio.errors import ApplicationError, rate_limited
 from mistudio.events import publish, rows_audience
 from mistudio.redis_client import get_redis
+from mistudio.text import check_label_text
 from mistudio.workers import (
     WorkerIdentity,
     enqueue,
@@ -76,6 +77,8 @@ class JobRow(models.Model):
     task: ClassVar[str]
     noun: ClassVar[str]
     failure_code: ClassVar[str]
+    # What only the owner (or an admin) may change (``job_update``).
+    OWNER_FIELDS: ClassVar[tuple[str, ...]] = ()
 
     status = models.CharField(
         max_length=20, choices=JobStatus.choices, default=JobStatus.QUEUED, db_index=True
@@ -325,6 +328,20 @@ def job_discard(row: JobRow) -> None:
         return
     job_publish(row, "cancelled", row.mark_cancelled())
     row.on_ended()
+
+
+def job_update(row: JobRow, *, actor, changes: dict[str, Any]) -> list[str]:
+    """Change the row's ``OWNER_FIELDS`` among ``changes`` (a name checked as label text): its
+    owner, an admin or the operator only (403 ``NOT_OWNER``); saved and announced as
+    ``<kind>:updated``. Returns the fields changed."""
+    check_may_change(row, actor, what=row.noun)
+    if "name" in changes:
+        check_label_text(changes["name"], field="name")
+    fields = [field for field in row.OWNER_FIELDS if field in changes]
+    for field in fields:
+        setattr(row, field, changes[field])
+    job_publish(row, "updated", fields)
+    return fields
 
 
 def job_cancel(row: JobRow, *, actor) -> JobRow:

@@ -24,7 +24,6 @@ from engine.sae import default_live_k, default_live_tokens
 from engine.sae.training import DEFAULT_LIVE_EXPANSION
 from engine.sae_architectures import DEFAULT_ARCHITECTURE
 from mistudio import jobs
-from mistudio.access import check_may_change
 from mistudio.budgets import memory_budget_check
 from mistudio.errors import ApplicationError
 from mistudio.text import check_label_text
@@ -310,15 +309,9 @@ def sae_group_cancel(*, group: SaeGroup, actor) -> SaeGroup:
 
 def sae_group_update(*, group: SaeGroup, actor, **changes: Any) -> SaeGroup:
     """Rename or share / unshare the group (its members' sharing follows)."""
-    check_may_change(group, actor, what="SAE group")
-    if "name" in changes:
-        check_label_text(changes["name"], field="name")
-    fields = [field for field in SaeGroup.OWNER_FIELDS if field in changes]
-    for field in fields:
-        setattr(group, field, changes[field])
+    jobs.job_update(group, actor=actor, changes=changes)
     if "shared" in changes:
         for member in group.members.all():
             member.shared = group.shared
             jobs.job_publish(member, "updated", ["shared"])
-    jobs.job_publish(group, "updated", fields)
     return group

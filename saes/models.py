@@ -15,7 +15,7 @@ DEAD_WARNING_FRACTION = 0.25
 
 class TrainingProgress(models.Model):
     """Where a training stands: steps and tokens against their totals, throughput, ETA (an SAE's
-    and a group's)."""
+    and a group's). Mixed in before :class:`JobRow`, whose ``mark_running`` it extends."""
 
     step = models.PositiveIntegerField(default=0)
     total_steps = models.PositiveIntegerField(default=0)
@@ -26,9 +26,13 @@ class TrainingProgress(models.Model):
     class Meta:
         abstract = True
 
-    def mark_totals(self, *, total_steps: int, total_tokens: int) -> list[str]:
+    @property
+    def checkpoint_directory(self):
+        return self.directory / "checkpoint"
+
+    def mark_running(self, *, host_worker: str, total_steps: int = 0, total_tokens: int = 0) -> list[str]:
         self.total_steps, self.total_tokens = total_steps, total_tokens
-        return ["total_steps", "total_tokens"]
+        return [*super().mark_running(host_worker=host_worker), "total_steps", "total_tokens"]
 
     def mark_step(self, *, step: int, tokens_seen: int, tokens_per_second: float) -> list[str]:
         """``progress``, ``eta_seconds`` (of the job row) and the counters after ``step``."""
@@ -154,10 +158,6 @@ class SparseAutoencoder(TrainingProgress, JobRow):
         return settings.SAE_DIR / self.id
 
     @property
-    def checkpoint_directory(self):
-        return self.directory / "checkpoint"
-
-    @property
     def evaluation_status(self) -> str:
         """``queued`` / ``running`` while an evaluation of the SAE is, else ``""`` (its newest active
         :class:`SaeEvaluation`; ``saes.selectors.sae_list`` prefetches them)."""
@@ -188,12 +188,6 @@ class SparseAutoencoder(TrainingProgress, JobRow):
                 "them sooner."
             )
         return found
-
-    def mark_running(self, *, host_worker: str, total_steps: int = 0, total_tokens: int = 0) -> list[str]:
-        return [
-            *super().mark_running(host_worker=host_worker),
-            *self.mark_totals(total_steps=total_steps, total_tokens=total_tokens),
-        ]
 
     def mark_progress(
         self, *, step: int, tokens_seen: int, tokens_per_second: float, metrics: dict, points: list[dict]
@@ -306,13 +300,6 @@ class SaeGroup(TrainingProgress, JobRow):
         """The group's checkpoints (each member's SAELens folder is its own row's)."""
         return settings.SAE_DIR / self.id
 
-    @property
-    def checkpoint_directory(self):
-        return self.directory / "checkpoint"
-
-    def leftovers(self) -> list:
-        return [self.directory]
-
     def on_ended(self) -> None:
         """Its members end as it did (failed with its error, or cancelled); the checkpoints go."""
         for member in self.members.filter(status__in=JobRow.ACTIVE):
@@ -323,9 +310,3 @@ class SaeGroup(TrainingProgress, JobRow):
             member.save(update_fields=[*fields, "updated_at"])
             member.release_leftovers()
         self.release_leftovers()
-
-    def mark_running(self, *, host_worker: str, total_steps: int = 0, total_tokens: int = 0) -> list[str]:
-        return [
-            *super().mark_running(host_worker=host_worker),
-            *self.mark_totals(total_steps=total_steps, total_tokens=total_tokens),
-        ]

@@ -433,13 +433,7 @@ def folder_size(folder: Path) -> int:
 def sae_update(*, sae: SparseAutoencoder, actor, **changes: Any) -> SparseAutoencoder:
     """Rename or share / unshare (``SparseAutoencoder.OWNER_FIELDS``): the owner, an admin or the
     operator only (403 ``NOT_OWNER``)."""
-    check_may_change(sae, actor, what="SAE")
-    if "name" in changes:
-        check_label_text(changes["name"], field="name")
-    fields = [field for field in SparseAutoencoder.OWNER_FIELDS if field in changes]
-    for field in fields:
-        setattr(sae, field, changes[field])
-    jobs.job_publish(sae, "updated", fields)
+    jobs.job_update(sae, actor=actor, changes=changes)
     return sae
 
 

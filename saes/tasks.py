@@ -104,6 +104,38 @@ def on_curve(step: int, total_steps: int) -> bool:
     return step % max(1, total_steps // CURVE_POINTS) == 0 or step >= total_steps
 
 
+def curves_until(checkpoint: TrainingCheckpoint, total_steps: int) -> list[dict[str, Any]]:
+    """The curve points of a checkpoint's history: a resumed training's curves as far as it."""
+    return [curve_point(metrics) for metrics in checkpoint.history if on_curve(metrics["step"], total_steps)]
+
+
+class ProgressPublisher:
+    """A training SAE's ``progress`` events from its steps' metrics: every curve point kept, an
+    event at most twice a second (time only: a step takes milliseconds, and an event per percent
+    would cost a short training more than its steps), carrying the points since the last one."""
+
+    def __init__(self, sae: SparseAutoencoder) -> None:
+        self.sae = sae
+        self.throttle = ProgressThrottle(min_step=101.0, min_interval=0.5)
+        self.points: list[dict[str, Any]] = []
+
+    def __call__(self, metrics) -> bool:
+        """Take one step's metrics; True when an event went out."""
+        sae, values = self.sae, asdict(metrics)
+        if on_curve(metrics.step, sae.total_steps):
+            self.points.append(curve_point(values))
+        final = metrics.step >= sae.total_steps
+        if not self.throttle.ready(100 * metrics.step / sae.total_steps, final=final):
+            return False
+        fields = sae.mark_progress(
+            step=metrics.step, tokens_seen=metrics.tokens, tokens_per_second=metrics.tokens_per_second,
+            metrics=curve_point(values), points=self.points,
+        )  # fmt: skip
+        job_publish(sae, "progress", fields, points=list(self.points))
+        self.points.clear()
+        return True
+
+
 def open_cache(cache: ActivationCache | None, hook: str) -> ActivationStore:
     """The store of a completed cache holding ``hook`` (``CACHE_CORRUPT`` / ``INVALID_HOOK`` else)."""
     if cache is None or cache.status != ActivationCache.Status.COMPLETED:
@@ -126,36 +158,16 @@ def run_sae_training(sae: SparseAutoencoder, job: JobContext) -> None:
         host_worker=job.worker.name, total_steps=config.total_steps, total_tokens=config.total_tokens
     )
     if checkpoint is not None:  # the curves as far as the checkpoint; the steps after it run again
-        sae.history = [
-            curve_point(metrics)
-            for metrics in checkpoint.history
-            if on_curve(metrics["step"], config.total_steps)
-        ]
+        sae.history = curves_until(checkpoint, config.total_steps)
         fields.append("history")
     job_publish(sae, "started", fields, resumed_from_step=checkpoint.step if checkpoint else None)
     sae_training_lease(sae)
-
-    # Time only (at most two events a second): a step takes milliseconds, and an event per
-    # percent would cost a short training more than its steps.
-    throttle = ProgressThrottle(min_step=101.0, min_interval=0.5)
-    points: list[dict[str, Any]] = []
+    publish = ProgressPublisher(sae)
     last_lease = time.monotonic()
 
     def on_step(metrics) -> None:
         nonlocal last_lease
-        values = asdict(metrics)
-        if on_curve(metrics.step, config.total_steps):
-            points.append(curve_point(values))
-        final = metrics.step >= config.total_steps
-        if not throttle.ready(100 * metrics.step / config.total_steps, final=final):
-            return
-        fields = sae.mark_progress(
-            step=metrics.step, tokens_seen=metrics.tokens, tokens_per_second=metrics.tokens_per_second,
-            metrics=curve_point(values), points=points,
-        )  # fmt: skip
-        job_publish(sae, "progress", fields, points=list(points))
-        points.clear()
-        if time.monotonic() - last_lease > LEASE_RENEW_SECONDS:
+        if publish(metrics) and time.monotonic() - last_lease > LEASE_RENEW_SECONDS:
             sae_training_lease(sae)
             last_lease = time.monotonic()
 
@@ -247,13 +259,27 @@ def held_out_evaluation(
     sae: SparseAutoencoder, module, store: ActivationStore, split, *, loaded, cache_id: str,
     should_cancel=None,
 ) -> dict[str, Any]:  # fmt: skip
-    """Metrics on the held-out rows, and CE loss recovered when ``loaded`` (the model in this
-    worker) is given; without it ``ce_loss_recovered`` is None (an evaluation job follows where
-    the model is). ``feature_density`` is a tensor, for sparsity.safetensors."""
+    """Metrics on the held-out rows of a cache, and CE loss recovered when ``loaded`` (the model in
+    this worker) is given; without it ``ce_loss_recovered`` is None (an evaluation job follows
+    where the model is)."""
     chunks = row_chunks(store, sae.hook_name, split.holdout_start, split.num_tokens)
     if sae.hook_name_out:  # a transcoder: its inputs beside the outputs it predicts
         outputs = row_chunks(store, sae.hook_name_out, split.holdout_start, split.num_tokens)
         chunks = zip(chunks, outputs, strict=True)
+    return sae_evaluation(
+        sae, module, chunks, model=loaded.model if loaded is not None else None,
+        sequences=holdout_sequences(store, split) if loaded is not None else [],
+        should_cancel=should_cancel, cache_id=cache_id,
+    )  # fmt: skip
+
+
+def sae_evaluation(
+    sae: SparseAutoencoder, module, chunks, *, model, sequences, should_cancel=None, **facts: Any
+) -> dict[str, Any]:
+    """``module``'s held-out metrics on ``chunks`` (a transcoder's: input and output pairs) and,
+    with ``model``, CE loss recovered on ``sequences`` with it spliced in at its feature hook
+    (reading its input hook for a transcoder); ``facts`` are added as they are.
+    ``feature_density`` is a tensor, for sparsity.safetensors."""
     result = evaluate_activations(
         module, chunks, rows_per_step=evaluation_rows(sae.d_sae), should_cancel=should_cancel
     )
@@ -261,17 +287,16 @@ def held_out_evaluation(
         **result.to_dict(),
         "feature_density": result.feature_density,
         "held_out_tokens": result.tokens,
-        "cache_id": cache_id,
+        **facts,
         "ce_loss_recovered": None,
     }
-    if loaded is None:
+    if model is None:
         return evaluation
-    sequences = holdout_sequences(store, split)
     if not sequences:
         return {**evaluation, "ce_note": "No whole held-out sample to run the model on."}
     ce = ce_loss_recovered(
-        loaded.model, sequences, hook_name=sae.feature_hook, sae=module,
-        input_hook=sae.hook_name if sae.hook_name_out else None,
+        model, sequences, hook_name=sae.feature_hook, sae=module,
+        input_hook=sae.hook_name if sae.hook_name_out else None, should_cancel=should_cancel,
     )  # fmt: skip
     return {**evaluation, **ce.to_dict(), "ce_tokens": ce.tokens}
 
@@ -377,10 +402,7 @@ def run_sae_group_training(group: SaeGroup, job: JobContext) -> None:
         )
         if newest is not None:  # the curves as far as the checkpoint; the steps after it run again
             checkpoint = TrainingCheckpoint.load(newest / f"member-{index}")
-            sae.history = [
-                curve_point(metrics) for metrics in checkpoint.history
-                if on_curve(metrics["step"], sae.total_steps)
-            ]  # fmt: skip
+            sae.history = curves_until(checkpoint, sae.total_steps)
             member_fields.append("history")
         job_publish(sae, "started", member_fields)
     job_publish(group, "started", fields, resumed=newest is not None)
@@ -388,27 +410,10 @@ def run_sae_group_training(group: SaeGroup, job: JobContext) -> None:
     hooks = group_hooks(specs)
     widths = {info.name: info.width for info in list_hook_points(loaded.model)}
     device = job.worker.compute_device
-    throttles = [ProgressThrottle(min_step=101.0, min_interval=0.5) for _ in members]
-    points: list[list[dict[str, Any]]] = [[] for _ in members]
+    publishers = [ProgressPublisher(sae) for sae in members]
 
     def on_step(index: int, metrics) -> None:
-        sae = members[index]
-        values = asdict(metrics)
-        if on_curve(metrics.step, sae.total_steps):
-            points[index].append(curve_point(values))
-        final = metrics.step >= sae.total_steps
-        if not throttles[index].ready(100 * metrics.step / sae.total_steps, final=final):
-            return
-        fields = sae.mark_progress(
-            step=metrics.step,
-            tokens_seen=metrics.tokens,
-            tokens_per_second=metrics.tokens_per_second,
-            metrics=curve_point(values),
-            points=points[index],
-        )
-        job_publish(sae, "progress", fields, points=list(points[index]))
-        points[index].clear()
-        if index == 0:
+        if publishers[index](metrics) and index == 0:  # the group's progress is its first member's
             group_fields = group.mark_step(
                 step=metrics.step, tokens_seen=metrics.tokens, tokens_per_second=metrics.tokens_per_second
             )
@@ -476,7 +481,6 @@ def group_evaluation(
     import torch
 
     from engine.extraction import extract, plan_batches, tokenize_samples
-    from engine.sae.evaluation import ce_loss_recovered, evaluate_activations
 
     tokenized = [ids for ids in tokenize_samples(loaded.tokenizer, held_out, reading["max_length"]) if ids]
     kept, rows = [], 0
@@ -504,26 +508,17 @@ def group_evaluation(
     evaluations = []
     for index, sae in enumerate(members):
         job.check_cancel()
-        module = results[index].sae
         inputs = columns[sae.hook_name]
         chunk = (inputs, columns[sae.hook_name_out]) if sae.hook_name_out else inputs
-        result = evaluate_activations(module, [chunk], rows_per_step=evaluation_rows(sae.d_sae))
-        evaluation = {
-            **result.to_dict(),
-            "feature_density": result.feature_density,
-            "held_out_tokens": result.tokens,
-            "held_out_samples": len(kept),
-            "ce_loss_recovered": None,
-        }
-        if sequences:
-            ce = ce_loss_recovered(
-                loaded.model,
-                sequences,
-                hook_name=sae.feature_hook,
-                sae=module,
-                input_hook=sae.hook_name if sae.hook_name_out else None,
+        evaluations.append(
+            sae_evaluation(
+                sae,
+                results[index].sae,
+                [chunk],
+                model=loaded.model,
+                sequences=sequences,
                 should_cancel=job.should_cancel,
+                held_out_samples=len(kept),
             )
-            evaluation |= {**ce.to_dict(), "ce_tokens": ce.tokens}
-        evaluations.append(evaluation)
+        )
     return evaluations

@@ -208,13 +208,7 @@ def vector_import(
 
 
 def vector_update(*, vector: SteeringVector, actor, **changes: Any) -> SteeringVector:
-    check_may_change(vector, actor, what="steering vector")
-    if "name" in changes:
-        check_label_text(changes["name"], field="name")
-    fields = [name for name in changes if name in SteeringVector.OWNER_FIELDS]
-    for name in fields:
-        setattr(vector, name, changes[name])
-    jobs.job_publish(vector, "updated", fields)
+    jobs.job_update(vector, actor=actor, changes=changes)
     return vector
 
 

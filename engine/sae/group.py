@@ -280,6 +280,8 @@ def train_group(
             device=device,
         )
     elapsed_before = float(description.get("elapsed_seconds", 0.0))
+    for trainer in trainers.values():  # the group's clock: every member's rate counts the forward passes
+        trainer.elapsed_before = elapsed_before
     started = time.perf_counter()
     while step < total_steps:
         cancel = spread.leader and should_cancel is not None and should_cancel()
@@ -292,8 +294,7 @@ def train_group(
             if trainer.done:
                 continue
             member = members[index]
-            trainer.seconds = time.perf_counter() - started  # the group's wall clock, forward passes included
-            trainer.elapsed_before = elapsed_before
+            trainer.seconds = time.perf_counter() - started
             metrics = trainer.step(
                 batch[:, offsets[member.hook_in]],
                 batch[:, offsets[member.hook_out]] if member.hook_out is not None else None,
