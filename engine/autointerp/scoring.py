@@ -1,0 +1,200 @@
+"""The scorers' samples, prompts, answers and balanced accuracy, as EleutherAI's delphi defines them
+(``eai-delphi`` 0.1.3: ``delphi/scorers/classifier/{classifier,sample,detection,fuzz}.py`` and
+``delphi/log/result_analysis.py``).
+
+- **Detection**: is this text one where the feature fires, given the explanation? The samples are
+  the held-out activating examples and the non-activating ones, as plain text.
+- **Fuzzing**: are the marked tokens those the explanation describes? Activating examples are
+  marked where the feature fires (at least ``threshold`` of the example's maximum); non-activating
+  ones have as many tokens marked at random as the activating examples have non-zero values on
+  average.
+
+Samples are shuffled once (``random.Random(seed)``), cut into prompts of ``per_prompt``, and a
+prompt whose answer does not parse counts all its samples as failed; the balanced accuracy is then
+computed over the samples that got a prediction. ``engine/tests/test_autointerp_delphi.py`` checks
+all of it against delphi itself.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import re
+import struct
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+
+from engine.autointerp.prompts import Example, highlight, scorer_messages
+
+FUZZ_THRESHOLD = 0.3
+FUZZ_SEED = 22
+SHUFFLE_SEED = 42
+PER_PROMPT = 5
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One text shown to a scorer: ``example`` is its index in the list it came from (the test
+    examples when ``activating``, the non-activating ones otherwise)."""
+
+    text: str
+    activating: bool
+    example: int
+
+
+def detection_samples(test: list[Example], non_activating: list[Example]) -> list[Sample]:
+    """The plain texts, non-activating first (delphi's ``DetectionScorer._prepare``). A test
+    example counts as activating whatever its values, as in delphi."""
+    return [Sample(example.text, False, index) for index, example in enumerate(non_activating)] + [
+        Sample(example.text, True, index) for index, example in enumerate(test)
+    ]
+
+
+def _cutoff(example: Example, threshold: float) -> float:
+    """``threshold`` of the example's maximum, rounded to float32: delphi compares its float32
+    activations with it in float32, so a value equal to the cutoff there counts as equal here."""
+    return struct.unpack("f", struct.pack("f", threshold * example.max_activation))[0]
+
+
+def _marked_above(example: Example, threshold: float) -> str:
+    cutoff = _cutoff(example, threshold)
+    return highlight(example.tokens, lambda index: example.values[index] >= cutoff)
+
+
+def _marked_at_random(example: Example, count: int, threshold: float, seed: int) -> str:
+    """``count`` tokens at or below ``threshold`` of the example's maximum, marked at random
+    (delphi's ``_prepare_text`` with ``n_incorrect > 0``)."""
+    cutoff = _cutoff(example, threshold)
+    eligible = [index for index, value in enumerate(example.values) if value <= cutoff]
+    count = min(count, len(eligible))
+    # delphi reseeds for each example and always marks the position where its centred windows
+    # put the activating token, when it is eligible (delphi's own comment calls this wrong; it is
+    # kept so that the same examples are marked). Where exactly one position is eligible, delphi
+    # shows a fixed unrelated sentence instead (a squeeze() that turns a one-element index into a
+    # scalar); that one position is marked here.
+    rng = random.Random(seed)  # noqa: S311  (delphi's choice, not a secret)
+    position = len(example.tokens) - len(example.tokens) // 4
+    if position in eligible:
+        others = [index for index in eligible if index != position]
+        chosen = {position, *(rng.sample(others, count - 1) if count > 1 else [])}
+    else:
+        chosen = set(rng.sample(eligible, count))
+    return highlight(example.tokens, chosen.__contains__)
+
+
+def fuzzing_samples(
+    test: list[Example],
+    non_activating: list[Example],
+    *,
+    threshold: float = FUZZ_THRESHOLD,
+    seed: int = FUZZ_SEED,
+) -> list[Sample]:
+    """Marked texts, non-activating first (delphi's default ``FuzzingScorer._prepare``).
+
+    Test examples are marked at the tokens at or above ``threshold`` of their maximum. The
+    non-activating ones get ``ceil(mean number of non-zero values of the test examples)`` tokens
+    marked at random among those at or below ``threshold`` of their own maximum. As in delphi,
+    when the first non-activating example has a positive value (a contrastive set, such as a
+    neighbouring feature's examples), the non-activating examples are marked like the test ones;
+    and when the mean above is zero, so are they.
+    """
+    mean_non_zero = sum(sum(value != 0 for value in example.values) for example in test) / max(len(test), 1)
+    count = math.ceil(mean_non_zero)
+    contrastive = bool(non_activating) and non_activating[0].activating
+    samples = []
+    for index, example in enumerate(non_activating):
+        if contrastive or count == 0:
+            text = _marked_above(example, threshold)
+        else:
+            text = _marked_at_random(example, count, threshold, seed)
+        samples.append(Sample(text, False, index))
+    samples += [Sample(_marked_above(example, threshold), True, index) for index, example in enumerate(test)]
+    return samples
+
+
+def scoring_batches(
+    samples: list[Sample], *, per_prompt: int = PER_PROMPT, seed: int = SHUFFLE_SEED
+) -> list[list[Sample]]:
+    """The samples shuffled by ``random.Random(seed)``, then cut into prompts of ``per_prompt``
+    (delphi's ``Classifier.__call__`` and ``_batch``; delphi keeps one generator per scorer, so
+    only its first feature is shuffled by a fresh one)."""
+    if per_prompt < 1:
+        raise ValueError("per_prompt must be at least 1")
+    shuffled = list(samples)
+    random.Random(seed).shuffle(shuffled)  # noqa: S311  (delphi's order, not a secret)
+    return [shuffled[start : start + per_prompt] for start in range(0, len(shuffled), per_prompt)]
+
+
+def scoring_messages(kind: str, explanation: str, batch: list[Sample]) -> list[dict]:
+    """The chat messages asking a ``kind`` ("detection" or "fuzzing") scorer about ``batch``."""
+    return scorer_messages(kind, explanation, [sample.text for sample in batch])
+
+
+_FIRST_LIST = re.compile(r"\[.*?\]")
+
+
+def parse_predictions(text: str, n: int) -> list[bool] | None:
+    """The scorer's answer as ``n`` predictions (delphi's ``Classifier._parse``): the first
+    ``[...]`` on one line, read as JSON, each element's truth value. None when there is no such
+    list, it is not JSON, or it does not hold exactly ``n`` elements."""
+    match = _FIRST_LIST.search(text)
+    if match is None:
+        return None
+    try:
+        raw = json.loads(match.group(0))
+    except ValueError:
+        return None
+    if not isinstance(raw, list) or len(raw) != n:
+        return None
+    return [bool(element) for element in raw]
+
+
+@dataclass(frozen=True)
+class Score:
+    """A scorer's result for one explanation: ``failed`` samples got no prediction, ``total``
+    counts all of them."""
+
+    balanced_accuracy: float | None
+    true_positives: int
+    true_negatives: int
+    false_positives: int
+    false_negatives: int
+    failed: int
+    total: int
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def balanced_accuracy(outcomes: Iterable[tuple[bool, bool | None]]) -> Score:
+    """The balanced accuracy of (activating, prediction) pairs, as delphi's ``compute_confusion``
+    and ``compute_classification_metrics`` ("accuracy"): samples without a prediction are left
+    out, and a class without samples contributes 0 (so one class alone scores at most 0.5). None
+    when no sample has a prediction."""
+    counts = {"tp": 0, "tn": 0, "fp": 0, "fn": 0}
+    failed = total = 0
+    for activating, prediction in outcomes:
+        total += 1
+        if prediction is None:
+            failed += 1
+        elif activating:
+            counts["tp" if prediction else "fn"] += 1
+        else:
+            counts["fp" if prediction else "tn"] += 1
+    positives, negatives = counts["tp"] + counts["fn"], counts["tn"] + counts["fp"]
+    accuracy = None
+    if positives + negatives:
+        accuracy = (
+            (counts["tp"] / positives if positives else 0.0)
+            + (counts["tn"] / negatives if negatives else 0.0)
+        ) / 2
+    return Score(
+        balanced_accuracy=accuracy,
+        true_positives=counts["tp"],
+        true_negatives=counts["tn"],
+        false_positives=counts["fp"],
+        false_negatives=counts["fn"],
+        failed=failed,
+        total=total,
+    )

@@ -1,0 +1,319 @@
+"""Our automatic interpretation's text side against EleutherAI's delphi itself: the same examples and
+the same scorer answers give the same samples, prompts' examples, failed batches and balanced
+accuracy, for detection and fuzzing.
+
+delphi lives in the benchmark environment (bench/requirements-delphi.txt, installed without its
+dependencies: it requires vllm, which has no CPU build), not in the application's, so this module
+skips in ``make test``; .ci/run runs it in ``.venv-bench``.
+
+The scorer is a table: each example's plain text (marks removed) has an answer, 0 or 1, and some
+texts make the whole prompt's answer malformed, so failed batches are compared too. The fake
+reads the texts from the last message of whatever prompt it gets, delphi's or ours.
+"""
+
+import asyncio
+import importlib.util
+import random
+import re
+import sys
+import types
+
+import pytest
+
+pytest.importorskip("delphi", reason="delphi is in .venv-bench only; .ci/run runs this module there")
+
+
+def _import_delphi() -> None:
+    """delphi.clients imports vllm at module level (its offline client, unused here): a bare
+    stand-in serves the import, then leaves sys.modules so that nothing else sees a fake vllm."""
+    if importlib.util.find_spec("vllm") is not None:
+        return
+    names = {
+        "vllm": ("LLM", "SamplingParams"),
+        "vllm.distributed": (),
+        "vllm.distributed.parallel_state": ("destroy_distributed_environment", "destroy_model_parallel"),
+        "vllm.inputs": ("TokensPrompt",),
+    }
+    for name, attributes in names.items():
+        module = types.ModuleType(name)
+        for attribute in attributes:
+            setattr(module, attribute, object)
+        sys.modules[name] = module
+    try:
+        import delphi.clients  # noqa: F401
+    finally:
+        for name in names:
+            sys.modules.pop(name, None)
+
+
+_import_delphi()
+
+import pandas as pd  # noqa: E402  (after the skip)
+import torch  # noqa: E402
+from delphi.clients.client import Client, Response  # noqa: E402
+from delphi.explainers import DefaultExplainer  # noqa: E402
+from delphi.latents import ActivatingExample, Latent, LatentRecord, NonActivatingExample  # noqa: E402
+from delphi.log.result_analysis import compute_classification_metrics, compute_confusion  # noqa: E402
+from delphi.scorers import DetectionScorer, FuzzingScorer  # noqa: E402
+
+from engine.autointerp.prompts import Example, explanation_messages  # noqa: E402
+from engine.autointerp.scoring import (  # noqa: E402
+    balanced_accuracy,
+    detection_samples,
+    fuzzing_samples,
+    parse_predictions,
+    scoring_batches,
+    scoring_messages,
+)
+
+PER_PROMPT = 5  # delphi's n_examples_shown in its pipeline's default
+EXPLANATION = "Words about the sea"
+WORDS = (
+    " the", " sea", " ship", " a", " wave", " blue", " and", " sailed", " port", " storm", " of",
+    " cargo", " to", " harbor", " was", " fish", " salt", " wind", " deck", " crew", ".", ",",
+)  # fmt: skip
+MALFORMED = ("I cannot tell.", "[1, 0", "[1, yes, 0]", "Answer: [1]", "[0, 1, 1, 0, 1, 1, 1]")
+EXAMPLE_LINE = re.compile(r"^Example \d+: (.*)$", re.MULTILINE)
+
+
+def _plain(text: str) -> str:
+    return text.replace("<<", "").replace(">>", "")
+
+
+class Table:
+    """The scorer's answers: a prediction per plain text, and the texts whose prompt gets a
+    malformed answer."""
+
+    def __init__(self, texts: list[str], *, seed: int, malformed: int) -> None:
+        rng = random.Random(seed)  # noqa: S311
+        self.predictions = {text: rng.random() < 0.6 for text in texts}
+        self.poisoned = dict(zip(rng.sample(texts, malformed), MALFORMED, strict=False))
+
+    def answer(self, content: str) -> str:
+        texts = [_plain(text) for text in EXAMPLE_LINE.findall(content)]
+        for text in texts:
+            if text in self.poisoned:
+                return self.poisoned[text]
+        return "Here you go: [" + ", ".join(str(int(self.predictions[text])) for text in texts) + "]"
+
+
+class TableClient(Client):
+    """A delphi client answering from a :class:`Table`, keeping the texts of each prompt."""
+
+    def __init__(self, table: Table) -> None:
+        super().__init__("table")
+        self.table = table
+        self.prompts: list[list[str]] = []
+
+    async def generate(self, prompt, **kwargs) -> Response:
+        content = prompt[-1]["content"]
+        self.prompts.append(EXAMPLE_LINE.findall(content))
+        return Response(text=self.table.answer(content))
+
+
+def _sparse_values(rng: random.Random, length: int) -> list[float]:
+    """A few positive values (float32, as delphi keeps them), the rest zero; never all zero."""
+    values = [0.0] * length
+    for position in rng.sample(range(length), rng.randint(1, min(5, length))):
+        values[position] = float(torch.tensor(rng.uniform(0.05, 9.0), dtype=torch.float32))
+    return values
+
+
+def _feature(seed: int, *, n_test: int, n_non: int, contrastive=False, all_zero_test=False, ties=False):
+    """Our examples and delphi's record for one random feature; every plain text is distinct.
+    ``ties``: each test example also has a value at exactly 0.3 of its maximum, in float32."""
+    rng = random.Random(seed)  # noqa: S311
+    test, non_activating = [], []
+    seen: set[str] = set()
+    while len(test) < n_test or len(non_activating) < n_non:
+        length = rng.randint(2, 24)
+        is_test = len(test) < n_test
+        if is_test:
+            values = [0.0] * length if all_zero_test else _sparse_values(rng, length)
+            if ties and 0.0 in values:
+                values[values.index(0.0)] = float(torch.tensor(0.3 * max(values), dtype=torch.float32))
+        elif contrastive:
+            values = _sparse_values(rng, length)
+        else:
+            values = [0.0] * length
+        tokens = [rng.choice(WORDS) for _ in range(length)]
+        if "".join(tokens) in seen:
+            continue
+        seen.add("".join(tokens))
+        (test if is_test else non_activating).append(Example(tuple(tokens), tuple(values)))
+    record = LatentRecord(latent=Latent("layers.3", seed), explanation=EXPLANATION)
+    record.test = [
+        ActivatingExample(
+            tokens=torch.arange(len(example.tokens)),
+            activations=torch.tensor(example.values, dtype=torch.float32),
+            str_tokens=list(example.tokens),
+        )
+        for example in test
+    ]
+    record.not_active = [
+        NonActivatingExample(
+            tokens=torch.arange(len(example.tokens)),
+            activations=torch.tensor(example.values, dtype=torch.float32),
+            str_tokens=list(example.tokens),
+            distance=-1.0,
+        )
+        for example in non_activating
+    ]
+    return test, non_activating, record
+
+
+def _delphi_score(scorer_class, record, table: Table):
+    client = TableClient(table)
+    # A fresh scorer per feature: delphi shuffles with one generator per scorer, seeded once.
+    scorer = scorer_class(client, n_examples_shown=PER_PROMPT)
+    outputs = asyncio.run(scorer(record)).score
+    frame = pd.DataFrame(
+        [{"activating": output.activating, "prediction": output.prediction} for output in outputs]
+    )
+    confusion = compute_confusion(frame)
+    return compute_classification_metrics(confusion), confusion, client.prompts, scorer
+
+
+def _our_score(kind: str, samples, table: Table):
+    outcomes, prompts = [], []
+    for batch in scoring_batches(samples, per_prompt=PER_PROMPT, seed=42):
+        content = scoring_messages(kind, EXPLANATION, batch)[-1]["content"]
+        prompts.append(EXAMPLE_LINE.findall(content))
+        predictions = parse_predictions(table.answer(content), len(batch))
+        outcomes += [
+            (sample.activating, None if predictions is None else predictions[index])
+            for index, sample in enumerate(batch)
+        ]
+    return balanced_accuracy(outcomes), prompts
+
+
+FEATURES = [
+    pytest.param(dict(seed=1, n_test=10, n_non=10), 1, id="10+10"),
+    pytest.param(dict(seed=2, n_test=7, n_non=13), 2, id="7+13"),
+    pytest.param(dict(seed=3, n_test=23, n_non=12), 0, id="23+12-no-failures"),
+    pytest.param(dict(seed=4, n_test=4, n_non=16), 3, id="4+16"),
+    pytest.param(dict(seed=5, n_test=12, n_non=8, contrastive=True), 1, id="contrastive"),
+    pytest.param(dict(seed=6, n_test=6, n_non=9, all_zero_test=True), 1, id="all-zero-test"),
+    pytest.param(dict(seed=7, n_test=30, n_non=30), 4, id="30+30"),
+    pytest.param(dict(seed=8, n_test=9, n_non=11, ties=True), 1, id="values-at-the-threshold"),
+    # every prompt holding an activating sample fails, so only negatives are counted
+    pytest.param(dict(seed=9, n_test=2, n_non=18), "activating", id="a-class-all-failed"),
+    pytest.param(dict(seed=10, n_test=5, n_non=5), "all", id="all-failed"),
+]
+
+
+@pytest.mark.parametrize(
+    ("kind", "scorer_class"), [("detection", DetectionScorer), ("fuzzing", FuzzingScorer)]
+)
+@pytest.mark.parametrize(("feature", "malformed"), FEATURES)
+def test_same_samples_batches_and_balanced_accuracy_as_delphi(kind, scorer_class, feature, malformed):
+    """Totals are multiples of PER_PROMPT (see the short-batch test below)."""
+    test, non_activating, record = _feature(**feature)
+    samples = (
+        detection_samples(test, non_activating)
+        if kind == "detection"
+        else fuzzing_samples(test, non_activating)
+    )
+    texts = [example.text for example in test + non_activating]
+    table = Table(texts, seed=feature["seed"], malformed=malformed if isinstance(malformed, int) else 0)
+    if malformed in ("activating", "all"):
+        table.poisoned = {
+            example.text: MALFORMED[0]
+            for example in (test if malformed == "activating" else test + non_activating)
+        }
+
+    theirs, confusion, their_prompts, scorer = _delphi_score(scorer_class, record, table)
+    ours, our_prompts = _our_score(kind, samples, table)
+
+    their_samples = scorer._prepare(record)
+    assert [(sample.text, sample.activating) for sample in samples] == [
+        (sample.text, sample.data.activating) for sample in their_samples
+    ]
+    assert our_prompts == their_prompts
+    failed_prompts = sum(1 for texts in our_prompts if table.answer(_prompt(texts)) in MALFORMED)
+    assert ours.failed == failed_prompts * PER_PROMPT and (ours.failed > 0) == (malformed != 0)
+    if malformed == "activating":
+        assert ours.true_positives + ours.false_negatives == 0 < ours.true_negatives + ours.false_positives
+    if confusion["total_examples"] == 0:  # delphi's accuracy is then 0: ours says there is none
+        assert ours.balanced_accuracy is None and theirs["accuracy"] == 0
+    else:
+        assert ours.balanced_accuracy == pytest.approx(theirs["accuracy"], abs=1e-9)
+    assert (ours.true_positives, ours.true_negatives, ours.false_positives, ours.false_negatives) == (
+        confusion["true_positives"],
+        confusion["true_negatives"],
+        confusion["false_positives"],
+        confusion["false_negatives"],
+    )
+    assert ours.total == feature["n_test"] + feature["n_non"]
+
+
+def test_detection_without_non_activating_examples_as_delphi():
+    """One class only: its rate counts, the missing one adds 0 (delphi's definition)."""
+    test, _, record = _feature(12, n_test=10, n_non=0)
+    table = Table([example.text for example in test], seed=12, malformed=0)
+    theirs, _, _, _ = _delphi_score(DetectionScorer, record, table)
+    ours, _ = _our_score("detection", detection_samples(test, []), table)
+    assert ours.true_negatives + ours.false_positives == 0
+    assert ours.balanced_accuracy == pytest.approx(theirs["accuracy"], abs=1e-9)
+
+
+def _prompt(texts: list[str]) -> str:
+    return "\n".join(f"Example {index}: {text}" for index, text in enumerate(texts))
+
+
+def test_delphi_fails_a_short_last_batch_that_we_score():
+    """delphi's parser wants n_examples_shown answers even from the last prompt, which holds
+    fewer samples: a correct answer to it fails there. We ask for, and accept, one answer per
+    sample; with the last prompt's predictions dropped, the two agree again."""
+    test, non_activating, record = _feature(11, n_test=6, n_non=6, contrastive=False)
+    table = Table([example.text for example in test + non_activating], seed=11, malformed=0)
+    theirs, confusion, _, _ = _delphi_score(DetectionScorer, record, table)
+    samples = detection_samples(test, non_activating)
+    batches = scoring_batches(samples, per_prompt=PER_PROMPT, seed=42)
+    assert len(batches[-1]) == 2
+    ours, _ = _our_score("detection", samples, table)
+    assert ours.failed == 0 and confusion["total_examples"] == 10
+
+    outcomes = []
+    for batch in batches[:-1]:
+        content = scoring_messages("detection", EXPLANATION, batch)[-1]["content"]
+        predictions = parse_predictions(table.answer(content), len(batch))
+        outcomes += zip((sample.activating for sample in batch), predictions, strict=True)
+    outcomes += [(sample.activating, None) for sample in batches[-1]]
+    assert balanced_accuracy(outcomes).balanced_accuracy == pytest.approx(theirs["accuracy"], abs=1e-9)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "[1, 0, 1]",
+        "[true, false, 0]",
+        "Answer: [1,1,1] and later [0,0]",
+        "[1, 0]",
+        "[1, 0, 1, 1]",
+        "no list",
+        "[1, 0,\n 1]",
+        "[1, x, 0]",
+        '["0", 0, 1]',
+        "[[], [1], 2]",
+        "[]",
+    ],
+)
+def test_parse_predictions_as_delphi(text):
+    scorer = DetectionScorer(TableClient(Table([], seed=0, malformed=0)), n_examples_shown=3)
+    try:
+        theirs = scorer._parse(text)[0]
+    except Exception:
+        theirs = None
+    assert parse_predictions(text, 3) == theirs
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_explainer_marks_the_tokens_delphi_marks(seed):
+    test, _, record = _feature(seed, n_test=8, n_non=0)
+    explainer = DefaultExplainer(
+        TableClient(Table([], seed=0, malformed=0)), threshold=0.3, activations=False
+    )
+    theirs = explainer._build_prompt(record.test)[-1]["content"].strip("\n").split("\n")
+    ours = explanation_messages(test)[-1]["content"]
+    assert EXAMPLE_LINE.findall(ours) == theirs
