@@ -1,6 +1,8 @@
 """What the model commands share: finding a model by id or name, tables, waiting with a progress bar."""
 
 import time
+from collections.abc import Callable
+from typing import Any
 
 from django.core.management.base import CommandError
 
@@ -78,3 +80,34 @@ def wait_for_load(model: LanguageModel, *, timeout: float, stdout) -> LanguageMo
             if time.monotonic() > deadline:
                 raise CommandError(f"Still loading after {timeout:.0f} s; it goes on in the worker.")
             time.sleep(0.3)
+
+
+def follow_job(
+    row,
+    *,
+    stdout,
+    timeout: float,
+    total: float,
+    done: Callable[[Any], float],
+    postfix: Callable[[Any], str],
+    what: str,
+    **bar: Any,
+) -> None:
+    """Follow a job row (``mistudio.jobs.JobRow``) with a progress bar until it ends: ``done(row)`` of
+    ``total`` drawn, ``postfix(row)`` beside it; a row that did not complete is a ``CommandError``
+    with its code, and so is waiting past ``timeout`` (the job goes on in the worker: ``what``)."""
+    from django.core.management.base import OutputWrapper
+    from tqdm import tqdm
+
+    deadline = time.monotonic() + timeout
+    out = ExactWriter(stdout) if isinstance(stdout, OutputWrapper) else stdout
+    with tqdm(total=total, desc=str(row.pk), file=out, **bar) as progress:
+        while row.status in row.ACTIVE:
+            if time.monotonic() > deadline:
+                raise CommandError(f"Timed out waiting; the {what} goes on in the worker.")
+            time.sleep(0.5)
+            row.refresh_from_db()
+            progress.n = done(row)
+            progress.set_postfix_str(postfix(row))
+    if row.status != row.Status.COMPLETED:
+        raise CommandError(f"{row.status}: {row.error_code} {row.error_message}".strip())

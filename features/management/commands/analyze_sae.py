@@ -1,15 +1,12 @@
 """``manage.py analyze_sae SAE [--cache CACHE]``: run a feature analysis with a progress bar."""
 
-import time
-
-from django.core.management.base import BaseCommand, CommandError, OutputWrapper
-from tqdm import tqdm
+from django.core.management.base import BaseCommand, CommandError
 
 from activations.models import ActivationCache
 from features import services
 from features.models import FeatureAnalysis
 from mistudio.errors import ApplicationError
-from models_app.management.commandline import ExactWriter
+from models_app.management.commandline import follow_job
 from saes.models import SparseAutoencoder
 
 PHASES = {
@@ -50,22 +47,14 @@ class Command(BaseCommand):
         self.follow(analysis, timeout=options["timeout"])
 
     def follow(self, analysis: FeatureAnalysis, *, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        out = ExactWriter(self.stdout) if isinstance(self.stdout, OutputWrapper) else self.stdout
-        with tqdm(
-            total=100.0, unit="%", desc=analysis.id, file=out, bar_format="{l_bar}{bar}| {postfix}"
-        ) as bar:
-            while analysis.status in FeatureAnalysis.ACTIVE:
-                if time.monotonic() > deadline:
-                    raise CommandError("Timed out waiting; the analysis goes on in the worker.")
-                time.sleep(0.5)
-                analysis.refresh_from_db()
-                bar.n = analysis.progress
-                eta = f"{analysis.eta_seconds:.0f}s" if analysis.eta_seconds is not None else "?"
-                phase, speed = PHASES.get(analysis.phase, "done"), analysis.tokens_per_second or 0
-                bar.set_postfix_str(f"{phase}, {speed:,.0f} tok/s, ETA {eta}")
-        if analysis.status != FeatureAnalysis.Status.COMPLETED:
-            raise CommandError(f"{analysis.status}: {analysis.error_code} {analysis.error_message}".strip())
+        def postfix(row: FeatureAnalysis) -> str:
+            eta = f"{row.eta_seconds:.0f}s" if row.eta_seconds is not None else "?"
+            return f"{PHASES.get(row.phase, 'done')}, {row.tokens_per_second or 0:,.0f} tok/s, ETA {eta}"
+
+        follow_job(
+            analysis, stdout=self.stdout, timeout=timeout, total=100.0, done=lambda row: row.progress,
+            postfix=postfix, what="analysis", unit="%", bar_format="{l_bar}{bar}| {postfix}",
+        )  # fmt: skip
         summary = analysis.summary
         self.stdout.write(
             f"Analysis {analysis.id} completed: {summary.get('features')} features over "

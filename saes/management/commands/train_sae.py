@@ -1,13 +1,10 @@
 """``manage.py train_sae CACHE --hook H --architecture topk --k 32``: train with a progress bar."""
 
-import time
-
-from django.core.management.base import BaseCommand, CommandError, OutputWrapper
-from tqdm import tqdm
+from django.core.management.base import BaseCommand, CommandError
 
 from activations.models import ActivationCache
 from mistudio.errors import ApplicationError
-from models_app.management.commandline import ExactWriter
+from models_app.management.commandline import follow_job
 from saes import services
 from saes.models import ARCHITECTURES, SparseAutoencoder
 
@@ -67,23 +64,18 @@ class Command(BaseCommand):
         self.follow(sae, timeout=options["timeout"])
 
     def follow(self, sae: SparseAutoencoder, *, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        out = ExactWriter(self.stdout) if isinstance(self.stdout, OutputWrapper) else self.stdout
-        with tqdm(total=sae.total_tokens, unit="tok", unit_scale=True, desc=sae.id, file=out) as bar:
-            while sae.status in SparseAutoencoder.ACTIVE:
-                if time.monotonic() > deadline:
-                    raise CommandError("Timed out waiting; the training goes on in the worker.")
-                time.sleep(0.5)
-                sae.refresh_from_db()
-                bar.n = sae.tokens_seen
-                metrics = sae.metrics or {}
-                eta = f"{sae.eta_seconds:.0f}s" if sae.eta_seconds is not None else "?"
-                bar.set_postfix_str(
-                    f"L0 {metrics.get('l0', 0):.1f}, EV {metrics.get('explained_variance', 0):.3f}, "
-                    f"dead {metrics.get('dead', 0)}, {sae.tokens_per_second or 0:.0f} tok/s, ETA {eta}"
-                )
-        if sae.status != SparseAutoencoder.Status.COMPLETED:
-            raise CommandError(f"{sae.status}: {sae.error_code} {sae.error_message}".strip())
+        def postfix(row: SparseAutoencoder) -> str:
+            metrics = row.metrics or {}
+            eta = f"{row.eta_seconds:.0f}s" if row.eta_seconds is not None else "?"
+            return (
+                f"L0 {metrics.get('l0', 0):.1f}, EV {metrics.get('explained_variance', 0):.3f}, "
+                f"dead {metrics.get('dead', 0)}, {row.tokens_per_second or 0:.0f} tok/s, ETA {eta}"
+            )
+
+        follow_job(
+            sae, stdout=self.stdout, timeout=timeout, total=sae.total_tokens, what="training",
+            done=lambda row: row.tokens_seen, postfix=postfix, unit="tok", unit_scale=True,
+        )  # fmt: skip
         evaluation = sae.evaluation
         self.stdout.write(
             f"SAE {sae.id}: held-out explained variance {fmt(evaluation.get('explained_variance'))}, "

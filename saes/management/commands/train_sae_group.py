@@ -1,15 +1,12 @@
 """``manage.py train_sae_group MODEL DATASET --hooks H1,H2 --variant k=32 --variant k=64``: train a
 group of SAEs and transcoders straight from the model, with a progress bar and a comparison table."""
 
-import time
-
-from django.core.management.base import BaseCommand, CommandError, OutputWrapper
+from django.core.management.base import BaseCommand, CommandError
 from rest_framework.exceptions import ValidationError
-from tqdm import tqdm
 
 from activations.models import Dataset
 from mistudio.errors import ApplicationError
-from models_app.management.commandline import ExactWriter, find_model
+from models_app.management.commandline import find_model, follow_job
 from saes import groups
 from saes.groups import parse_transcoders, parse_variants
 from saes.models import ARCHITECTURES, SaeGroup
@@ -67,18 +64,11 @@ class Command(BaseCommand):
         self.follow(group, timeout=options["timeout"])
 
     def follow(self, group: SaeGroup, *, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        out = ExactWriter(self.stdout) if isinstance(self.stdout, OutputWrapper) else self.stdout
-        with tqdm(total=group.total_tokens, unit="tok", unit_scale=True, desc=group.id, file=out) as bar:
-            while group.status in SaeGroup.ACTIVE:
-                if time.monotonic() > deadline:
-                    raise CommandError("Timed out waiting; the training goes on in the worker.")
-                time.sleep(0.5)
-                group.refresh_from_db()
-                bar.n = group.tokens_seen
-                bar.set_postfix_str(f"{group.tokens_per_second or 0:.0f} tok/s")
-        if group.status != SaeGroup.Status.COMPLETED:
-            raise CommandError(f"{group.status}: {group.error_code} {group.error_message}".strip())
+        follow_job(
+            group, stdout=self.stdout, timeout=timeout, total=group.total_tokens, what="training",
+            done=lambda row: row.tokens_seen, postfix=lambda row: f"{row.tokens_per_second or 0:.0f} tok/s",
+            unit="tok", unit_scale=True,
+        )  # fmt: skip
         self.stdout.write(f"{'SAE':<22} {'hook':<44} {'arch':<10} {'k':>4} {'L0':>7} {'EV':>7} {'CE rec':>7}")
         for sae in group.members.order_by("group_index"):
             evaluation = sae.evaluation
