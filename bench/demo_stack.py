@@ -101,7 +101,8 @@ def demo_stack(*, environment: dict[str, str] | None = None):
     users = dict(user_with_token(name)[::-1] for name in ("alice", "bob"))  # token -> user
     tokens = {user.username: token for token, user in users.items()}
     port = free_port()
-    env = {**os.environ, **(environment or {})}
+    # The worker reaches this web server's /v1 there (an explanation job's explainer).
+    env = {**os.environ, "MISTUDIO_API_URL": f"http://127.0.0.1:{port}", **(environment or {})}
     data = Path(os.environ["MISTUDIO_DATA_DIR"])
     logs = {name: open(data / f"bench-{name}.log", "ab") for name in ("worker", "web")}  # noqa: SIM115
     processes = {

@@ -1,7 +1,7 @@
 from django.contrib import admin
 
-from features import services
-from features.models import FeatureAnalysis, FeatureLabel
+from features import explanations, services
+from features.models import Explanation, ExplanationJob, FeatureAnalysis, FeatureLabel
 from mistudio.access import OPERATOR
 from mistudio.admin import JobAdmin
 
@@ -33,3 +33,33 @@ class FeatureLabelAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request) -> bool:
         return False  # labels are set on the feature's page, through the API or the admin's edits
+
+
+class ExplanationInline(admin.TabularInline):
+    model = Explanation
+    fields = ["index", "text", "score", "detection", "fuzzing", "error_code"]
+    readonly_fields = fields
+    extra = 0
+    max_num = 0  # written by the job only
+    show_change_link = False
+
+
+@admin.register(ExplanationJob)
+class ExplanationJobAdmin(JobAdmin):
+    list_display = [
+        "id",
+        "analysis",
+        "endpoint",
+        "explainer_model",
+        "status",
+        "progress",
+        "features_done",
+        "created_at",
+    ]
+    list_filter = ["status", "endpoint", "shared"]
+    search_fields = ["id", "analysis__id", "analysis__sae__id", "explainer_model"]
+    readonly_fields = [field.name for field in ExplanationJob._meta.fields if field.name != "shared"]
+    inlines = [ExplanationInline]
+
+    def save_model(self, request, obj, form, change) -> None:
+        explanations.explanation_job_update(job=obj, actor=OPERATOR, shared=form.cleaned_data["shared"])

@@ -6,7 +6,8 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from activations.selectors import completed_cache
-from features import selectors, services
+from features import exports, selectors, services
+from features.search import feature_search
 from features.serializers import analysis_state, label_state
 from mistudio.permissions import CanRead, CanWrite
 from mistudio.serializers import StrictSerializer
@@ -103,6 +104,8 @@ class FeatureListApi(APIView):
         density_max = serializers.FloatField(min_value=0, max_value=1, required=False)
         dead = serializers.BooleanField(required=False, allow_null=True, default=None)
         labelled = serializers.BooleanField(required=False, allow_null=True, default=None)
+        explained = serializers.BooleanField(required=False, allow_null=True, default=None)
+        score_min = serializers.FloatField(min_value=0, max_value=1, required=False)
         q = serializers.CharField(max_length=200, required=False, allow_blank=True)
         token = serializers.CharField(max_length=100, required=False, allow_blank=True, trim_whitespace=False)
         sort = serializers.ChoiceField(choices=list(selectors.SORTS), default="index")
@@ -193,8 +196,33 @@ class FeatureExportApi(APIView):
             user=request.user, sae=sae, analysis_id=query.validated_data.get("analysis")
         )
         response = ChunkedStreamingResponse(
-            selectors.analysis_export_stream(user=request.user, sae=sae, analysis=analysis),
+            exports.analysis_export_stream(user=request.user, sae=sae, analysis=analysis),
             content_type="application/json",
         )
         response["Content-Disposition"] = f'attachment; filename="{sae.id}-features.json"'
         return response
+
+
+class FeatureSearchApi(APIView):
+    """Features by meaning: the analysis's explanations and labels nearest ``q`` (cosine of their
+    sentence embeddings), best first, with each explanation's score."""
+
+    permission_classes = [CanRead]
+
+    class QuerySerializer(StrictSerializer):
+        q = serializers.CharField(max_length=500)
+        analysis = serializers.CharField(max_length=64, required=False)
+        k = serializers.IntegerField(min_value=1, max_value=200, default=20)
+
+    @extend_schema(
+        operation_id="api_saes_features_search", parameters=[QuerySerializer], responses={200: dict}
+    )
+    def get(self, request, sae_id: str):
+        sae = sae_get(user=request.user, sae_id=sae_id)
+        query = self.QuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        values = query.validated_data
+        analysis = selectors.current_analysis(user=request.user, sae=sae, analysis_id=values.get("analysis"))
+        return Response(
+            feature_search(user=request.user, sae=sae, analysis=analysis, query=values["q"], k=values["k"])
+        )

@@ -6,8 +6,8 @@ class FeaturesConfig(AppConfig):
     verbose_name = "SAE features"
 
     def ready(self) -> None:
-        from features import selectors, serializers, services
-        from features.models import FeatureAnalysis
+        from features import explanation_selectors, selectors, serializers, services
+        from features.models import ExplanationJob, FeatureAnalysis
         from generation.interventions import register_feature_scale
         from mistudio.access import register_visibility
         from mistudio.jobs import register_job_kind
@@ -22,6 +22,14 @@ class FeaturesConfig(AppConfig):
             what="feature analysis",
         )
         register_job_kind(FeatureAnalysis, state=serializers.analysis_state)
+        explanation_selectors.register_event_groups()
+        register_visibility(
+            ExplanationJob,
+            lambda user: explanation_selectors.explanation_job_list(user=user),
+            code="EXPLANATION_JOB_NOT_FOUND",
+            what="explanation job",
+        )
+        register_job_kind(ExplanationJob, state=serializers.explanation_job_state)
         register_feature_scale(selectors.feature_max_activation)
         register_export_extra(services.labels_export)
         register_import_extra(services.labels_import)

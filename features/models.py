@@ -3,7 +3,7 @@
 from django.conf import settings
 from django.db import models
 
-from mistudio.identifiers import new_analysis_id
+from mistudio.identifiers import new_analysis_id, new_explanation_job_id
 from mistudio.jobs import JobRow
 
 
@@ -132,3 +132,96 @@ class FeatureLabel(models.Model):
 
     def __str__(self) -> str:
         return f"{self.sae_id}[{self.index}]: {self.label}"
+
+
+class ExplanationJob(JobRow):
+    """Automatic interpretation of some features of one analysis: an explainer model (any
+    OpenAI-compatible chat endpoint) names each feature from its examples, then a scorer model
+    scores the explanation on held-out examples (detection and fuzzing, as delphi defines them).
+    One :class:`Explanation` row per feature. ``queued → running → completed | failed | cancelled``;
+    a feature that fails is recorded as such and the job goes on."""
+
+    kind = "explanation"
+    task = "features.explanation_tasks.run_explanation_job"
+    noun = "explanation job"
+    failure_code = "EXPLANATION_FAILED"
+    OWNER_FIELDS = ("shared",)
+
+    id = models.CharField(primary_key=True, max_length=64, default=new_explanation_job_id, editable=False)
+    analysis = models.ForeignKey(FeatureAnalysis, on_delete=models.CASCADE, related_name="explanation_jobs")
+    endpoint = models.CharField(
+        max_length=64, default="local", help_text="'local' (this /v1) or a configured name"
+    )
+    explainer_model = models.CharField(max_length=200, help_text="The model name the endpoint serves")
+    scorer_model = models.CharField(max_length=200)
+    selection = models.JSONField(default=dict, blank=True, help_text="How the features were chosen")
+    indices = models.JSONField(default=list, blank=True, help_text="The features to explain, in order")
+    config = models.JSONField(default=dict, blank=True, help_text="engine.autointerp.InterpretationConfig")
+    estimate = models.JSONField(
+        default=dict, blank=True, help_text="Requests and prompt tokens, before it ran"
+    )
+    features_done = models.PositiveIntegerField(default=0)
+    features_failed = models.PositiveIntegerField(default=0)
+    requests_sent = models.PositiveIntegerField(default=0)
+    prompt_tokens = models.BigIntegerField(default=0)
+    completion_tokens = models.BigIntegerField(default=0)
+    features_per_minute = models.FloatField(null=True, blank=True)
+    summary = models.JSONField(default=dict, blank=True, help_text="Score distributions, failures, notes")
+    shared = models.BooleanField(
+        default=False, help_text="Visible to every reader who may see the analysis (its text is the cache's)"
+    )
+
+    def __str__(self) -> str:
+        return f"{self.id} ({len(self.indices)} features of {self.analysis_id})"
+
+    def event_groups(self) -> list[str]:
+        return [f"explanation.{self.id}", f"analysis.{self.analysis_id}"]
+
+    def mark_progress(self, *, done: int, failed: int, usage: dict[str, int], per_minute: float) -> list[str]:
+        self.features_done, self.features_failed = done, failed
+        self.requests_sent = usage.get("requests", 0)
+        self.prompt_tokens, self.completion_tokens = (
+            usage.get("prompt_tokens", 0),
+            usage.get("completion_tokens", 0),
+        )
+        self.features_per_minute = round(per_minute, 2)
+        total = max(1, len(self.indices))
+        self.progress = round(100 * done / total, 2)
+        self.eta_seconds = round((total - done) / per_minute * 60, 1) if per_minute > 0 else None
+        return [
+            "features_done", "features_failed", "requests_sent", "prompt_tokens", "completion_tokens",
+            "features_per_minute", "progress", "eta_seconds",
+        ]  # fmt: skip
+
+    def mark_completed(self, *, summary: dict) -> list[str]:
+        self.summary = summary
+        return [*super().mark_completed(), "summary"]
+
+
+class Explanation(models.Model):
+    """One feature's explanation from one job, with its scores on held-out examples. Visible where
+    its job is (it is written from the cache's text)."""
+
+    job = models.ForeignKey(ExplanationJob, on_delete=models.CASCADE, related_name="explanations")
+    analysis = models.ForeignKey(FeatureAnalysis, on_delete=models.CASCADE, related_name="explanations")
+    index = models.PositiveIntegerField()
+    text = models.CharField(max_length=500, blank=True)
+    explainer_model = models.CharField(max_length=200)
+    scorer_model = models.CharField(max_length=200)
+    prompt_version = models.CharField(max_length=50)
+    prompt = models.JSONField(default=list, blank=True, help_text="The messages the explainer was sent")
+    detection = models.FloatField(null=True, blank=True, help_text="Balanced accuracy, delphi's detection")
+    fuzzing = models.FloatField(null=True, blank=True, help_text="Balanced accuracy, delphi's fuzzing")
+    score = models.FloatField(null=True, blank=True, help_text="Mean of the scores it has")
+    scoring = models.JSONField(default=dict, blank=True, help_text="Per scorer: counts, failed prompts")
+    error_code = models.CharField(max_length=100, blank=True)
+    error_message = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["analysis", "index", "-created_at"]
+        constraints = [models.UniqueConstraint(fields=["job", "index"], name="explanation_one_per_job")]
+        indexes = [models.Index(fields=["analysis", "index"]), models.Index(fields=["analysis", "score"])]
+
+    def __str__(self) -> str:
+        return f"{self.analysis_id}[{self.index}]: {self.text[:40]}"

@@ -6,19 +6,15 @@ array, sliced from the file without reading the rest (the cache is never touched
 
 from __future__ import annotations
 
-import itertools
-import json
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
-from django.db.models import Exists, OuterRef, Q, QuerySet
+from django.db.models import Exists, F, OuterRef, Q, QuerySet, Subquery
 
-from activations.models import ActivationCache
 from activations.selectors import model_folder, token_strings, tokenizer_for
-from features.models import Feature, FeatureAnalysis, FeatureLabel
-from features.serializers import analysis_state, feature_summary, label_state
-from mistudio.access import linked_id, visible_row, visible_rows
+from features.models import Explanation, ExplanationJob, Feature, FeatureAnalysis, FeatureLabel
+from features.serializers import analysis_state, explanation_state, feature_summary, label_state
+from mistudio.access import visible_row, visible_rows
 from mistudio.errors import ApplicationError
 from mistudio.events import register_group_kind
 from saes.models import SparseAutoencoder
@@ -30,8 +26,10 @@ SORTS = {
     "-density": ("-density", "index"),
     "max_activation": ("max_activation", "index"),
     "-max_activation": ("-max_activation", "index"),
+    # The best score among the feature's explanations the reader may see (unexplained last).
+    "score": ("best_score", "index"),
+    "-score": ("-best_score", "index"),
 }
-EXPORT_SCHEMA = "mistudio.features/1"
 
 
 # --- analyses --------------------------------------------------------------------------------------
@@ -114,6 +112,35 @@ def labels_by_index(*, user, sae: SparseAutoencoder, indices: list[int]) -> dict
     return {index: label_for(labels, user) for index, labels in grouped.items()}
 
 
+# --- explanations ------------------------------------------------------------------------------
+
+
+def explanation_job_list(*, user, analysis: FeatureAnalysis | None = None) -> QuerySet[ExplanationJob]:
+    """Explanation jobs the user may see: of analyses they may see, their own or shared."""
+    jobs = visible_rows(ExplanationJob.objects.select_related("owner", "analysis"), user, shareable=True)
+    jobs = jobs.filter(analysis__in=analysis_list(user=user))
+    return jobs if analysis is None else jobs.filter(analysis=analysis)
+
+
+def visible_explanations(*, user, analysis: FeatureAnalysis) -> QuerySet[Explanation]:
+    """The explanations of ``analysis`` that ``user`` may see (those of jobs they may see)."""
+    return Explanation.objects.filter(
+        analysis=analysis, job__in=explanation_job_list(user=user, analysis=analysis)
+    )
+
+
+def feature_explanations(*, user, analysis: FeatureAnalysis, index: int) -> list[Explanation]:
+    """A feature's explanations the user may see, best score first (unscored and failed last)."""
+    return ranked(visible_explanations(user=user, analysis=analysis).filter(index=index))
+
+
+def ranked(explanations: QuerySet[Explanation]) -> list[Explanation]:
+    return sorted(
+        explanations,
+        key=lambda row: (row.error_code != "", -(row.score if row.score is not None else -1), -row.pk),
+    )
+
+
 # --- the feature list ------------------------------------------------------------------------------
 
 
@@ -140,7 +167,29 @@ def feature_list(
         features = features.filter(Q(auto_label__icontains=text) | Q(index__in=matching))
     if filters.get("token"):
         features = features.filter(top_tokens__icontains=f"|{filters['token'].strip().lower()}|")
-    return features.order_by(*SORTS[filters.get("sort") or "index"])
+    sort = filters.get("sort") or "index"
+    if (
+        sort in ("score", "-score")
+        or filters.get("score_min") is not None
+        or filters.get("explained") is not None
+    ):
+        best = (
+            visible_explanations(user=user, analysis=analysis)
+            .filter(index=OuterRef("index"), score__isnull=False)
+            .order_by("-score")
+            .values("score")[:1]
+        )
+        features = features.annotate(best_score=Subquery(best))
+        if filters.get("score_min") is not None:
+            features = features.filter(best_score__gte=filters["score_min"])
+        if filters.get("explained") is not None:
+            features = features.filter(best_score__isnull=not filters["explained"])
+        if sort in ("score", "-score"):
+            field = F("best_score")
+            return features.order_by(
+                field.asc(nulls_last=True) if sort == "score" else field.desc(nulls_last=True), "index"
+            )
+    return features.order_by(*SORTS[sort])
 
 
 def feature_page(
@@ -155,14 +204,31 @@ def feature_page(
     features = feature_list(user=user, sae=sae, analysis=analysis, filters=filters)
     total = features.count()
     rows = list(features[(page - 1) * page_size : page * page_size])
-    labels = labels_by_index(user=user, sae=sae, indices=[row.index for row in rows])
+    indices = [row.index for row in rows]
+    labels = labels_by_index(user=user, sae=sae, indices=indices)
+    best = best_explanations(user=user, analysis=analysis, indices=indices)
     return {
         "analysis_id": analysis.id,
         "total": total,
         "page": page,
         "page_size": page_size,
-        "features": [feature_summary(row, labels.get(row.index)) for row in rows],
+        "features": [
+            {**feature_summary(row, labels.get(row.index)), "explanation": best.get(row.index)}
+            for row in rows
+        ],
     }
+
+
+def best_explanations(*, user, analysis: FeatureAnalysis, indices: list[int]) -> dict[int, dict[str, Any]]:
+    """Per feature, its best-scored explanation the user may see (text, score, model), if any."""
+    best: dict[int, dict[str, Any]] = {}
+    rows = visible_explanations(user=user, analysis=analysis).filter(index__in=indices, error_code="")
+    for row in rows.order_by(F("score").desc(nulls_last=True), "-pk"):
+        best.setdefault(
+            row.index,
+            {"id": row.pk, "text": row.text, "score": row.score, "explainer_model": row.explainer_model},
+        )
+    return best
 
 
 # --- one feature's dashboard -----------------------------------------------------------------------
@@ -252,11 +318,15 @@ class Dashboards:
         self.intervals = analysis.config.get("intervals", 5)
         self._features: dict[int, Feature] | None = None
         self._labels: dict[int, list[FeatureLabel]] | None = None
+        self._explanations: dict[int, list[Explanation]] | None = None
         if preload:
             self._features = {row.index: row for row in Feature.objects.filter(analysis=analysis)}
             self._labels = {}
             for label in visible_labels(user=user, sae=sae):
                 self._labels.setdefault(label.index, []).append(label)
+            self._explanations = {}
+            for explanation in ranked(visible_explanations(user=user, analysis=analysis).defer("prompt")):
+                self._explanations.setdefault(explanation.index, []).append(explanation)
 
     def features(self, indices: list[int]) -> dict[int, Feature]:
         if self._features is not None:
@@ -267,6 +337,11 @@ class Dashboards:
         if self._labels is not None:
             return self._labels.get(index, [])
         return list(visible_labels(user=self.user, sae=self.sae).filter(index=index))
+
+    def explanations(self, index: int) -> list[Explanation]:
+        if self._explanations is not None:
+            return self._explanations.get(index, [])
+        return feature_explanations(user=self.user, analysis=self.analysis, index=index)
 
     def detail(self, index: int) -> dict[str, Any]:
         """Everything a feature's dashboard shows, as JSON."""
@@ -309,6 +384,9 @@ class Dashboards:
             "labels": [
                 {**label_state(label), "mine": label.owner_id == getattr(self.user, "pk", None)}
                 for label in labels
+            ],
+            "explanations": [
+                explanation_state(row, prompt=self._explanations is None) for row in self.explanations(index)
             ],
         }
         if "logit_top_ids" in data.names:
@@ -384,74 +462,6 @@ def with_feature_names(*, user, sae: SparseAutoencoder, result: dict[str, Any]) 
         "overall": [{**entry, **names[entry["index"]]} for entry in result["overall"]],
         "features": {str(index): names[index] for index in sorted(indices)},
     }
-
-
-# --- export (Neuronpedia-like JSON) ----------------------------------------------------------------
-
-
-def _neuronpedia_feature(detail: dict[str, Any], prompts: int) -> dict[str, Any]:
-    """One feature in the field names of sae-dashboard's Neuronpedia export (documented in docs/api.md)."""
-    logits = detail["logit_effects"] or {"top": [], "bottom": [], "histogram": {"counts": [], "edges": []}}
-
-    def centres(edges: list[float]) -> list[float]:
-        return [round((low + high) / 2, 6) for low, high in itertools.pairwise(edges)]
-
-    def activation(example: dict[str, Any], interval: list[float] | None) -> dict[str, Any]:
-        return {
-            "bin_min": interval[0] if interval else -1,
-            "bin_max": interval[1] if interval else -1,
-            "tokens": example["tokens"],
-            "values": example["values"],
-            "qualifying_token_index": example["center"],
-        }
-
-    label = detail["label"]
-    return {
-        "feature_index": detail["index"],
-        "frac_nonzero": detail["density"],
-        "max_activation": detail["max_activation"],
-        "mean_activation": detail["mean_activation"],
-        "pos_str": [entry["token"] for entry in logits["top"]],
-        "pos_values": [entry["value"] for entry in logits["top"]],
-        "neg_str": [entry["token"] for entry in logits["bottom"]],
-        "neg_values": [entry["value"] for entry in logits["bottom"]],
-        "freq_hist_data_bar_heights": detail["histogram"]["counts"],
-        "freq_hist_data_bar_values": centres(detail["histogram"]["edges"]),
-        "logits_hist_data_bar_heights": logits["histogram"]["counts"],
-        "logits_hist_data_bar_values": centres(logits["histogram"]["edges"]),
-        "topk_cos_sim_indices": [entry["index"] for entry in detail["similar"]],
-        "topk_cos_sim_values": [entry["cosine"] for entry in detail["similar"]],
-        "n_prompts_total": prompts,
-        "activations": [activation(example, None) for example in detail["top_examples"]]
-        + [activation(example, example["interval"]) for example in detail["interval_examples"]],
-        "explanations": [{"description": label["label"]}] if label and label["label"] else [],
-        "auto_label": detail["auto_label"],
-    }
-
-
-def analysis_export_stream(*, user, sae: SparseAutoencoder, analysis: FeatureAnalysis) -> Iterator[bytes]:
-    """Every feature's dashboard as one JSON document, written feature by feature."""
-    head = {
-        "schema": EXPORT_SCHEMA,
-        "model_id": sae.model_name,
-        "sae_id": sae.id,
-        "hook_name": sae.hook_name,
-        "d_sae": sae.d_sae,
-        "analysis_id": analysis.id,
-        "cache_id": linked_id(user, analysis, ActivationCache, analysis.cache_id),
-        "tokens": analysis.tokens,
-    }
-    prompts = analysis.cache.sample_count if analysis.cache is not None else None
-    dashboards = Dashboards(user=user, sae=sae, analysis=analysis, preload=True)  # missing files: 409 now
-
-    def chunks() -> Iterator[bytes]:
-        yield (json.dumps(head)[:-1] + ', "features": [').encode()
-        for index in range(sae.d_sae):
-            detail = dashboards.detail(index)
-            yield ((", " if index else "") + json.dumps(_neuronpedia_feature(detail, prompts))).encode()
-        yield b"]}"
-
-    return chunks()
 
 
 # --- events ----------------------------------------------------------------------------------------

@@ -3,7 +3,7 @@
 from typing import Any
 
 from activations.models import ActivationCache
-from features.models import Feature, FeatureAnalysis, FeatureLabel
+from features.models import Explanation, ExplanationJob, Feature, FeatureAnalysis, FeatureLabel
 from mistudio.access import AUDIENCE, linked_id
 
 
@@ -63,3 +63,60 @@ def feature_summary(feature: Feature, label: FeatureLabel | None = None) -> dict
         "auto_label": feature.auto_label,
         "label": label_state(label),
     }
+
+
+def explanation_job_state(job: ExplanationJob, *, viewer=AUDIENCE) -> dict[str, Any]:
+    """An explanation job as its API, ``explanation:*`` events and snapshots show it."""
+    return {
+        "id": job.id,
+        "analysis_id": job.analysis_id,
+        "sae_id": job.analysis.sae_id,
+        "endpoint": job.endpoint,
+        "explainer_model": job.explainer_model,
+        "scorer_model": job.scorer_model,
+        "selection": job.selection,
+        "features": len(job.indices),
+        "config": job.config,
+        "estimate": job.estimate,
+        "status": job.status,
+        "progress": job.progress,
+        "eta_seconds": job.eta_seconds,
+        "features_done": job.features_done,
+        "features_failed": job.features_failed,
+        "features_per_minute": job.features_per_minute,
+        "requests_sent": job.requests_sent,
+        "prompt_tokens": job.prompt_tokens,
+        "completion_tokens": job.completion_tokens,
+        "summary": job.summary,
+        "host_worker": job.host_worker,
+        "error_code": job.error_code,
+        "error_message": job.error_message,
+        "owner": job.owner.username if job.owner_id else None,
+        "shared": job.shared,
+        "created_at": iso(job.created_at),
+        "started_at": iso(job.started_at),
+        "finished_at": iso(job.finished_at),
+    }
+
+
+def explanation_state(explanation: Explanation, *, prompt: bool = False) -> dict[str, Any]:
+    """One feature's explanation with its scores (``prompt``: with the messages the explainer saw)."""
+    state = {
+        "id": explanation.id,
+        "job_id": explanation.job_id,
+        "index": explanation.index,
+        "text": explanation.text,
+        "score": explanation.score,
+        "detection": explanation.detection,
+        "fuzzing": explanation.fuzzing,
+        "scoring": explanation.scoring,
+        "explainer_model": explanation.explainer_model,
+        "scorer_model": explanation.scorer_model,
+        "prompt_version": explanation.prompt_version,
+        "error_code": explanation.error_code,
+        "error_message": explanation.error_message,
+        "created_at": iso(explanation.created_at),
+    }
+    if prompt:
+        state["prompt"] = explanation.prompt
+    return state

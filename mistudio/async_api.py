@@ -17,7 +17,7 @@ from rest_framework import exceptions
 from rest_framework.authentication import SessionAuthentication, TokenAuthentication
 from rest_framework.request import Request
 
-from mistudio.authentication import BearerTokenAuthentication
+from mistudio.authentication import BearerTokenAuthentication, JobTokenAuthentication
 from mistudio.errors import DRF_CODES, ApplicationError
 from mistudio.json_input import MalformedJSON, parse_json
 
@@ -36,7 +36,8 @@ class _SessionAuthentication(SessionAuthentication):
 
 
 def _authenticate(request: HttpRequest, session: bool) -> Any:
-    authenticators = [TokenAuthentication(), BearerTokenAuthentication()]
+    # A job token first: the DRF token classes would refuse it as an unknown key.
+    authenticators = [JobTokenAuthentication(), TokenAuthentication(), BearerTokenAuthentication()]
     if session:
         authenticators.append(_SessionAuthentication())  # enforces CSRF for unsafe methods
     drf_request = Request(request, authenticators=authenticators)
@@ -46,6 +47,8 @@ def _authenticate(request: HttpRequest, session: bool) -> Any:
         raise as_application_error(error) from None
     if user is None or not user.is_authenticated:
         raise ApplicationError("UNAUTHENTICATED", "Authentication credentials were not provided.", status=401)
+    # A job's own requests are bounded by the job (its concurrency), not by the owner's request rate.
+    request.job_request = isinstance(drf_request.auth, dict) and "job" in drf_request.auth
     return user
 
 

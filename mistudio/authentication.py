@@ -31,3 +31,40 @@ def signed_in(*, session_key: str | None, authorization: str | None) -> bool:
     session = import_module(settings.SESSION_ENGINE).SessionStore(session_key)
     user_id = session.get(SESSION_KEY)
     return user_id is not None and get_user_model().objects.filter(pk=user_id, is_active=True).exists()
+
+
+# --- job tokens ------------------------------------------------------------------------------------
+# A job that calls this workbench's own /v1 (an explanation job's explainer) acts for its owner
+# with a signed, expiring token: no key is stored or created for it, and it opens the generation
+# routes only (async_api), never the rest of the API.
+JOB_TOKEN_PREFIX = "mistudio-job."  # noqa: S105 (a marker, not a secret)
+JOB_TOKEN_SALT = "mistudio.job-token"  # noqa: S105 (a namespace for signing)
+
+
+def job_token_for(user, *, job_id: str) -> str:
+    from django.core import signing
+
+    return JOB_TOKEN_PREFIX + signing.dumps(
+        {"user": user.pk, "job": job_id}, salt=JOB_TOKEN_SALT, compress=True
+    )
+
+
+class JobTokenAuthentication(BearerTokenAuthentication):
+    """``Authorization: Bearer mistudio-job.…``: the owner of a running job (``JOB_TOKEN_MAX_AGE``)."""
+
+    def authenticate_credentials(self, key: str):
+        from django.core import signing
+        from rest_framework import exceptions
+
+        if not key.startswith(JOB_TOKEN_PREFIX):
+            return None
+        try:
+            claims = signing.loads(
+                key.removeprefix(JOB_TOKEN_PREFIX), salt=JOB_TOKEN_SALT, max_age=settings.JOB_TOKEN_MAX_AGE
+            )
+        except signing.BadSignature:
+            raise exceptions.AuthenticationFailed("Invalid or expired job token.") from None
+        user = get_user_model().objects.filter(pk=claims.get("user"), is_active=True).first()
+        if user is None:
+            raise exceptions.AuthenticationFailed("Invalid or expired job token.")
+        return user, {"job": claims.get("job")}

@@ -48,3 +48,7 @@ def new_evaluation_id() -> str:
 
 def new_steering_vector_id() -> str:
     return new_id("sv")
+
+
+def new_explanation_job_id() -> str:
+    return new_id("xj")

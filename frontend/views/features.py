@@ -30,6 +30,7 @@ from activations.selectors import completed_cache
 from features import selectors, services
 from features.apis import FeatureDetailApi, FeatureListApi
 from features.models import FeatureAnalysis
+from features.search import feature_search
 from frontend.access import reader_required, sae_or_404, writer_refusal
 from frontend.charts import histogram_svg
 from frontend.heatmap import heat_tokens, token_texts
@@ -52,6 +53,8 @@ SORTS = [
     ("density", "Rarest first"),
     ("-max_activation", "Strongest first"),
     ("max_activation", "Weakest first"),
+    ("-score", "Best explained first"),
+    ("score", "Worst explained first"),
 ]
 PAGE_SIZES = (25, 50, 100, 200)
 FILTER_NAMES = [*FeatureListApi.FilterSerializer().fields]  # the API's query parameters, and only those
@@ -59,6 +62,8 @@ FILTER_NAMES = [*FeatureListApi.FilterSerializer().fields]  # the API's query pa
 # token a full bar; densities of SAE features span these orders of magnitude.
 DENSITY_DECADES = 6
 HISTOGRAM_SIZE = (560, 220)
+SEARCH_RESULTS = 20
+EXPLANATION_JOBS_SHOWN = 5
 
 
 # --- shared parts -----------------------------------------------------------------------------------
@@ -154,7 +159,7 @@ def _list_filters(request) -> tuple[dict[str, Any], dict[str, str], str]:
     shown = {name: request.GET.get(name, "").strip() for name in FILTER_NAMES}
     shown["token"] = request.GET.get("token", "")  # a token's leading space is part of it
     given = {name: value for name, value in shown.items() if value.strip()}
-    for name in ("dead", "labelled"):
+    for name in ("dead", "labelled", "explained"):
         if given.get(name) == "any":
             del given[name]
     filters = FeatureListApi.FilterSerializer(data=given)
@@ -228,9 +233,15 @@ def feature_list_page(request, sae_id: str):
         status=FeatureAnalysis.Status.COMPLETED
     )
     analysis.shown_cache_id = shown_cache_id(analysis, request.user)
+    meaning = request.GET.get("meaning", "").strip()
     context.update(
         {
             "analysis": analysis,
+            "meaning": meaning,
+            "search": meaning_search(request, sae, analysis, meaning, named) if meaning else None,
+            "explanation_jobs": list(
+                selectors.explanation_job_list(user=request.user, analysis=analysis)[:EXPLANATION_JOBS_SHOWN]
+            ),
             "named_analysis": named,
             "analyses": list(completed.select_related("cache")[:ANALYSES_SHOWN]),
             "page": page,
@@ -248,6 +259,19 @@ def feature_list_page(request, sae_id: str):
         }
     )
     return render(request, "frontend/features.html", context, status=400 if problem else 200)
+
+
+def meaning_search(
+    request, sae: SparseAutoencoder, analysis, query: str, named: str | None
+) -> dict[str, Any]:
+    """ "Features about X": the ``feature_search`` of ``GET /api/saes/<id>/features/search``, or its error."""
+    try:
+        result = feature_search(user=request.user, sae=sae, analysis=analysis, query=query, k=SEARCH_RESULTS)
+    except ApplicationError as error:
+        return {"error": error}
+    for row in result["results"]:
+        row["url"] = feature_url(sae.id, row["index"], named)
+    return result
 
 
 def _go_to_feature(request, sae: SparseAutoencoder):
@@ -309,6 +333,20 @@ def interval_groups(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def logit_rows(entries: list[dict[str, Any]], tokenizer) -> list[dict[str, Any]]:
     texts = token_texts(tokenizer, [entry["token_id"] for entry in entries])
     return [{**entry, "text": text, "raw": raw} for entry, (text, raw) in zip(entries, texts, strict=True)]
+
+
+def scorer_rows(explanation: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each scorer's balanced accuracy with how many of its samples got a usable answer (a model
+    that answers off-format leaves a score of none)."""
+    return [
+        {
+            "name": name,
+            "value": explanation[name],
+            "answered": counts["total"] - counts["failed"],
+            "total": counts["total"],
+        }
+        for name, counts in explanation["scoring"].items()
+    ]
 
 
 def steer_url(sae: SparseAutoencoder, index: int) -> str:
@@ -376,6 +414,12 @@ def feature_context(request, sae: SparseAutoencoder, index: int) -> tuple[dict[s
             "similar": [
                 {**entry, "url": feature_url(sae.id, entry["index"], named)} for entry in detail["similar"]
             ],
+            "explanations": [
+                {**entry, "scorers": scorer_rows(entry)}
+                for entry in detail["explanations"]
+                if not entry["error_code"]
+            ],
+            "failed_explanations": [entry for entry in detail["explanations"] if entry["error_code"]],
             "my_label": mine,
             "other_labels": [entry for entry in detail["labels"] if not entry["mine"]],
             "label_values": {

@@ -20,7 +20,7 @@ from rest_framework.test import APIClient
 from activations.models import ActivationCache, Dataset, ExtractionJob
 from activations.services import dataset_create_from_texts
 from conftest import make_user
-from features.models import Feature, FeatureAnalysis
+from features.models import Explanation, ExplanationJob, Feature, FeatureAnalysis
 from generation.models import Generation
 from models_app.models import LanguageModel
 from models_app.services import model_register
@@ -107,6 +107,13 @@ MATRIX: dict[str, dict[str, tuple]] = {
     "api/saes/{sae}/features/export": {"GET": OWNER_READS},
     "api/saes/{sae}/features/{index}": {"GET": OWNER_READS, "PATCH": OWNER_CHANGES},
     "api/saes/{sae}/encode": {"POST": OWNER_CHANGES},
+    "api/saes/{sae}/features/search": {"GET": OWNER_READS},
+    "api/saes/{sae}/features/{index}/explanations/{explanation}/accept": {"POST": OWNER_CHANGES},
+    "api/saes/{sae}/explanations": {"GET": OWNER_READS, "POST": OWNER_CHANGES},
+    "api/saes/{sae}/explanations/{job}": {"GET": OWNER_READS, "PATCH": OWNER_CHANGES},
+    "api/saes/{sae}/explanations/{job}/cancel": {"POST": OWNER_CHANGES},
+    "api/saes/{sae}/explanations/{job}/results": {"GET": OWNER_READS},
+    "api/explainers": {"GET": ANY_READER},
     "api/schema/": {"GET": ANY_READER},
     "api/{unmatched}": {"GET": NO_SUCH_ROUTE},
     "v1/models": {"GET": OPENAI_READ},
@@ -135,6 +142,9 @@ MATRIX: dict[str, dict[str, tuple]] = {
     "saes/{sae}/features/": {"GET": OWNER_PAGE},
     "saes/{sae}/features/{index}/": {"GET": OWNER_PAGE, "POST": OWNER_PAGE_CHANGES},  # POST: a label
     "saes/{sae}/encode/": {"GET": OWNER_PAGE, "POST": OWNER_PAGE_CHANGES},
+    "saes/{sae}/explanations/new/": {"GET": OWNER_PAGE, "POST": OWNER_PAGE_CHANGES},
+    "saes/{sae}/explanations/{job}/": {"GET": OWNER_PAGE, "POST": OWNER_PAGE_CHANGES},
+    "saes/{sae}/features/{index}/explanations/{explanation}/accept/": {"POST": OWNER_PAGE_CHANGES},
     "playground/": {"GET": PAGE},
     "workers/": {"GET": PAGE},
     "account/token/": {"GET": PAGE, "POST": PAGE},  # one's own API token: any role may have one
@@ -158,6 +168,8 @@ PLACEHOLDERS = {
     "analysis_id": "{analysis}",
     "index": "{index}",
     "vector_id": "{vector}",
+    "job_id": "{job}",
+    "explanation_id": "{explanation}",
     "unmatched": "{unmatched}",
 }
 
@@ -221,12 +233,20 @@ def owned_rows(owner, folder) -> dict[str, str]:
     group = SaeGroup.objects.create(model=model, dataset=dataset, status="completed", owner=owner)
     analysis = FeatureAnalysis.objects.create(sae=sae, cache=cache, status="completed", owner=owner)
     Feature.objects.create(analysis=analysis, index=5, density=0.1, max_activation=1, mean_activation=0.5)
+    explanation_job = ExplanationJob.objects.create(
+        analysis=analysis, explainer_model="m", scorer_model="m", indices=[5], status="completed", owner=owner
+    )
+    explanation = Explanation.objects.create(
+        job=explanation_job, analysis=analysis, index=5, text="fives", explainer_model="m", scorer_model="m"
+    )
     vector = SteeringVector.objects.create(
         model=model, hook_name="blocks.0.hook_resid_post", width=64, status="completed", owner=owner
     )
     vector_store(vector, torch.ones(64))
     return {
         "{vector}": vector.id,
+        "{job}": explanation_job.id,
+        "{explanation}": str(explanation.pk),
         "{analysis}": analysis.id,
         "{index}": "5",
         "{model}": model.id,

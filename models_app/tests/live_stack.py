@@ -122,7 +122,8 @@ def live_processes(django_db_setup, django_db_blocker):
     """Daphne on a free port and one worker process, for the tests of one module."""
     port = free_port()
     worker_name = f"live-worker-{port}"
-    environment = process_environment()
+    # The worker reaches this web server's /v1 there (an explanation job's explainer).
+    environment = process_environment(MISTUDIO_API_URL=f"http://127.0.0.1:{port}")
     processes: list[subprocess.Popen] = []
     commands = [
         [sys.executable, "manage.py", "worker", "--name", worker_name],

@@ -6,6 +6,7 @@ new worker takes back the jobs the dead one was running (``mistudio.jobs``). The
 ending ends everything.
 """
 
+import os
 import signal
 import subprocess
 import sys
@@ -29,13 +30,14 @@ class WorkerProcess:
 
     command: list[str]
     cwd: str
+    env: dict[str, str] | None = None
     process: subprocess.Popen | None = None
     started: float = 0.0
     backoff: float = 1.0
     restart_at: float | None = None
 
     def start(self) -> None:
-        self.process = subprocess.Popen(self.command, cwd=self.cwd)
+        self.process = subprocess.Popen(self.command, cwd=self.cwd, env=self.env)
         self.started, self.restart_at = time.monotonic(), None
 
     def watch(self, write) -> None:
@@ -86,8 +88,13 @@ class Command(BaseCommand):
             ],
             cwd=settings.BASE_DIR,
         )
+        # The worker reaches this web server's /v1 there (an explanation job's explainer).
+        local = "127.0.0.1" if options["host"] in ("0.0.0.0", "::") else options["host"]  # noqa: S104
+        api_url = os.environ.get("MISTUDIO_API_URL") or f"http://{local}:{options['port']}"
         worker = WorkerProcess(
-            command=[*manage, "worker", "--name", options["worker_name"]], cwd=str(settings.BASE_DIR)
+            command=[*manage, "worker", "--name", options["worker_name"]],
+            cwd=str(settings.BASE_DIR),
+            env={**os.environ, "MISTUDIO_API_URL": api_url},
         )
         worker.start()
         url = f"http://{options['host']}:{options['port']}"

@@ -1,0 +1,259 @@
+"""Explanation workflows: endpoints, feature selection, the estimate, requests, cancel, accept.
+
+Every front door (API, pages, admin, ``manage.py explain_features``) calls these. An explanation
+job is a job (``mistudio.jobs``); its task is ``features.explanation_tasks``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, fields
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+
+from engine.autointerp.pipeline import SCORERS, InterpretationConfig
+from engine.autointerp.prompts import PROMPT_VERSION, TEMPLATES
+from features.models import Explanation, ExplanationJob, Feature, FeatureAnalysis, FeatureLabel
+from features.services import feature_label_set
+from generation.services import generation_model
+from mistudio import jobs
+from mistudio.access import OPERATOR
+from mistudio.errors import ApplicationError
+from mistudio.workers import shared_queue
+from models_app.models import LanguageModel
+
+LOCAL = "local"
+MAX_INDICES = 1 << 20
+CHARACTERS_PER_TOKEN = 4  # an estimate's rule of thumb where no tokenizer is at hand
+
+
+# --- endpoints -----------------------------------------------------------------------------------
+
+
+def explainer_endpoints() -> list[dict[str, Any]]:
+    """The endpoints a job may use: this workbench's own ``/v1`` first, then the administrator's.
+    Their keys are never part of this (only whether one is configured and set)."""
+    import os
+
+    endpoints = [{"name": LOCAL, "url": "/v1", "kind": "local", "has_key": True}]
+    for name, spec in settings.EXPLAINER_ENDPOINTS.items():
+        endpoints.append(
+            {
+                "name": name,
+                "url": spec["url"],
+                "kind": "external",
+                "has_key": bool(spec["key_env"] and os.environ.get(spec["key_env"])),
+                "context_tokens": spec["context_tokens"],
+            }
+        )
+    return endpoints
+
+
+def model_context_tokens(model: LanguageModel) -> int:
+    config = model.config or {}
+    for key in ("max_position_embeddings", "n_positions", "n_ctx", "seq_length"):
+        value = config.get(key)
+        if isinstance(value, int) and value > 0:
+            return value
+    return 2048
+
+
+def check_endpoint(*, user, endpoint: str, model_ref: str) -> tuple[str, int]:
+    """``(model name to send, context tokens)`` for ``model_ref`` at ``endpoint``: on ``local``, a
+    model the user may generate with, loaded now (409 otherwise); elsewhere the name as given."""
+    if endpoint == LOCAL:
+        model = generation_model(user=user, model_ref=model_ref)
+        if model.status != LanguageModel.Status.READY:
+            raise ApplicationError(
+                "MODEL_NOT_LOADED",
+                f"The explainer model {model.name} is {model.status}: load it first "
+                f"(POST /api/models/{model.id}/load).",
+                status=409,
+            )
+        return model.id, model_context_tokens(model)
+    spec = settings.EXPLAINER_ENDPOINTS.get(endpoint)
+    if spec is None:
+        known = ", ".join([LOCAL, *settings.EXPLAINER_ENDPOINTS])
+        raise ApplicationError(
+            "ENDPOINT_NOT_FOUND", f"No explainer endpoint {endpoint!r} (there are: {known}).", status=404
+        )
+    if not model_ref.strip():
+        raise ApplicationError("INVALID_REQUEST", "Name the model the endpoint should use.", status=400)
+    return model_ref.strip(), spec["context_tokens"]
+
+
+# --- which features ------------------------------------------------------------------------------
+
+
+def explanation_indices(analysis: FeatureAnalysis, selection: dict[str, Any]) -> list[int]:
+    """The live features ``selection`` names: ``{"kind": "all"}``, ``{"kind": "top", "count": N}``
+    (the N densest), ``{"kind": "density", "min": a, "max": b}`` or ``{"kind": "list", "indices": [...]}``.
+    Dead features (no examples to explain) are left out."""
+    live = Feature.objects.filter(analysis=analysis).exclude(density=0)
+    kind = selection.get("kind", "top")
+    if kind == "all":
+        indices = list(live.order_by("index").values_list("index", flat=True))
+    elif kind == "top":
+        count = selection.get("count", 50)
+        indices = list(live.order_by("-density", "index").values_list("index", flat=True)[:count])
+    elif kind == "density":
+        low, high = selection.get("min", 0.0), selection.get("max", 1.0)
+        if low > high:
+            raise ApplicationError(
+                "INVALID_SELECTION", "The density range's min is above its max.", status=400
+            )
+        indices = list(
+            live.filter(density__gte=low, density__lte=high).order_by("index").values_list("index", flat=True)
+        )
+    elif kind == "list":
+        wanted = list(dict.fromkeys(selection.get("indices") or []))
+        d_sae = analysis.sae.d_sae
+        outside = [index for index in wanted if not 0 <= index < d_sae]
+        if outside:
+            raise ApplicationError(
+                "FEATURE_NOT_FOUND", f"The SAE has features 0 to {d_sae - 1}, not {outside[:5]}.", status=400
+            )
+        alive = set(live.filter(index__in=wanted).values_list("index", flat=True))
+        indices = [index for index in wanted if index in alive]
+    else:
+        raise ApplicationError("INVALID_SELECTION", f"Unknown selection kind {kind!r}.", status=400)
+    if not indices:
+        raise ApplicationError(
+            "NO_FEATURES", "The selection holds no live feature of this analysis.", status=400
+        )
+    return indices
+
+
+# --- the estimate and the request ----------------------------------------------------------------
+
+
+def interpretation_config(analysis: FeatureAnalysis, options: dict[str, Any]) -> InterpretationConfig:
+    """The job's settings: the defaults, the request's ``options``, bounded by what the analysis
+    holds (its top examples and interval examples) and ``EXPLAINER_MAX_CONCURRENCY``."""
+    names = {field.name for field in fields(InterpretationConfig)}
+    unknown = set(options) - names
+    if unknown:
+        raise ApplicationError(
+            "INVALID_REQUEST", f"Unknown options: {', '.join(sorted(unknown))}.", status=400
+        )
+    values = {**asdict(InterpretationConfig()), **options}
+    values["scorers"] = tuple(values["scorers"])
+    if not set(values["scorers"]) <= set(SCORERS):
+        raise ApplicationError("INVALID_REQUEST", f"Scorers are {', '.join(SCORERS)}.", status=400)
+    top_k = analysis.config.get("top_k", 20)
+    interval_examples = analysis.config.get("intervals", 5) * analysis.config.get("per_interval", 4)
+    values["explain_examples"] = max(1, min(values["explain_examples"], top_k))
+    values["test_examples"] = max(
+        1, min(values["test_examples"], interval_examples + top_k - values["explain_examples"])
+    )
+    values["concurrency"] = max(1, min(values["concurrency"], settings.EXPLAINER_MAX_CONCURRENCY))
+    return InterpretationConfig(**values)
+
+
+def explanation_estimate(
+    *, analysis: FeatureAnalysis, features: int, config: InterpretationConfig, context: int
+) -> dict[str, int]:
+    """Requests and prompt tokens of the job, before it runs: each prompt is its template (at
+    ``CHARACTERS_PER_TOKEN``) plus its examples' windows, at most the model's context."""
+    window = analysis.config.get("context_before", 8) + 1 + analysis.config.get("context_after", 3)
+    example_tokens = window + 6  # "Example i: " and the marks
+
+    def prompt(template: str, examples: int) -> int:
+        return min(context, len(TEMPLATES[template]) // CHARACTERS_PER_TOKEN + examples * example_tokens)
+
+    scoring_requests = config.requests_per_feature() - 1
+    scoring = max((prompt(kind, config.per_prompt) for kind in config.scorers), default=0)
+    return {
+        "features": features,
+        "requests": features * config.requests_per_feature(),
+        "prompt_tokens": features * (prompt("explain", config.explain_examples) + scoring_requests * scoring),
+        "completion_tokens_at_most": features
+        * (config.explain_max_tokens + scoring_requests * config.score_max_tokens),
+    }
+
+
+def explanation_request(
+    *,
+    owner,
+    analysis: FeatureAnalysis,
+    endpoint: str = LOCAL,
+    explainer_model: str,
+    scorer_model: str | None = None,
+    selection: dict[str, Any],
+    options: dict[str, Any] | None = None,
+    shared: bool = False,
+    dry_run: bool = False,
+) -> ExplanationJob | dict[str, Any]:
+    """Queue an explanation job for the features ``selection`` names (``dry_run``: only its
+    estimate). The analysis must be completed; on ``local`` the explainer (and scorer) must be
+    models the owner may generate with, loaded."""
+    if analysis.status != FeatureAnalysis.Status.COMPLETED:
+        raise ApplicationError("ANALYSIS_NOT_READY", f"The analysis is {analysis.status}.", status=409)
+    user = owner or OPERATOR
+    if endpoint == LOCAL and not getattr(owner, "is_authenticated", False):
+        raise ApplicationError(
+            "OWNER_REQUIRED", "A job on this workbench's /v1 runs as a user: name its owner.", status=400
+        )
+    explainer, context = check_endpoint(user=user, endpoint=endpoint, model_ref=explainer_model)
+    scorer = (
+        explainer
+        if not scorer_model
+        else check_endpoint(user=user, endpoint=endpoint, model_ref=scorer_model)[0]
+    )
+    config = interpretation_config(analysis, options or {})
+    indices = explanation_indices(analysis, selection)
+    estimate = explanation_estimate(analysis=analysis, features=len(indices), config=config, context=context)
+    if dry_run:
+        return {
+            "estimate": estimate,
+            "indices": indices[:1000],
+            "config": asdict(config),
+            "prompt_version": PROMPT_VERSION,
+        }
+    with transaction.atomic():
+        jobs.job_admit(owner=owner)
+        job = ExplanationJob.objects.create(
+            analysis=analysis,
+            endpoint=endpoint,
+            explainer_model=explainer,
+            scorer_model=scorer,
+            selection=selection,
+            indices=indices,
+            config={**asdict(config), "context_tokens": context},
+            estimate=estimate,
+            owner=owner if getattr(owner, "is_authenticated", False) else None,
+            shared=shared,
+        )
+        jobs.job_submit(job, queue=shared_queue())
+    return job
+
+
+def explanation_cancel(*, job: ExplanationJob, actor) -> ExplanationJob:
+    """A queued job is cancelled at once; a running one sends nothing new (requests in flight end)."""
+    return jobs.job_cancel(job, actor=actor)
+
+
+def explanation_job_update(*, job: ExplanationJob, actor, shared: bool) -> ExplanationJob:
+    jobs.job_update(job, actor=actor, changes={"shared": shared})
+    return job
+
+
+def explanation_accept(*, explanation: Explanation, actor, text: str | None = None) -> FeatureLabel:
+    """Make the explanation (or ``text``, an edited version of it) the actor's label of its feature."""
+    chosen = (text if text is not None else explanation.text).strip()
+    if not chosen:
+        raise ApplicationError("EMPTY_LABEL", "An empty explanation cannot be a label.", status=400)
+    return feature_label_set(
+        sae=explanation.analysis.sae, index=explanation.index, actor=actor, label=chosen[:200]
+    )
+
+
+def explanation_summary(values: list[float | None]) -> dict[str, Any]:
+    """Count, mean and deciles of scores (Nones left out): the job page's distribution."""
+    present = sorted(value for value in values if value is not None and not math.isnan(value))
+    if not present:
+        return {"count": 0}
+    deciles = [present[min(len(present) - 1, round(q * (len(present) - 1) / 10))] for q in range(11)]
+    return {"count": len(present), "mean": sum(present) / len(present), "deciles": deciles}
