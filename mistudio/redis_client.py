@@ -14,17 +14,26 @@ above its own blocking dequeue.
 """
 
 import functools
+import time
 
 import redis
 from django.conf import settings
 
 from mistudio import embedded_redis
 
+# How long a process trusts that the embedded server answered: every Redis command goes through
+# ensure_redis, and a ping on a fresh connection each time was a seventh of a busy worker's time.
+EMBEDDED_CHECK_SECONDS = 1.0
+_embedded_answered_at = -EMBEDDED_CHECK_SECONDS
+
 
 def ensure_redis() -> None:
-    """Start the embedded Redis server if this is the embedded default and none answers yet."""
-    if settings.EMBEDDED_REDIS:
+    """Start the embedded Redis server if this is the embedded default and none answers yet
+    (checked at most every ``EMBEDDED_CHECK_SECONDS`` in a process)."""
+    global _embedded_answered_at
+    if settings.EMBEDDED_REDIS and time.monotonic() - _embedded_answered_at >= EMBEDDED_CHECK_SECONDS:
         embedded_redis.ensure_running(settings.EMBEDDED_REDIS_SOCKET)
+        _embedded_answered_at = time.monotonic()
 
 
 def _options(url: str) -> dict:
