@@ -23,6 +23,7 @@ from engine.generation.params import (
     check_context,
     check_params,
     checked_prompts,
+    context_length,
     eos_token_ids,
     invalid,
 )
@@ -270,8 +271,13 @@ def _run(
     prompt_positions = torch.arange(prompt_length, device=device).repeat(batch_size, 1)
     if full_mask is not None:
         prompt_positions = (full_mask[:, :prompt_length].cumsum(-1) - 1).clamp(min=0)
-    # decode_positions[t] is the [batch] position of the t-th token fed after the prompt.
+    # decode_positions[t] is the [batch] position of the t-th token fed after the prompt. A row
+    # that has ended is still fed while the batch runs on (its tokens are dropped): where the
+    # batch's longest answer would take it past the context, it stays at the last position.
     decode_positions = (prompt_positions[:, -1] + 1) + torch.arange(steps, device=device)[:, None]
+    limit = context_length(model)
+    if limit is not None:
+        decode_positions = decode_positions.clamp(max=limit - 1)
 
     def forward(input_ids: Any, length: int, positions: Any, past: Any, *, keep_last: bool) -> Any:
         arguments: dict[str, Any] = {"input_ids": input_ids, "use_cache": True}

@@ -146,6 +146,23 @@ def test_batch_of_different_lengths_equals_each_prompt_alone(load_tiny, family):
     assert _streamed(3, events) == [result.text for result in batched]
 
 
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_a_row_at_the_end_of_the_context_beside_a_longer_answer(load_tiny, family):
+    """A batch decodes as many steps as its longest answer; a row whose prompt and answer fill the
+    context ends first and must not be fed a position past it (GPT-2's position table: IndexError)."""
+    weights = load_tiny(family)
+    limit = context_length(weights.model)
+    long_prompt = (_prompt_ids(weights.tokenizer, "The module provides functions " * 40) * 2)[: limit - 4]
+    prompts = [long_prompt, _prompt_ids(weights.tokenizer, "Return")]
+    params = [dataclasses.replace(GREEDY, max_new_tokens=4), dataclasses.replace(GREEDY, max_new_tokens=20)]
+
+    batched = generate(weights.model, weights.tokenizer, prompts, params)
+
+    for ids, row_params, result in zip(prompts, params, batched, strict=True):
+        (alone,) = generate(weights.model, weights.tokenizer, [ids], [row_params])
+        assert result.token_ids == alone.token_ids
+
+
 # --- 3. sampling --------------------------------------------------------------------------------
 
 
