@@ -45,13 +45,17 @@ class GenerationStream:
         self._expiry_set = False
 
     def emit(self, event_type: str, **data: Any) -> None:
-        payload = json.dumps({"type": event_type, **data}, separators=(",", ":"))
         pipeline = self.redis.pipeline(transaction=False)
+        self.add_to(pipeline, event_type, **data)
+        pipeline.execute()
+
+    def add_to(self, pipeline, event_type: str, **data: Any) -> None:
+        """Queue the event on ``pipeline`` (several streams' events go out in one round trip)."""
+        payload = json.dumps({"type": event_type, **data}, separators=(",", ":"))
         pipeline.xadd(self.key, {"event": payload}, maxlen=STREAM_MAX_EVENTS, approximate=True)
         if not self._expiry_set or event_type in FINAL_EVENTS:
             pipeline.expire(self.key, STREAM_TTL_SECONDS)
             self._expiry_set = True
-        pipeline.execute()
 
     def emit_event(self, event: dict[str, Any]) -> None:
         """:meth:`emit` of an event dict that carries its own ``type``."""

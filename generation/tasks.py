@@ -188,20 +188,37 @@ def token_payload(event) -> dict[str, Any]:
 
 
 class TokenRelay:
-    """Streams each row's tokens to its Redis stream, and in chunks to its browser group."""
+    """Streams each row's tokens to its Redis stream, and in chunks to its browser group.
+
+    A decode step's tokens (one per row, in row order) go to Redis in one round trip: they are
+    held until the next step begins (a row's index not above the last one's) or :meth:`flush`.
+    """
 
     def __init__(self, rows: list[Generation], streams: list[GenerationStream]):
         self.rows, self.streams = rows, streams
         self.pending_text = [""] * len(rows)
         self.sent_tokens = [0] * len(rows)
         self.last_group_send = [0.0] * len(rows)
+        self.held: list[tuple[int, dict[str, Any]]] = []
 
     def __call__(self, event) -> None:
-        self.streams[event.row].emit("token", **token_payload(event))
+        if self.held and event.row <= self.held[-1][0]:
+            self.flush()
+        self.held.append((event.row, token_payload(event)))
         self.pending_text[event.row] += event.text
         now = time.monotonic()
         if now - self.last_group_send[event.row] >= GROUP_TOKEN_INTERVAL_SECONDS:
             self.flush_group(event.row, tokens=event.index + 1, now=now)
+
+    def flush(self) -> None:
+        """Send the tokens held back."""
+        if not self.held:
+            return
+        pipeline = self.streams[0].redis.pipeline(transaction=False)
+        for row, payload in self.held:
+            self.streams[row].add_to(pipeline, "token", **payload)
+        pipeline.execute()
+        self.held = []
 
     def flush_group(self, row: int, *, tokens: int, now: float | None = None) -> None:
         if not self.pending_text[row] and tokens == self.sent_tokens[row]:
@@ -415,9 +432,11 @@ def run_batch(rows: list[Generation]) -> None:
             interventions=interventions,
         )
     except (ApplicationError, EngineError) as error:
+        relay.flush()
         for row in ready:
             fail(row, error.code, error.message)
         return
+    relay.flush()
     total_ms = (time.monotonic() - started) * 1000
     measure_effects(loaded.model, ready, results, interventions, device=device)
     LanguageModel.objects.filter(pk=first.model_id).update(last_used_at=timezone.now())
