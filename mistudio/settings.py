@@ -574,5 +574,7 @@ LOGGING = {
     "loggers": {
         "django.channels.server": {"level": "WARNING"},
         "axes": {"level": "WARNING"},  # keeps its lock-out warnings, drops a line per attempt
+        # An explanation job sends thousands of requests: a line for each would drown the worker's log.
+        "httpx": {"level": "WARNING"},
     },
 }

@@ -161,18 +161,24 @@ def score_explanation(
             continue
         outcomes: list[tuple[bool, bool | None]] = []
         for batch in scoring_batches(samples, per_prompt=config.per_prompt, seed=config.seed):
-            for part in _fitting(kind, explanation, batch, endpoints.scorer_fits):
+            for part, fits in _fitting(kind, explanation, batch, endpoints.scorer_fits):
+                if not fits:  # not even one sample fits the context: no request, no prediction
+                    outcomes.extend((sample.activating, None) for sample in part)
+                    continue
                 _check(stop)
                 outcomes.extend(_predict(kind, explanation, part, endpoints.scorer, config))
         scores[kind] = balanced_accuracy(outcomes)
     return scores
 
 
-def _fitting(kind: str, explanation: str, batch: list[Sample], fits) -> Iterator[list[Sample]]:
-    """``batch``, halved until each part's prompt fits the scorer's context (a one-sample part is
-    sent as it is: the endpoint's refusal then counts as that sample's failed prediction)."""
-    if fits is None or len(batch) == 1 or fits(scoring_messages(kind, explanation, batch)):
-        yield batch
+def _fitting(kind: str, explanation: str, batch: list[Sample], fits) -> Iterator[tuple[list[Sample], bool]]:
+    """``batch``, halved until each part's prompt fits the scorer's context, with whether it does
+    (a single sample whose prompt is still too long does not)."""
+    if fits is None or fits(scoring_messages(kind, explanation, batch)):
+        yield batch, True
+        return
+    if len(batch) == 1:
+        yield batch, False
         return
     middle = len(batch) // 2
     yield from _fitting(kind, explanation, batch[:middle], fits)
