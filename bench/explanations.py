@@ -139,11 +139,17 @@ def main() -> None:
     parser.add_argument("--expansion", type=int, default=32, help="the demo SAE's width over 128")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--threads", help="OMP_NUM_THREADS of the stack's processes (default: torch's)")
+    parser.add_argument("--max-batch", help="GENERATION_MAX_BATCH of the stack (default: the product's, 8)")
+    parser.add_argument("--no-baseline", action="store_true", help="skip the random-explanation baseline")
     arguments = parser.parse_args()
 
     from features.models import Feature
 
-    environment = {"RATE_LIMIT_GENERATIONS_PER_MINUTE": "0", **({"OMP_NUM_THREADS": arguments.threads} if arguments.threads else {})}
+    environment = {
+        "RATE_LIMIT_GENERATIONS_PER_MINUTE": "0",
+        **({"OMP_NUM_THREADS": arguments.threads} if arguments.threads else {}),
+        **({"GENERATION_MAX_BATCH": arguments.max_batch} if arguments.max_batch else {}),
+    }
     with demo_stack(environment=environment) as stack:
         user = stack.users["alice"]
         sae, analysis = demo_sae(stack, user, arguments.expansion)
@@ -164,7 +170,11 @@ def main() -> None:
         print(
             f"concurrency {arguments.concurrency}: {batched.features_per_minute:.1f} features/min", flush=True
         )
-        baseline = random_baseline(stack, user, analysis, batched, arguments.concurrency)
+        baseline = (
+            []
+            if arguments.no_baseline
+            else random_baseline(stack, user, analysis, batched, arguments.concurrency)
+        )
 
     rows = list(batched.explanations.all())
     kinds = ("detection", "fuzzing", "score")
