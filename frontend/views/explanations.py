@@ -32,6 +32,7 @@ from features.serializers import explanation_job_state, explanation_state
 from frontend.access import reader_required, sae_or_404, writer_refusal
 from frontend.charts import histogram_svg
 from frontend.views.features import feature_url, validation_message
+from frontend.views.job_pages import cancel_form
 from mistudio.access import may_change
 from mistudio.errors import ApplicationError
 from models_app.models import LanguageModel
@@ -165,19 +166,12 @@ def explanation_job_page(request, sae_id: str, job_id: str):
     except ApplicationError as error:
         return render(request, "frontend/partials/cache_error.html", {"message": error.message}, status=404)
     if request.method == "POST":
-        if request.POST.get("action") != "cancel":
-            return render(
-                request,
-                "frontend/partials/cache_error.html",
-                {"message": "Unknown action: cancel."},
-                status=400,
-            )
-        try:
-            explanations.explanation_cancel(job=job, actor=request.user)
-            messages.info(request, "Cancelling: requests in flight finish, nothing new is sent.")
-        except ApplicationError as error:
-            messages.error(request, error.message)
-        return redirect(request.path)
+        return cancel_form(
+            request,
+            cancel=lambda: explanations.explanation_cancel(job=job, actor=request.user),
+            cancelling="Cancelling: requests in flight finish, nothing new is sent.",
+            back=request.path,
+        )
     context = job_context(request, sae, job)
     if request.GET.get("fragment") == "live":
         return render(request, "frontend/partials/explanation_job_live.html", context)

@@ -15,6 +15,7 @@ from typing import Any
 from django.contrib import messages
 from django.http import Http404
 from django.shortcuts import redirect, render
+from django.urls import reverse
 from django.views.decorators.http import require_http_methods
 from rest_framework.exceptions import ValidationError
 
@@ -26,6 +27,7 @@ from engine.sae.training import DEFAULT_LIVE_EXPANSION
 from engine.sae_architectures import REGISTRY
 from frontend.access import reader_required, writer_refusal
 from frontend.charts import scatter_chart_svg
+from frontend.views.job_pages import cancel_form
 from frontend.views.saes import _field_errors, _posted
 from mistudio.access import linked_id, may_change
 from mistudio.errors import ApplicationError
@@ -184,19 +186,12 @@ def sae_group_page(request, group_id: str):
     except ApplicationError as error:
         raise Http404(error.message) from None
     if request.method == "POST":
-        if request.POST.get("action") != "cancel":
-            return render(
-                request,
-                "frontend/partials/cache_error.html",
-                {"message": "Unknown action: cancel."},
-                status=400,
-            )
-        try:
-            groups.sae_group_cancel(group=group, actor=request.user)
-            messages.info(request, "Cancelling: the group stops after its current step.")
-        except ApplicationError as error:
-            messages.error(request, error.message)
-        return redirect("frontend:sae-group", group.id)
+        return cancel_form(
+            request,
+            cancel=lambda: groups.sae_group_cancel(group=group, actor=request.user),
+            cancelling="Cancelling: the group stops after its current step.",
+            back=reverse("frontend:sae-group", args=[group.id]),
+        )
     context = group_context(request, group)
     if request.GET.get("fragment") == "live":
         return render(request, "frontend/partials/sae_group_live.html", context)

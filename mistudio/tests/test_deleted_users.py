@@ -21,7 +21,7 @@ from django.db.models import Model
 from activations.models import ActivationCache, Dataset, ExtractionJob
 from activations.services import dataset_create_from_texts
 from conftest import make_user
-from features.models import FeatureAnalysis, FeatureLabel
+from features.models import ExplanationJob, FeatureAnalysis, FeatureLabel
 from generation.models import Generation
 from mistudio.access import _VISIBILITY, DELETED_USERS_ACCOUNT, may_see, owned_models
 from models_app.models import LanguageModel
@@ -104,7 +104,12 @@ def rows_of(user, olga) -> dict[type[Model], list[Model]]:
         positive_dataset=dataset, negative_dataset=dataset,
     )  # fmt: skip
     group = SaeGroup.objects.create(model=model, dataset=dataset, status="completed", owner=user, shared=True)
+    explanations = ExplanationJob.objects.create(
+        analysis=analyses[1], explainer_model="m_x", scorer_model="m_x", indices=[5], status="completed",
+        owner=user, shared=True,
+    )  # fmt: skip
     return {
+        ExplanationJob: [explanations],
         SaeGroup: [group],
         LanguageModel: [model],
         Dataset: [dataset],
