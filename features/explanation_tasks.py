@@ -152,13 +152,15 @@ def feature_examples(
     top = _examples(data, "top", index, tokenizer)
     shown = top[: min(config.explain_examples, (len(top) + 1) // 2)]  # a rare feature keeps half back
     seen = {row for row, _ in shown}
-    held_out = [example for row, example in _examples(data, "interval", index, tokenizer) if row not in seen]
-    if len(held_out) > config.test_examples:  # evenly over the intervals, strongest to weakest
-        picks = np.linspace(0, len(held_out) - 1, config.test_examples).round().astype(int)
-        held_out = [held_out[pick] for pick in picks]
-    held_out += [example for _, example in top[config.explain_examples :]][
-        : config.test_examples - len(held_out)
+    intervals = [
+        (row, example) for row, example in _examples(data, "interval", index, tokenizer) if row not in seen
     ]
+    if len(intervals) > config.test_examples:  # evenly over the intervals, strongest to weakest
+        picks = np.linspace(0, len(intervals) - 1, config.test_examples).round().astype(int)
+        intervals = [intervals[pick] for pick in picks]
+    picked = {row for row, _ in intervals}
+    rest = [(row, example) for row, example in top[len(shown) :] if row not in picked]
+    held_out = [example for _, example in (intervals + rest)[: config.test_examples]]
     logit_tokens = None
     if "logit_top_ids" in data.names:
         logit_tokens = [

@@ -188,6 +188,9 @@ def test_held_out_and_non_activating_examples(analysed):
         examples = feature_examples(data, index, config, None, quiet[index])
         shown = {example.tokens for example in examples.train}
         assert len(examples.test) >= (len(examples.train) > 1)  # one example: shown, none held out
+        # The top examples the explainer did not see are held out too (a rare feature has few).
+        top_count = int((data.row("top_rows", index) >= 0).sum())
+        assert len(examples.test) >= min(config.test_examples, top_count - len(examples.train))
         assert not any(example.tokens in shown for example in examples.test)
         assert all(example.activating for example in examples.test)
 
