@@ -89,7 +89,7 @@ def random_baseline(stack, user, analysis, job, concurrency: int) -> list[dict]:
 
     from engine.autointerp.chat import ChatClient
     from engine.autointerp.pipeline import Endpoints, InterpretationConfig, score_explanation
-    from features.explanation_tasks import feature_examples, non_activating_examples, prompt_fits
+    from features.explanation_tasks import feature_examples, non_activating_examples, prompt_tokens
     from features.selectors import FeatureFile, analysis_tokenizer
 
     rows = [row for row in job.explanations.order_by("index") if row.text]
@@ -103,7 +103,11 @@ def random_baseline(stack, user, analysis, job, concurrency: int) -> list[dict]:
     client = ChatClient(
         base_url=stack.base_url + "/v1", model=job.explainer_model, api_key=stack.tokens[user.username]
     )
-    fits = prompt_fits(job, job.scorer_model, int(job.config["context_tokens"]), config.score_max_tokens)
+    tokens, context = prompt_tokens(job, job.scorer_model), int(job.config["context_tokens"])
+
+    def fits(messages) -> bool:
+        return tokens(messages) + config.score_max_tokens <= context
+
     endpoints = Endpoints(explainer=client, scorer=client, scorer_fits=fits)
 
     def score(pair):

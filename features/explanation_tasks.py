@@ -24,6 +24,7 @@ from engine.autointerp.pipeline import (
 )
 from engine.autointerp.prompts import PROMPT_VERSION, Example
 from engine.features.analysis import TokenTable
+from engine.generation.prompts import render_prompt
 from features.explanations import LOCAL, explanation_summary
 from features.models import Explanation, ExplanationJob, FeatureAnalysis
 from features.search import search_index_refresh
@@ -85,20 +86,24 @@ def run_explanation_job(row: ExplanationJob, job: JobContext) -> None:
     started = time.monotonic()
     finished_here = 0
 
+    def progress() -> list[str]:
+        per_minute = finished_here / max(1e-6, time.monotonic() - started) * 60
+        return row.mark_progress(
+            done=counts["done"],
+            failed=counts["failed"],
+            usage=merged_usage(endpoints, spent),
+            per_minute=per_minute,
+        )
+
     def on_result(result: FeatureResult) -> None:
         nonlocal finished_here
         watch.check(result)
-        store_result(row, result, config)
+        store_result(row, result)
         counts["done"] += 1
         finished_here += 1
         counts["failed"] += bool(result.error_code)
         if throttle.ready(100 * counts["done"] / max(1, len(row.indices))):
-            per_minute = finished_here / max(1e-6, time.monotonic() - started) * 60
-            usage = merged_usage(endpoints, spent)
-            fields_changed = row.mark_progress(
-                done=counts["done"], failed=counts["failed"], usage=usage, per_minute=per_minute
-            )
-            job_publish(row, "progress", fields_changed)
+            job_publish(row, "progress", progress())
 
     try:
         completed = interpret_many(features, endpoints, config, on_result=on_result, tick=job.should_cancel)
@@ -107,14 +112,7 @@ def run_explanation_job(row: ExplanationJob, job: JobContext) -> None:
         endpoints.scorer.close()
     if not completed:
         raise JobCancelled
-    per_minute = finished_here / max(1e-6, time.monotonic() - started) * 60
-    progress = row.mark_progress(
-        done=counts["done"],
-        failed=counts["failed"],
-        usage=merged_usage(endpoints, spent),
-        per_minute=per_minute,
-    )
-    job_publish(row, "completed", [*progress, *row.mark_completed(summary=job_summary(row, notes))])
+    job_publish(row, "completed", [*progress(), *row.mark_completed(summary=job_summary(row, notes))])
     refresh_search_index(analysis)
 
 
@@ -195,9 +193,10 @@ def non_activating_examples(
     wanted = torch.as_tensor(indices, dtype=torch.long)
     fires = np.zeros((len(windows), len(indices)), dtype=bool)
     spans = [(window[window >= 0].min(), window[window >= 0].max() + 1) for window in windows]
+    per_part = max(1, ENCODE_ROWS // windows.shape[1])  # windows encoded together
     with torch.no_grad():
-        for first in range(0, len(windows), max(1, ENCODE_ROWS // windows.shape[1])):
-            part = range(first, min(len(windows), first + max(1, ENCODE_ROWS // windows.shape[1])))
+        for first in range(0, len(windows), per_part):
+            part = range(first, min(len(windows), first + per_part))
             rows = torch.cat(
                 [store.get(sae.hook_name, int(spans[w][0]), int(spans[w][1]), as_torch=True) for w in part]
             )
@@ -243,26 +242,29 @@ def job_endpoints(row: ExplanationJob, config: InterpretationConfig) -> Endpoint
         if row.scorer_model == row.explainer_model
         else ChatClient(base_url=url, model=row.scorer_model, api_key=key, **options)
     )
+    counters = {model: prompt_tokens(row, model) for model in {row.explainer_model, row.scorer_model}}
+
+    def fits(model: str, max_tokens: int):
+        return lambda messages: counters[model](messages) + max_tokens <= context
+
     return Endpoints(
         explainer=explainer,
         scorer=scorer,
-        explainer_fits=prompt_fits(row, row.explainer_model, context, config.explain_max_tokens),
-        scorer_fits=prompt_fits(row, row.scorer_model, context, config.score_max_tokens),
+        explainer_fits=fits(row.explainer_model, config.explain_max_tokens),
+        scorer_fits=fits(row.scorer_model, config.score_max_tokens),
     )
 
 
-def prompt_fits(row: ExplanationJob, model_ref: str, context: int, max_tokens: int):
-    """Whether a prompt and its answer fit the model's context: counted with the model's tokenizer
-    and chat rendering when it is this workbench's, else at three characters a token."""
+def prompt_tokens(row: ExplanationJob, model_ref: str):
+    """How many tokens a prompt takes: counted with the model's tokenizer and chat rendering when
+    it is this workbench's (its tokenizer read once), else at three characters a token."""
     if row.endpoint == LOCAL:
         model = LanguageModel.objects.filter(pk=model_ref).first()
         folder = model_folder(model) if model is not None else None
         if folder is not None:
-            from engine.generation.prompts import render_prompt
-
             tokenizer = tokenizer_for(str(folder))
-            return lambda messages: len(render_prompt(tokenizer, messages=messages)) + max_tokens <= context
-    return lambda messages: sum(len(message["content"]) for message in messages) // 3 + max_tokens <= context
+            return lambda messages: len(render_prompt(tokenizer, messages=messages))
+    return lambda messages: sum(len(message["content"]) for message in messages) // 3
 
 
 # The endpoint itself is wrong (unreachable, a bad key, an unknown model) when this many features
@@ -294,19 +296,19 @@ class EndpointWatch:
 
 
 def merged_usage(endpoints: Endpoints, spent: dict[str, int]) -> dict[str, int]:
-    """Requests and tokens of both endpoints in this run, plus ``spent`` before it."""
-    usage = endpoints.explainer.usage.as_dict()
-    for name, value in (
-        endpoints.scorer.usage.as_dict() if endpoints.scorer is not endpoints.explainer else {}
-    ).items():
-        usage[name] += value
-    return {name: usage.get(name, 0) + spent.get(name, 0) for name in usage}
+    """Requests and tokens of both endpoints in this run (one client when they are the same), plus
+    ``spent`` before it."""
+    usage = dict(spent)
+    for client in {id(client): client for client in (endpoints.explainer, endpoints.scorer)}.values():
+        for name, value in client.usage.as_dict().items():
+            usage[name] = usage.get(name, 0) + value
+    return usage
 
 
 # --- results -------------------------------------------------------------------------------------
 
 
-def store_result(row: ExplanationJob, result: FeatureResult, config: InterpretationConfig) -> Explanation:
+def store_result(row: ExplanationJob, result: FeatureResult) -> Explanation:
     """The feature's explanation row (replaced if a retried job wrote it before)."""
     scores = {kind: score.as_dict() for kind, score in result.scores.items()}
     values = {
