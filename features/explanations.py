@@ -7,6 +7,7 @@ job is a job (``mistudio.jobs``); its task is ``features.explanation_tasks``.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import asdict, fields
 from typing import Any
 
@@ -15,6 +16,7 @@ from django.db import transaction
 
 from engine.autointerp.pipeline import SCORERS, InterpretationConfig
 from engine.autointerp.prompts import PROMPT_VERSION, TEMPLATES
+from engine.generation.params import config_context_length
 from features.models import Explanation, ExplanationJob, Feature, FeatureAnalysis, FeatureLabel
 from features.services import feature_label_set
 from generation.services import generation_model
@@ -35,8 +37,6 @@ CHARACTERS_PER_TOKEN = 4  # an estimate's rule of thumb where no tokenizer is at
 def explainer_endpoints() -> list[dict[str, Any]]:
     """The endpoints a job may use: this workbench's own ``/v1`` first, then the administrator's.
     Their keys are never part of this (only whether one is configured and set)."""
-    import os
-
     endpoints = [{"name": LOCAL, "url": "/v1", "kind": "local", "has_key": True}]
     for name, spec in settings.EXPLAINER_ENDPOINTS.items():
         endpoints.append(
@@ -52,12 +52,8 @@ def explainer_endpoints() -> list[dict[str, Any]]:
 
 
 def model_context_tokens(model: LanguageModel) -> int:
-    config = model.config or {}
-    for key in ("max_position_embeddings", "n_positions", "n_ctx", "seq_length"):
-        value = config.get(key)
-        if isinstance(value, int) and value > 0:
-            return value
-    return 2048
+    """The model's context (from the config its row keeps), 2,048 when it names none."""
+    return config_context_length(model.config or {}) or 2048
 
 
 def check_endpoint(*, user, endpoint: str, model_ref: str) -> tuple[str, int]:

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -113,9 +113,14 @@ class GenerationResult:
 def context_length(model: Any) -> int | None:
     """The most positions ``model`` can embed (from its config), or None when it sets no bound
     (e.g. BLOOM's ALiBi)."""
-    config = model.config
+    return config_context_length(model.config)
+
+
+def config_context_length(config: Any) -> int | None:
+    """:func:`context_length` from a config: a ``transformers`` config or its dict (as a model's
+    row keeps it)."""
     for key in _CONTEXT_KEYS:
-        value = getattr(config, key, None)
+        value = config.get(key) if isinstance(config, Mapping) else getattr(config, key, None)
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             return value
     return None
