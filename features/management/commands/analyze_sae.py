@@ -7,7 +7,7 @@ from features import services
 from features.models import FeatureAnalysis
 from mistudio.errors import ApplicationError
 from models_app.management.commandline import follow_job
-from saes.models import SparseAutoencoder
+from saes.management.commandline import find_sae
 
 PHASES = {
     0: "queued",
@@ -29,9 +29,7 @@ class Command(BaseCommand):
         parser.add_argument("--timeout", type=float, default=2 * 24 * 3600)
 
     def handle(self, *args, **options):
-        sae = SparseAutoencoder.objects.filter(pk=options["sae"]).first()
-        if sae is None:
-            raise CommandError(f"No SAE {options['sae']!r} (see `manage.py list_saes`).")
+        sae = find_sae(options["sae"])
         cache = None
         if options["cache"]:
             cache = ActivationCache.objects.filter(pk=options["cache"]).first()

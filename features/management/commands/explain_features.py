@@ -10,7 +10,7 @@ from features.models import ExplanationJob
 from mistudio.access import OPERATOR
 from mistudio.errors import ApplicationError
 from models_app.management.commandline import follow_job
-from saes.models import SparseAutoencoder
+from saes.management.commandline import find_sae
 
 
 class Command(BaseCommand):
@@ -37,9 +37,7 @@ class Command(BaseCommand):
         parser.add_argument("--timeout", type=float, default=2 * 24 * 3600)
 
     def handle(self, *args, **options):
-        sae = SparseAutoencoder.objects.filter(pk=options["sae"]).first()
-        if sae is None:
-            raise CommandError(f"No SAE {options['sae']!r} (see `manage.py list_saes`).")
+        sae = find_sae(options["sae"])
         owner = None
         if options["owner"]:
             owner = get_user_model().objects.filter(username=options["owner"], is_active=True).first()

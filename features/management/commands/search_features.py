@@ -6,7 +6,7 @@ from features import selectors
 from features.search import feature_search
 from mistudio.access import OPERATOR
 from mistudio.errors import ApplicationError
-from saes.models import SparseAutoencoder
+from saes.management.commandline import find_sae
 
 
 def _number(value: float | None) -> str:
@@ -23,9 +23,7 @@ class Command(BaseCommand):
         parser.add_argument("--analysis", help="analysis id (default: the newest completed one)")
 
     def handle(self, *args, **options):
-        sae = SparseAutoencoder.objects.filter(pk=options["sae"]).first()
-        if sae is None:
-            raise CommandError(f"No SAE {options['sae']!r} (see `manage.py list_saes`).")
+        sae = find_sae(options["sae"])
         try:
             analysis = selectors.current_analysis(user=OPERATOR, sae=sae, analysis_id=options["analysis"])
             found = feature_search(

@@ -5,7 +5,7 @@ from django.core.management.base import BaseCommand, CommandError
 from features import selectors
 from mistudio.access import OPERATOR
 from mistudio.errors import ApplicationError
-from saes.models import SparseAutoencoder
+from saes.management.commandline import find_sae
 
 
 def context_text(example: dict) -> str:
@@ -30,9 +30,7 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args, **options):
-        sae = SparseAutoencoder.objects.filter(pk=options["sae"]).first()
-        if sae is None:
-            raise CommandError(f"No SAE {options['sae']!r} (see `manage.py list_saes`).")
+        sae = find_sae(options["sae"])
         try:
             analysis = selectors.current_analysis(user=OPERATOR, sae=sae, analysis_id=options["analysis"])
             detail = selectors.feature_detail(
