@@ -521,6 +521,53 @@ def measure_live_training(
     return rates
 
 
+# The attribution row: random TopK transcoders (k per token) of this width per layer, a prompt of
+# this many tokens, the most feature nodes kept and the targets per backward pass.
+ATTRIBUTION_EXPANSION = 8
+ATTRIBUTION_K = 32
+ATTRIBUTION_TOKENS = 128
+ATTRIBUTION_FEATURES = 4096
+ATTRIBUTION_BATCH = 256
+
+
+def measure_attribution(model, tokenizer, *, tokens: int) -> tuple[float, str]:
+    """Seconds of one attribution graph (``engine.attribution.attribute``, what the graph job runs)
+    through one random TopK transcoder per layer in the model's dtype, and what the graph held."""
+    import torch
+
+    from engine.attribution import AttributionConfig, attribute
+    from engine.sae import SaeShape, SparseAutoencoder
+
+    parameter = next(model.parameters())
+    width = int(model.config.hidden_size)
+    transcoders = []
+    generator = torch.Generator(device=parameter.device).manual_seed(SEED)
+    for _ in range(int(model.config.num_hidden_layers)):
+        d_sae = ATTRIBUTION_EXPANSION * width
+        shape = SaeShape("topk", width, d_sae, ATTRIBUTION_K, apply_b_dec_to_input=False, d_out=width)
+        transcoder = SparseAutoencoder(shape).to(device=parameter.device, dtype=parameter.dtype)
+        with torch.no_grad():
+            for tensor in (transcoder.W_enc, transcoder.W_dec):
+                tensor.copy_(
+                    torch.randn(tensor.shape, generator=generator, device=parameter.device) / width**0.5
+                )
+        transcoders.append(transcoder)
+    ids = [tokenizer.bos_token_id or 0, *prompt_ids(tokenizer, tokens - 1)]
+    config = AttributionConfig(batch_size=ATTRIBUTION_BATCH, max_feature_nodes=ATTRIBUTION_FEATURES)
+    attribute(model, transcoders, ids[:16], config)  # warm-up
+    if parameter.device.type == "cuda":
+        torch.cuda.synchronize(parameter.device)
+    started = time.perf_counter()
+    graph = attribute(model, transcoders, ids, config)
+    if parameter.device.type == "cuda":
+        torch.cuda.synchronize(parameter.device)
+    seconds = time.perf_counter() - started
+    return seconds, (
+        f"{len(ids)} tokens, {graph.info['active_features']:,} active features, {graph.n_features:,} kept, "
+        f"completeness error {graph.completeness_error():.1e}"
+    )
+
+
 # -- main ------------------------------------------------------------------------------------------
 
 
@@ -611,6 +658,13 @@ def main(argv: Sequence[str] | None = None) -> None:
             ),
         )  # fmt: skip
 
+        log("an attribution graph ...")
+        graph = attempt(
+            "attribution", lambda: measure_attribution(model, tokenizer, tokens=ATTRIBUTION_TOKENS)
+        )
+        if graph is not None:
+            log(f"  attribution graph {graph[0]:.2f} s ({graph[1]})")
+
         lengths = [len(ids) for ids in tokenized]
         detail = (
             f"{len(tokenized)} samples, {tokens:,} tokens ({min(lengths)}..{max(lengths)} each), hooks "
@@ -629,6 +683,10 @@ def main(argv: Sequence[str] | None = None) -> None:
             rows.append(Row(f"SAE training from the model, {label}, forwards in", rate=rate, against="-"))
         if live is None:
             rows.append(Row("SAE training from the model", rate=None, against="failed"))
+        if graph is not None:
+            rows.append(Row(f"Attribution graph ({graph[1]})", seconds=graph[0], against="-"))
+        else:
+            rows.append(Row("Attribution graph", against="failed"))
         table = f"{title}\n\n{markdown_table(rows)}"
         print(table, flush=True)
         if options.output_dir is not None:
@@ -643,6 +701,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 "generate": reference,
                 "sae": sae,
                 "sae_from_the_model": dict(live or []),
+                "attribution": None if graph is None else {"seconds": graph[0], "graph": graph[1]},
                 "rows": [dataclasses.asdict(row) for row in rows],
             }
             write_outputs(options.output_dir, options.model, table, numbers)

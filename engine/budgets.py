@@ -180,3 +180,53 @@ def model_probe(
 def sae_import(*, tensor_bytes: int) -> MemoryEstimate:
     """An SAE import: its arrays read, made into the SAE and written again in our layout."""
     return MemoryEstimate({"its arrays, read and written": 3 * tensor_bytes, "runtime": RUNTIME_BYTES})
+
+
+# The graph's matrices: the edge rows ([feature rows + logits, every active feature + errors +
+# tokens + logits]) and the final square adjacency, plus the copies made while reordering.
+ATTRIBUTION_MATRIX_COPIES = 2
+
+
+def attribution_matrices(*, feature_rows: int, active: int, tokens: int, layers: int, logits: int) -> int:
+    """Bytes of an attribution graph's matrices with ``feature_rows`` feature rows kept out of
+    ``active`` active features (see :data:`ATTRIBUTION_MATRIX_COPIES`)."""
+    columns = active + (layers + 1) * tokens + logits
+    nodes = feature_rows + (layers + 1) * tokens + logits
+    return ATTRIBUTION_MATRIX_COPIES * ((feature_rows + logits) * columns + nodes * nodes) * FLOAT
+
+
+def attribution_feature_rows(*, limit: int, active: int, tokens: int, layers: int, logits: int) -> int:
+    """The most feature rows whose matrices fit in ``limit`` bytes (at least one)."""
+    low, high = 1, max(1, active)
+    while low < high:  # the matrices grow with the rows: the largest count that fits
+        middle = (low + high + 1) // 2
+        size = attribution_matrices(
+            feature_rows=middle, active=active, tokens=tokens, layers=layers, logits=logits
+        )
+        if size <= limit:
+            low = middle
+        else:
+            high = middle - 1
+    return low
+
+
+def attribution(
+    *, tokens: int, hidden: int, layers: int, heads: int, d_sae: int, batch_size: int, feature_rows: int,
+    active: int, logits: int,
+) -> MemoryEstimate:  # fmt: skip
+    """An attribution graph: the transcoders, ``batch_size`` copies of the prompt through the model
+    with gradients (its activations and their gradients), and the graph's matrices for
+    ``feature_rows`` feature nodes out of ``active`` active features."""
+    return MemoryEstimate(
+        {
+            "transcoders": layers * (sae_parameters(hidden, d_sae) + hidden * hidden) * FLOAT,
+            "the batched pass and its gradients": 2
+            * forward_pass(
+                tokens=batch_size * tokens, hidden=hidden, layers=layers, heads=heads, longest=tokens
+            ),
+            "the graph's matrices": attribution_matrices(
+                feature_rows=feature_rows, active=active, tokens=tokens, layers=layers, logits=logits
+            ),
+            "runtime": RUNTIME_BYTES,
+        }
+    )

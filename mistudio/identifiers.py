@@ -52,3 +52,7 @@ def new_steering_vector_id() -> str:
 
 def new_explanation_job_id() -> str:
     return new_id("xj")
+
+
+def new_graph_id() -> str:
+    return new_id("ag")

@@ -153,6 +153,7 @@ SAE_CHECKPOINT_EVERY_STEPS = int(env_number("SAE_CHECKPOINT_EVERY_STEPS", 200, m
 # Feature analyses: one folder of per-feature arrays (features.safetensors) per analysis.
 FEATURES_DIR = env_directory("FEATURES_DIR", DATA_DIR / "features")
 STEERING_DIR = env_directory("STEERING_DIR", DATA_DIR / "steering")
+GRAPH_DIR = env_directory("GRAPH_DIR", DATA_DIR / "graphs")
 # How often a running feature analysis saves the state it resumes from after a crash (seconds).
 FEATURE_ANALYSIS_CHECKPOINT_SECONDS = env_number("FEATURE_ANALYSIS_CHECKPOINT_SECONDS", 30, minimum=1)
 ACTIVATION_CACHE_MAX_BYTES = int(
@@ -309,6 +310,7 @@ INSTALLED_APPS = [
     "saes",
     "features",
     "steering",
+    "circuits",
     "frontend",
 ]
 

@@ -49,6 +49,7 @@ api_patterns = [
     path("", include("saes.urls")),
     path("", include("features.urls")),
     path("", include("steering.urls")),
+    path("", include("circuits.urls")),
     path("schema/", SpectacularJSONAPIView.as_view(), name="schema"),
     path("<path:unmatched>", api_not_found),
 ]

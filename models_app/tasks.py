@@ -181,6 +181,15 @@ def unload_model(model_id: str, reason: str = "requested") -> None:
     unload_loaded(model_id, reason=reason)
 
 
+def model_loaded_here(model_id: str):
+    """The model as this worker holds it, for interactive work routed to its host (409
+    ``MODEL_NOT_LOADED`` when it is not loaded here)."""
+    loaded = LOADED_MODELS.get(model_id)
+    if loaded is None:
+        raise ApplicationError("MODEL_NOT_LOADED", "The model is not loaded in this worker.", status=409)
+    return loaded
+
+
 def model_in_this_worker(model_id: str, row: JobRow, *, purpose: str):
     """The model, loaded in this worker, for a job row that needs it (an extraction, an evaluation).
 

@@ -384,7 +384,14 @@ def source_of(files: SaeFiles) -> str:
 
 
 # miStudio's own data: never importable, whatever roots an operator sets.
-PRIVATE_DIRECTORIES = ("SAE_DIR", "FEATURES_DIR", "STEERING_DIR", "ACTIVATION_CACHE_DIR", "DATASET_DIR")
+PRIVATE_DIRECTORIES = (
+    "SAE_DIR",
+    "FEATURES_DIR",
+    "STEERING_DIR",
+    "GRAPH_DIR",
+    "ACTIVATION_CACHE_DIR",
+    "DATASET_DIR",
+)
 
 
 def sae_folder_files(folder: Path, format: str) -> SaeFiles:

@@ -9,12 +9,11 @@ from typing import Any
 from engine.extraction import extract, plan_batches, tokenize_samples
 from engine.hooks import num_layers
 from engine.patching import logit_lens, patching_grid
-from engine.registry import LOADED_MODELS
 from mistudio.errors import ApplicationError
 from mistudio.job_runner import JobContext, job_task
 from mistudio.jobs import job_publish
 from mistudio.workers import answer_call, worker_task
-from models_app.tasks import model_in_this_worker
+from models_app.tasks import model_in_this_worker, model_loaded_here
 from steering.models import SteeringVector
 from steering.services import (
     BATCH_SIZE,
@@ -73,13 +72,6 @@ def run_steering_vector(vector: SteeringVector, job: JobContext) -> None:
     vector_store(vector, means[0] - means[1])
 
 
-def _loaded_here(model_id: str):
-    loaded = LOADED_MODELS.get(model_id)
-    if loaded is None:
-        raise ApplicationError("MODEL_NOT_LOADED", "The model is not loaded in this worker.", status=409)
-    return loaded
-
-
 def _probe_ids(tokenizer, text: str, field: str) -> list[int]:
     ids = tokenize_samples(tokenizer, [text], MAX_PROBE_TOKENS + 1)[0]
     if not ids or len(ids) > MAX_PROBE_TOKENS:
@@ -105,7 +97,7 @@ def run_patching(
     request_id: str, model_id: str, clean: str, corrupted: str, answer: str, wrong: str, hooks: list[str]
 ) -> None:
     def compute() -> dict[str, Any]:
-        loaded = _loaded_here(model_id)
+        loaded = model_loaded_here(model_id)
         tokenizer = loaded.tokenizer
         clean_ids = _probe_ids(tokenizer, clean, "clean")
         corrupted_ids = _probe_ids(tokenizer, corrupted, "corrupted")
@@ -141,7 +133,7 @@ def run_patching(
 @worker_task(timeout=120)
 def run_logit_lens(request_id: str, model_id: str, prompt: str, top: int) -> None:
     def compute() -> dict[str, Any]:
-        loaded = _loaded_here(model_id)
+        loaded = model_loaded_here(model_id)
         ids = _probe_ids(loaded.tokenizer, prompt, "prompt")
         lens = logit_lens(loaded.model, ids, top=top)
         decode = loaded.tokenizer.decode

@@ -11,10 +11,11 @@
   its metadata, ``W_dec`` [d_sae, d_out], ``b_dec`` [d_out], ``W_skip`` [d_out, d_in], and
   ``apply_b_dec_to_input`` false. SAELens has no TopK transcoder: one is written as ``topk`` with
   ``d_out`` (miStudio reads it back; SAELens does not).
-* **circuit-tracer** (:func:`save_circuit_tracer`): one ``layer_{i}.safetensors`` per transcoder,
-  ``W_enc`` [d_sae, d_model] (transposed), ``W_dec``, ``b_enc``, ``b_dec``, ``W_skip`` and
+* **circuit-tracer** (:func:`save_circuit_tracer`, :func:`save_circuit_tracer_set`,
+  :func:`load_circuit_tracer`): one ``layer_{i}.safetensors`` per transcoder, ``W_enc``
+  [d_sae, d_model] (transposed), ``W_dec``, ``b_enc``, ``b_dec``, ``W_skip`` and
   ``activation_function.threshold`` for a JumpReLU, what ``circuit_tracer``'s
-  ``load_relu_transcoder`` reads.
+  ``load_relu_transcoder`` reads, and a set's ``config.yaml`` (``model_kind: transcoder_set``).
 * **Gemma Scope**: ``params.npz`` with the same five arrays, a JumpReLU that does not subtract
   ``b_dec`` from its input.
 
@@ -52,14 +53,17 @@ SPARSITY_FILENAME = "sparsity.safetensors"
 _TENSORS = ("W_enc", "W_dec", "b_enc", "b_dec")
 __all__ = [
     "CFG_FILENAME",
+    "CIRCUIT_TRACER_CONFIG",
     "GEMMA_SCOPE_FILENAME",
     "SPARSITY_FILENAME",
     "WEIGHTS_FILENAME",
     "SaeFormatError",
+    "load_circuit_tracer",
     "load_gemma_scope",
     "load_saelens",
     "mistudio_hook_name",
     "save_circuit_tracer",
+    "save_circuit_tracer_set",
     "save_saelens",
     "saved_architecture",
     "transformer_lens_hook_name",
@@ -154,6 +158,120 @@ def save_circuit_tracer(sae: SparseAutoencoder, folder: Path | str, *, layer: in
     path = folder / f"layer_{layer}.safetensors"
     save_file({name: tensor.detach().cpu().contiguous() for name, tensor in tensors.items()}, path)
     return path
+
+
+CIRCUIT_TRACER_CONFIG = "config.yaml"
+# circuit-tracer's names of a per-layer transcoder's input and output (TransformerLens' and its own).
+_CIRCUIT_TRACER_INPUTS = ("mlp.hook_in", "ln2.hook_normalized")
+_CIRCUIT_TRACER_OUTPUTS = ("mlp.hook_out", "hook_mlp_out")
+
+
+def save_circuit_tracer_set(
+    transcoders: list[SparseAutoencoder], folder: Path | str, *, model_name: str, scan: str
+) -> Path:
+    """Write one transcoder per layer as circuit-tracer's ``layer_{i}.safetensors`` plus the
+    ``config.yaml`` of a ``transcoder_set`` (what its loaders read), in ``folder``."""
+    import yaml
+
+    folder = Path(folder)
+    for layer, transcoder in enumerate(transcoders):
+        save_circuit_tracer(transcoder, folder, layer=layer)
+    config = {
+        "model_name": model_name,
+        "model_kind": "transcoder_set",
+        "feature_input_hook": "mlp.hook_in",
+        "feature_output_hook": "mlp.hook_out",
+        "scan": scan,
+        "transcoders": [f"layer_{layer}.safetensors" for layer in range(len(transcoders))],
+    }
+    (folder / CIRCUIT_TRACER_CONFIG).write_text(yaml.safe_dump(config, sort_keys=False))
+    return folder
+
+
+def load_circuit_tracer(folder: Path | str) -> tuple[list[SparseAutoencoder], dict[str, Any]]:
+    """The per-layer transcoders of a circuit-tracer folder, layer 0 first, and what its
+    ``config.yaml`` says (``model_name``, ``scan``; empty without one).
+
+    The files are ``layer_{i}.safetensors`` (from 0, none missing), or those the config's
+    ``transcoders`` list names, which must lie inside ``folder`` (no ``hf://`` downloads, no paths
+    out). Each holds ``W_enc`` [d_sae, d_model], ``W_dec``, ``b_enc``, ``b_dec``, and optionally
+    ``W_skip`` and ``activation_function.threshold`` (a JumpReLU; a ReLU without). Cross-layer
+    transcoders are refused with ``UNSUPPORTED_SAE``.
+    """
+    import yaml
+
+    folder = Path(folder).resolve()
+    config: dict[str, Any] = {}
+    config_path = folder / CIRCUIT_TRACER_CONFIG
+    if config_path.is_file():
+        if config_path.stat().st_size > 1 << 20:
+            raise SaeFormatError("INVALID_SAE", f"{CIRCUIT_TRACER_CONFIG} is over 1 MiB.")
+        try:
+            config = yaml.safe_load(config_path.read_text()) or {}
+        except (yaml.YAMLError, UnicodeDecodeError):
+            raise SaeFormatError("INVALID_SAE", f"{CIRCUIT_TRACER_CONFIG} is not readable YAML.") from None
+        if not isinstance(config, dict):
+            raise SaeFormatError("INVALID_SAE", f"{CIRCUIT_TRACER_CONFIG} is not a mapping.")
+    kind = config.get("model_kind", "transcoder_set")
+    if kind != "transcoder_set":
+        raise SaeFormatError(
+            "UNSUPPORTED_SAE",
+            f"circuit-tracer {kind!r} folders are not supported (per-layer transcoder sets are).",
+        )
+    for key, names in (
+        ("feature_input_hook", _CIRCUIT_TRACER_INPUTS),
+        ("feature_output_hook", _CIRCUIT_TRACER_OUTPUTS),
+    ):
+        if config.get(key, names[0]) not in names:
+            raise SaeFormatError(
+                "UNSUPPORTED_SAE",
+                f"{key} {config[key]!r}: only MLP-input to MLP-output transcoders are read.",
+            )
+    if "transcoders" in config:
+        names = config["transcoders"]
+        if not isinstance(names, list) or not all(isinstance(name, str) for name in names):
+            raise SaeFormatError("INVALID_SAE", "transcoders must be a list of file names.")
+        paths = [(folder / name).resolve() for name in names]
+        if any(
+            name.startswith("hf://") or not path.is_relative_to(folder)
+            for name, path in zip(names, paths, strict=True)
+        ):
+            raise SaeFormatError("INVALID_SAE", "The transcoder files must lie inside the folder.")
+    else:
+        count = len(list(folder.glob("layer_*.safetensors")))
+        paths = [folder / f"layer_{layer}.safetensors" for layer in range(count)]
+    missing = [path.name for path in paths if not path.is_file()]
+    if not paths or missing:
+        raise SaeFormatError(
+            "INVALID_SAE",
+            "Not a circuit-tracer transcoder folder: layer_0.safetensors, layer_1.safetensors, ...",
+            {"missing": missing[:8]},
+        )  # fmt: skip
+    transcoders = []
+    for path in paths:
+        try:
+            tensors = load_file(path)
+        except (OSError, ValueError) as error:
+            raise SaeFormatError(
+                "INVALID_SAE", f"{path.name} is not safetensors: {type(error).__name__}."
+            ) from None
+        if "W_enc" in tensors:
+            tensors["W_enc"] = tensors["W_enc"].T
+        threshold = tensors.pop("activation_function.threshold", None)
+        if threshold is not None:
+            tensors["threshold"] = threshold
+        transcoders.append(
+            _from_tensors(
+                tensors,
+                architecture="jumprelu" if threshold is not None else "standard",
+                k=None,
+                apply_b_dec_to_input=False,
+                expected=(None, None),
+                transcoder=True,
+                skip="W_skip" in tensors,
+            )
+        )
+    return transcoders, {"model_name": config.get("model_name"), "scan": config.get("scan")}
 
 
 def load_saelens(folder: Path | str) -> tuple[SparseAutoencoder, dict[str, Any]]:

@@ -19,3 +19,84 @@ def random_sae(
             parameter = getattr(sae, name)
             parameter.copy_(0.3 * torch.randn(parameter.shape, generator=generator))
     return sae.eval()
+
+
+def random_transcoders(
+    model,
+    architecture: str = "standard",
+    *,
+    skip: bool = False,
+    k: int | None = None,
+    expansion: int = 4,
+    seed: int = 0,
+) -> list[SparseAutoencoder]:
+    """One random transcoder per layer of ``model`` (MLP input to MLP output, ``expansion`` times
+    the hidden size), weights N(0, 1/width) and encoder biases shifted down by 0.5, so that a fair
+    share of features fire: JumpReLU thresholds at 0.05."""
+    import math
+
+    import torch
+
+    width = int(model.config.hidden_size)
+    transcoders = []
+    for layer in range(int(model.config.num_hidden_layers)):
+        shape = SaeShape(
+            architecture, width, expansion * width, k, apply_b_dec_to_input=False, d_out=width, skip=skip
+        )
+        transcoder = SparseAutoencoder(shape)
+        generator = torch.Generator().manual_seed(seed * 1000 + layer)
+        with torch.no_grad():
+            for parameter in transcoder.parameters():
+                parameter.copy_(torch.randn(parameter.shape, generator=generator) / math.sqrt(width))
+            transcoder.b_enc.sub_(0.5)
+            transcoder.threshold.fill_(0.05)
+        transcoders.append(transcoder.eval())
+    return transcoders
+
+
+def trained_transcoders(
+    model,
+    token_batches,
+    *,
+    architecture: str = "jumprelu",
+    k: int | None = None,
+    expansion: int = 4,
+    steps: int = 200,
+    skip: bool = False,
+) -> list[SparseAutoencoder]:
+    """One transcoder per layer of ``model`` trained for ``steps`` steps on the MLP inputs and
+    outputs of ``token_batches`` (lists of [batch, tokens] id tensors, unpadded); ``k`` for the
+    k-sparse architectures (a BatchTopK one is a JumpReLU at inference, which circuit-tracer reads)."""
+    import torch
+
+    from engine.hooks import hook_sites
+    from engine.runtime import HookRuntime
+    from engine.sae.training import SaeTrainer, TrainingConfig
+
+    n_layers = int(model.config.num_hidden_layers)
+    names = [name for layer in range(n_layers)
+             for name in (f"blocks.{layer}.ln2.hook_normalized", f"blocks.{layer}.hook_mlp_out")]  # fmt: skip
+    rows: dict[str, list] = {name: [] for name in names}
+
+    def keep(name, tensor):
+        rows[name].append(tensor.detach().flatten(0, 1))
+
+    runtime = HookRuntime(model, hook_sites(model, names), keep, purpose="read")
+    with torch.no_grad(), runtime.attached():
+        for ids in token_batches:
+            runtime.begin_pass(*ids.shape)
+            runtime.run(model, input_ids=ids)
+    width = int(model.config.hidden_size)
+    transcoders = []
+    for layer in range(n_layers):
+        inputs = torch.cat(rows[f"blocks.{layer}.ln2.hook_normalized"]).float()
+        outputs = torch.cat(rows[f"blocks.{layer}.hook_mlp_out"]).float()
+        config = TrainingConfig(architecture=architecture, d_sae=expansion * width, k=k, batch_size=256,
+                                total_tokens=256 * steps, warmup_steps=10, lr=3e-3, skip=skip)  # fmt: skip
+        trainer = SaeTrainer(config, d_in=width, sample=inputs, d_out=width, sample_out=outputs)
+        generator = torch.Generator().manual_seed(layer)
+        for _ in range(steps):
+            picked = torch.randint(len(inputs), (256,), generator=generator)
+            trainer.step(inputs[picked], outputs[picked])
+        transcoders.append(trainer.finish(inputs).sae.eval())
+    return transcoders

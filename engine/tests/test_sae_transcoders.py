@@ -112,3 +112,33 @@ def test_matryoshka_prefixes_reconstruct_on_their_own_better_than_a_plain_batcht
     assert results["matryoshka_batchtopk"] > results["batchtopk"] + 0.1, results
     # It saves as the JumpReLU it is at inference.
     assert sae.tensors().keys() >= {"threshold"}
+
+
+def test_a_transcoder_set_round_trips_through_circuit_tracers_layout(tmp_path):
+    from engine.sae.formats import SaeFormatError, load_circuit_tracer, save_circuit_tracer_set
+
+    saved = [_transcoder("jumprelu", skip=True, seed=4), _transcoder("jumprelu", skip=True, seed=5)]
+    folder = save_circuit_tracer_set(saved, tmp_path / "set", model_name="tiny", scan="tiny-set")
+    loaded, meta = load_circuit_tracer(folder)
+    assert meta == {"model_name": "tiny", "scan": "tiny-set"}
+    for before, after in zip(saved, loaded, strict=True):
+        assert after.shape == before.shape
+        for name, tensor in before.tensors().items():
+            assert torch.equal(after.tensors()[name], tensor), name
+    # Without config.yaml the layer files are enough (ReLU when there is no threshold).
+    (folder / "config.yaml").unlink()
+    assert len(load_circuit_tracer(folder)[0]) == 2
+    # Files outside the folder, downloads and cross-layer transcoders are refused.
+    for config, code in (
+        ("transcoders: [../elsewhere.safetensors]", "INVALID_SAE"),
+        ("transcoders: ['hf://someone/transcoders/layer_0.safetensors']", "INVALID_SAE"),
+        ("model_kind: cross_layer_transcoder", "UNSUPPORTED_SAE"),
+        ("feature_input_hook: hook_resid_mid", "UNSUPPORTED_SAE"),
+        ("[not, a, mapping]", "INVALID_SAE"),
+    ):
+        (folder / "config.yaml").write_text(config)
+        with pytest.raises(SaeFormatError) as refused:
+            load_circuit_tracer(folder)
+        assert refused.value.code == code, config
+    with pytest.raises(SaeFormatError):
+        load_circuit_tracer(tmp_path)

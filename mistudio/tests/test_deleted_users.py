@@ -20,6 +20,7 @@ from django.db.models import Model
 
 from activations.models import ActivationCache, Dataset, ExtractionJob
 from activations.services import dataset_create_from_texts
+from circuits.models import AttributionGraph
 from conftest import make_user
 from features.models import ExplanationJob, FeatureAnalysis, FeatureLabel
 from generation.models import Generation
@@ -108,7 +109,12 @@ def rows_of(user, olga) -> dict[type[Model], list[Model]]:
         analysis=analyses[1], explainer_model="m_x", scorer_model="m_x", indices=[5], status="completed",
         owner=user, shared=True,
     )  # fmt: skip
+    graph = AttributionGraph.objects.create(
+        model=olga["model"], transcoders=[olga["sae"].id], prompt="a prompt", status="completed", owner=user,
+        shared=True,
+    )  # fmt: skip
     return {
+        AttributionGraph: [graph],
         ExplanationJob: [explanations],
         SaeGroup: [group],
         LanguageModel: [model],

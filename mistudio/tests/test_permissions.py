@@ -19,6 +19,7 @@ from rest_framework.test import APIClient
 
 from activations.models import ActivationCache, Dataset, ExtractionJob
 from activations.services import dataset_create_from_texts
+from circuits.models import AttributionGraph
 from conftest import make_user
 from features.models import Explanation, ExplanationJob, Feature, FeatureAnalysis
 from generation.models import Generation
@@ -114,6 +115,12 @@ MATRIX: dict[str, dict[str, tuple]] = {
     "api/saes/{sae}/explanations/{job}/cancel": {"POST": OWNER_CHANGES},
     "api/saes/{sae}/explanations/{job}/results": {"GET": OWNER_READS},
     "api/explainers": {"GET": ANY_READER},
+    "api/graphs": {"GET": ANY_READER, "POST": WRITERS},
+    "api/graphs/{graph}": {"GET": OWNER_READS, "PATCH": OWNER_CHANGES, "DELETE": OWNER_CHANGES},
+    "api/graphs/{graph}/cancel": {"POST": OWNER_CHANGES},
+    "api/graphs/{graph}/nodes": {"GET": OWNER_READS},
+    "api/graphs/{graph}/export": {"GET": OWNER_READS},
+    "api/graphs/{graph}/intervene": {"POST": OWNER_CHANGES},
     "api/schema/": {"GET": ANY_READER},
     "api/{unmatched}": {"GET": NO_SUCH_ROUTE},
     "v1/models": {"GET": OPENAI_READ},
@@ -145,6 +152,8 @@ MATRIX: dict[str, dict[str, tuple]] = {
     "saes/{sae}/explanations/new/": {"GET": OWNER_PAGE, "POST": OWNER_PAGE_CHANGES},
     "saes/{sae}/explanations/{job}/": {"GET": OWNER_PAGE, "POST": OWNER_PAGE_CHANGES},
     "saes/{sae}/features/{index}/explanations/{explanation}/accept/": {"POST": OWNER_PAGE_CHANGES},
+    "graphs/": {"GET": PAGE, "POST": PAGE_WRITERS},
+    "graphs/{graph}/": {"GET": OWNER_PAGE, "POST": OWNER_PAGE_CHANGES},
     "playground/": {"GET": PAGE},
     "workers/": {"GET": PAGE},
     "account/token/": {"GET": PAGE, "POST": PAGE},  # one's own API token: any role may have one
@@ -170,6 +179,7 @@ PLACEHOLDERS = {
     "vector_id": "{vector}",
     "job_id": "{job}",
     "explanation_id": "{explanation}",
+    "graph_id": "{graph}",
     "unmatched": "{unmatched}",
 }
 
@@ -243,7 +253,11 @@ def owned_rows(owner, folder) -> dict[str, str]:
         model=model, hook_name="blocks.0.hook_resid_post", width=64, status="completed", owner=owner
     )
     vector_store(vector, torch.ones(64))
+    graph = AttributionGraph.objects.create(
+        model=model, transcoders=[sae.id], prompt="a private prompt", status="completed", owner=owner
+    )
     return {
+        "{graph}": graph.id,
         "{vector}": vector.id,
         "{job}": explanation_job.id,
         "{explanation}": str(explanation.pk),

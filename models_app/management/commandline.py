@@ -1,4 +1,5 @@
-"""What the model commands share: finding a model by id or name, tables, waiting with a progress bar."""
+"""What the commands share: finding a model by id or name, an owner by username, tables, waiting
+with a progress bar."""
 
 import time
 from collections.abc import Callable
@@ -19,6 +20,18 @@ def find_model(reference: str) -> LanguageModel:
     if matches:
         raise CommandError(f"More than one model is named {reference!r}: use its id.")
     raise CommandError(f"No model with id or name {reference!r} (see `manage.py list_models`).")
+
+
+def find_owner(username: str | None):
+    """The active user named ``username`` (None when none is named), or a ``CommandError``."""
+    from django.contrib.auth import get_user_model
+
+    if not username:
+        return None
+    owner = get_user_model().objects.filter(username=username, is_active=True).first()
+    if owner is None:
+        raise CommandError(f"No active user {username!r}.")
+    return owner
 
 
 def format_table(headers: list[str], rows: list[list[str]]) -> str:

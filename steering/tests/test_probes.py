@@ -2,17 +2,14 @@
 model (the request waits in a thread while a burst worker answers); the numbers equal the engine's
 functions run here on the same weights (those are checked against transformers in engine/tests)."""
 
-import threading
-
 import pytest
 import torch
 
 from engine.patching import logit_lens, patching_grid
 from engine.registry import LOADED_MODELS
-from mistudio.access import OPERATOR
-from mistudio.workers import interactive_queue, run_worker
-from models_app.services import model_load_request, model_register
-from models_app.tests.live_stack import wait_until
+from models_app.services import model_register
+from models_app.tests.burst_worker import answered as answered_by
+from models_app.tests.burst_worker import load_on_burst_worker
 
 pytestmark = pytest.mark.django_db(transaction=True)
 WORKER = "probe-worker"
@@ -20,25 +17,11 @@ WORKER = "probe-worker"
 
 @pytest.fixture
 def loaded_model(tiny_gpt2_folder, writer):
-    model = model_register(source="local", identifier=str(tiny_gpt2_folder), name="tiny", owner=writer)
-    model_load_request(model_id=model.id, actor=OPERATOR)
-    run_worker(name=WORKER, device="cpu", burst=True)
-    model.refresh_from_db()
-    assert model.status == "ready"
-    return model
+    return load_on_burst_worker(tiny_gpt2_folder, writer, worker=WORKER)
 
 
 def answered(api, path: str, body: dict):
-    """POST ``body`` in a thread, answer the job with a burst worker, return the response."""
-    answer = {}
-    asking = threading.Thread(target=lambda: answer.update(response=api.post(path, body, format="json")))
-    asking.start()
-    wait_until(
-        lambda: interactive_queue(WORKER).count > 0 or not asking.is_alive(), timeout=30, what="the job"
-    )
-    run_worker(name=WORKER, device="cpu", burst=True)
-    asking.join(timeout=60)
-    return answer["response"]
+    return answered_by(api, path, body, worker=WORKER)
 
 
 def test_patching_and_logit_lens_through_the_api(loaded_model, writer, client_for):

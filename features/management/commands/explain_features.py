@@ -2,14 +2,13 @@
 score features with a language model (a worker runs the job; this shows its estimate, then follows
 it with a progress bar and prints the scores' distribution)."""
 
-from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
 from features import explanations, selectors
 from features.models import ExplanationJob
 from mistudio.access import OPERATOR
 from mistudio.errors import ApplicationError
-from models_app.management.commandline import follow_job
+from models_app.management.commandline import find_owner, follow_job
 from saes.management.commandline import find_sae
 
 
@@ -38,11 +37,7 @@ class Command(BaseCommand):
 
     def handle(self, *args, **options):
         sae = find_sae(options["sae"])
-        owner = None
-        if options["owner"]:
-            owner = get_user_model().objects.filter(username=options["owner"], is_active=True).first()
-            if owner is None:
-                raise CommandError(f"No active user {options['owner']!r}.")
+        owner = find_owner(options["owner"])
         if options["indices"]:
             selection = {"kind": "list", "indices": options["indices"]}
         else:

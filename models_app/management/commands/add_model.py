@@ -1,10 +1,10 @@
 """``manage.py add_model``: register a hub or local model (inspected, not loaded)."""
 
-from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
 from mistudio.errors import ApplicationError
 from models_app import services
+from models_app.management.commandline import find_owner
 from models_app.models import LanguageModel
 
 
@@ -26,11 +26,7 @@ class Command(BaseCommand):
         parser.add_argument("--owner", help="username of the owner")
 
     def handle(self, *args, **options):
-        owner = None
-        if options["owner"]:
-            owner = get_user_model().objects.filter(username=options["owner"]).first()
-            if owner is None:
-                raise CommandError(f"No user {options['owner']!r}.")
+        owner = find_owner(options["owner"])
         source = LanguageModel.Source.HUGGINGFACE if options["hub_id"] else LanguageModel.Source.LOCAL
         try:
             model = services.model_register(

@@ -1,0 +1,180 @@
+"""REST API for attribution graphs (thin views)."""
+
+import json
+
+from django.http import HttpResponse
+from drf_spectacular.utils import extend_schema
+from rest_framework import serializers, status
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from circuits import selectors, services
+from circuits.models import AttributionGraph
+from circuits.serializers import graph_state
+from generation.services import generation_model
+from mistudio.errors import ApplicationError
+from mistudio.permissions import CanRead, CanWrite
+from mistudio.serializers import StrictSerializer
+from mistudio.throttling import WorkerCallThrottle
+from saes.selectors import completed_sae, group_get
+
+
+class ThresholdSerializer(StrictSerializer):
+    node_threshold = serializers.FloatField(min_value=0.0, max_value=1.0, required=False)
+    edge_threshold = serializers.FloatField(min_value=0.0, max_value=1.0, required=False)
+
+
+class GraphListApi(APIView):
+    """The attribution graphs you can see, or attribute a prompt (202: a job on the model's worker)."""
+
+    permission_classes = [CanWrite]
+
+    class FilterSerializer(StrictSerializer):
+        model_id = serializers.CharField(max_length=64, required=False)
+
+    class InputSerializer(StrictSerializer):
+        model_id = serializers.CharField(max_length=500)
+        prompt = serializers.CharField(max_length=services.MAX_PROMPT_CHARACTERS, trim_whitespace=False)
+        transcoder_ids = serializers.ListField(
+            child=serializers.CharField(max_length=64), required=False, max_length=256
+        )
+        sae_group_id = serializers.CharField(max_length=64, required=False)
+        max_feature_nodes = serializers.IntegerField(min_value=1, max_value=100_000, required=False)
+        max_n_logits = serializers.IntegerField(min_value=1, max_value=50, default=10)
+        desired_logit_prob = serializers.FloatField(min_value=0.01, max_value=1.0, default=0.95)
+        batch_size = serializers.IntegerField(min_value=1, max_value=1024, default=32)
+        name = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")
+        shared = serializers.BooleanField(default=False)
+
+    @extend_schema(operation_id="api_graphs_list", parameters=[FilterSerializer], responses={200: dict})
+    def get(self, request):
+        filters = self.FilterSerializer(data=request.query_params)
+        filters.is_valid(raise_exception=True)
+        graphs = selectors.graph_list(user=request.user, model_id=filters.validated_data.get("model_id"))
+        rows = [graph_state(row, viewer=request.user) for row in graphs[:500]]
+        return Response({"graphs": rows, "total": graphs.count()})
+
+    @extend_schema(request=InputSerializer, responses={202: dict})
+    def post(self, request):
+        graph = graph_from_body(request.user, request.data)
+        return Response(graph_state(graph, viewer=request.user), status=status.HTTP_202_ACCEPTED)
+
+
+def graph_from_body(user, body) -> AttributionGraph:
+    """The graph ``POST /api/graphs``'s body asks for, queued (the new-graph page posts the same)."""
+    data = GraphListApi.InputSerializer(data=body)
+    data.is_valid(raise_exception=True)
+    values = dict(data.validated_data)
+    model = generation_model(user=user, model_ref=values.pop("model_id"))
+    values["transcoders"] = graph_transcoders(
+        user, values.pop("transcoder_ids", None), values.pop("sae_group_id", None)
+    )
+    return services.graph_request(owner=user, model=model, **values)
+
+
+def graph_transcoders(user, transcoder_ids: list[str] | None, group_id: str | None):
+    """The transcoders a request names: a list of SAE ids (layer 0 first) or an SAE group's."""
+    if (transcoder_ids is None) == (group_id is None):
+        raise ApplicationError(
+            "TRANSCODERS_REQUIRED", "Give transcoder_ids (one per layer, layer 0 first) or sae_group_id.",
+            details={"fields": {"transcoder_ids": ["Or sae_group_id."]}},
+        )  # fmt: skip
+    if group_id is not None:
+        return services.transcoders_of_group(group_get(user=user, group_id=group_id))
+    return [completed_sae(user=user, sae_id=sae_id) for sae_id in transcoder_ids]
+
+
+class GraphDetailApi(APIView):
+    permission_classes = [CanWrite]
+
+    class UpdateSerializer(StrictSerializer):
+        name = serializers.CharField(max_length=500, required=False, allow_blank=True)
+        shared = serializers.BooleanField(required=False)
+        pinned = serializers.JSONField(required=False)
+        supernodes = serializers.JSONField(required=False)
+        node_threshold = serializers.FloatField(min_value=0.0, max_value=1.0, required=False)
+        edge_threshold = serializers.FloatField(min_value=0.0, max_value=1.0, required=False)
+
+    @extend_schema(responses={200: dict})
+    def get(self, request, graph_id: str):
+        return Response(
+            graph_state(selectors.graph_get(user=request.user, graph_id=graph_id), viewer=request.user)
+        )
+
+    @extend_schema(request=UpdateSerializer, responses={200: dict})
+    def patch(self, request, graph_id: str):
+        graph = selectors.graph_get(user=request.user, graph_id=graph_id)
+        data = self.UpdateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        graph = services.graph_update(graph=graph, actor=request.user, **data.validated_data)
+        return Response(graph_state(graph, viewer=request.user))
+
+    @extend_schema(responses={204: None})
+    def delete(self, request, graph_id: str):
+        graph = selectors.graph_get(user=request.user, graph_id=graph_id)
+        services.graph_delete(graph=graph, actor=request.user)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class GraphCancelApi(APIView):
+    """Cancel a graph being computed (its owner or an admin)."""
+
+    permission_classes = [CanWrite]
+
+    @extend_schema(request=None, responses={202: dict})
+    def post(self, request, graph_id: str):
+        graph = selectors.graph_get(user=request.user, graph_id=graph_id)
+        graph = services.graph_cancel(graph=graph, actor=request.user)
+        return Response(graph_state(graph, viewer=request.user), status=status.HTTP_202_ACCEPTED)
+
+
+def _graph_view(request, graph_id: str) -> tuple[AttributionGraph, dict]:
+    graph = selectors.completed_graph(user=request.user, graph_id=graph_id)
+    thresholds = ThresholdSerializer(data=request.query_params)
+    thresholds.is_valid(raise_exception=True)
+    return graph, selectors.graph_view(user=request.user, graph=graph, **thresholds.validated_data)
+
+
+class GraphNodesApi(APIView):
+    """The graph pruned at the thresholds (the graph's own by default): its nodes and links in the
+    Neuronpedia graph JSON, feature nodes labelled with what you may see."""
+
+    permission_classes = [CanRead]
+
+    @extend_schema(parameters=[ThresholdSerializer], responses={200: dict})
+    def get(self, request, graph_id: str):
+        return Response(_graph_view(request, graph_id)[1])
+
+
+class GraphExportApi(APIView):
+    """The graph as a file that Neuronpedia's graph viewer and circuit-tracer's local server load."""
+
+    permission_classes = [CanRead]
+
+    @extend_schema(parameters=[ThresholdSerializer], responses={200: bytes})
+    def get(self, request, graph_id: str):
+        graph, view = _graph_view(request, graph_id)
+        view.pop("mistudio")
+        response = HttpResponse(json.dumps(view), content_type="application/json")
+        response["Content-Disposition"] = f'attachment; filename="{graph.id}.json"'
+        return response
+
+
+class GraphInterveneApi(APIView):
+    """Set or ablate features in the graph's replacement model and read the new top logits."""
+
+    permission_classes = [CanWrite]
+    throttle_classes = [WorkerCallThrottle]
+
+    class InputSerializer(StrictSerializer):
+        interventions = serializers.ListField(
+            child=serializers.DictField(), max_length=services.MAX_INTERVENTIONS
+        )
+        top = serializers.IntegerField(min_value=1, max_value=50, default=10)
+
+    @extend_schema(request=InputSerializer, responses={200: dict})
+    def post(self, request, graph_id: str):
+        graph = selectors.graph_get(user=request.user, graph_id=graph_id)
+        data = self.InputSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        return Response(services.graph_intervene(graph=graph, actor=request.user, **data.validated_data))

@@ -1,0 +1,48 @@
+"""The one JSON shape of an attribution graph row: the API, its events and snapshots show these."""
+
+from typing import Any
+
+from circuits.models import AttributionGraph
+from mistudio.access import AUDIENCE, linked_id
+from saes.models import SparseAutoencoder
+
+
+def iso(value) -> str | None:
+    return value.isoformat() if value else None
+
+
+def graph_state(graph: AttributionGraph, *, viewer=AUDIENCE) -> dict[str, Any]:
+    """A graph row as ``GET /api/graphs/{id}`` shows it to ``viewer``: its transcoders' ids only
+    where they may see those SAEs (None in their place otherwise)."""
+    return {
+        "id": graph.id,
+        "name": graph.name,
+        "model_id": graph.model_id,
+        "transcoder_ids": [
+            linked_id(viewer, graph, SparseAutoencoder, sae_id) for sae_id in graph.transcoders
+        ],
+        "prompt": graph.prompt,
+        "tokens": graph.token_strings,
+        "config": graph.config,
+        "summary": graph.summary,
+        "pinned": graph.pinned,
+        "supernodes": graph.supernodes,
+        "node_threshold": graph.node_threshold,
+        "edge_threshold": graph.edge_threshold,
+        "status": graph.status,
+        "progress": graph.progress,
+        "eta_seconds": graph.eta_seconds,
+        "memory_estimate_bytes": graph.memory_estimate_bytes,
+        "host_worker": graph.host_worker,
+        "error_code": graph.error_code,
+        "error_message": graph.error_message,
+        "owner": graph.owner.username if graph.owner_id else None,
+        "shared": graph.shared,
+        "created_at": iso(graph.created_at),
+        "started_at": iso(graph.started_at),
+        "finished_at": iso(graph.finished_at),
+    }
+
+
+def graph_event_state(graph: AttributionGraph) -> dict[str, Any]:
+    return graph_state(graph)

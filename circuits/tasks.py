@@ -1,0 +1,118 @@
+"""The attribution job's body and interventions, run by the model's worker."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import fields
+from typing import Any
+
+from activations.selectors import token_strings
+from circuits.models import AttributionGraph
+from mistudio.errors import ApplicationError
+from mistudio.events import ProgressThrottle
+from mistudio.job_runner import JobContext, job_task
+from mistudio.jobs import job_publish
+from mistudio.workers import answer_call, worker_task
+from models_app.tasks import model_in_this_worker, model_loaded_here
+from saes.tasks import sae_module_by_id
+
+
+def graph_transcoders(graph: AttributionGraph, model: Any) -> list[Any]:
+    """The graph's transcoders (layer 0 first) on the model's device, in its dtype."""
+    parameter = next(model.parameters())
+    return [
+        sae_module_by_id(sae_id).to(device=parameter.device, dtype=parameter.dtype)
+        for sae_id in graph.transcoders
+    ]
+
+
+@job_task(AttributionGraph, timeout=6 * 3600)
+def run_attribution(graph: AttributionGraph, job: JobContext) -> None:
+    """Attribute the graph's prompt (``engine.attribution.attribute``) and store the graph."""
+    from engine.attribution import AttributionConfig, attribute, prune
+
+    if graph.model_id is None:
+        raise ApplicationError("MODEL_NOT_FOUND", "The graph's model is gone.")
+    loaded = model_in_this_worker(graph.model_id, graph, purpose="an attribution graph")
+    job_publish(graph, "started", graph.mark_running(host_worker=job.worker.name))
+    transcoders = graph_transcoders(graph, loaded.model)
+    names = {field.name for field in fields(AttributionConfig)}
+    config = AttributionConfig(**{key: value for key, value in graph.config.items() if key in names})
+    throttle = ProgressThrottle(min_step=2.0, min_interval=0.5)
+
+    def progress(done: int, total: int) -> None:
+        job.check_cancel()
+        percent = 100 * done / max(1, total)
+        if throttle.ready(percent, final=done == total):
+            job_publish(graph, "progress", graph.mark_progress(done=done, total=total))
+
+    started = time.monotonic()
+    result = attribute(loaded.model, transcoders, graph.tokens, config, progress=progress)
+    seconds = time.monotonic() - started
+    job.check_cancel()
+    result.save(graph.directory)
+    pruned = prune(result, graph.node_threshold, graph.edge_threshold)
+    logit_ids = result.logit_tokens.tolist()
+    summary = {
+        **result.info,
+        "seconds": round(seconds, 3),
+        "nodes": result.n_nodes,
+        "pruned_nodes": int(pruned.nodes.sum()),
+        "pruned_edges": int(pruned.edges.sum()),
+        "completeness_error": result.completeness_error(),
+        "logits": [
+            {"token_id": token, "token": text, "probability": round(float(probability), 6)}
+            for token, text, probability in zip(
+                logit_ids,
+                token_strings(loaded.tokenizer, logit_ids),
+                result.logit_probabilities.tolist(),
+                strict=True,
+            )
+        ],
+        "logit_strings": dict(
+            zip(map(str, logit_ids), token_strings(loaded.tokenizer, logit_ids), strict=True)
+        ),
+    }
+    job_publish(graph, "completed", graph.mark_completed(summary=summary))
+
+
+@worker_task(timeout=600)
+def run_intervention(request_id: str, graph_id: str, interventions: list[dict[str, Any]], top: int) -> None:
+    def compute() -> dict[str, Any]:
+        import torch
+
+        from engine.attribution.intervention import FeatureIntervention, intervene
+
+        graph = AttributionGraph.objects.get(pk=graph_id)
+        loaded = model_loaded_here(graph.model_id)
+        transcoders = graph_transcoders(graph, loaded.model)
+        chosen = [FeatureIntervention(**item) for item in interventions]
+        try:
+            result = intervene(loaded.model, transcoders, graph.tokens, chosen)
+        except ValueError as error:
+            raise ApplicationError("INVALID_INTERVENTIONS", str(error)) from None
+
+        def top_logits(logits) -> list[dict[str, Any]]:
+            probabilities = torch.softmax(logits.float(), -1)
+            values, ids = probabilities.topk(top)
+            texts = token_strings(loaded.tokenizer, ids.tolist())
+            return [
+                {
+                    "token_id": int(token),
+                    "token": text,
+                    "probability": round(float(p), 6),
+                    "logit": float(logits[token]),
+                }
+                for token, text, p in zip(ids.tolist(), texts, values.tolist(), strict=True)
+            ]
+
+        return {
+            "interventions": [
+                {**item, "previous": previous}
+                for item, previous in zip(interventions, result.previous_values, strict=True)
+            ],
+            "before": top_logits(result.logits_before),
+            "after": top_logits(result.logits_after),
+        }
+
+    answer_call(request_id, compute, failure_code="INTERVENTION_FAILED")

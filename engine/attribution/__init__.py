@@ -1,0 +1,20 @@
+"""Attribution graphs over transcoders (circuit-tracer's method, on miStudio's hook runtime)."""
+
+from engine.attribution.graph import AttributionGraph
+from engine.attribution.pruning import node_influence, prune
+from engine.attribution.tracing import (
+    AttributionConfig,
+    attribute,
+    attribution_tokens,
+    check_transcoders,
+)
+
+__all__ = [
+    "AttributionConfig",
+    "AttributionGraph",
+    "attribute",
+    "attribution_tokens",
+    "check_transcoders",
+    "node_influence",
+    "prune",
+]

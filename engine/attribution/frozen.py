@@ -1,0 +1,236 @@
+"""The local replacement model's frozen parts, on the hook runtime.
+
+Attribution (Ameisen et al. 2025) linearises a model around one prompt: attention patterns and
+normalisation scales are taken from the real forward pass and held constant, and each MLP is
+replaced by its transcoder plus an error term. What is left between the token embeddings, the
+transcoder features, the errors and the logits is linear, so a backward pass gives direct effects.
+
+:class:`FrozenRun` sets this up on a loaded transformers model, without changing or copying it:
+
+* **Attention patterns** come from an attention function registered with transformers
+  (``AttentionInterface``, with the eager mask), selected on the model for the run and restored
+  after. The first pass *records* each layer's pattern (of the first row of the batch: every row
+  of an attribution batch is the same prompt) and uses it detached; later passes *replay* it.
+* **Norm scales**: each norm's output is recomputed from its input with the scale detached
+  (LayerNorm: ``(x - mean) / sd``; RMSNorm: ``x / rms``), recorded in the first pass and replayed.
+* **MLPs** are left to the caller (:mod:`engine.attribution.attribute` and
+  :mod:`engine.attribution.intervention`), which sees each MLP's input and replaces its output.
+
+The patterns and scales of a recorded pass stay on the object, so an intervention or the bias
+pass re-runs the same frozen model. Families: gpt2 and the llama layout (llama, mistral, qwen2).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from engine.hooks import READ_INPUT, READ_OUTPUT, HookError, HookSite, base_model_path, family_of
+from engine.runtime import HookRuntime
+
+__all__ = ["FROZEN_ATTENTION", "FrozenRun", "ModelParts", "model_parts"]
+
+FROZEN_ATTENTION = "mistudio_frozen_pattern"
+
+
+@dataclass(frozen=True)
+class _Family:
+    blocks: str
+    # The norms inside a block, in the order the block applies them.
+    block_norms: tuple[str, ...]
+    final_norm: str
+    mlp: str
+    token_embedding: str
+    # "layer" (mean-centred, with a bias) or "rms"
+    norm_kind: str
+
+
+_LLAMA = _Family(
+    "layers", ("input_layernorm", "post_attention_layernorm"), "norm", "mlp", "embed_tokens", "rms"
+)
+_FAMILIES = {
+    "gpt2": _Family("h", ("ln_1", "ln_2"), "ln_f", "mlp", "wte", "layer"),
+    "llama": _LLAMA,
+    "mistral": _LLAMA,
+    "qwen2": _LLAMA,
+}
+
+
+@dataclass(frozen=True)
+class ModelParts:
+    """Module paths (in ``named_modules()``) of what attribution touches, and the unembedding."""
+
+    n_layers: int
+    block_norms: tuple[tuple[str, ...], ...]
+    final_norm: str
+    mlps: tuple[str, ...]
+    token_embedding: str
+    norm_kind: str
+
+
+def model_parts(model: Any) -> ModelParts:
+    """The :class:`ModelParts` of a loaded model; ``UNSUPPORTED_ARCHITECTURE`` for other families."""
+    family = family_of(model)
+    if family not in _FAMILIES:
+        raise HookError(
+            "UNSUPPORTED_ARCHITECTURE",
+            f"Attribution graphs are computed for {', '.join(sorted(_FAMILIES))} models, not {family}.",
+            {"supported": sorted(_FAMILIES)},
+        )
+    parts = _FAMILIES[family]
+    base = base_model_path(model)
+    blocks = ".".join(p for p in (base, parts.blocks) if p)
+    n_layers = len(model.get_submodule(blocks))
+    return ModelParts(
+        n_layers=n_layers,
+        block_norms=tuple(
+            tuple(f"{blocks}.{i}.{norm}" for norm in parts.block_norms) for i in range(n_layers)
+        ),
+        final_norm=".".join(p for p in (base, parts.final_norm) if p),
+        mlps=tuple(f"{blocks}.{i}.{parts.mlp}" for i in range(n_layers)),
+        token_embedding=".".join(p for p in (base, parts.token_embedding) if p),
+        norm_kind=parts.norm_kind,
+    )
+
+
+# The run whose attention the registered function serves (one per thread or task).
+_CURRENT: contextvars.ContextVar[FrozenRun | None] = contextvars.ContextVar("frozen_run", default=None)
+
+
+def _frozen_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """Eager attention whose pattern is recorded detached on the first pass and replayed after."""
+    import torch
+
+    run = _CURRENT.get()
+    groups = query.shape[1] // key.shape[1]
+    if groups > 1:  # grouped-query attention: each key/value head serves `groups` query heads
+        value = value.repeat_interleave(groups, dim=1)
+    layer = module.layer_idx
+    pattern = None if run is None or run.recording else run.patterns.get(layer)
+    if pattern is None:
+        if groups > 1:
+            key = key.repeat_interleave(groups, dim=1)
+        scale = query.shape[-1] ** -0.5 if scaling is None else scaling
+        scores = torch.matmul(query, key.transpose(-1, -2)) * scale
+        if attention_mask is not None:
+            scores = scores + attention_mask
+        pattern = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype).detach()
+        if run is not None:
+            run.patterns[layer] = pattern[:1]
+    output = torch.matmul(pattern.to(value.dtype), value).transpose(1, 2).contiguous()
+    return output, pattern
+
+
+def _register_attention() -> None:
+    from transformers import AttentionInterface, AttentionMaskInterface
+    from transformers.masking_utils import eager_mask
+
+    if FROZEN_ATTENTION not in AttentionInterface._global_mapping:
+        AttentionInterface.register(FROZEN_ATTENTION, _frozen_attention)
+        AttentionMaskInterface.register(FROZEN_ATTENTION, eager_mask)
+
+
+# Called per MLP with (layer, mlp input, mlp output); returns the output to use.
+MlpVisitor = Callable[[int, Any, Any], Any]
+# Called with the token embeddings [batch, tokens, d]; returns the embeddings to use (or None).
+EmbeddingVisitor = Callable[[Any], Any]
+
+
+class FrozenRun:
+    """A model with frozen attention patterns and norm scales, for passes over one prompt.
+
+    ``with run.attached(mlp=..., embedding=..., final=...)`` hooks the model; ``run.forward(ids)``
+    then runs it, recording the patterns and scales on the first pass and replaying them on the
+    next (the scales only with ``freeze_norms``; without, later passes recompute them, as
+    circuit-tracer's interventions do by default). ``mlp`` replaces each MLP's output;
+    ``embedding`` sees (and may replace) the token embeddings; ``final`` receives the final norm's
+    output.
+    """
+
+    def __init__(self, model: Any, *, freeze_norms: bool = True) -> None:
+        self.model = model
+        self.freeze_norms = freeze_norms
+        self.parts = model_parts(model)
+        self.patterns: dict[int, Any] = {}
+        self.scales: dict[str, Any] = {}
+        self.recording = True
+
+    @contextlib.contextmanager
+    def attached(
+        self,
+        *,
+        mlp: MlpVisitor,
+        embedding: EmbeddingVisitor | None = None,
+        final: Callable[[Any], None] | None = None,
+    ) -> Iterator[FrozenRun]:
+        _register_attention()
+        parts = self.parts
+        norms = [*(path for block in parts.block_norms for path in block), parts.final_norm]
+        mlp_layer = {path: layer for layer, path in enumerate(parts.mlps)}
+        sites = {f"{path}:in": HookSite(path, READ_INPUT) for path in norms}
+        sites.update({f"{path}:out": HookSite(path, READ_OUTPUT) for path in norms})
+        sites.update({f"{path}:in": HookSite(path, READ_INPUT) for path in parts.mlps})
+        sites.update({f"{path}:out": HookSite(path, READ_OUTPUT) for path in parts.mlps})
+        sites[f"{parts.token_embedding}:out"] = HookSite(parts.token_embedding, READ_OUTPUT)
+        inputs: dict[str, Any] = {}
+
+        def visit(name: str, tensor: Any) -> Any:
+            path, _, side = name.rpartition(":")
+            if side == "in":
+                inputs[path] = tensor
+                return None
+            if path == parts.token_embedding:
+                return None if embedding is None else embedding(tensor)
+            if path in mlp_layer:
+                return mlp(mlp_layer[path], inputs.pop(path), tensor)
+            normalised = self._frozen_norm(path, inputs.pop(path))
+            if path == parts.final_norm and final is not None:
+                final(normalised)
+            return normalised
+
+        self._runtime = HookRuntime(self.model, sites, visit, purpose="attributed")
+        config = self.model.config
+        previous = config._attn_implementation
+        token = _CURRENT.set(self)
+        config._attn_implementation = FROZEN_ATTENTION
+        try:
+            with self._runtime.attached():
+                yield self
+        finally:
+            config._attn_implementation = previous
+            _CURRENT.reset(token)
+
+    def forward(self, input_ids: Any) -> None:
+        """One pass over ``input_ids`` [batch, tokens] as far as the final norm (no LM head)."""
+        import torch
+
+        base = base_model_path(self.model)
+        runner = self.model.get_submodule(base) if base else self.model
+        self._runtime.begin_pass(*input_ids.shape)
+        self._runtime.run(
+            runner, input_ids=input_ids, attention_mask=torch.ones_like(input_ids), use_cache=False
+        )
+        self.recording = False
+
+    def _frozen_norm(self, path: str, x: Any) -> Any:
+        import torch
+
+        module = self.model.get_submodule(path)
+        weight = module.weight
+        eps = getattr(module, "eps", None) or getattr(module, "variance_epsilon", None)
+        if self.parts.norm_kind == "layer":
+            centred = x - x.mean(-1, keepdim=True)
+            scale = self._scale(path, lambda: (centred.pow(2).mean(-1, keepdim=True) + eps).sqrt())
+            out = centred / scale * weight
+            return out + module.bias if module.bias is not None else out
+        as_float = x.to(torch.float32)
+        scale = self._scale(path, lambda: (as_float.pow(2).mean(-1, keepdim=True) + eps).sqrt())
+        return weight * (as_float / scale).to(x.dtype)
+
+    def _scale(self, path: str, compute: Callable[[], Any]) -> Any:
+        if self.recording or path not in self.scales or not self.freeze_norms:
+            self.scales[path] = compute().detach()[:1]
+        return self.scales[path]

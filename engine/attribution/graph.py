@@ -1,0 +1,136 @@
+"""An attribution graph: its nodes, its adjacency matrix, and how it is stored.
+
+Nodes are kept in circuit-tracer's order, so a graph and its adjacency read the same in both
+tools: the selected feature nodes (``active_features[selected_features]``, by layer, position
+and feature), then one error node per layer and position (layer-major), one node per input
+token, and the logit nodes (most probable first). ``adjacency[target, source]`` is the direct
+effect of ``source`` on ``target``.
+
+``bias`` holds, for each node that has incoming edges (features and logits), what the node's
+value is when every source is zero: the constant part of the linearised model. Its edges plus
+its bias give its value (a feature's pre-activation, a logit minus the mean logit), which
+:meth:`AttributionGraph.completeness_error` checks.
+
+On disk: ``graph.safetensors`` (the tensors) and ``graph.json`` (the rest).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+TENSORS_FILENAME = "graph.safetensors"
+META_FILENAME = "graph.json"
+_TENSOR_FIELDS = (
+    "active_features",
+    "activation_values",
+    "selected_features",
+    "adjacency",
+    "logit_tokens",
+    "logit_probabilities",
+    "bias",
+    "values",
+)
+
+
+@dataclass
+class AttributionGraph:
+    """The graph of one prompt; tensors on the CPU."""
+
+    tokens: list[int]
+    n_layers: int
+    # [n_active, 3] (layer, position, feature) of every active transcoder feature.
+    active_features: Any
+    activation_values: Any
+    # Indices into active_features of the feature nodes kept (all of them without a cap).
+    selected_features: Any
+    adjacency: Any
+    logit_tokens: Any
+    logit_probabilities: Any
+    # Per node (zero where a node has no incoming edges): the constant part, and the value.
+    bias: Any
+    values: Any
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def n_positions(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def n_features(self) -> int:
+        return len(self.selected_features)
+
+    @property
+    def n_logits(self) -> int:
+        return len(self.logit_tokens)
+
+    @property
+    def error_start(self) -> int:
+        return self.n_features
+
+    @property
+    def token_start(self) -> int:
+        return self.n_features + self.n_layers * self.n_positions
+
+    @property
+    def logit_start(self) -> int:
+        return self.token_start + self.n_positions
+
+    @property
+    def n_nodes(self) -> int:
+        return self.logit_start + self.n_logits
+
+    def node(self, index: int) -> dict[str, Any]:
+        """What node ``index`` is: kind ("feature", "error", "token", "logit"), layer, position,
+        and the feature or token id."""
+        if index < self.error_start:
+            layer, position, feature = (int(v) for v in self.active_features[self.selected_features[index]])
+            return {"kind": "feature", "layer": layer, "position": position, "feature": feature}
+        if index < self.token_start:
+            layer, position = divmod(index - self.error_start, self.n_positions)
+            return {"kind": "error", "layer": layer, "position": position}
+        if index < self.logit_start:
+            position = index - self.token_start
+            return {"kind": "token", "position": position, "token": self.tokens[position]}
+        rank = index - self.logit_start
+        return {"kind": "logit", "position": self.n_positions - 1, "token": int(self.logit_tokens[rank]),
+                "probability": float(self.logit_probabilities[rank])}  # fmt: skip
+
+    def completeness_error(self) -> float:
+        """The largest gap, over feature and logit nodes, between a node's value and its incoming
+        edges plus its bias (0 for an exact linearisation), relative to the sum of the magnitudes
+        added up (the edges' and the bias'), the scale at which a float32 sum is exact: a node's
+        value is often a small difference of large direct effects."""
+        import torch
+
+        targets = torch.cat([torch.arange(self.n_features), torch.arange(self.logit_start, self.n_nodes)])
+        if not len(targets):
+            return 0.0
+        edges = self.adjacency[targets].double()
+        bias = self.bias[targets].double()
+        gap = (edges.sum(1) + bias - self.values[targets].double()).abs()
+        scale = edges.abs().sum(1) + bias.abs()
+        return float((gap / scale.clamp_min(1e-12)).max())
+
+    def save(self, folder: Path | str) -> Path:
+        from safetensors.torch import save_file
+
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        save_file(
+            {name: getattr(self, name).contiguous() for name in _TENSOR_FIELDS}, folder / TENSORS_FILENAME
+        )
+        meta = {"tokens": self.tokens, "n_layers": self.n_layers, "info": self.info}
+        (folder / META_FILENAME).write_text(json.dumps(meta))
+        return folder
+
+    @classmethod
+    def load(cls, folder: Path | str) -> AttributionGraph:
+        from safetensors.torch import load_file
+
+        folder = Path(folder)
+        tensors = load_file(folder / TENSORS_FILENAME)
+        meta = json.loads((folder / META_FILENAME).read_text())
+        return cls(**meta, **tensors)

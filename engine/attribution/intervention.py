@@ -1,0 +1,98 @@
+"""Interventions in the local replacement model: set (or ablate) transcoder features and read the
+new logits.
+
+The replacement model is the one a graph linearises: attention patterns (and, by default, norm
+scales) frozen from the prompt's real forward pass, and each MLP replaced by its transcoder plus
+the error it made on that pass, held constant (computed as the recorded MLP output plus the
+change of the transcoder's output, which is the same sum with less rounding). Without
+interventions it computes the real logits; with them, each intervened feature takes its new value
+at its position, and every later transcoder recomputes its features from what it now receives
+(effects propagate through the transcoders).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from engine.attribution.frozen import FrozenRun
+from engine.attribution.tracing import Transcoders, check_transcoders
+
+__all__ = ["FeatureIntervention", "InterventionResult", "intervene"]
+
+
+@dataclass(frozen=True)
+class FeatureIntervention:
+    """Set feature ``feature`` of layer ``layer``'s transcoder at ``position`` to ``value``."""
+
+    layer: int
+    position: int
+    feature: int
+    value: float
+
+
+@dataclass
+class InterventionResult:
+    """The last position's logits before and after (float32, CPU), and the activations the
+    intervened features had."""
+
+    logits_before: Any
+    logits_after: Any
+    previous_values: list[float]
+
+
+def intervene(
+    model: Any,
+    transcoders: Transcoders,
+    tokens: Sequence[int],
+    interventions: Sequence[FeatureIntervention],
+    *,
+    freeze_norms: bool = True,
+) -> InterventionResult:
+    """Run the replacement model on ``tokens`` with ``interventions`` applied."""
+    import torch
+
+    check_transcoders(model, transcoders)
+    n_positions = len(tokens)
+    for item in interventions:
+        if not (0 <= item.layer < len(transcoders) and 0 <= item.position < n_positions
+                and 0 <= item.feature < transcoders[item.layer].shape.d_sae):  # fmt: skip
+            raise ValueError(f"no feature {item.feature} at layer {item.layer}, position {item.position}")
+    device = next(model.parameters()).device
+    ids = torch.tensor([list(tokens)], device=device)
+    run = FrozenRun(model, freeze_norms=freeze_norms)
+    recorded: list[tuple[Any, Any, Any]] = []  # per layer: MLP input, MLP output, features
+    finals: list[Any] = []
+
+    def record(layer: int, x_in: Any, out: Any) -> None:
+        recorded.append((x_in, out, transcoders[layer].encode(x_in)))
+
+    def replace(layer: int, x_in: Any, out: Any) -> Any:
+        # The recorded output plus what changed: the features (re-encoded, then set) through the
+        # decoder, and the skip path. An MLP whose input and features did not change gives its
+        # recorded output exactly, so only the intervention's effects move the logits.
+        transcoder = transcoders[layer]
+        real_in, real_out, real_features = recorded[layer]
+        features = transcoder.encode(x_in)
+        for item in interventions:
+            if item.layer == layer:
+                features[0, item.position, item.feature] = item.value
+        changed = features - real_features
+        if not changed.any() and torch.equal(x_in, real_in):
+            return real_out
+        delta = changed @ transcoder.W_dec
+        skip, real_skip = transcoder.skip_path(x_in), transcoder.skip_path(real_in)
+        if skip is not None:
+            delta = delta + (skip - real_skip)
+        return real_out + delta.to(real_out.dtype)
+
+    unembedding = model.get_output_embeddings()
+    with torch.no_grad():
+        with run.attached(mlp=record, final=finals.append):
+            run.forward(ids)
+        with run.attached(mlp=replace, final=finals.append):
+            run.forward(ids)
+        before, after = (unembedding(final[0, -1]).float().cpu() for final in finals)
+    previous = [float(recorded[item.layer][2][0, item.position, item.feature]) for item in interventions]
+    return InterventionResult(before, after, previous)

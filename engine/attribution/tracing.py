@@ -1,0 +1,431 @@
+"""Attribution: the direct effect of every active transcoder feature, error and input token on
+every feature and on the top logits, in circuit-tracer's conventions.
+
+One pass over the prompt (batch 1) records the frozen attention patterns and norm scales, the
+transcoders' activations, the errors and the logits. Position 0 is the attention sink (a special
+token is put there by :func:`attribution_tokens`): its features and error are zeroed, and its real
+MLP output is a constant. A second pass runs ``batch_size`` copies of the prompt with gradients
+on, each MLP's output cut from its input except through a transcoder's linear skip path. Then,
+``batch_size`` targets at a time, one backward pass injects each target's input direction (a
+feature's encoder row at its layer's MLP input, or a logit's demeaned unembedding row at the final
+norm's output) into its own row of the batch, and the gradients reaching each MLP output, token
+embedding are contracted with the sources' vectors (a feature's activation times its decoder row,
+an error, a token's embedding): one row of the adjacency matrix per target.
+
+Memory stays bounded: feature activations are kept sparse; targets go ``batch_size`` at a time;
+``max_feature_nodes`` caps the feature rows, visiting features in order of their influence on the
+logits (estimated from the rows so far and refreshed every ``update_interval`` batches, as
+circuit-tracer does), so a long prompt keeps the most influential features rather than failing.
+A third, cheap pass with every source at zero gives each node's bias (see
+:class:`engine.attribution.graph.AttributionGraph`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from engine.attribution.frozen import FrozenRun
+from engine.attribution.graph import AttributionGraph
+from engine.attribution.pruning import partial_influences
+from engine.budgets import attribution_feature_rows
+from engine.errors import EngineError
+
+__all__ = ["AttributionConfig", "Transcoders", "attribute", "attribution_tokens", "check_transcoders"]
+
+# One transcoder per layer, layer 0 first: each reads the MLP's input and predicts its output.
+Transcoders = Sequence[Any]
+# Elements of [batch, features, width] built at once when contracting gradients with decoders.
+_CONTRACTION_ELEMENTS = 1 << 24
+
+
+@dataclass(frozen=True)
+class AttributionConfig:
+    """circuit-tracer's ``attribute`` parameters, with its defaults."""
+
+    max_n_logits: int = 10
+    desired_logit_prob: float = 0.95
+    batch_size: int = 64
+    max_feature_nodes: int | None = None
+    update_interval: int = 4
+    # Bytes the graph's matrices may take: fewer feature nodes are kept when they would not fit
+    # (the graph's ``info`` says so), so a long prompt is pruned earlier rather than failing.
+    matrix_limit_bytes: int | None = None
+
+
+def attribution_tokens(tokenizer: Any, prompt: str) -> list[int]:
+    """The prompt's ids without special tokens, behind a special token at position 0 (BOS, else
+    pad, else EOS, else the first special id), unless it already starts with one: what
+    circuit-tracer attributes, since position 0 is an attention sink whose features are dropped."""
+    ids = list(tokenizer(prompt, add_special_tokens=False)["input_ids"])
+    special = list(tokenizer.all_special_ids)
+    if ids and ids[0] in special:
+        return ids
+    candidates = [tokenizer.bos_token_id, tokenizer.pad_token_id, tokenizer.eos_token_id, *special]
+    first = next((candidate for candidate in candidates if candidate is not None), None)
+    return ids if first is None else [int(first), *ids]
+
+
+def check_transcoders(model: Any, transcoders: Transcoders) -> None:
+    """``INVALID_TRANSCODERS`` unless there is one transcoder per layer, each as wide as the model."""
+    from engine.attribution.frozen import model_parts
+
+    n_layers = model_parts(model).n_layers
+    width = int(model.config.hidden_size)
+    problems = []
+    if len(transcoders) != n_layers:
+        problems.append(f"the model has {n_layers} layers and {len(transcoders)} transcoders were given")
+    for layer, transcoder in enumerate(transcoders):
+        shape = transcoder.shape
+        if not shape.is_transcoder or shape.d_in != width or shape.output_width != width:
+            problems.append(f"layer {layer}: not a {width}-wide transcoder")
+    if problems:
+        raise EngineError(
+            "INVALID_TRANSCODERS", "Attribution needs one transcoder per layer: " + "; ".join(problems)
+        )
+
+
+@dataclass
+class _Prompt:
+    """What the recorded pass found: per layer, the sparse activations and the vectors."""
+
+    ids: Any
+    active: Any  # [n_active, 3]
+    values: Any
+    encoders: Any  # [n_active, d]
+    decoders: Any  # [n_active, d], activation times decoder row
+    errors: Any  # [layers, positions, d]
+    mlp_inputs: list[Any]
+    mlp_outputs: list[Any]
+    final: Any  # [positions, d]
+
+
+def attribute(
+    model: Any,
+    transcoders: Transcoders,
+    tokens: Sequence[int],
+    config: AttributionConfig = AttributionConfig(),
+    *,
+    progress: Callable[[int, int], None] | None = None,
+) -> AttributionGraph:
+    """The attribution graph of ``tokens`` (see :func:`attribution_tokens`) through ``transcoders``.
+
+    ``progress(done, total)`` is called after each batch of targets; it may raise to stop.
+    """
+    import torch
+
+    check_transcoders(model, transcoders)
+    device = next(model.parameters()).device
+    ids = torch.tensor([list(tokens)], device=device)
+    run = FrozenRun(model)
+    with _gradients_only_where_asked(model, transcoders):
+        prompt = _record(run, transcoders, ids)
+        unembedding = model.get_output_embeddings().weight
+        logits = prompt.final[-1] @ unembedding.T
+        probabilities = torch.softmax(logits.float(), -1)
+        top, top_ids = probabilities.topk(min(config.max_n_logits, len(probabilities)))
+        cutoff = int(torch.searchsorted(top.cumsum(0), config.desired_logit_prob)) + 1
+        logit_ids = top_ids[:cutoff]
+        logit_vectors = unembedding[logit_ids] - unembedding.mean(0, keepdim=True)
+        edges, selected = _edges(run, transcoders, prompt, logit_vectors, top[:cutoff], config, progress)
+        values, bias = _values_and_bias(run, transcoders, prompt, logit_vectors, selected)
+    n_active = len(prompt.active)
+    n_logits = len(logit_ids)
+    n_positions = ids.shape[1]
+    n_layers = len(transcoders)
+    return AttributionGraph(
+        tokens=[int(t) for t in tokens],
+        n_layers=n_layers,
+        active_features=prompt.active.cpu(),
+        activation_values=prompt.values.float().cpu(),
+        selected_features=selected.cpu(),
+        adjacency=edges,
+        logit_tokens=logit_ids.cpu(),
+        logit_probabilities=top[:cutoff].float().cpu(),
+        bias=bias,
+        values=values,
+        info={
+            "active_features": n_active,
+            "feature_nodes": len(selected),
+            "positions": n_positions,
+            "logits": n_logits,
+            "capped": len(selected) < n_active,
+        },
+    )
+
+
+@contextlib.contextmanager
+def _gradients_only_where_asked(model: Any, transcoders: Transcoders) -> Iterator[None]:
+    """Gradients on (also under an outer inference or no-grad mode), none for the parameters of
+    the model and the transcoders, whose flags are restored after."""
+    import torch
+
+    modules = [model, *transcoders]
+    flags = [(parameter, parameter.requires_grad) for module in modules for parameter in module.parameters()]
+    try:
+        for parameter, _ in flags:
+            parameter.requires_grad_(False)
+        with torch.inference_mode(False), torch.enable_grad():
+            yield
+    finally:
+        for parameter, flag in flags:
+            parameter.requires_grad_(flag)
+
+
+def _record(run: FrozenRun, transcoders: Transcoders, ids: Any) -> _Prompt:
+    """The recorded pass: activations, errors, encoder and decoder vectors, final norm output."""
+    import torch
+
+    mlp_inputs: list[Any] = []
+    mlp_outputs: list[Any] = []
+    final: list[Any] = []
+
+    def mlp(layer: int, x_in: Any, out: Any) -> None:
+        mlp_inputs.append(x_in[0].detach())
+        mlp_outputs.append(out[0].detach())
+
+    with torch.no_grad(), run.attached(mlp=mlp, final=final.append):
+        run.forward(ids)
+    active, values, encoders, decoders, errors = [], [], [], [], []
+    with torch.no_grad():
+        for layer, transcoder in enumerate(transcoders):
+            x_in = mlp_inputs[layer]
+            activations = transcoder.encode(x_in)
+            activations[0] = 0
+            positions, features = activations.nonzero(as_tuple=True)
+            layer_values = activations[positions, features]
+            active.append(torch.stack([torch.full_like(positions, layer), positions, features], 1))
+            values.append(layer_values)
+            encoders.append(transcoder.W_enc[:, features].T)
+            decoders.append(transcoder.W_dec[features] * layer_values[:, None])
+            reconstruction = transcoder(x_in)
+            error = mlp_outputs[layer].to(reconstruction.dtype) - reconstruction
+            error[0] = 0
+            errors.append(error)
+    return _Prompt(
+        ids=ids,
+        active=torch.cat(active),
+        values=torch.cat(values),
+        encoders=torch.cat(encoders),
+        decoders=torch.cat(decoders),
+        errors=torch.stack(errors),
+        mlp_inputs=mlp_inputs,
+        mlp_outputs=mlp_outputs,
+        final=final[0][0].detach(),
+    )
+
+
+class _GradientGraph:
+    """The batched pass with gradients, and the backward passes that give adjacency rows."""
+
+    def __init__(self, run: FrozenRun, transcoders: Transcoders, prompt: _Prompt, batch_size: int) -> None:
+        import torch
+
+        self.prompt = prompt
+        self.batch_size = batch_size
+        self.mlp_inputs: list[Any] = []
+        self.mlp_points: list[Any] = []
+        self.embedding: list[Any] = []
+        self.final: list[Any] = []
+
+        def mlp(layer: int, x_in: Any, out: Any) -> Any:
+            skip = transcoders[layer].skip_path(x_in)
+            point = out.detach().requires_grad_(True) if skip is None else skip + (out - skip).detach()
+            self.mlp_inputs.append(x_in)
+            self.mlp_points.append(point)
+            return point
+
+        def embedding(tokens: Any) -> Any:
+            leaf = tokens.detach().requires_grad_(True)
+            self.embedding.append(leaf)
+            return leaf
+
+        with run.attached(mlp=mlp, embedding=embedding, final=self.final.append):
+            run.forward(prompt.ids.expand(batch_size, -1))
+        self.token_vectors = self.embedding[0][0].detach()
+        n_positions = prompt.ids.shape[1]
+        self.n_positions = n_positions
+        layers = prompt.active[:, 0].contiguous()
+        self.layer_slices = [
+            (int(start), int(end))
+            for start, end in zip(
+                torch.searchsorted(layers, torch.arange(len(transcoders), device=layers.device)),
+                torch.searchsorted(layers, torch.arange(len(transcoders), device=layers.device), right=True),
+                strict=True,
+            )
+        ]
+        self.n_sources = len(prompt.active) + (len(transcoders) + 1) * n_positions
+
+    def rows(self, injections: list[tuple[int | None, int, Any]]) -> Any:
+        """One adjacency row (over the sources) per ``(layer, position, vector)`` injection; layer
+        None injects at the final norm's output (a logit)."""
+        import torch
+
+        outputs, gradients = [], []
+        by_point: dict[int | None, list[int]] = {}
+        for row, (layer, _, _) in enumerate(injections):
+            by_point.setdefault(layer, []).append(row)
+        for layer, rows in by_point.items():
+            tensor = self.final[0] if layer is None else self.mlp_inputs[layer]
+            gradient = torch.zeros_like(tensor)
+            positions = torch.tensor([injections[row][1] for row in rows], device=tensor.device)
+            vectors = torch.stack([injections[row][2] for row in rows]).to(tensor.dtype)
+            gradient[torch.tensor(rows, device=tensor.device), positions] = vectors
+            outputs.append(tensor)
+            gradients.append(gradient)
+        sources = [self.embedding[0], *self.mlp_points]
+        grads = torch.autograd.grad(outputs, sources, gradients, retain_graph=True, allow_unused=True)
+        prompt = self.prompt
+        n = len(injections)
+        result = torch.zeros(n, self.n_sources, dtype=torch.float32, device=prompt.decoders.device)
+        n_active = len(prompt.active)
+        n_positions = self.n_positions
+        for layer, gradient in enumerate(grads[1:]):
+            if gradient is None:
+                continue
+            gradient = gradient[:n].float()
+            start, end = self.layer_slices[layer]
+            step = max(1, _CONTRACTION_ELEMENTS // max(1, n * gradient.shape[-1]))
+            for chunk in range(start, end, step):
+                stop = min(end, chunk + step)
+                positions = prompt.active[chunk:stop, 1]
+                result[:, chunk:stop] = torch.einsum(
+                    "bkd,kd->bk", gradient[:, positions], prompt.decoders[chunk:stop].float()
+                )
+            offset = n_active + layer * n_positions
+            result[:, offset : offset + n_positions] = torch.einsum(
+                "bpd,pd->bp", gradient, prompt.errors[layer].float()
+            )
+        if grads[0] is not None:
+            offset = n_active + len(self.mlp_points) * n_positions
+            result[:, offset:] = torch.einsum("bpd,pd->bp", grads[0][:n].float(), self.token_vectors.float())
+        return result
+
+
+def _edges(
+    run: FrozenRun,
+    transcoders: Transcoders,
+    prompt: _Prompt,
+    logit_vectors: Any,
+    logit_probabilities: Any,
+    config: AttributionConfig,
+    progress: Callable[[int, int], None] | None,
+) -> tuple[Any, Any]:
+    """The adjacency matrix (CPU, float32) and the selected features' indices."""
+    import torch
+
+    batch_size = config.batch_size
+    graph = _GradientGraph(run, transcoders, prompt, batch_size)
+    n_active = len(prompt.active)
+    n_logits = len(logit_vectors)
+    n_positions = prompt.ids.shape[1]
+    logit_offset = graph.n_sources
+    n_nodes = logit_offset + n_logits
+    max_features = min(config.max_feature_nodes or n_active, n_active)
+    if config.matrix_limit_bytes is not None:
+        fitting = attribution_feature_rows(
+            limit=config.matrix_limit_bytes, active=n_active, tokens=n_positions,
+            layers=len(transcoders), logits=n_logits,
+        )  # fmt: skip
+        max_features = min(max_features, fitting)
+    total_batches = -(-n_logits // batch_size) + -(-max_features // batch_size)
+    done = 0
+    edge_rows = torch.zeros(max_features + n_logits, n_nodes)
+    row_nodes = torch.zeros(max_features + n_logits, dtype=torch.long)
+    last = n_positions - 1
+    for start in range(0, n_logits, batch_size):
+        batch = logit_vectors[start : start + batch_size]
+        rows = graph.rows([(None, last, vector) for vector in batch])
+        edge_rows[start : start + len(batch), :logit_offset] = rows.cpu()
+        row_nodes[start : start + len(batch)] = torch.arange(start, start + len(batch)) + logit_offset
+        done += 1
+        if progress:
+            progress(done, total_batches)
+    filled = n_logits
+    visited = torch.zeros(n_active, dtype=torch.bool)
+    n_visited = 0
+    probabilities = logit_probabilities.float().cpu()
+    while n_visited < max_features:
+        if max_features == n_active:
+            pending = torch.arange(n_active)
+        else:
+            influence = partial_influences(edge_rows[:filled], probabilities, row_nodes[:filled])
+            ranking = torch.argsort(influence[:n_active], descending=True)
+            queue_size = min(config.update_interval * batch_size, max_features - n_visited)
+            pending = ranking[~visited[ranking]][:queue_size]
+        for start in range(0, len(pending), batch_size):
+            indices = pending[start : start + batch_size]
+            device_indices = indices.to(prompt.active.device)
+            layers = prompt.active[device_indices, 0].tolist()
+            positions = prompt.active[device_indices, 1].tolist()
+            injections = list(zip(layers, positions, prompt.encoders[device_indices], strict=True))
+            rows = graph.rows(injections)
+            edge_rows[filled : filled + len(indices), :logit_offset] = rows.cpu()
+            row_nodes[filled : filled + len(indices)] = indices
+            visited[indices] = True
+            filled += len(indices)
+            n_visited += len(indices)
+            done += 1
+            if progress:
+                progress(done, total_batches)
+    del graph
+    selected = torch.where(visited)[0]
+    if max_features < n_active:
+        edge_rows = edge_rows[:, torch.cat([selected, torch.arange(n_active, n_nodes)])]
+    edge_rows = edge_rows[row_nodes.argsort()]
+    n_final = edge_rows.shape[1]
+    adjacency = torch.zeros(n_final, n_final)
+    adjacency[:max_features] = edge_rows[:max_features]
+    adjacency[-n_logits:] = edge_rows[max_features:]
+    return adjacency, selected
+
+
+def _values_and_bias(
+    run: FrozenRun, transcoders: Transcoders, prompt: _Prompt, logit_vectors: Any, selected: Any
+) -> tuple[Any, Any]:
+    """Each feature and logit node's value (pre-activation; logit minus the mean logit) and bias
+    (its value with every source node at zero: token embeddings, the selected features' decodes
+    and errors; features left out by a cap stay, as constants like the biases)."""
+    import torch
+
+    n_layers = len(transcoders)
+    inputs: list[Any] = []
+    final: list[Any] = []
+    is_node = torch.zeros(len(prompt.active), dtype=torch.bool, device=prompt.active.device)
+    is_node[selected.to(prompt.active.device)] = True
+
+    def mlp(layer: int, x_in: Any, out: Any) -> Any:
+        transcoder = transcoders[layer]
+        real_in = prompt.mlp_inputs[layer]
+        real_skip = transcoder.skip_path(real_in)
+        sources = prompt.errors[layer].clone()
+        in_layer = (prompt.active[:, 0] == layer) & is_node
+        sources.index_add_(0, prompt.active[in_layer, 1], prompt.decoders[in_layer])
+        constant = prompt.mlp_outputs[layer] - sources - (0 if real_skip is None else real_skip)
+        skip = transcoder.skip_path(x_in[0])
+        inputs.append(x_in[0])
+        return (constant + (0 if skip is None else skip))[None].to(out.dtype)
+
+    with torch.no_grad(), run.attached(mlp=mlp, embedding=torch.zeros_like, final=final.append):
+        run.forward(prompt.ids)
+    chosen = prompt.active[selected.to(prompt.active.device)]
+    n_positions = prompt.ids.shape[1]
+    n_features = len(chosen)
+    n_nodes = n_features + (n_layers + 1) * n_positions + len(logit_vectors)
+    values = torch.zeros(n_nodes, dtype=torch.float64)
+    bias = torch.zeros(n_nodes, dtype=torch.float64)
+    for layer, transcoder in enumerate(transcoders):
+        nodes = (chosen[:, 0] == layer).nonzero(as_tuple=True)[0]
+        positions, features = chosen[nodes, 1], chosen[nodes, 2]
+        for out, x_in in ((values, prompt.mlp_inputs[layer]), (bias, inputs[layer])):
+            pre = (x_in[positions].to(transcoder.W_enc.dtype) * transcoder.W_enc[:, features].T).sum(-1)
+            if transcoder.shape.apply_b_dec_to_input:
+                pre = pre - transcoder.b_dec @ transcoder.W_enc[:, features]
+            out[nodes.cpu()] = (pre + transcoder.b_enc[features]).double().cpu()
+    logit_start = n_nodes - len(logit_vectors)
+    last = n_positions - 1
+    values[logit_start:] = (logit_vectors.double() @ prompt.final[last].double()).cpu()
+    bias[logit_start:] = (logit_vectors.double() @ final[0][0, last].double()).cpu()
+    return values.float(), bias.float()

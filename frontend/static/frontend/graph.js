@@ -1,0 +1,286 @@
+// The attribution-graph explorer: draws GET /api/graphs/{id}/nodes (the graph pruned at the
+// thresholds, in the Neuronpedia graph JSON) as an SVG: one column per prompt position, one row per
+// layer (token embeddings at the bottom, logits on top), edges coloured by sign (blue excites, red
+// inhibits) with their width by |weight|. Hover shows a node; click selects it (its label,
+// explanation, activation, influence, dashboard link), pins it (PATCH pinned), or intervenes on it
+// (POST /intervene: the new top logits). Pinned features group into named supernodes (PATCH
+// supernodes); "the pinned nodes only" shows their subgraph. The threshold sliders prune live and
+// are saved as the graph's own. Waits for the job (live_fragment.js) when the graph is not done yet.
+(function () {
+  "use strict";
+
+  const explorer = document.getElementById("graph-explorer");
+  if (!explorer) return;
+  const $ = (id) => document.getElementById(id);
+  const graphId = explorer.dataset.graphId;
+  const canChange = explorer.dataset.canChange === "1";
+  const svg = $("graph-svg");
+  const SVG = "http://www.w3.org/2000/svg";
+  const state = { view: null, selected: null, pinned: [], supernodes: [], subgraph: false, ticket: 0 };
+  let started = false, reloadTimer = null, saveTimer = null;
+
+  const number = (value, digits = 3) => (value === null || value === undefined ? "—" : Number(value).toFixed(digits));
+  const isFeature = (node) => node.feature_type === "cross layer transcoder";
+  const featureKey = (node) => `${node.layer}_${node.node_id.split("_")[1]}`;
+  const featureIndex = (node) => Number(node.node_id.split("_")[1]);
+
+  function element(name, attributes, parent) {
+    const node = document.createElementNS(SVG, name);
+    for (const [key, value] of Object.entries(attributes)) node.setAttribute(key, value);
+    if (parent) parent.append(node);
+    return node;
+  }
+
+  // Rows: E (embeddings) 0, layer L at L + 1, logits at layers + 1 (their "layer" is layers + 1).
+  function rowOf(node, layers) {
+    if (node.layer === "E") return 0;
+    return Number(node.layer) + 1;
+  }
+
+  function draw() {
+    const view = state.view;
+    if (!view) return;
+    const layers = view.mistudio.layers;
+    let nodes = view.nodes, links = view.links;
+    if (state.subgraph && state.pinned.length) {
+      const keep = new Set(state.pinned);
+      nodes = nodes.filter((node) => keep.has(node.node_id));
+      links = links.filter((link) => keep.has(link.source) && keep.has(link.target));
+    }
+    const positions = view.metadata.prompt_tokens.length;
+    const rows = layers + 2;
+    const cells = new Map();
+    for (const node of nodes) {
+      const key = `${rowOf(node, layers)}:${node.ctx_idx}`;
+      if (!cells.has(key)) cells.set(key, []);
+      cells.get(key).push(node);
+    }
+    const widest = Math.max(1, ...[...cells.values()].map((cell) => cell.length));
+    const columnWidth = Math.max(70, Math.min(220, 18 * widest + 20));
+    const rowHeight = 90, left = 10, top = 20;
+    const width = left * 2 + columnWidth * positions, height = top * 2 + rowHeight * rows + 30;
+    svg.replaceChildren();
+    svg.setAttribute("viewBox", `0 0 ${width} ${height}`);
+    svg.setAttribute("width", width);
+    svg.setAttribute("height", height);
+    const place = new Map();
+    for (const [key, cell] of cells) {
+      const [row, column] = key.split(":").map(Number);
+      cell.sort((a, b) => (b.influence || 0) - (a.influence || 0));
+      cell.forEach((node, index) => {
+        const spread = Math.min(16, (columnWidth - 20) / Math.max(1, cell.length));
+        const x = left + column * columnWidth + columnWidth / 2 + (index - (cell.length - 1) / 2) * spread;
+        const y = top + (rows - 1 - row) * rowHeight + rowHeight / 2;
+        place.set(node.node_id, { x, y, node });
+      });
+    }
+    // Row labels and the prompt's tokens under their columns.
+    for (let row = 0; row < rows; row++) {
+      const label = row === 0 ? "emb" : row === rows - 1 ? "logit" : `L${row - 1}`;
+      element("text", { x: 2, y: top + (rows - 1 - row) * rowHeight + 12, class: "row-label" }, svg).textContent = label;
+    }
+    view.metadata.prompt_tokens.forEach((token, column) => {
+      const text = element("text", { x: left + column * columnWidth + columnWidth / 2, y: height - 8, class: "token-label", "text-anchor": "middle" }, svg);
+      text.textContent = token.length > 12 ? token.slice(0, 11) + "…" : token;
+    });
+    const heaviest = Math.max(1e-9, ...links.map((link) => Math.abs(link.weight)));
+    const edges = element("g", { class: "edges" }, svg);
+    for (const link of links) {
+      const from = place.get(link.source), to = place.get(link.target);
+      if (!from || !to) continue;
+      const strength = Math.abs(link.weight) / heaviest;
+      element("line", {
+        x1: from.x, y1: from.y, x2: to.x, y2: to.y, class: `edge ${link.weight >= 0 ? "pos" : "neg"}`,
+        "stroke-width": (0.4 + 4 * strength).toFixed(2), "stroke-opacity": (0.15 + 0.7 * strength).toFixed(2),
+        "data-source": link.source, "data-target": link.target,
+      }, edges);
+    }
+    const pinned = new Set(state.pinned);
+    const grouped = new Map();
+    state.supernodes.forEach(([name, ...ids]) => ids.forEach((id) => grouped.set(id, name)));
+    const group = element("g", { class: "nodes" }, svg);
+    for (const { x, y, node } of place.values()) {
+      const shape = isFeature(node) ? "circle" : "rect";
+      const classes = ["node", node.feature_type.replace(/ /g, "-")];
+      if (pinned.has(node.node_id)) classes.push("pinned");
+      if (grouped.has(node.node_id)) classes.push("grouped");
+      if (state.selected === node.node_id) classes.push("selected");
+      const attributes = shape === "circle" ? { cx: x, cy: y, r: 6 } : { x: x - 6, y: y - 6, width: 12, height: 12, rx: 2 };
+      const mark = element(shape, { ...attributes, class: classes.join(" "), tabindex: 0, "data-node-id": node.node_id, role: "button", "aria-label": describe(node) }, group);
+      mark.addEventListener("mouseenter", () => tooltip(node, x, y));
+      mark.addEventListener("mouseleave", () => ($("graph-tooltip").hidden = true));
+      mark.addEventListener("focus", () => tooltip(node, x, y));
+      mark.addEventListener("click", () => select(node));
+      mark.addEventListener("keydown", (event) => { if (event.key === "Enter") select(node); });
+    }
+    $("graph-counts").textContent = `${nodes.length} nodes, ${links.length} edges shown`;
+  }
+
+  function describe(node) {
+    if (isFeature(node)) {
+      const name = state.view.mistudio.features[featureKey(node)];
+      const text = node.clerp || (name && (name.label || name.explanation)) || "";
+      return `Layer ${node.layer} feature ${featureIndex(node)} at position ${node.ctx_idx}${text ? `: ${text}` : ""}`;
+    }
+    if (node.feature_type === "embedding") return `Token “${state.view.metadata.prompt_tokens[node.ctx_idx]}” at position ${node.ctx_idx}`;
+    if (node.feature_type === "logit") return node.clerp;
+    return `Error of layer ${node.layer} at position ${node.ctx_idx}`;
+  }
+
+  function tooltip(node, x, y) {
+    const tip = $("graph-tooltip");
+    tip.textContent = describe(node) + (node.activation != null ? ` · activation ${number(node.activation)}` : "");
+    const box = svg.getBoundingClientRect(), scale = box.width / Number(svg.getAttribute("width"));
+    tip.style.left = `${x * scale + 12}px`;
+    tip.style.top = `${y * scale + 12}px`;
+    tip.hidden = false;
+  }
+
+  function select(node) {
+    state.selected = node.node_id;
+    const card = $("node-card");
+    card.hidden = false;
+    card.dataset.nodeId = node.node_id;
+    $("node-title").textContent = isFeature(node) ? `Layer ${node.layer} · feature ${featureIndex(node)} · position ${node.ctx_idx}` : describe(node);
+    const name = isFeature(node) ? state.view.mistudio.features[featureKey(node)] : null;
+    $("node-label").textContent = name ? [name.label, name.explanation && name.explanation !== name.label ? `explanation: ${name.explanation}${name.score != null ? ` (score ${number(name.score)})` : ""}` : ""].filter(Boolean).join(" · ") : "";
+    $("node-facts").textContent = [node.activation != null ? `activation ${number(node.activation)}` : "", node.influence != null ? `cumulative influence ${number(node.influence)}` : "", node.token_prob ? `p ${number(node.token_prob)}` : ""].filter(Boolean).join(" · ");
+    const dashboard = $("node-dashboard");
+    dashboard.hidden = !(name && name.sae_id);
+    if (name && name.sae_id) dashboard.href = `/saes/${encodeURIComponent(name.sae_id)}/features/${featureIndex(node)}/`;
+    const pin = $("pin-node");
+    if (pin) pin.textContent = state.pinned.includes(node.node_id) ? "Unpin" : "Pin";
+    $("intervene-row").hidden = !isFeature(node);
+    draw();
+  }
+
+  function lists() {
+    const nodesById = new Map((state.view ? state.view.nodes : []).map((node) => [node.node_id, node]));
+    const pinnedList = $("pinned-list");
+    pinnedList.replaceChildren(...state.pinned.map((id) => {
+      const item = document.createElement("li");
+      item.dataset.nodeId = id;
+      item.textContent = nodesById.has(id) ? describe(nodesById.get(id)) : id;
+      return item;
+    }));
+    $("supernode-list").replaceChildren(...state.supernodes.map(([name, ...ids]) => {
+      const item = document.createElement("li");
+      item.dataset.supernode = name;
+      item.textContent = `${name}: ${ids.length} node${ids.length === 1 ? "" : "s"}`;
+      return item;
+    }));
+    $("intervene-pinned").hidden = !state.pinned.some((id) => nodesById.has(id) && isFeature(nodesById.get(id)));
+  }
+
+  async function load() {
+    const ticket = ++state.ticket;
+    const query = new URLSearchParams({ node_threshold: $("node-threshold").value, edge_threshold: $("edge-threshold").value });
+    try {
+      const view = await mi.api("GET", `graphs/${encodeURIComponent(graphId)}/nodes?${query}`);
+      if (ticket !== state.ticket) return;
+      state.view = view;
+      state.pinned = view.qParams.pinnedIds;
+      state.supernodes = view.qParams.supernodes;
+      draw();
+      lists();
+      explorer.dataset.loaded = "1";
+    } catch (error) {
+      mi.toast(error.message, "error");
+    }
+  }
+
+  async function save(changes) {
+    if (!canChange) return;
+    try {
+      const graph = await mi.api("PATCH", `graphs/${encodeURIComponent(graphId)}`, changes);
+      state.pinned = graph.pinned;
+      state.supernodes = graph.supernodes;
+      lists();
+      draw();
+    } catch (error) {
+      mi.toast(error.message, "error");
+    }
+  }
+
+  async function intervene(items, what) {
+    const section = $("intervention-section");
+    section.hidden = false;
+    $("intervention-what").textContent = `${what}: running the replacement model…`;
+    try {
+      const answer = await mi.api("POST", `graphs/${encodeURIComponent(graphId)}/intervene`, { interventions: items, top: 10 });
+      $("intervention-what").textContent = what;
+      const body = $("intervention-result").querySelector("tbody");
+      body.replaceChildren(...answer.before.map((before, index) => {
+        const after = answer.after[index];
+        const row = document.createElement("tr");
+        for (const text of [before.token, number(before.probability), after.token, number(after.probability)]) {
+          const cell = document.createElement("td");
+          cell.textContent = text;
+          row.append(cell);
+        }
+        row.children[1].className = row.children[3].className = "num mono";
+        return row;
+      }));
+      section.dataset.done = "1";
+    } catch (error) {
+      $("intervention-what").textContent = `${what}: ${error.message}`;
+    }
+  }
+
+  function selectedNode() {
+    return state.view && state.view.nodes.find((node) => node.node_id === state.selected);
+  }
+
+  function start() {
+    if (started) return;
+    started = true;
+    explorer.hidden = false;
+    for (const [slider, output] of [["node-threshold", "node-threshold-value"], ["edge-threshold", "edge-threshold-value"]]) {
+      $(slider).addEventListener("input", () => {
+        $(output).textContent = $(slider).value;
+        clearTimeout(reloadTimer);
+        reloadTimer = setTimeout(load, 200);
+        clearTimeout(saveTimer);
+        saveTimer = setTimeout(() => save({ node_threshold: Number($("node-threshold").value), edge_threshold: Number($("edge-threshold").value) }), 800);
+      });
+    }
+    $("subgraph-toggle").addEventListener("change", (event) => { state.subgraph = event.target.checked; draw(); });
+    $("pin-node")?.addEventListener("click", () => {
+      const id = state.selected;
+      if (!id) return;
+      const pinned = state.pinned.includes(id) ? state.pinned.filter((other) => other !== id) : [...state.pinned, id];
+      $("pin-node").textContent = pinned.includes(id) ? "Unpin" : "Pin";
+      save({ pinned });
+    });
+    $("group-supernode")?.addEventListener("click", () => {
+      const name = $("supernode-name").value.trim();
+      const byId = new Map(state.view.nodes.map((node) => [node.node_id, node]));
+      const features = state.pinned.filter((id) => byId.has(id) && isFeature(byId.get(id)));
+      if (!name || !features.length) return mi.toast("Pin features and name the group first.", "error");
+      save({ supernodes: [...state.supernodes, [name, ...features]] });
+      $("supernode-name").value = "";
+    });
+    const featureOf = (node, value) => ({ layer: Number(node.layer), position: node.ctx_idx, feature: featureIndex(node), value });
+    $("intervene-set").addEventListener("click", () => {
+      const node = selectedNode();
+      const value = Number($("intervene-value").value);
+      if (node) intervene([featureOf(node, value)], `Layer ${node.layer} feature ${featureIndex(node)} at ${node.ctx_idx} set to ${value}`);
+    });
+    $("intervene-ablate").addEventListener("click", () => {
+      const node = selectedNode();
+      if (node) intervene([featureOf(node, 0)], `Layer ${node.layer} feature ${featureIndex(node)} at ${node.ctx_idx} ablated`);
+    });
+    $("intervene-pinned").addEventListener("click", () => {
+      const nodes = state.view.nodes.filter((node) => state.pinned.includes(node.node_id) && isFeature(node));
+      intervene(nodes.map((node) => featureOf(node, 0)), `${nodes.length} pinned feature${nodes.length === 1 ? "" : "s"} ablated`);
+    });
+    load();
+  }
+
+  function maybeStart() {
+    const status = document.querySelector("#graph-status[data-status]");
+    if (status && status.dataset.status === "completed") start();
+  }
+  document.addEventListener("mistudio:content", maybeStart);
+  maybeStart();
+})();

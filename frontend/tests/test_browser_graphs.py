@@ -1,0 +1,98 @@
+"""Circuits in one browser tab, against a live Daphne and a real worker holding the model: attribute
+a prompt through one transcoder per layer (the form), watch the job end and the graph appear
+without a reload, pin a path (a feature and a logit it reaches), group the pinned feature into a
+named supernode, show the pinned subgraph, prune live, intervene on the feature (the worker answers
+with the new top logits) and export the graph's JSON. Saves the "graph" screenshot."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from django.contrib.auth import get_user_model
+from playwright.sync_api import expect
+
+from circuits.models import AttributionGraph
+from circuits.tests.conftest import transcoder_rows
+from frontend.tests.browser import LIVE_TIMEOUT_MS, USERNAME, screenshot
+from models_app.models import LanguageModel
+from models_app.tests.live_stack import register_and_load
+
+pytestmark = pytest.mark.slow
+
+
+def test_attribute_pin_a_path_group_a_supernode_intervene_and_export(page, site, tiny_gpt2_folder):
+    user = get_user_model().objects.get(username=USERNAME)
+    name = register_and_load(tiny_gpt2_folder, name="browser-circuits")
+    model = LanguageModel.objects.get(name=name)
+    transcoders = transcoder_rows(model, tiny_gpt2_folder, user)
+
+    # The form: the model, its transcoders (layer 0 first), a prompt.
+    page.goto(site.url("/graphs/"))
+    page.select_option("#graph-model", model.id)
+    page.select_option("#graph-group", "")
+    page.fill("#graph-transcoders", " ".join(sae.id for sae in transcoders))
+    page.fill("#graph-prompt", "The cat sat on the mat because it was warm")
+    page.fill("#graph-name", "cats")
+    page.click("#graph-start")
+    page.wait_for_url(re.compile(r"/graphs/ag_\w+/$"))
+    page.evaluate("window.__marker = 1")  # gone if anything reloads the page
+    expect(page.locator('[data-testid="graph-status"]')).to_have_text("completed", timeout=LIVE_TIMEOUT_MS)
+    expect(page.locator("#graph-explorer")).to_have_attribute("data-loaded", "1", timeout=LIVE_TIMEOUT_MS)
+    assert page.evaluate("window.__marker") == 1
+    graph = AttributionGraph.objects.get()
+    assert graph.owner == user and graph.status == "completed"
+    nodes = page.locator("#graph-svg .node")
+    assert nodes.count() > 5
+
+    # Pin a path: a feature, then a logit it reaches.
+    graph_json = page.evaluate(f"fetch('/api/graphs/{graph.id}/nodes').then(r => r.json())")
+    kinds = {node["node_id"]: node["feature_type"] for node in graph_json["nodes"]}
+    logit, feature = next(
+        (link["target"], link["source"])
+        for link in graph_json["links"]
+        if kinds[link["target"]] == "logit" and kinds[link["source"]] == "cross layer transcoder"
+    )
+    page.locator(f'#graph-svg [data-node-id="{feature}"]').click()
+    expect(page.locator("#node-card")).to_be_visible()
+    expect(page.locator("#node-title")).to_contain_text("feature")
+    page.click("#pin-node")
+    expect(page.locator(f'#pinned-list li[data-node-id="{feature}"]')).to_have_count(1)
+    page.locator(f'#graph-svg [data-node-id="{logit}"]').click()
+    page.click("#pin-node")
+    expect(page.locator("#pinned-list li")).to_have_count(2)
+
+    # Group the pinned feature into a supernode, then show the pinned subgraph.
+    page.fill("#supernode-name", "cat detector")
+    page.click("#group-supernode")
+    expect(page.locator('#supernode-list li[data-supernode="cat detector"]')).to_have_count(1)
+    graph.refresh_from_db()
+    assert graph.pinned == [feature, logit]
+    assert graph.supernodes == [["cat detector", feature]]
+    page.check("#subgraph-toggle")
+    expect(nodes).to_have_count(2)
+    page.uncheck("#subgraph-toggle")
+
+    # Prune live: a lower node threshold keeps fewer nodes.
+    shown = nodes.count()
+    page.locator("#node-threshold").fill("0.3")
+    expect(page.locator("#node-threshold-value")).to_have_text("0.3")
+    page.wait_for_function(f"document.querySelectorAll('#graph-svg .node').length < {shown}")
+
+    # Intervene: ablate the feature; the worker answers with the new top logits.
+    page.locator("#node-threshold").fill("0.8")
+    page.wait_for_function(f"document.querySelectorAll('#graph-svg .node').length >= {shown}")
+    page.locator(f'#graph-svg [data-node-id="{feature}"]').click()
+    page.click("#intervene-ablate")
+    expect(page.locator("#intervention-section")).to_have_attribute("data-done", "1", timeout=LIVE_TIMEOUT_MS)
+    expect(page.locator("#intervention-result tbody tr")).to_have_count(10)
+    screenshot(page, "graph")
+
+    # Export: the graph JSON that Neuronpedia's viewer loads, with the pins and the supernode.
+    with page.expect_download() as download:
+        page.click("#export-graph")
+    exported = json.loads(Path(download.value.path()).read_text())
+    assert exported["metadata"]["slug"] == graph.id
+    assert exported["qParams"]["pinnedIds"] == [feature, logit]
+    assert exported["qParams"]["supernodes"] == [["cat detector", feature]]
+    assert {node["node_id"] for node in exported["nodes"]} >= {feature, logit}
