@@ -22,13 +22,12 @@ from django.views.decorators.http import require_http_methods
 from rest_framework.exceptions import ValidationError
 
 from circuits import selectors, services
-from circuits.apis import GraphListApi, graph_transcoders
+from circuits.apis import graph_from_body
 from circuits.models import AttributionGraph
 from circuits.serializers import graph_state
 from frontend.access import reader_required, writer_refusal
 from frontend.views.features import validation_message
 from frontend.views.job_pages import cancel_form
-from generation.services import generation_model
 from mistudio.access import may_change
 from mistudio.errors import ApplicationError
 from models_app.models import LanguageModel
@@ -83,14 +82,7 @@ def graph_list_page(request):
     if post.get("max_feature_nodes", "").strip():
         body["max_feature_nodes"] = post["max_feature_nodes"]
     try:
-        data = GraphListApi.InputSerializer(data=body)
-        data.is_valid(raise_exception=True)
-        values = dict(data.validated_data)
-        model = generation_model(user=request.user, model_ref=values.pop("model_id"))
-        values["transcoders"] = graph_transcoders(
-            request.user, values.pop("transcoder_ids", None), values.pop("sae_group_id", None)
-        )
-        graph = services.graph_request(owner=request.user, model=model, **values)
+        graph = graph_from_body(request.user, body)
     except ValidationError as error:
         context["form_error"] = validation_message(error)
         return render(request, "frontend/graphs.html", context, status=400)
