@@ -162,6 +162,30 @@ class SaeImportApi(APIView):
         return Response(sae_body(sae, request), status=answer)
 
 
+class TranscoderSetImportApi(APIView):
+    """Import a circuit-tracer transcoder set (``layer_{i}.safetensors`` per layer, and optionally its
+    ``config.yaml``) from a folder under LOCAL_MODEL_ROOTS as one transcoder per layer of the model:
+    202 with the queued rows (a worker reads each file), or 200 with your earlier import of them."""
+
+    permission_classes = [CanWrite]
+
+    class InputSerializer(StrictSerializer):
+        local_path = serializers.CharField(max_length=4096)
+        model_id = serializers.CharField(max_length=64)
+        name = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")
+        shared = serializers.BooleanField(default=False)
+
+    @extend_schema(request=InputSerializer, responses={202: dict, 200: dict})
+    def post(self, request):
+        data = self.InputSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        values = dict(data.validated_data)
+        model = model_get(user=request.user, model_id=values.pop("model_id"))
+        saes, created = services.transcoder_set_import(owner=request.user, model=model, **values)
+        answer = status.HTTP_202_ACCEPTED if created else status.HTTP_200_OK
+        return Response({"saes": [sae_body(sae, request) for sae in saes]}, status=answer)
+
+
 class SaeExportApi(APIView):
     """The SAE as a tar of its SAELens folder (``cfg.json``, ``sae_weights.safetensors``, …)."""
 

@@ -61,6 +61,7 @@ class SparseAutoencoder(TrainingProgress, JobRow):
         TRAINED = "trained"
         SAELENS = "saelens", "a SAELens folder"
         GEMMA_SCOPE = "gemma_scope", "a Gemma Scope params.npz"
+        CIRCUIT_TRACER = "circuit_tracer", "a circuit-tracer transcoder file"
 
     id = models.CharField(primary_key=True, max_length=64, default=new_sae_id, editable=False)
     name = models.CharField(max_length=500, blank=True)

@@ -20,7 +20,7 @@ from engine import budgets
 from engine.errors import EngineError
 from engine.hooks import MAX_HOOK_NAME_LENGTH, is_hook_name
 from engine.inspection import confined_folder_entries
-from engine.inspection.sae_folders import SaeFiles, inspect_sae_folder
+from engine.inspection.sae_folders import SaeFiles, inspect_circuit_tracer_folder, inspect_sae_folder
 from engine.sae import default_dead_after_steps, default_expansion, default_k, default_total_tokens
 from engine.sae.training import DEFAULT_EXPANSION
 from engine.sae_architectures import K_SPARSE, REGISTRY
@@ -377,6 +377,61 @@ def sae_import(
     return sae, True
 
 
+def transcoder_set_import(
+    *, owner, local_path: str, model: LanguageModel, name: str = "", shared: bool = False
+) -> tuple[list[SparseAutoencoder], bool]:
+    """Import a circuit-tracer transcoder set (``layer_{i}.safetensors`` per layer, and optionally
+    its ``config.yaml``) from a folder under ``LOCAL_MODEL_ROOTS`` as one transcoder row per layer
+    of ``model``, each reading ``blocks.{i}.ln2.hook_normalized`` and writing
+    ``blocks.{i}.hook_mlp_out`` (what an attribution graph takes). Headers only here, checked as
+    :func:`sae_import` checks a folder; a worker reads each file. Returns the rows (layer 0 first)
+    and whether they are new: the owner's earlier import of the same files is reused."""
+    check_label_text(name, field="name")
+    folder = path_inside_roots(local_path, settings.LOCAL_MODEL_ROOTS, setting="LOCAL_MODEL_ROOTS")
+    if not folder.is_dir():
+        raise ApplicationError("INVALID_LOCAL_PATH", "The local path is not a folder.")
+    layers = sae_folder_files(folder, "circuit_tracer")
+    if len(layers) != (model.num_layers or 0):
+        raise ApplicationError(
+            "INVALID_TRANSCODERS",
+            f"The folder has {len(layers)} transcoders and {model.name} has {model.num_layers} layers.",
+        )
+    for files in layers:
+        check_sae_size(files.d_in, files.d_sae)
+        check_hook_width(model, f"blocks.{files.layer}.ln2.hook_normalized", files.d_in)
+        check_hook_width(model, f"blocks.{files.layer}.hook_mlp_out", files.d_out)
+    owner = owner if getattr(owner, "is_authenticated", False) else None
+    digests = [files_digest(files.files) for files in layers]
+    earlier = [
+        SparseAutoencoder.objects.filter(
+            owner=owner, content_hash=digest, model=model, source=SparseAutoencoder.Source.CIRCUIT_TRACER,
+            hook_name=f"blocks.{files.layer}.ln2.hook_normalized",
+            status__in=[*SparseAutoencoder.ACTIVE, SparseAutoencoder.Status.COMPLETED],
+        ).first()
+        for files, digest in zip(layers, digests, strict=True)
+    ]  # fmt: skip
+    if all(earlier):
+        return earlier, False
+    rows = []
+    with transaction.atomic():
+        jobs.job_admit(owner=owner)
+        for files, digest in zip(layers, digests, strict=True):
+            estimate = memory_budget_check(
+                budgets.sae_import(tensor_bytes=files.tensor_bytes), what="this import"
+            )
+            sae = SparseAutoencoder.objects.create(
+                name=f"{name or folder.name} · layer {files.layer}",
+                source=SparseAutoencoder.Source.CIRCUIT_TRACER, model=model,
+                model_name=model.display_identifier, hook_name=f"blocks.{files.layer}.ln2.hook_normalized",
+                hook_name_out=f"blocks.{files.layer}.hook_mlp_out", architecture=files.architecture,
+                d_in=files.d_in, d_sae=files.d_sae, d_out=files.d_out, import_path=str(files.files[0]),
+                content_hash=digest, memory_estimate_bytes=estimate, owner=owner, shared=shared,
+            )  # fmt: skip
+            jobs.job_submit(sae, queue=shared_queue())
+            rows.append(sae)
+    return rows, True
+
+
 def source_of(files: SaeFiles) -> str:
     if files.format == "gemma_scope":
         return SparseAutoencoder.Source.GEMMA_SCOPE
@@ -394,9 +449,10 @@ PRIVATE_DIRECTORIES = (
 )
 
 
-def sae_folder_files(folder: Path, format: str) -> SaeFiles:
+def sae_folder_files(folder: Path, format: str) -> Any:
     """The SAE files of ``folder`` from their headers, each resolved (links followed) inside
-    ``LOCAL_MODEL_ROOTS`` and outside miStudio's own data (400 ``UNSAFE_PATH`` / ``INVALID_SAE``)."""
+    ``LOCAL_MODEL_ROOTS`` and outside miStudio's own data (400 ``UNSAFE_PATH`` / ``INVALID_SAE``):
+    a :class:`SaeFiles`, or for ``circuit_tracer`` one per layer."""
     try:
         entries = confined_folder_entries(folder, settings.LOCAL_MODEL_ROOTS)
         private = [Path(getattr(settings, name)).resolve() for name in PRIVATE_DIRECTORIES]
@@ -405,6 +461,8 @@ def sae_folder_files(folder: Path, format: str) -> SaeFiles:
                 raise ApplicationError(
                     "UNSAFE_PATH", f"{entry!r} links into miStudio's own data.", details={"file": entry}
                 )
+        if format == "circuit_tracer":
+            return inspect_circuit_tracer_folder(entries)
         return inspect_sae_folder(entries, format)
     except EngineError as error:
         raise ApplicationError(error.code, error.message, details=error.details) from None

@@ -20,7 +20,13 @@ from engine.prefetch import prefetched
 from engine.registry import LOADED_MODELS
 from engine.sae import TrainingCheckpoint, shuffled_batches, train
 from engine.sae.evaluation import ce_loss_recovered, evaluate_activations, log_feature_density
-from engine.sae.formats import load_gemma_scope, load_saelens, save_circuit_tracer, save_saelens
+from engine.sae.formats import (
+    load_circuit_tracer_layer,
+    load_gemma_scope,
+    load_saelens,
+    save_circuit_tracer,
+    save_saelens,
+)
 from engine.sae_architectures import REGISTRY
 from mistudio.errors import ApplicationError
 from mistudio.events import ProgressThrottle
@@ -225,17 +231,27 @@ def run_sae_import(sae: SparseAutoencoder, job: JobContext) -> None:
     """Read an imported SAE's arrays (its folder checked again: it may have changed since the
     request), refuse non-finite weights, and store it as a SAELens folder."""
     job_publish(sae, "started", sae.mark_running(host_worker=job.worker.name))
-    folder = Path(sae.import_path)
-    files = sae_folder_files(folder, "gemma_scope" if sae.source == sae.Source.GEMMA_SCOPE else "saelens")
-    if (files.d_in, files.d_sae) != (sae.d_in, sae.d_sae):
-        raise ApplicationError("INVALID_SAE", "The folder changed since the import was requested.")
-    # Read through the folder whose entries were just checked to resolve inside the roots.
-    module = load_gemma_scope(folder) if files.format == "gemma_scope" else load_saelens(folder)[0]
+    if sae.source == sae.Source.CIRCUIT_TRACER:  # one layer's file of a transcoder set
+        path = Path(sae.import_path)
+        folder = path.parent
+        layers = {files.files[0].name: files for files in sae_folder_files(folder, "circuit_tracer")}
+        files = layers.get(path.name)
+        if files is None or (files.d_in, files.d_sae) != (sae.d_in, sae.d_sae):
+            raise ApplicationError("INVALID_SAE", "The folder changed since the import was requested.")
+        module = load_circuit_tracer_layer(files.files[0])
+    else:
+        folder = Path(sae.import_path)
+        files = sae_folder_files(folder, "gemma_scope" if sae.source == sae.Source.GEMMA_SCOPE else "saelens")
+        if (files.d_in, files.d_sae) != (sae.d_in, sae.d_sae):
+            raise ApplicationError("INVALID_SAE", "The folder changed since the import was requested.")
+        # Read through the folder whose entries were just checked to resolve inside the roots.
+        module = load_gemma_scope(folder) if files.format == "gemma_scope" else load_saelens(folder)[0]
     job.check_cancel()
     save_saelens(
         module, sae.directory, hook_name=sae.hook_name, model_name=sae.model_name,
-        metadata={"mistudio_sae_id": sae.id},
+        metadata={"mistudio_sae_id": sae.id}, hook_name_out=sae.hook_name_out or None,
     )  # fmt: skip
+    save_circuit_tracer_file(sae, module)
     size = folder_size(sae.directory)
     job_publish(
         sae, "completed", sae.mark_completed(evaluation={}, file_size_bytes=size, scaling_factor=None)
@@ -322,10 +338,16 @@ def save_files(sae: SparseAutoencoder, module, feature_density, *, prepend_bos: 
         log_feature_density=log_feature_density(feature_density),
         hook_name_out=sae.hook_name_out or None,
     )
+    save_circuit_tracer_file(sae, module)
+    shutil.rmtree(sae.checkpoint_directory, ignore_errors=True)
+
+
+def save_circuit_tracer_file(sae: SparseAutoencoder, module) -> None:
+    """A transcoder's file in circuit-tracer's layout beside its SAELens folder (exported with it),
+    for the architectures circuit-tracer reads."""
     layer = re.match(r"blocks\.(\d+)\.", sae.hook_name_out or "")
     if layer is not None and REGISTRY[sae.architecture].saved_as in ("standard", "jumprelu"):
         save_circuit_tracer(module, sae.directory / CIRCUIT_TRACER_FOLDER, layer=int(layer[1]))
-    shutil.rmtree(sae.checkpoint_directory, ignore_errors=True)
 
 
 @job_task(SaeEvaluation, timeout=6 * 3600)

@@ -46,13 +46,15 @@ class _Family:
     token_embedding: str
     # "layer" (mean-centred, with a bias) or "rms"
     norm_kind: str
+    # A projection whose output is queries, keys and values side by side (GPT-2's Conv1D c_attn).
+    fused_qkv: str | None = None
 
 
 _LLAMA = _Family(
     "layers", ("input_layernorm", "post_attention_layernorm"), "norm", "mlp", "embed_tokens", "rms"
 )
 _FAMILIES = {
-    "gpt2": _Family("h", ("ln_1", "ln_2"), "ln_f", "mlp", "wte", "layer"),
+    "gpt2": _Family("h", ("ln_1", "ln_2"), "ln_f", "mlp", "wte", "layer", fused_qkv="attn.c_attn"),
     "llama": _LLAMA,
     "mistral": _LLAMA,
     "qwen2": _LLAMA,
@@ -69,6 +71,7 @@ class ModelParts:
     mlps: tuple[str, ...]
     token_embedding: str
     norm_kind: str
+    fused_qkv: tuple[str, ...] = ()
 
 
 def model_parts(model: Any) -> ModelParts:
@@ -93,6 +96,9 @@ def model_parts(model: Any) -> ModelParts:
         mlps=tuple(f"{blocks}.{i}.{parts.mlp}" for i in range(n_layers)),
         token_embedding=".".join(p for p in (base, parts.token_embedding) if p),
         norm_kind=parts.norm_kind,
+        fused_qkv=tuple(f"{blocks}.{i}.{parts.fused_qkv}" for i in range(n_layers))
+        if parts.fused_qkv
+        else (),
     )
 
 
@@ -175,6 +181,9 @@ class FrozenRun:
         sites.update({f"{path}:in": HookSite(path, READ_INPUT) for path in parts.mlps})
         sites.update({f"{path}:out": HookSite(path, READ_OUTPUT) for path in parts.mlps})
         sites[f"{parts.token_embedding}:out"] = HookSite(parts.token_embedding, READ_OUTPUT)
+        sites.update({f"{path}:in": HookSite(path, READ_INPUT) for path in parts.fused_qkv})
+        sites.update({f"{path}:out": HookSite(path, READ_OUTPUT) for path in parts.fused_qkv})
+        fused = set(parts.fused_qkv)
         inputs: dict[str, Any] = {}
 
         def visit(name: str, tensor: Any) -> Any:
@@ -186,6 +195,8 @@ class FrozenRun:
                 return None if embedding is None else embedding(tensor)
             if path in mlp_layer:
                 return mlp(mlp_layer[path], inputs.pop(path), tensor)
+            if path in fused:
+                return self._values_only(path, inputs.pop(path), tensor)
             normalised = self._frozen_norm(path, inputs.pop(path))
             if path == parts.final_norm and final is not None:
                 final(normalised)
@@ -214,6 +225,21 @@ class FrozenRun:
             runner, input_ids=input_ids, attention_mask=torch.ones_like(input_ids), use_cache=False
         )
         self.recording = False
+
+    def _values_only(self, path: str, x: Any, qkv: Any) -> Any:
+        """A fused projection's output with gradients through the values only: the queries and
+        keys meet only the frozen pattern, so their gradient is zero, and without this the backward
+        pass would multiply by the whole [d, 3d] weight (three times the work)."""
+        import torch
+
+        if not qkv.requires_grad:
+            return None
+        module = self.model.get_submodule(path)
+        width = qkv.shape[-1] // 3
+        values = torch.addmm(
+            module.bias[2 * width :], x.reshape(-1, x.shape[-1]), module.weight[:, 2 * width :]
+        )
+        return torch.cat([qkv[..., : 2 * width].detach(), values.view(*x.shape[:-1], width)], -1)
 
     def _frozen_norm(self, path: str, x: Any) -> Any:
         import torch

@@ -37,8 +37,6 @@ __all__ = ["AttributionConfig", "Transcoders", "attribute", "attribution_tokens"
 
 # One transcoder per layer, layer 0 first: each reads the MLP's input and predicts its output.
 Transcoders = Sequence[Any]
-# Elements of [batch, features, width] built at once when contracting gradients with decoders.
-_CONTRACTION_ELEMENTS = 1 << 24
 
 
 @dataclass(frozen=True)
@@ -217,6 +215,43 @@ def _record(run: FrozenRun, transcoders: Transcoders, ids: Any) -> _Prompt:
     )
 
 
+class _SourcesByPosition:
+    """One layer's source vectors (its active features' activation-scaled decoder rows, then its
+    error) laid out by position, [positions, most features at a position + 1, d], zero-padded, so
+    that one batched matrix product contracts a batch's gradients with all of them: no gathered
+    [batch, features, d] copy of the gradients."""
+
+    def __init__(self, prompt: _Prompt, layer: int, start: int, end: int, n_positions: int) -> None:
+        import torch
+
+        positions = prompt.active[start:end, 1]
+        counts = torch.bincount(positions, minlength=n_positions)
+        first = torch.cumsum(counts, 0) - counts
+        ranks = torch.arange(end - start, device=positions.device) - first[positions]
+        self.width = int(counts.max()) if end > start else 0
+        decoders = prompt.decoders[start:end].float()
+        vectors = torch.zeros(n_positions, self.width + 1, decoders.shape[-1], device=decoders.device)
+        vectors[positions, ranks] = decoders
+        vectors[:, self.width] = prompt.errors[layer].float()
+        self.vectors = vectors.transpose(1, 2)  # [positions, d, width + 1]
+        self.flat = positions * self.width + ranks
+        self.start, self.end = start, end
+
+    def contract(self, gradient: Any, result: Any, *, error_offset: int) -> None:
+        """Write each source's direct effect on each target (``gradient`` [targets, positions, d])
+        into ``result``: the features' columns and the layer's error columns."""
+        import torch
+
+        products = torch.bmm(
+            gradient.float().transpose(0, 1), self.vectors
+        )  # [positions, targets, width + 1]
+        n_positions = products.shape[0]
+        result[:, error_offset : error_offset + n_positions] = products[:, :, self.width].T
+        if self.end > self.start:
+            features = products[:, :, : self.width].permute(1, 0, 2).reshape(len(gradient), -1)
+            result[:, self.start : self.end] = features[:, self.flat]
+
+
 class _GradientGraph:
     """The batched pass with gradients, and the backward passes that give adjacency rows."""
 
@@ -248,13 +283,13 @@ class _GradientGraph:
         n_positions = prompt.ids.shape[1]
         self.n_positions = n_positions
         layers = prompt.active[:, 0].contiguous()
-        self.layer_slices = [
-            (int(start), int(end))
-            for start, end in zip(
-                torch.searchsorted(layers, torch.arange(len(transcoders), device=layers.device)),
-                torch.searchsorted(layers, torch.arange(len(transcoders), device=layers.device), right=True),
-                strict=True,
-            )
+        bounds = torch.arange(len(transcoders), device=layers.device)
+        starts = torch.searchsorted(layers, bounds).tolist()
+        ends = torch.searchsorted(layers, bounds, right=True).tolist()
+        self.layer_slices = list(zip(starts, ends, strict=True))
+        self.sources_by_position = [
+            _SourcesByPosition(prompt, layer, start, end, n_positions)
+            for layer, (start, end) in enumerate(self.layer_slices)
         ]
         self.n_sources = len(prompt.active) + (len(transcoders) + 1) * n_positions
 
@@ -283,21 +318,10 @@ class _GradientGraph:
         n_active = len(prompt.active)
         n_positions = self.n_positions
         for layer, gradient in enumerate(grads[1:]):
-            if gradient is None:
-                continue
-            gradient = gradient[:n].float()
-            start, end = self.layer_slices[layer]
-            step = max(1, _CONTRACTION_ELEMENTS // max(1, n * gradient.shape[-1]))
-            for chunk in range(start, end, step):
-                stop = min(end, chunk + step)
-                positions = prompt.active[chunk:stop, 1]
-                result[:, chunk:stop] = torch.einsum(
-                    "bkd,kd->bk", gradient[:, positions], prompt.decoders[chunk:stop].float()
+            if gradient is not None:
+                self.sources_by_position[layer].contract(
+                    gradient[:n], result, error_offset=n_active + layer * n_positions
                 )
-            offset = n_active + layer * n_positions
-            result[:, offset : offset + n_positions] = torch.einsum(
-                "bpd,pd->bp", gradient, prompt.errors[layer].float()
-            )
         if grads[0] is not None:
             offset = n_active + len(self.mlp_points) * n_positions
             result[:, offset:] = torch.einsum("bpd,pd->bp", grads[0][:n].float(), self.token_vectors.float())
@@ -332,53 +356,65 @@ def _edges(
         max_features = min(max_features, fitting)
     total_batches = -(-n_logits // batch_size) + -(-max_features // batch_size)
     done = 0
-    edge_rows = torch.zeros(max_features + n_logits, n_nodes)
+    capped = max_features < n_active
+    # Without a cap every row goes straight to its place in the square matrix (a node's row is its
+    # index); with one, the rows computed so far rank the features still to visit, and only the
+    # chosen features' columns are kept at the end.
+    matrix = torch.zeros(max_features + n_logits, n_nodes) if capped else torch.zeros(n_nodes, n_nodes)
     row_nodes = torch.zeros(max_features + n_logits, dtype=torch.long)
-    last = n_positions - 1
-    for start in range(0, n_logits, batch_size):
-        batch = logit_vectors[start : start + batch_size]
-        rows = graph.rows([(None, last, vector) for vector in batch])
-        edge_rows[start : start + len(batch), :logit_offset] = rows.cpu()
-        row_nodes[start : start + len(batch)] = torch.arange(start, start + len(batch)) + logit_offset
+    filled = 0
+
+    def store(nodes: Any, rows: Any) -> None:
+        nonlocal filled, done
+        where = slice(filled, filled + len(nodes)) if capped else nodes
+        matrix[where, :logit_offset] = rows.cpu()
+        row_nodes[filled : filled + len(nodes)] = nodes
+        filled += len(nodes)
         done += 1
         if progress:
             progress(done, total_batches)
-    filled = n_logits
+
+    last = n_positions - 1
+    for start in range(0, n_logits, batch_size):
+        batch = logit_vectors[start : start + batch_size]
+        store(
+            torch.arange(start, start + len(batch)) + logit_offset,
+            graph.rows([(None, last, v) for v in batch]),
+        )
     visited = torch.zeros(n_active, dtype=torch.bool)
-    n_visited = 0
     probabilities = logit_probabilities.float().cpu()
-    while n_visited < max_features:
-        if max_features == n_active:
+    while int(visited.sum()) < max_features:
+        if not capped:
             pending = torch.arange(n_active)
         else:
-            influence = partial_influences(edge_rows[:filled], probabilities, row_nodes[:filled])
+            influence = partial_influences(matrix[:filled], probabilities, row_nodes[:filled])
             ranking = torch.argsort(influence[:n_active], descending=True)
-            queue_size = min(config.update_interval * batch_size, max_features - n_visited)
+            queue_size = min(config.update_interval * batch_size, max_features - int(visited.sum()))
             pending = ranking[~visited[ranking]][:queue_size]
         for start in range(0, len(pending), batch_size):
             indices = pending[start : start + batch_size]
             device_indices = indices.to(prompt.active.device)
             layers = prompt.active[device_indices, 0].tolist()
             positions = prompt.active[device_indices, 1].tolist()
-            injections = list(zip(layers, positions, prompt.encoders[device_indices], strict=True))
-            rows = graph.rows(injections)
-            edge_rows[filled : filled + len(indices), :logit_offset] = rows.cpu()
-            row_nodes[filled : filled + len(indices)] = indices
+            store(
+                indices,
+                graph.rows(list(zip(layers, positions, prompt.encoders[device_indices], strict=True))),
+            )
             visited[indices] = True
-            filled += len(indices)
-            n_visited += len(indices)
-            done += 1
-            if progress:
-                progress(done, total_batches)
     del graph
     selected = torch.where(visited)[0]
-    if max_features < n_active:
-        edge_rows = edge_rows[:, torch.cat([selected, torch.arange(n_active, n_nodes)])]
-    edge_rows = edge_rows[row_nodes.argsort()]
-    n_final = edge_rows.shape[1]
-    adjacency = torch.zeros(n_final, n_final)
-    adjacency[:max_features] = edge_rows[:max_features]
-    adjacency[-n_logits:] = edge_rows[max_features:]
+    if not capped:
+        return matrix, selected
+    # Features in index order, then the errors, tokens and logits; rows where their nodes are.
+    columns = torch.cat([selected, torch.arange(n_active, n_nodes)])
+    rank = torch.full((n_active,), -1, dtype=torch.long)
+    rank[selected] = torch.arange(len(selected))
+    targets = torch.where(
+        row_nodes < n_active, rank[row_nodes.clamp(max=n_active - 1)], row_nodes - n_active + max_features
+    )
+    adjacency = torch.zeros(len(columns), len(columns))
+    for start in range(0, len(targets), 1024):  # the kept columns a block of rows at a time
+        adjacency[targets[start : start + 1024]] = matrix[start : start + 1024][:, columns]
     return adjacency, selected
 
 

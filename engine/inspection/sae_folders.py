@@ -4,6 +4,9 @@ knows the SAE's sizes and every tensor's declared size, and refuses a file that 
 * SAELens: ``cfg.json`` (at most ``MAX_CFG_BYTES``, nesting at most ``MAX_CFG_DEPTH``) and the
   safetensors header of ``sae_weights.safetensors``: every tensor's dtype, shape and byte range
   must agree with each other and with the file's size.
+* circuit-tracer: one ``layer_{i}.safetensors`` per layer (``W_enc`` [d_sae, d_model], ``W_dec``
+  [d_sae, d_model], ``b_enc``, ``b_dec``, optionally ``W_skip`` and ``activation_function.threshold``),
+  and a set's ``config.yaml`` (``model_kind: transcoder_set``), each file's header checked the same.
 * Gemma Scope: the members of ``params.npz`` (a zip): each member's declared size and ``.npy``
   header (a few hundred bytes, the only part decompressed), with no member expanding more than
   ``MAX_COMPRESSION_RATIO`` times (a zip bomb).
@@ -57,6 +60,9 @@ class SaeFiles:
     model_name: str | None
     files: tuple[Path, ...]  # what an import reads (and hashes)
     tensor_bytes: int  # the arrays as float32, as the import holds them
+    # A transcoder's output width, and for a circuit-tracer set's member, its layer.
+    d_out: int | None = None
+    layer: int | None = None
 
 
 def transformer_lens_hook_name(name: str) -> str:
@@ -250,3 +256,79 @@ def inspect_sae_folder(entries: dict[str, Path], format: str) -> SaeFiles:
         (cfg_path, weights),
         tensor_bytes,
     )
+
+
+CIRCUIT_TRACER_CONFIG = "config.yaml"
+CIRCUIT_TRACER_THRESHOLD = "activation_function.threshold"
+
+
+def inspect_circuit_tracer_folder(entries: dict[str, Path]) -> list[SaeFiles]:
+    """The per-layer transcoders of a circuit-tracer folder (``layer_0.safetensors`` …, from 0, none
+    missing; or the files its ``config.yaml`` lists, which must be top-level entries of the folder),
+    each described from its header: a JumpReLU when it has a threshold, a ReLU otherwise. A
+    ``config.yaml`` that names another kind (cross-layer transcoders) is ``UNSUPPORTED_SAE``."""
+    import yaml
+
+    config: dict[str, Any] = {}
+    config_path = entries.get(CIRCUIT_TRACER_CONFIG)
+    if config_path is not None:
+        if config_path.stat().st_size > MAX_CFG_BYTES:
+            raise _invalid(f"{CIRCUIT_TRACER_CONFIG} is over {MAX_CFG_BYTES:,} bytes.")
+        try:
+            config = yaml.safe_load(config_path.read_text()) or {}
+        except (yaml.YAMLError, UnicodeDecodeError, OSError):
+            raise _invalid(f"{CIRCUIT_TRACER_CONFIG} is not readable YAML.") from None
+        if not isinstance(config, dict):
+            raise _invalid(f"{CIRCUIT_TRACER_CONFIG} is not a mapping.")
+    if config.get("model_kind", "transcoder_set") != "transcoder_set":
+        raise SaeFormatError(
+            "UNSUPPORTED_SAE",
+            f"circuit-tracer {config['model_kind']!r} folders are not supported (per-layer sets are).",
+        )
+    names = config.get("transcoders")
+    if names is None:
+        names = [
+            f"layer_{layer}.safetensors"
+            for layer in range(sum(name.startswith("layer_") for name in entries))
+        ]
+    if not isinstance(names, list) or not names or not all(isinstance(name, str) for name in names):
+        raise _invalid("Not a circuit-tracer transcoder folder: layer_0.safetensors, layer_1.safetensors, …")
+    missing = [name for name in names if name not in entries]
+    if missing:
+        raise _invalid(
+            "The folder lacks transcoder files (they must be in it, not elsewhere).", {"missing": missing[:8]}
+        )
+    layers = []
+    for layer, name in enumerate(names):
+        path = entries[name]
+        tensors = safetensors_shapes(path)
+        if "W_enc" not in tensors or len(tensors["W_enc"][0]) != 2:
+            raise _invalid(f"{name}: W_enc must be [d_sae, d_model].")
+        d_sae, d_model = tensors["W_enc"][0]
+        expected = {
+            "W_enc": (d_sae, d_model), "W_dec": (d_sae, d_model), "b_enc": (d_sae,), "b_dec": (d_model,),
+            "W_skip": (d_model, d_model), CIRCUIT_TRACER_THRESHOLD: (d_sae,),
+        }  # fmt: skip
+        needed = [*NEEDED, *(tensor for tensor in ("W_skip", CIRCUIT_TRACER_THRESHOLD) if tensor in tensors)]
+        wrong = [
+            tensor for tensor in needed if tensor not in tensors or tensors[tensor][0] != expected[tensor]
+        ]
+        if wrong or not d_sae or not d_model:
+            raise _invalid(f"{name}: the tensors' shapes do not agree with each other.", {"tensors": wrong})
+        architecture = "jumprelu" if CIRCUIT_TRACER_THRESHOLD in tensors else "standard"
+        tensor_bytes = sum(4 * math.prod(tensors[tensor][0]) for tensor in needed)
+        layers.append(
+            SaeFiles(
+                "circuit_tracer",
+                architecture,
+                d_model,
+                d_sae,
+                None,
+                config.get("model_name"),
+                (path,),
+                tensor_bytes,
+                d_out=d_model,
+                layer=layer,
+            )
+        )
+    return layers

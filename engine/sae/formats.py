@@ -59,6 +59,7 @@ __all__ = [
     "WEIGHTS_FILENAME",
     "SaeFormatError",
     "load_circuit_tracer",
+    "load_circuit_tracer_layer",
     "load_gemma_scope",
     "load_saelens",
     "mistudio_hook_name",
@@ -247,31 +248,33 @@ def load_circuit_tracer(folder: Path | str) -> tuple[list[SparseAutoencoder], di
             "Not a circuit-tracer transcoder folder: layer_0.safetensors, layer_1.safetensors, ...",
             {"missing": missing[:8]},
         )  # fmt: skip
-    transcoders = []
-    for path in paths:
-        try:
-            tensors = load_file(path)
-        except (OSError, ValueError) as error:
-            raise SaeFormatError(
-                "INVALID_SAE", f"{path.name} is not safetensors: {type(error).__name__}."
-            ) from None
-        if "W_enc" in tensors:
-            tensors["W_enc"] = tensors["W_enc"].T
-        threshold = tensors.pop("activation_function.threshold", None)
-        if threshold is not None:
-            tensors["threshold"] = threshold
-        transcoders.append(
-            _from_tensors(
-                tensors,
-                architecture="jumprelu" if threshold is not None else "standard",
-                k=None,
-                apply_b_dec_to_input=False,
-                expected=(None, None),
-                transcoder=True,
-                skip="W_skip" in tensors,
-            )
-        )
+    transcoders = [load_circuit_tracer_layer(path) for path in paths]
     return transcoders, {"model_name": config.get("model_name"), "scan": config.get("scan")}
+
+
+def load_circuit_tracer_layer(path: Path | str) -> SparseAutoencoder:
+    """One per-layer transcoder file of circuit-tracer's layout (see :func:`load_circuit_tracer`)."""
+    path = Path(path)
+    try:
+        tensors = load_file(path)
+    except (OSError, ValueError) as error:
+        raise SaeFormatError(
+            "INVALID_SAE", f"{path.name} is not safetensors: {type(error).__name__}."
+        ) from None
+    if "W_enc" in tensors:
+        tensors["W_enc"] = tensors["W_enc"].T
+    threshold = tensors.pop("activation_function.threshold", None)
+    if threshold is not None:
+        tensors["threshold"] = threshold
+    return _from_tensors(
+        tensors,
+        architecture="jumprelu" if threshold is not None else "standard",
+        k=None,
+        apply_b_dec_to_input=False,
+        expected=(None, None),
+        transcoder=True,
+        skip="W_skip" in tensors,
+    )
 
 
 def load_saelens(folder: Path | str) -> tuple[SparseAutoencoder, dict[str, Any]]:

@@ -85,6 +85,7 @@ MATRIX: dict[str, dict[str, tuple]] = {
     "api/activation-caches/{cache}/top-k": {"GET": OWNER_READS},
     "api/saes": {"GET": ANY_READER, "POST": WRITERS},
     "api/saes/import": {"POST": WRITERS},
+    "api/saes/import-transcoders": {"POST": WRITERS},
     "api/saes/groups": {"GET": ANY_READER, "POST": WRITERS},
     "api/saes/groups/{group}": {"GET": OWNER_READS, "PATCH": OWNER_CHANGES},
     "api/saes/groups/{group}/cancel": {"POST": OWNER_CHANGES},
