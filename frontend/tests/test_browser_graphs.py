@@ -16,15 +16,14 @@ from circuits.models import AttributionGraph
 from circuits.tests.conftest import transcoder_rows
 from frontend.tests.browser import LIVE_TIMEOUT_MS, USERNAME, screenshot
 from models_app.models import LanguageModel
-from models_app.tests.live_stack import register_and_load
+from models_app.tests.live_stack import register_and_load, wait_until
 
 pytestmark = pytest.mark.slow
 
 
 def test_attribute_pin_a_path_group_a_supernode_intervene_and_export(page, site, tiny_gpt2_folder):
     user = get_user_model().objects.get(username=USERNAME)
-    name = register_and_load(tiny_gpt2_folder, name="browser-circuits")
-    model = LanguageModel.objects.get(name=name)
+    model = LanguageModel.objects.get(pk=register_and_load(tiny_gpt2_folder, name="browser-circuits"))
     transcoders = transcoder_rows(model, tiny_gpt2_folder, user)
 
     # The form: the model, its transcoders (layer 0 first), a prompt.
@@ -77,11 +76,11 @@ def test_attribute_pin_a_path_group_a_supernode_intervene_and_export(page, site,
     shown = nodes.count()
     page.locator("#node-threshold").fill("0.3")
     expect(page.locator("#node-threshold-value")).to_have_text("0.3")
-    page.wait_for_function(f"document.querySelectorAll('#graph-svg .node').length < {shown}")
+    wait_until(lambda: nodes.count() < shown, timeout=20, what="fewer nodes")
 
     # Intervene: ablate the feature; the worker answers with the new top logits.
     page.locator("#node-threshold").fill("0.8")
-    page.wait_for_function(f"document.querySelectorAll('#graph-svg .node').length >= {shown}")
+    wait_until(lambda: nodes.count() >= shown, timeout=20, what="the nodes back")
     page.locator(f'#graph-svg [data-node-id="{feature}"]').click()
     page.click("#intervene-ablate")
     expect(page.locator("#intervention-section")).to_have_attribute("data-done", "1", timeout=LIVE_TIMEOUT_MS)

@@ -31,9 +31,11 @@
     return node;
   }
 
-  // Rows: E (embeddings) 0, layer L at L + 1, logits at layers + 1 (their "layer" is layers + 1).
+  // Rows: the token embeddings 0, layer L's features and errors L + 1, the logits layers + 1 (the
+  // JSON's "layer" of a logit is already layers + 1).
   function rowOf(node, layers) {
     if (node.layer === "E") return 0;
+    if (node.feature_type === "logit") return layers + 1;
     return Number(node.layer) + 1;
   }
 
@@ -55,10 +57,20 @@
       if (!cells.has(key)) cells.set(key, []);
       cells.get(key).push(node);
     }
-    const widest = Math.max(1, ...[...cells.values()].map((cell) => cell.length));
-    const columnWidth = Math.max(70, Math.min(220, 18 * widest + 20));
-    const rowHeight = 90, left = 10, top = 20;
-    const width = left * 2 + columnWidth * positions, height = top * 2 + rowHeight * rows + 30;
+    // Each cell (a layer at a position) lays its nodes out on a grid, the most influential first,
+    // so that no two overlap however many features fire there; a position is as wide as its
+    // widest cell needs (a position with only its token stays narrow).
+    const step = 15, perRow = 12, left = 34, top = 20;
+    const across = new Array(positions).fill(1);
+    for (const [key, cell] of cells) {
+      const column = Number(key.split(":")[1]);
+      across[column] = Math.max(across[column], Math.min(perRow, cell.length));
+    }
+    const widths = across.map((count) => Math.max(48, step * count + 16));
+    const starts = widths.map((_, column) => left + widths.slice(0, column).reduce((sum, w) => sum + w, 0));
+    const tallest = Math.max(1, ...[...cells.values()].map((cell) => Math.ceil(cell.length / perRow)));
+    const rowHeight = Math.max(70, step * tallest + 30);
+    const width = left + widths.reduce((sum, w) => sum + w, 0) + 10, height = top * 2 + rowHeight * rows + 30;
     svg.replaceChildren();
     svg.setAttribute("viewBox", `0 0 ${width} ${height}`);
     svg.setAttribute("width", width);
@@ -66,11 +78,11 @@
     const place = new Map();
     for (const [key, cell] of cells) {
       const [row, column] = key.split(":").map(Number);
-      cell.sort((a, b) => (b.influence || 0) - (a.influence || 0));
+      cell.sort((a, b) => (a.influence ?? 1) - (b.influence ?? 1));
+      const wide = Math.min(perRow, cell.length), down = Math.ceil(cell.length / perRow);
       cell.forEach((node, index) => {
-        const spread = Math.min(16, (columnWidth - 20) / Math.max(1, cell.length));
-        const x = left + column * columnWidth + columnWidth / 2 + (index - (cell.length - 1) / 2) * spread;
-        const y = top + (rows - 1 - row) * rowHeight + rowHeight / 2;
+        const x = starts[column] + widths[column] / 2 + ((index % perRow) - (wide - 1) / 2) * step;
+        const y = top + (rows - 1 - row) * rowHeight + rowHeight / 2 + (Math.floor(index / perRow) - (down - 1) / 2) * step;
         place.set(node.node_id, { x, y, node });
       });
     }
@@ -80,8 +92,11 @@
       element("text", { x: 2, y: top + (rows - 1 - row) * rowHeight + 12, class: "row-label" }, svg).textContent = label;
     }
     view.metadata.prompt_tokens.forEach((token, column) => {
-      const text = element("text", { x: left + column * columnWidth + columnWidth / 2, y: height - 8, class: "token-label", "text-anchor": "middle" }, svg);
-      text.textContent = token.length > 12 ? token.slice(0, 11) + "…" : token;
+      const text = element("text", { x: starts[column] + widths[column] / 2, y: height - 8, class: "token-label", "text-anchor": "middle" }, svg);
+      const fits = Math.max(3, Math.floor(widths[column] / 7));
+      text.textContent = token.length > fits ? token.slice(0, fits - 1) + "…" : token;
+      text.append(element("title", {}));
+      text.lastChild.textContent = `position ${column}: ${token}`;
     });
     const heaviest = Math.max(1e-9, ...links.map((link) => Math.abs(link.weight)));
     const edges = element("g", { class: "edges" }, svg);
@@ -114,6 +129,10 @@
       mark.addEventListener("keydown", (event) => { if (event.key === "Enter") select(node); });
     }
     $("graph-counts").textContent = `${nodes.length} nodes, ${links.length} edges shown`;
+    if (!state.scrolled) {  // the last positions (the logits' side) in view first
+      state.scrolled = true;
+      $("graph-canvas").scrollLeft = $("graph-canvas").scrollWidth;
+    }
   }
 
   function describe(node) {
@@ -172,6 +191,16 @@
     $("intervene-pinned").hidden = !state.pinned.some((id) => nodesById.has(id) && isFeature(nodesById.get(id)));
   }
 
+  function logits() {
+    const list = $("logit-list");
+    const nodes = state.view.nodes.filter((node) => node.feature_type === "logit").sort((a, b) => b.token_prob - a.token_prob);
+    list.replaceChildren(...nodes.map((node) => {
+      const item = document.createElement("li");
+      item.textContent = node.clerp;
+      return item;
+    }));
+  }
+
   async function load() {
     const ticket = ++state.ticket;
     const query = new URLSearchParams({ node_threshold: $("node-threshold").value, edge_threshold: $("edge-threshold").value });
@@ -183,6 +212,7 @@
       state.supernodes = view.qParams.supernodes;
       draw();
       lists();
+      logits();
       explorer.dataset.loaded = "1";
     } catch (error) {
       mi.toast(error.message, "error");
