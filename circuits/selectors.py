@@ -102,23 +102,14 @@ def graph_view(
         for layer, _, feature in engine_graph.active_features[engine_graph.selected_features].tolist()
     })  # fmt: skip
     names = feature_names(user=user, graph=graph, features=features)
-    labels = {}
-    for (layer, feature), name in names.items():
-        text = name["label"] or name["explanation"]
-        if text:
-            for position in range(engine_graph.n_positions):
-                labels[f"{layer}_{feature}_{position}"] = text
-    strings = graph.token_strings
-
-    def decode(token: int) -> str:
-        return _decode(graph, token)
-
+    labels = {
+        f"{layer}_{feature}": name["label"] or name["explanation"] for (layer, feature), name in names.items()
+    }
     view = graph_json(
         engine_graph, slug=graph.id, scan=graph.model.name if graph.model else "", prompt=graph.prompt,
-        decode=decode, node_threshold=node_threshold, edge_threshold=edge_threshold,
-        pinned=graph.pinned, supernodes=graph.supernodes, labels=labels,
+        decode=lambda token: _decode(graph, token), node_threshold=node_threshold,
+        edge_threshold=edge_threshold, pinned=graph.pinned, supernodes=graph.supernodes, labels=labels,
     )  # fmt: skip
-    view["metadata"]["prompt_tokens"] = strings
     view["mistudio"] = {
         "graph_id": graph.id,
         "edge_threshold": edge_threshold,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import fields
 from typing import Any
@@ -18,12 +19,16 @@ from saes.tasks import sae_module_by_id
 
 
 def graph_transcoders(graph: AttributionGraph, model: Any) -> list[Any]:
-    """The graph's transcoders (layer 0 first) on the model's device, in its dtype."""
+    """The graph's transcoders (layer 0 first) on the model's device, in its dtype: the worker's
+    cached modules where they already are, copies otherwise (the cache keeps its float32 ones)."""
     parameter = next(model.parameters())
-    return [
-        sae_module_by_id(sae_id).to(device=parameter.device, dtype=parameter.dtype)
-        for sae_id in graph.transcoders
-    ]
+    modules = []
+    for sae_id in graph.transcoders:
+        module = sae_module_by_id(sae_id)
+        if module.W_enc.dtype != parameter.dtype or module.W_enc.device != parameter.device:
+            module = copy.deepcopy(module).to(device=parameter.device, dtype=parameter.dtype)
+        modules.append(module)
+    return modules
 
 
 @job_task(AttributionGraph, timeout=6 * 3600)

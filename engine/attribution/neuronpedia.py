@@ -39,7 +39,7 @@ def _node(graph: AttributionGraph, index: int, influence: float, decode: Callabl
     node = graph.node(index)
     kind = node["kind"]
     identifier = node_id(graph, index)
-    label = labels.get(identifier, "") if kind == "feature" else ""  # an error's id can read as a feature's
+    label = labels.get(f"{node['layer']}_{node['feature']}", "") if kind == "feature" else ""
     base = {"node_id": identifier, "token_prob": 0.0, "is_target_logit": False, "run_idx": 0,
             "reverse_ctx_idx": 0, "clerp": label, "influence": influence, "activation": None}  # fmt: skip
     if kind == "feature":
@@ -79,7 +79,7 @@ def graph_json(
 ) -> dict[str, Any]:
     """The graph pruned at the thresholds, in the viewer's JSON. ``decode`` turns a token id into
     text; ``pinned`` and ``supernodes`` (each ``[name, node_id, ...]``) become its query
-    parameters; ``labels`` (node id to text) fill feature nodes' ``clerp``."""
+    parameters; ``labels`` (``"{layer}_{feature}"`` to text) fill feature nodes' ``clerp``."""
     pruned = prune(graph, node_threshold, edge_threshold)
     labels = labels or {}
     kept = pruned.nodes.nonzero().flatten().tolist()
