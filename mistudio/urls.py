@@ -9,29 +9,38 @@ from rest_framework.decorators import api_view, permission_classes
 from rest_framework.response import Response
 from rest_framework.reverse import reverse
 
+from mistudio import __version__
 from mistudio.errors import json_error_response
 from mistudio.health import healthz
 from mistudio.metrics import metrics
 from mistudio.permissions import CanRead
+
+# The REST API's version: a client refuses a server of another one (mistudio-client checks it first).
+API_VERSION = 1
 
 
 @extend_schema(responses={200: dict})
 @api_view(["GET"])
 @permission_classes([CanRead])
 def api_root(request, format=None):
-    """The API's entry point: links to each collection."""
+    """The API's entry point: the server's version, the API's version (a client checks it first) and
+    links to each collection."""
     return Response(
         {
-            name: reverse(name, request=request, format=format)
-            for name in [
-                "model-list",
-                "dataset-list",
-                "extraction-list",
-                "cache-list",
-                "sae-list",
-                "worker-list",
-                "schema",
-            ]
+            "version": __version__,
+            "api_version": API_VERSION,
+            **{
+                name: reverse(name, request=request, format=format)
+                for name in [
+                    "model-list",
+                    "dataset-list",
+                    "extraction-list",
+                    "cache-list",
+                    "sae-list",
+                    "worker-list",
+                    "schema",
+                ]
+            },
         }
     )
 

@@ -1,0 +1,44 @@
+"""mistudio-client: a miStudio server from Python (a notebook on a laptop, the server on a GPU)."""
+
+from mistudio_client.client import API_VERSION, Cache, Client, Generation, HookArray
+from mistudio_client.errors import (
+    ApiError,
+    BadRequest,
+    Conflict,
+    JobFailed,
+    MistudioError,
+    NotFound,
+    PermissionDenied,
+    RateLimited,
+    ServerError,
+    Unauthorized,
+    VersionMismatch,
+)
+from mistudio_client.interventions import Ablate, Add, AddFeature, ClampFeature, Replace
+from mistudio_client.jobs import Job
+
+__version__ = "0.1.0"
+__all__ = [
+    "API_VERSION",
+    "Ablate",
+    "Add",
+    "AddFeature",
+    "ApiError",
+    "BadRequest",
+    "Cache",
+    "ClampFeature",
+    "Client",
+    "Conflict",
+    "Generation",
+    "HookArray",
+    "Job",
+    "JobFailed",
+    "MistudioError",
+    "NotFound",
+    "PermissionDenied",
+    "RateLimited",
+    "Replace",
+    "ServerError",
+    "Unauthorized",
+    "VersionMismatch",
+]
