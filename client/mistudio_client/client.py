@@ -69,6 +69,7 @@ class Client:
         self.saes = Saes(self)
         self.features = Features(self)
         self.graphs = Graphs(self)
+        self.steering_vectors = SteeringVectors(self)
         self.server: dict[str, Any] = self.handshake() if check_version else {}
 
     def close(self) -> None:
@@ -206,6 +207,45 @@ class Models(_Resource):
 
     def unload(self, model: Any) -> dict[str, Any]:
         return self.client.request("POST", f"models/{_id(self.get(model))}/unload", json={})
+
+    def hook_points(self, model: Any) -> list[dict[str, Any]]:
+        """Every canonical hook point of the model with its shape."""
+        return self.client.request("GET", f"models/{_id(self.get(model))}/hook-points")["hook_points"]
+
+    def tokenize(self, model: Any, texts: Sequence[str], *, special_tokens: bool = True) -> list[list[dict]]:
+        """How the model's tokenizer splits each text: ``[[{"id", "text"}, …], …]``."""
+        body = {"texts": list(texts), "special_tokens": special_tokens}
+        return self.client.request("POST", f"models/{_id(self.get(model))}/tokenize", json=body)["tokens"]
+
+    def patching(
+        self, model: Any, clean: str, corrupted: str, answer: str, wrong_answer: str, **options: Any
+    ):
+        """The activation-patching grid (hook points x positions) of two prompts of equal length, as
+        the API answers it, with ``grid`` and ``normalized`` as numpy arrays."""
+        body = {
+            "clean": clean,
+            "corrupted": corrupted,
+            "answer": answer,
+            "wrong_answer": wrong_answer,
+            **options,
+        }
+        result = self.client.request("POST", f"models/{_id(self.get(model))}/patching", json=body)
+        result["grid"] = np.asarray(result["grid"], dtype=np.float64)
+        result["normalized"] = np.asarray(
+            [[np.nan if value is None else value for value in row] for row in result["normalized"]],
+            dtype=np.float64,
+        )
+        return result
+
+    def logit_lens(self, model: Any, prompt: str, *, top: int = 5) -> dict[str, Any]:
+        """The top next-token predictions after every block at every position."""
+        return self.client.request(
+            "POST", f"models/{_id(self.get(model))}/logit-lens", json={"prompt": prompt, "top": top}
+        )
+
+    def workers(self) -> list[dict[str, Any]]:
+        """The live workers: their devices, memory and the models they hold."""
+        return self.client.request("GET", "workers")["workers"]
 
     def wait_ready(self, model: Any, *, timeout: float = 1800, interval: float = 0.5) -> dict[str, Any]:
         """Poll the model until it is ``ready`` (``JobFailed``-like error when it fails)."""
@@ -401,6 +441,57 @@ class Features(_Resource):
 
     def get(self, sae: Any, index: int) -> dict[str, Any]:
         return self.client.request("GET", f"saes/{_id(sae)}/features/{int(index)}")
+
+    def label(
+        self, sae: Any, index: int, label: str, *, notes: str | None = None, shared: bool | None = None
+    ) -> dict:
+        """Your label (and notes) on a feature; an empty label and notes remove it."""
+        body = {
+            "label": label,
+            **({} if notes is None else {"notes": notes}),
+            **({} if shared is None else {"shared": shared}),
+        }
+        return self.client.request("PATCH", f"saes/{_id(sae)}/features/{int(index)}", json=body)
+
+    def encode(self, sae: Any, text: str, *, top: int = 10) -> tuple[np.ndarray, dict[str, Any]]:
+        """The SAE's features on ``text``: a [tokens, features] array (the ``top`` per token the server
+        returns, zeros elsewhere) and the whole answer (tokens, per-feature summary)."""
+        answer = self.client.request("POST", f"saes/{_id(sae)}/encode", json={"text": text, "top": top})
+        width = int(self.client.request("GET", f"saes/{_id(sae)}")["d_sae"])
+        values = np.zeros((len(answer["tokens"]), width), dtype=np.float32)
+        for position, active in enumerate(answer["per_token"]):
+            for item in active:
+                values[position, item["index"]] = item["value"]
+        return values, answer
+
+
+class SteeringVectors(_Resource):
+    """``/api/steering-vectors``: a difference of means of two prompt lists (a job), or import."""
+
+    def create(
+        self, model: Any, hook: str, positive: Sequence[str], negative: Sequence[str], **options: Any
+    ) -> Job:
+        body = {
+            "model_id": _id(model),
+            "hook_name": hook,
+            "positive": list(positive),
+            "negative": list(negative),
+            **options,
+        }
+        return Job(self.client, "vector", self.client.request("POST", "steering-vectors", json=body)["id"])
+
+    def get(self, vector: Any) -> dict[str, Any]:
+        return self.client.request("GET", f"steering-vectors/{_id(vector)}")
+
+    def list(self, **filters: Any) -> list[dict[str, Any]]:
+        return self.client.request("GET", "steering-vectors", params=filters)["vectors"]
+
+    def values(self, vector: Any) -> np.ndarray:
+        """The vector itself (its exported safetensors file, read without torch)."""
+        from mistudio_client.safetensors import read_safetensors
+
+        data = self.client.request("GET", f"steering-vectors/{_id(vector)}/export", raw=True)
+        return read_safetensors(data)["vector"]
 
 
 # --- attribution graphs ----------------------------------------------------------------------------

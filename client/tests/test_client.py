@@ -98,6 +98,10 @@ def test_train_an_sae_wait_and_export(live_stack, client, tmp_path):
     job.wait(progress=False)
     sae = client.saes.get(job.id)
     assert sae["status"] == "completed" and sae["d_sae"] == 128
+    values, answer = client.features.encode(job.id, "The cat sat on the mat", top=4)
+    assert values.shape == (len(answer["tokens"]), 128) and (values > 0).sum(1).max() <= 4
+    labelled = client.features.label(job.id, 3, "cats and mats")
+    assert labelled["label"]["label"] == "cats and mats"
     folder = client.saes.export(job.id, tmp_path / "sae")
     assert (folder / "cfg.json").is_file() and (folder / "sae_weights.safetensors").is_file()
 
@@ -128,3 +132,38 @@ def test_the_package_installs_with_pip(tmp_path):
         capture_output=True,
     )
     assert (tmp_path / "site" / "mistudio_client" / "client.py").is_file()
+
+
+def test_probes_steering_vectors_and_the_model_side(live_stack, client):
+    model = live_stack.models["gpt2"]
+    points = {point["name"]: point for point in client.models.hook_points(model)}
+    assert points[HOOK]["shape"][-1] == 64
+    tokens = client.models.tokenize(model, ["The cat sat", " cat"], special_tokens=False)
+    assert "".join(token["text"] for token in tokens[0]) == "The cat sat"
+    assert any(worker["name"] == live_stack.worker_name for worker in client.models.workers())
+    lens = client.models.logit_lens(model, "The cat sat on the", top=3)
+    assert len(lens["layers"]) == 2 and len(lens["top"][-1][-1]) == 3
+    # The last layer's lens is the model's own prediction.
+    greedy = client.generate(model, "The cat sat on the", max_tokens=1)
+    assert lens["top"][-1][-1][0]["token_id"] == greedy.output_token_ids[0]
+    pieces = [
+        token["text"]
+        for token in client.models.tokenize(model, ["The cat sat on the mat"], special_tokens=False)[0]
+    ]
+    grid = client.models.patching(
+        model, "The cat sat on the mat", "The dog sat on the mat", pieces[-1], pieces[1]
+    )
+    assert grid["grid"].shape == (2, len(grid["tokens"]))
+    job = client.steering_vectors.create(model, HOOK, ["I love this", "What joy"], ["I hate this", "How sad"])
+    job.wait(progress=False)
+    vector = client.steering_vectors.values(job.id)
+    assert vector.shape == (64,) and client.steering_vectors.get(job.id)["norm"] == pytest.approx(
+        float(np.linalg.norm(vector)), rel=1e-5
+    )
+    steered = client.generate(
+        model,
+        "The cat sat on",
+        max_tokens=6,
+        interventions=[{"type": "add", "steering_vector": job.id, "coefficient": 30.0}],
+    )
+    assert steered.output_token_ids != client.generate(model, "The cat sat on", max_tokens=6).output_token_ids

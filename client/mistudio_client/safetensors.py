@@ -1,0 +1,40 @@
+"""A safetensors file's tensors as numpy arrays, with numpy only (the format is a JSON header and
+raw little-endian bytes; nothing is unpickled)."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import numpy as np
+
+_DTYPES = {
+    "F64": np.float64,
+    "F32": np.float32,
+    "F16": np.float16,
+    "I64": np.int64,
+    "I32": np.int32,
+    "I16": np.int16,
+    "I8": np.int8,
+    "U8": np.uint8,
+    "BOOL": np.bool_,
+}
+
+
+def read_safetensors(data: bytes) -> dict[str, np.ndarray]:
+    """Every tensor of a safetensors file's bytes (bfloat16 ones as float32)."""
+    (length,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8 : 8 + length])
+    body = memoryview(data)[8 + length :]
+    tensors = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        start, stop = entry["data_offsets"]
+        chunk = body[start:stop]
+        if entry["dtype"] == "BF16":
+            values = (np.frombuffer(chunk, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
+        else:
+            values = np.frombuffer(chunk, dtype=np.dtype(_DTYPES[entry["dtype"]]).newbyteorder("<"))
+        tensors[name] = values.reshape(entry["shape"]).copy()
+    return tensors
