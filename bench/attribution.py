@@ -92,6 +92,7 @@ def prepare(name: str) -> Path:
 def run_one(contender: str, case: str, repeats: int) -> dict:
     """One contender on one case, in this process (see the module docstring)."""
     import torch
+    from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "2")))
@@ -134,7 +135,7 @@ def run_one(contender: str, case: str, repeats: int) -> dict:
         adjacency, n_features, n_active = go(tokens)
         times.append(time.perf_counter() - start)
     peak = _rss_kib("VmHWM")
-    torch.save(adjacency, WORK / f"{contender}-{case}.pt")
+    save_file({"adjacency": adjacency.contiguous()}, WORK / f"{contender}-{case}.safetensors")
     return {
         "contender": contender,
         "case": case,
@@ -157,7 +158,7 @@ def main() -> None:
     if args.run:
         print(json.dumps(run_one(*args.run, args.repeats)))
         return
-    import torch
+    from safetensors.torch import load_file
 
     cases = ["demo-64"] if args.quick else list(CASES)
     repeats = 1 if args.quick else args.repeats
@@ -172,8 +173,8 @@ def main() -> None:
                 check=True, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
             ).stdout  # fmt: skip
             results[contender] = json.loads(output.strip().splitlines()[-1])
-        ours = torch.load(WORK / f"ours-{case}.pt")
-        theirs = torch.load(WORK / f"circuit-tracer-{case}.pt")
+        ours = load_file(WORK / f"ours-{case}.safetensors")["adjacency"]
+        theirs = load_file(WORK / f"circuit-tracer-{case}.safetensors")["adjacency"]
         scale = theirs.abs().amax(1, keepdim=True).clamp_min(1e-6)
         same = ours.shape == theirs.shape and bool(((ours - theirs).abs() / scale).max() <= 1e-4)
         rows.append((case, results["ours"], results["circuit-tracer"], same))

@@ -92,15 +92,17 @@ def graph_view(
     feature nodes labelled (``clerp``) with what the viewer may see, the row's pinned nodes and
     supernodes as its query parameters; plus, per feature node, its transcoder SAE id (when the
     viewer may open its dashboard) under ``mistudio``."""
+    from engine.attribution import prune
     from engine.attribution.neuronpedia import graph_json
 
     node_threshold = graph.node_threshold if node_threshold is None else node_threshold
     edge_threshold = graph.edge_threshold if edge_threshold is None else edge_threshold
     engine_graph = graph_file(graph)
-    features = sorted({
-        (int(layer), int(feature))
-        for layer, _, feature in engine_graph.active_features[engine_graph.selected_features].tolist()
-    })  # fmt: skip
+    pruned = prune(engine_graph, node_threshold, edge_threshold)
+    # Named: the feature nodes the pruned graph keeps (the view shows no others).
+    kept = pruned.nodes[: engine_graph.n_features].nonzero().flatten()
+    chosen = engine_graph.active_features[engine_graph.selected_features[kept]].tolist()
+    features = sorted({(int(layer), int(feature)) for layer, _, feature in chosen})
     names = feature_names(user=user, graph=graph, features=features)
     labels = {
         f"{layer}_{feature}": name["label"] or name["explanation"] for (layer, feature), name in names.items()
@@ -109,6 +111,7 @@ def graph_view(
         engine_graph, slug=graph.id, scan=graph.model.name if graph.model else "", prompt=graph.prompt,
         decode=lambda token: _decode(graph, token), node_threshold=node_threshold,
         edge_threshold=edge_threshold, pinned=graph.pinned, supernodes=graph.supernodes, labels=labels,
+        pruned=pruned,
     )  # fmt: skip
     view["mistudio"] = {
         "graph_id": graph.id,
@@ -122,9 +125,8 @@ def graph_view(
 
 def _decode(graph: AttributionGraph, token: int) -> str:
     """A token's text: from the prompt's own tokens, or the logit targets the job recorded."""
-    known = {**dict(zip(graph.tokens, graph.token_strings, strict=False)), **{
-        int(key): value for key, value in (graph.summary.get("logit_strings") or {}).items()
-    }}  # fmt: skip
+    known = dict(zip(graph.tokens, graph.token_strings, strict=False))
+    known.update((logit["token_id"], logit["token"]) for logit in graph.summary.get("logits", []))
     return known.get(int(token), f"<{token}>")
 
 

@@ -62,8 +62,6 @@ def check_transcoder_set(model: LanguageModel, transcoders: list[SparseAutoencod
             )
         if sae.model_id != model.id:
             problems.append(f"{sae.id} belongs to another model")
-        if sae.architecture not in ("standard", "jumprelu", "topk", "batchtopk", "matryoshka_batchtopk"):
-            problems.append(f"{sae.id}: {sae.architecture} is not supported")
     if problems:
         raise ApplicationError(
             "INVALID_TRANSCODERS",

@@ -74,9 +74,6 @@ def run_attribution(graph: AttributionGraph, job: JobContext) -> None:
                 strict=True,
             )
         ],
-        "logit_strings": dict(
-            zip(map(str, logit_ids), token_strings(loaded.tokenizer, logit_ids), strict=True)
-        ),
     }
     job_publish(graph, "completed", graph.mark_completed(summary=summary))
 

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from engine.attribution.graph import AttributionGraph
-from engine.attribution.pruning import prune
+from engine.attribution.pruning import Pruned, prune
 
 __all__ = ["graph_json", "node_id"]
 
@@ -76,11 +76,13 @@ def graph_json(
     pinned: Sequence[str] = (),
     supernodes: Sequence[Sequence[str]] = (),
     labels: dict[str, str] | None = None,
+    pruned: Pruned | None = None,
 ) -> dict[str, Any]:
     """The graph pruned at the thresholds, in the viewer's JSON. ``decode`` turns a token id into
     text; ``pinned`` and ``supernodes`` (each ``[name, node_id, ...]``) become its query
-    parameters; ``labels`` (``"{layer}_{feature}"`` to text) fill feature nodes' ``clerp``."""
-    pruned = prune(graph, node_threshold, edge_threshold)
+    parameters; ``labels`` (``"{layer}_{feature}"`` to text) fill feature nodes' ``clerp``;
+    ``pruned``: the graph already pruned at those thresholds (else it is pruned here)."""
+    pruned = prune(graph, node_threshold, edge_threshold) if pruned is None else pruned
     labels = labels or {}
     kept = pruned.nodes.nonzero().flatten().tolist()
     nodes = {index: _node(graph, index, float(pruned.cumulative[index]), decode, labels) for index in kept}

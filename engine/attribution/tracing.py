@@ -191,6 +191,10 @@ def _record(run: FrozenRun, transcoders: Transcoders, ids: Any) -> _Prompt:
         for layer, transcoder in enumerate(transcoders):
             x_in = mlp_inputs[layer]
             activations = transcoder.encode(x_in)
+            reconstruction = transcoder.decode(activations)  # the transcoder's output, position 0 too
+            skip = transcoder.skip_path(x_in)
+            if skip is not None:
+                reconstruction = reconstruction + skip
             activations[0] = 0
             positions, features = activations.nonzero(as_tuple=True)
             layer_values = activations[positions, features]
@@ -198,7 +202,6 @@ def _record(run: FrozenRun, transcoders: Transcoders, ids: Any) -> _Prompt:
             values.append(layer_values)
             encoders.append(transcoder.W_enc[:, features].T)
             decoders.append(transcoder.W_dec[features] * layer_values[:, None])
-            reconstruction = transcoder(x_in)
             error = mlp_outputs[layer].to(reconstruction.dtype) - reconstruction
             error[0] = 0
             errors.append(error)
@@ -259,7 +262,6 @@ class _GradientGraph:
         import torch
 
         self.prompt = prompt
-        self.batch_size = batch_size
         self.mlp_inputs: list[Any] = []
         self.mlp_points: list[Any] = []
         self.embedding: list[Any] = []
@@ -286,10 +288,9 @@ class _GradientGraph:
         bounds = torch.arange(len(transcoders), device=layers.device)
         starts = torch.searchsorted(layers, bounds).tolist()
         ends = torch.searchsorted(layers, bounds, right=True).tolist()
-        self.layer_slices = list(zip(starts, ends, strict=True))
         self.sources_by_position = [
             _SourcesByPosition(prompt, layer, start, end, n_positions)
-            for layer, (start, end) in enumerate(self.layer_slices)
+            for layer, (start, end) in enumerate(zip(starts, ends, strict=True))
         ]
         self.n_sources = len(prompt.active) + (len(transcoders) + 1) * n_positions
 
