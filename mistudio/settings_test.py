@@ -7,6 +7,12 @@ production, so the same suite runs on PostgreSQL + Redis (CI) and on the embedde
 import os
 import tempfile
 
+_xdist_worker = os.environ.get("PYTEST_XDIST_WORKER")
+if _xdist_worker:
+    # An xdist worker inherits the controller's environment, settings included: each worker gets its
+    # own data directory and Redis keys (pytest-django gives it its own test database).
+    os.environ["MISTUDIO_DATA_DIR"] = tempfile.mkdtemp(prefix=f"mistudio-test-{_xdist_worker}-")
+    os.environ["MISTUDIO_REDIS_PREFIX"] = f"mistudio-test-{os.getpid()}"
 os.environ.setdefault("MISTUDIO_DATA_DIR", tempfile.mkdtemp(prefix="mistudio-test-"))
 os.environ.setdefault("MISTUDIO_REDIS_PREFIX", f"mistudio-test-{os.getpid()}")
 os.environ.setdefault("WORKER_HEARTBEAT_SECONDS", "0.5")
@@ -14,7 +20,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WATCH_WORKERS", "0")  # tests that want the web's worker watch turn it on
 os.environ.setdefault("SECRET_KEY", "test-only-secret-key-not-for-production")
 
-from mistudio.settings import *  # noqa: F403
+from mistudio.settings import *  # noqa: E402, F403
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # fast; tests create many users
 

@@ -185,10 +185,15 @@ def test_attribution_leaves_the_model_as_it_was(load_tiny):
     model = load_tiny("llama").model
     flags = [parameter.requires_grad for parameter in model.parameters()]
     implementation = model.config._attn_implementation
+
+    def hooks():  # transformers keeps output-recording hooks of its own once a test asked for them
+        return [(dict(module._forward_hooks), dict(module._forward_pre_hooks)) for module in model.modules()]
+
+    before = hooks()
     attribute(model, random_transcoders(model), [0, 5, 9, 11], AttributionConfig(batch_size=4))
     assert [parameter.requires_grad for parameter in model.parameters()] == flags
     assert model.config._attn_implementation == implementation
-    assert not any(module._forward_hooks or module._forward_pre_hooks for module in model.modules())
+    assert hooks() == before
 
 
 def test_bad_transcoders_and_unsupported_families_are_refused(load_tiny):
