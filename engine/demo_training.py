@@ -110,10 +110,12 @@ def train_demo_gpt2(
     output_dir: str | Path,
     *,
     time_budget_seconds: float = 90.0,
+    max_steps: int | None = None,
     seed: int = 0,
     progress: Callable[[int, float], None] | None = None,
 ) -> DemoTrainingReport:
-    """Train a small GPT-2 on the local corpus for at most ``time_budget_seconds`` of training.
+    """Train a small GPT-2 on the local corpus for at most ``time_budget_seconds`` of training
+    (and at most ``max_steps`` optimiser steps: the same work on any machine, however busy).
 
     Preparation (corpus, tokenizer training, tokenization; a few seconds) and saving come on
     top of the budget. The model (safetensors), tokenizer and ``training_report.json`` are
@@ -168,7 +170,7 @@ def train_demo_gpt2(
     epoch_order = torch.empty(0, dtype=torch.long)
     position = 0
     started = time.monotonic()
-    while (elapsed := time.monotonic() - started) < time_budget_seconds:
+    while (elapsed := time.monotonic() - started) < time_budget_seconds and step != max_steps:
         if position + BATCH_SIZE > len(epoch_order):
             epoch_order = torch.randperm(len(training), generator=data_order)
             position = 0
@@ -176,7 +178,8 @@ def train_demo_gpt2(
         position += BATCH_SIZE
 
         for group in optimizer.param_groups:
-            group["lr"] = _learning_rate(step, elapsed / time_budget_seconds)
+            done = max(elapsed / time_budget_seconds, step / max_steps if max_steps else 0.0)
+            group["lr"] = _learning_rate(step, done)
         # An explicit all-ones mask: packed rows contain eos (= pad) tokens that must be attended
         # to, and without a mask transformers warns that padding might be unmasked.
         loss = model(input_ids=batch, attention_mask=torch.ones_like(batch), labels=batch).loss

@@ -1,6 +1,6 @@
 """mistudio-client: a miStudio server from Python (a notebook on a laptop, the server on a GPU)."""
 
-from mistudio_client.client import API_VERSION, Cache, Client, Generation, HookArray
+from mistudio_client.client import API_VERSION, Cache, Client, Generation, GenerationStream, HookArray
 from mistudio_client.errors import (
     ApiError,
     BadRequest,
@@ -30,6 +30,7 @@ __all__ = [
     "Client",
     "Conflict",
     "Generation",
+    "GenerationStream",
     "HookArray",
     "Job",
     "JobFailed",

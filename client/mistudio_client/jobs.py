@@ -1,11 +1,15 @@
-"""Jobs: an extraction, an SAE's training, a feature analysis, a steering vector, an attribution
-graph. :meth:`Job.wait` polls the row (a tqdm progress bar when tqdm is installed and ``progress``
-is on) until it ends, and raises :class:`~mistudio_client.errors.JobFailed` with the job's error
-code when it did not complete; :meth:`Job.cancel`; reattach to a running job with
-``client.job(id)``."""
+"""Jobs: an extraction, an SAE's training, a steering vector, an attribution graph, a group of SAEs.
+
+:meth:`Job.wait` follows the job until it ends (a tqdm progress bar when tqdm is installed and
+``progress`` is on): from the server's WebSocket events (``/ws/events/``, with the ``live`` extra's
+``websockets``), or by polling the row when the socket cannot be opened (a proxy that blocks
+WebSockets, no ``websockets`` installed) or misses an event. It raises
+:class:`~mistudio_client.errors.JobFailed` with the job's error code when the job did not
+complete. :meth:`Job.cancel`; reattach to a running job with ``client.job(id)``."""
 
 from __future__ import annotations
 
+import json
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -14,35 +18,61 @@ from mistudio_client.errors import JobFailed, MistudioError
 if TYPE_CHECKING:
     from mistudio_client.client import Cache, Client
 
-# kind -> (the row's API path, its cancel path); an id's prefix names its kind.
+# kind -> (the row's API path, its cancel path); an id's prefix names its kind. An analysis's and an
+# explanation job's paths go through their SAE (``sae``).
 _KINDS = {
     "extraction": ("extractions/{id}", "extractions/{id}/cancel"),
     "sae": ("saes/{id}", "saes/{id}/cancel"),
     "graph": ("graphs/{id}", "graphs/{id}/cancel"),
     "vector": ("steering-vectors/{id}", "steering-vectors/{id}/cancel"),
     "sae_group": ("saes/groups/{id}", "saes/groups/{id}/cancel"),
+    "analysis": ("saes/{sae}/analyses/{id}", "saes/{sae}/analyses/{id}/cancel"),
+    "explanation": ("saes/{sae}/explanations/{id}", "saes/{sae}/explanations/{id}/cancel"),
 }
-_PREFIXES = {"ext": "extraction", "sae": "sae", "ag": "graph", "sv": "vector", "grp": "sae_group"}
+_PREFIXES = {
+    "ext": "extraction",
+    "sae": "sae",
+    "ag": "graph",
+    "sv": "vector",
+    "grp": "sae_group",
+    "fa": "analysis",
+    "xj": "explanation",
+}
 ACTIVE = ("queued", "running")
+# Seconds without an event after which the row is read over REST (an event lost on the way).
+EVENT_SILENCE = 15.0
 
 
 class Job:
     """A job row on the server, by kind and id."""
 
-    def __init__(self, client: Client, kind: str, job_id: str, state: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        client: Client,
+        kind: str,
+        job_id: str,
+        state: dict[str, Any] | None = None,
+        *,
+        sae: str | None = None,
+    ) -> None:
         if kind not in _KINDS:
             raise MistudioError(f"Unknown kind of job {kind!r}.")
-        self.client, self.kind, self.id = client, kind, job_id
+        if "{sae}" in _KINDS[kind][0] and not sae:
+            raise MistudioError(f"A {kind} job is reached through its SAE: pass sae=.")
+        self.client, self.kind, self.id, self.sae = client, kind, job_id, sae
         self.state: dict[str, Any] = state or {}
 
     @classmethod
-    def for_id(cls, client: Client, job_id: str) -> Job:
+    def for_id(cls, client: Client, job_id: str, *, sae: str | None = None) -> Job:
         kind = _PREFIXES.get(job_id.split("_", 1)[0])
         if kind is None:
             raise MistudioError(
                 f"{job_id!r} is not the id of a job this client follows ({', '.join(_PREFIXES)}_…)."
             )
-        return cls(client, kind, job_id)
+        return cls(client, kind, job_id, sae=sae)
+
+    def _path(self, which: int) -> str:
+        return _KINDS[self.kind][which].format(id=self.id, sae=self.sae)
 
     @classmethod
     def done(cls, client: Client, kind: str, job_id: str | None, answer: dict[str, Any]) -> Job:
@@ -62,28 +92,44 @@ class Job:
 
     def refresh(self) -> dict[str, Any]:
         if not self._finished:
-            self.state = self.client.request("GET", _KINDS[self.kind][0].format(id=self.id))
+            self.state = self.client.request("GET", self._path(0))
         return self.state
 
     def cancel(self) -> dict[str, Any]:
-        self.state = self.client.request("POST", _KINDS[self.kind][1].format(id=self.id), json={})
+        self.state = self.client.request("POST", self._path(1), json={})
         return self.state
 
-    def wait(self, *, timeout: float = 24 * 3600, interval: float = 0.5, progress: bool = True) -> Job:
-        """Poll until the job ends; raise :class:`JobFailed` unless it completed."""
+    def wait(
+        self,
+        *,
+        timeout: float = 24 * 3600,
+        interval: float = 0.5,
+        progress: bool = True,
+        events: bool = True,
+    ) -> Job:
+        """Follow the job until it ends (its events, else polling every ``interval`` s); raise
+        :class:`JobFailed` unless it completed, ``TimeoutError`` after ``timeout`` s (the job goes on)."""
         bar = _progress_bar(f"{self.kind} {self.id}") if progress else None
         deadline = time.monotonic() + timeout
+
+        def show(state: dict[str, Any]) -> bool:
+            """Record ``state``; True once the job has ended."""
+            self.state = state
+            if bar is not None:
+                bar.n = float(state.get("progress") or 0)
+                bar.refresh()
+            return state.get("status") not in ACTIVE
+
         try:
-            while True:
-                state = self.refresh()
-                if bar is not None:
-                    bar.n = float(state.get("progress") or 0)
-                    bar.refresh()
-                if state.get("status") not in ACTIVE:
-                    break
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"{self!r} is still {self.status} (it goes on on the server)")
-                time.sleep(interval)
+            if self._finished:
+                show(self.state)
+            elif events and self._follow_events(show, deadline):
+                show(self.refresh())  # the row is the truth: the final state as REST answers it
+            else:
+                while not show(self.refresh()):
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"{self!r} is still {self.status} (it goes on on the server)")
+                    time.sleep(interval)
         finally:
             if bar is not None:
                 bar.close()
@@ -96,6 +142,48 @@ class Job:
                 self.state.get("error_message") or "",
             )
         return self
+
+    def _follow_events(self, show, deadline: float) -> bool:
+        """Follow the job's event group until it ends: True; False when the socket cannot be opened
+        or fails, or an event was missed (the caller then polls). ``TimeoutError`` past ``deadline``."""
+        try:
+            from websockets.exceptions import WebSocketException
+            from websockets.sync.client import connect
+        except ImportError:
+            return False
+        url = self.client.url.replace("https://", "wss://", 1).replace("http://", "ws://", 1)
+        group = f"{self.kind}.{self.id}"
+        try:
+            with connect(
+                f"{url}/ws/events/",
+                additional_headers={"Authorization": self.client._http.headers["Authorization"]},
+                open_timeout=10,
+                max_size=2**22,
+            ) as socket:
+                socket.send(json.dumps({"action": "subscribe", "groups": [group]}))
+                sequence = None
+                while time.monotonic() < deadline:
+                    try:
+                        message = json.loads(
+                            socket.recv(timeout=min(EVENT_SILENCE, deadline - time.monotonic()))
+                        )
+                    except TimeoutError:
+                        if show(self.refresh()):  # quiet for a while: check the row itself
+                            return True
+                        continue
+                    if message.get("group") != group or message.get("type") not in ("snapshot", "event"):
+                        return False  # an error (UNKNOWN_GROUP) or a skip: poll instead
+                    seq = message.get("seq") or 0
+                    if sequence is not None and seq <= sequence:
+                        continue  # sent while subscribing: the snapshot already holds it
+                    if sequence is not None and seq > sequence + 1:
+                        return False  # an event was missed
+                    sequence = seq
+                    if show(message["data"]):
+                        return True
+                raise TimeoutError(f"{self!r} is still {self.status} (it goes on on the server)")
+        except (OSError, WebSocketException):
+            return False
 
     def cache(self) -> Cache:
         """An extraction's cache (after :meth:`wait`)."""

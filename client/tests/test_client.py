@@ -4,6 +4,7 @@ as lazy arrays (a slice fetches those rows: equal to the server's JSON slice), g
 capture and interventions (equal to the raw /api/generate answer), and an SAE trained, waited on and
 exported; the package installs with pip."""
 
+import json
 import shutil
 import subprocess
 import sys
@@ -12,7 +13,7 @@ from pathlib import Path
 import mistudio_client
 import numpy as np
 import pytest
-from mistudio_client import Add, BadRequest, Client, NotFound, Unauthorized, VersionMismatch
+from mistudio_client import Add, BadRequest, Client, Job, NotFound, Unauthorized, VersionMismatch
 
 pytestmark = pytest.mark.slow
 HOOK = "blocks.1.hook_resid_post"
@@ -86,16 +87,29 @@ def test_generate_with_capture_and_an_intervention(live_stack, client):
         interventions=[Add(HOOK, np.random.default_rng(0).standard_normal(64), coefficient=20.0)],
     )
     assert steered.output_token_ids != plain.output_token_ids
+    streamed = client.stream(model, "The cat sat on", max_tokens=6, capture=[HOOK])
+    tokens = list(streamed)
+    assert [token["token_id"] for token in tokens] == plain.output_token_ids
+    assert "".join(token["text"] for token in tokens) == plain.text == streamed.result.text
+    assert np.allclose(streamed.result.activations[HOOK], captured)
+    with pytest.raises(BadRequest):
+        list(client.stream(model, "The cat", max_tokens=-1))
 
 
-def test_train_an_sae_wait_and_export(live_stack, client, tmp_path):
+def test_train_an_sae_wait_and_export(live_stack, client, tmp_path, monkeypatch):
     model = live_stack.models["gpt2"]
     dataset = client.datasets.upload(TEXTS * 4, name="client sae texts")
     cache = client.extractions.start(model, dataset, hooks=[HOOK], batch_size=16).wait(progress=False).cache()
     job = client.saes.train(
         cache, HOOK, architecture="topk", expansion_factor=2, k=8, batch_size=256, total_tokens=4096
     )
+    # Followed through its WebSocket events: the row is read over REST once, at the end (polling
+    # every 0.5 s would read it on each turn).
+    reads = []
+    monkeypatch.setattr("mistudio_client.jobs.Job.refresh", counted(reads, Job.refresh))
     job.wait(progress=False)
+    assert len(reads) == 1
+    monkeypatch.undo()
     sae = client.saes.get(job.id)
     assert sae["status"] == "completed" and sae["d_sae"] == 128
     values, answer = client.features.encode(job.id, "The cat sat on the mat", top=4)
@@ -104,6 +118,58 @@ def test_train_an_sae_wait_and_export(live_stack, client, tmp_path):
     assert labelled["label"]["label"] == "cats and mats"
     folder = client.saes.export(job.id, tmp_path / "sae")
     assert (folder / "cfg.json").is_file() and (folder / "sae_weights.safetensors").is_file()
+    evaluation = client.saes.evaluate(job.id)
+    assert 0 < evaluation["l0"] <= 8 and client.saes.get(job.id)["evaluation_status"] == ""
+
+    analysis = client.features.analyze(job.id).wait(progress=False)
+    assert client.job(analysis.id, sae=job.id).refresh()["status"] == "completed"
+    assert [row["id"] for row in client.features.analyses(job.id)] == [analysis.id]
+    page = client.features.list(job.id, sort="-density", page_size=5)
+    assert page["analysis_id"] == analysis.id and len(page["features"]) == 5
+    densities = [feature["density"] for feature in page["features"]]
+    assert densities == sorted(densities, reverse=True)
+    dense = page["features"][0]["index"]
+    assert client.features.get(job.id, dense)["top_examples"]
+    exported = json.loads(client.features.export(job.id, tmp_path / "features.json").read_text())
+    assert len(exported["features"]) == 128
+
+    # The llama explains two features (a 4,096-token context: its prompts fit), scored.
+    explainer = live_stack.models["llama"]
+    selection = {"kind": "list", "indices": [dense, page["features"][1]["index"]]}
+    options = {"concurrency": 4, "explain_max_tokens": 24, "score_max_tokens": 16, "test_examples": 6}
+    plan = client.features.explain(job.id, explainer, selection=selection, options=options, dry_run=True)
+    assert sorted(plan["indices"]) == sorted(selection["indices"]) and plan["estimate"]["prompt_tokens"] > 0
+    explaining = client.features.explain(job.id, explainer, selection=selection, options=options)
+    explaining.wait(progress=False)
+    results = client.features.explanations(job.id, explaining.id)
+    assert results["total"] == 2 and {row["index"] for row in results["explanations"]} == set(
+        selection["indices"]
+    )
+    good = next(row for row in results["explanations"] if not row["error_code"])
+    accepted = client.features.accept_explanation(job.id, good["index"], good["id"])
+    assert accepted["label"]["label"] == good["text"][:200]
+    assert [row["id"] for row in client.features.explanation_jobs(job.id)] == [explaining.id]
+
+    # The cache's statistics and top activations; the rows as the user changes them.
+    stats = client.caches.stats(cache, HOOK)
+    assert len(stats["stats"][HOOK]["mean"]) == 64
+    top = client.caches.top_k(cache, HOOK, 5, k=3)
+    assert len(top["top_k"]) == 3
+    assert top["top_k"][0]["value"] == pytest.approx(float(np.asarray(cache[HOOK])[:, 5].max()), rel=1e-5)
+    assert client.datasets.samples(dataset, limit=3)["samples"][0] == TEXTS[0]
+    assert client.datasets.update(dataset, name="renamed")["name"] == "renamed"
+    assert client.saes.update(job.id, name="client sae")["name"] == "client sae"
+    client.saes.delete(job.id)
+    with pytest.raises(NotFound):
+        client.saes.get(job.id)
+
+
+def counted(calls: list, method):
+    def wrapper(self, *args, **kwargs):
+        calls.append(self.id)
+        return method(self, *args, **kwargs)
+
+    return wrapper
 
 
 def test_the_package_installs_with_pip(tmp_path):
@@ -141,6 +207,7 @@ def test_probes_steering_vectors_and_the_model_side(live_stack, client):
     tokens = client.models.tokenize(model, ["The cat sat", " cat"], special_tokens=False)
     assert "".join(token["text"] for token in tokens[0]) == "The cat sat"
     assert any(worker["name"] == live_stack.worker_name for worker in client.models.workers())
+    assert client.explainers()["prompt_version"] and client.explainers()["endpoints"][0]["name"] == "local"
     lens = client.models.logit_lens(model, "The cat sat on the", top=3)
     assert len(lens["layers"]) == 2 and len(lens["top"][-1][-1]) == 3
     # The last layer's lens is the model's own prediction.
@@ -167,3 +234,10 @@ def test_probes_steering_vectors_and_the_model_side(live_stack, client):
         interventions=[{"type": "add", "steering_vector": job.id, "coefficient": 30.0}],
     )
     assert steered.output_token_ids != client.generate(model, "The cat sat on", max_tokens=6).output_token_ids
+    # A vector of your own, uploaded, reads back as it was sent.
+    mine = np.random.default_rng(1).standard_normal(64).astype(np.float32)
+    uploaded = client.steering_vectors.upload(model, HOOK, mine, name="mine")
+    assert np.array_equal(client.steering_vectors.values(uploaded["id"]), mine)
+    assert client.steering_vectors.update(uploaded["id"], name="renamed")["name"] == "renamed"
+    client.steering_vectors.delete(uploaded["id"])
+    assert uploaded["id"] not in [row["id"] for row in client.steering_vectors.list()]
