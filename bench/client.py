@@ -14,7 +14,7 @@ On a real stack (``bench/demo_stack.py``: Daphne and a worker as processes, the 
 Medians of ``--repeats`` rounds after one untimed round. Runs on the embedded default in a
 temporary data directory unless DATABASE_URL / REDIS_URL are set.
 
-    .venv/bin/python bench/client.py [--repeats 5] [--megabytes 100]
+    .venv/bin/python bench/client.py [--repeats 5] [--megabytes 100] [--client OTHER/client]
 """
 
 from __future__ import annotations
@@ -29,9 +29,11 @@ import demo_stack  # configures Django first
 import httpx
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "client"))
+# --client PATH measures another checkout's client (the one before a change) against the same server.
+CLIENT_FOLDER = sys.argv[sys.argv.index("--client") + 1] if "--client" in sys.argv else None
+sys.path.insert(0, CLIENT_FOLDER or str(Path(__file__).resolve().parent.parent / "client"))
 
-from mistudio_client import Client
+from mistudio_client import Client  # noqa: E402
 
 SLICE_HOOK = "blocks.2.mlp.hook_post"
 CAPTURE = ["blocks.1.hook_resid_post", "blocks.2.mlp.hook_post", "blocks.3.hook_resid_post"]
@@ -54,6 +56,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--megabytes", type=float, default=100.0)
+    parser.add_argument("--client", help="the client package's folder (default: this checkout's client/)")
     arguments = parser.parse_args()
     with demo_stack.demo_stack() as stack:
         token = stack.tokens["alice"]

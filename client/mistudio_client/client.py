@@ -19,7 +19,6 @@ import os
 import re
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -454,14 +453,13 @@ class Cache:
         return HookArray(self.client, self.id, hook, tuple(shapes[hook]), self.state.get("dtype", "float32"))
 
 
-# At most this many values per request (the server's own limit is 4M), this many requests at once.
+# At most this many values per request (the server's own limit is 4M).
 SLICE_VALUES = 4_000_000
-PARALLEL_REQUESTS = 4
 
 
 class HookArray:
     """One hook of a cache, [tokens, width], read lazily: slicing rows fetches only those rows
-    (as safetensors bytes, at most 4M values a request, up to four requests at once for more);
+    (as safetensors bytes, at most 4M values a request, each copied once into the result);
     ``np.asarray`` reads it all; :meth:`to_torch` gives a tensor; :meth:`chunks` streams it."""
 
     def __init__(self, client: Client, cache_id: str, hook: str, shape: tuple[int, ...], dtype: str) -> None:
@@ -492,12 +490,8 @@ class HookArray:
             return first.copy()
         values = np.empty((stop - start, self.shape[1]), dtype=first.dtype)
         values[: len(first)] = first
-
-        def fill(span: tuple[int, int]) -> None:
-            values[span[0] - start : span[1] - start] = self._fetch(*span)
-
-        with ThreadPoolExecutor(min(PARALLEL_REQUESTS, len(spans) - 1)) as pool:
-            list(pool.map(fill, spans[1:]))
+        for begin, end in spans[1:]:
+            values[begin - start : end - start] = self._fetch(begin, end)
         return values
 
     def __getitem__(self, index: Any) -> np.ndarray:
