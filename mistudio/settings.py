@@ -154,6 +154,8 @@ SAE_CHECKPOINT_EVERY_STEPS = int(env_number("SAE_CHECKPOINT_EVERY_STEPS", 200, m
 FEATURES_DIR = env_directory("FEATURES_DIR", DATA_DIR / "features")
 STEERING_DIR = env_directory("STEERING_DIR", DATA_DIR / "steering")
 GRAPH_DIR = env_directory("GRAPH_DIR", DATA_DIR / "graphs")
+# SAELens folders sent in a request (POST /api/saes/upload), each kept until its import ends.
+SAE_UPLOAD_DIR = env_directory("SAE_UPLOAD_DIR", DATA_DIR / "sae-uploads")
 # How often a running feature analysis saves the state it resumes from after a crash (seconds).
 FEATURE_ANALYSIS_CHECKPOINT_SECONDS = env_number("FEATURE_ANALYSIS_CHECKPOINT_SECONDS", 30, minimum=1)
 ACTIVATION_CACHE_MAX_BYTES = int(
@@ -166,10 +168,12 @@ ACTIVATION_SHARD_MAX_BYTES = int(
     env_number("ACTIVATION_SHARD_MAX_BYTES", 64 * 2**20, minimum=1, integer=True)
 )
 DATASET_MAX_UPLOAD_BYTES = int(env_number("DATASET_MAX_UPLOAD_BYTES", 100 * 2**20, minimum=1, integer=True))
+SAE_MAX_UPLOAD_BYTES = int(env_number("SAE_MAX_UPLOAD_BYTES", 4 * 2**30, minimum=1, integer=True))
 # Request bodies (enforced by mistudio.web_server before a body is read, see docs/reliability.md):
 # a request without valid credentials may send ANONYMOUS_MAX_BODY_BYTES (a sign-in form is far
 # smaller); a signed-in one DATA_UPLOAD_MAX_MEMORY_SIZE (Django's own limit on non-file data), or
-# on an upload DATASET_MAX_UPLOAD_BYTES plus the multipart form around the file.
+# on an upload DATASET_MAX_UPLOAD_BYTES (a dataset) or SAE_MAX_UPLOAD_BYTES (an SAE's files) plus the
+# multipart form around the files.
 ANONYMOUS_MAX_BODY_BYTES = int(env_number("ANONYMOUS_MAX_BODY_BYTES", 64 * 2**10, minimum=1024, integer=True))
 DATA_UPLOAD_MAX_MEMORY_SIZE = int(
     env_number("DATA_UPLOAD_MAX_MEMORY_SIZE", 2_621_440, minimum=ANONYMOUS_MAX_BODY_BYTES, integer=True)

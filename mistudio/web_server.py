@@ -44,6 +44,8 @@ def body_limit(method: str, path: str) -> int:
     """The most bytes a signed-in request to ``path`` may send: uploads have their own limit."""
     if method == "POST" and path.rstrip("/") == "/api/datasets":
         return settings.DATASET_MAX_UPLOAD_BYTES + settings.UPLOAD_FORM_OVERHEAD_BYTES
+    if method == "POST" and path.rstrip("/") == "/api/saes/upload":
+        return settings.SAE_MAX_UPLOAD_BYTES + settings.UPLOAD_FORM_OVERHEAD_BYTES
     return settings.DATA_UPLOAD_MAX_MEMORY_SIZE
 
 

@@ -2,6 +2,7 @@
 
 from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import serializers, status
+from rest_framework.parsers import MultiPartParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -158,6 +159,36 @@ class SaeImportApi(APIView):
         model_id = values.pop("model_id", None)
         model = model_get(user=request.user, model_id=model_id) if model_id else None
         sae, created = services.sae_import(owner=request.user, model=model, **values)
+        answer = status.HTTP_202_ACCEPTED if created else status.HTTP_200_OK
+        return Response(sae_body(sae, request), status=answer)
+
+
+class SaeUploadApi(APIView):
+    """Import a SAELens folder sent in the request (multipart: ``cfg`` = its ``cfg.json``,
+    ``weights`` = ``sae_weights.safetensors``, optionally ``sparsity``), checked as a local folder
+    is: 202 with the queued SAE, or 200 with your earlier import of the same files."""
+
+    permission_classes = [CanWrite]
+    parser_classes = [MultiPartParser]
+
+    class InputSerializer(StrictSerializer):
+        cfg = serializers.FileField()
+        weights = serializers.FileField()
+        sparsity = serializers.FileField(required=False)
+        model_id = serializers.CharField(max_length=64, required=False)
+        hook = serializers.CharField(max_length=300, required=False)
+        name = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")
+        shared = serializers.BooleanField(default=False)
+
+    @extend_schema(request={"multipart/form-data": InputSerializer}, responses={202: dict, 200: dict})
+    def post(self, request):
+        data = self.InputSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        values = dict(data.validated_data)
+        files = {field: values.pop(field) for field in services.UPLOAD_FILES if field in values}
+        model_id = values.pop("model_id", None)
+        model = model_get(user=request.user, model_id=model_id) if model_id else None
+        sae, created = services.sae_upload(owner=request.user, files=files, model=model, **values)
         answer = status.HTTP_202_ACCEPTED if created else status.HTTP_200_OK
         return Response(sae_body(sae, request), status=answer)
 

@@ -1,6 +1,8 @@
 """Sparse autoencoders and transcoders: trained here on an activation cache or straight from a
 model over a dataset (many at once, in a group), or imported from a folder."""
 
+from pathlib import Path
+
 from django.conf import settings
 from django.db import models
 
@@ -157,6 +159,15 @@ class SparseAutoencoder(TrainingProgress, JobRow):
     def directory(self):
         """The SAELens folder (``cfg.json``, ``sae_weights.safetensors``, ``sparsity.safetensors``)."""
         return settings.SAE_DIR / self.id
+
+    @property
+    def uploaded_folder(self) -> Path | None:
+        """Where an upload's files wait until its import ends (``saes.services.sae_upload``)."""
+        folder = Path(self.import_path) if self.import_path else None
+        return folder if folder is not None and folder.parent == Path(settings.SAE_UPLOAD_DIR) else None
+
+    def leftovers(self) -> list[Path]:
+        return [*super().leftovers(), *([self.uploaded_folder] if self.uploaded_folder else [])]
 
     @property
     def evaluation_status(self) -> str:

@@ -6,6 +6,7 @@ worker; rows change through their ``mark_*`` methods and every change is announc
 """
 
 import logging
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ from mistudio import jobs
 from mistudio.access import OPERATOR, check_may_change, reach
 from mistudio.budgets import memory_budget_check
 from mistudio.errors import ApplicationError
+from mistudio.identifiers import new_id
 from mistudio.local_paths import path_inside_roots
 from mistudio.text import check_label_text
 from mistudio.workers import shared_queue
@@ -331,7 +333,62 @@ def sae_import(
     folder = path_inside_roots(local_path, settings.LOCAL_MODEL_ROOTS, setting="LOCAL_MODEL_ROOTS")
     if not folder.is_dir():
         raise ApplicationError("INVALID_LOCAL_PATH", "The local path is not a folder.")
-    files = sae_folder_files(folder, format)
+    return _import_folder(
+        owner=owner, folder=folder, format=format, model=model, hook=hook, name=name, shared=shared
+    )
+
+
+# The files of a SAELens folder a request may send (POST /api/saes/upload), by form field.
+UPLOAD_FILES = {"cfg": "cfg.json", "weights": "sae_weights.safetensors", "sparsity": "sparsity.safetensors"}
+
+
+def sae_upload(
+    *,
+    owner,
+    files: dict[str, Any],
+    model: LanguageModel | None = None,
+    hook: str | None = None,
+    name: str = "",
+    shared: bool = False,
+) -> tuple[SparseAutoencoder, bool]:
+    """Import a SAELens folder sent in the request: ``files`` maps :data:`UPLOAD_FILES`' fields
+    (``cfg`` and ``weights`` required) to uploaded files. They are written to a folder of their own
+    under ``SAE_UPLOAD_DIR`` and checked and imported as :func:`sae_import` does a local folder;
+    the folder goes when the import ends (or at once, when it is refused or an earlier import of
+    the same files is reused)."""
+    check_label_text(name, field="name")
+    folder = Path(settings.SAE_UPLOAD_DIR) / new_id("upload")
+    folder.mkdir(parents=True)
+    try:
+        for field, filename in UPLOAD_FILES.items():
+            if field in files:
+                with open(folder / filename, "wb") as target:
+                    for chunk in files[field].chunks():
+                        target.write(chunk)
+        sae, created = _import_folder(
+            owner=owner, folder=folder, format="saelens", model=model, hook=hook, name=name or "uploaded",
+            shared=shared, uploaded=True,
+        )  # fmt: skip
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    if not created:
+        shutil.rmtree(folder, ignore_errors=True)
+    return sae, created
+
+
+def _import_folder(
+    *,
+    owner,
+    folder: Path,
+    format: str,
+    model: LanguageModel | None,
+    hook: str | None,
+    name: str,
+    shared: bool,
+    uploaded: bool = False,
+) -> tuple[SparseAutoencoder, bool]:
+    files = sae_folder_files(folder, format, uploaded=uploaded)
     hook_name = hook or files.hook_name
     if not hook_name:
         raise ApplicationError("HOOK_REQUIRED", "The folder names no hook point: give hook.")
@@ -446,16 +503,21 @@ PRIVATE_DIRECTORIES = (
     "GRAPH_DIR",
     "ACTIVATION_CACHE_DIR",
     "DATASET_DIR",
+    "SAE_UPLOAD_DIR",  # other users' uploads waiting for their import
 )
 
 
-def sae_folder_files(folder: Path, format: str) -> Any:
+def sae_folder_files(folder: Path, format: str, *, uploaded: bool = False) -> Any:
     """The SAE files of ``folder`` from their headers, each resolved (links followed) inside
     ``LOCAL_MODEL_ROOTS`` and outside miStudio's own data (400 ``UNSAFE_PATH`` / ``INVALID_SAE``):
-    a :class:`SaeFiles`, or for ``circuit_tracer`` one per layer."""
+    a :class:`SaeFiles`, or for ``circuit_tracer`` one per layer. An ``uploaded`` folder (what
+    :func:`sae_upload` wrote) is confined to ``SAE_UPLOAD_DIR`` instead."""
     try:
-        entries = confined_folder_entries(folder, settings.LOCAL_MODEL_ROOTS)
-        private = [Path(getattr(settings, name)).resolve() for name in PRIVATE_DIRECTORIES]
+        roots = [Path(settings.SAE_UPLOAD_DIR)] if uploaded else settings.LOCAL_MODEL_ROOTS
+        entries = confined_folder_entries(folder, roots)
+        private = (
+            [] if uploaded else [Path(getattr(settings, name)).resolve() for name in PRIVATE_DIRECTORIES]
+        )
         for entry, real in entries.items():
             if any(real.is_relative_to(directory) for directory in private):
                 raise ApplicationError(

@@ -241,7 +241,11 @@ def run_sae_import(sae: SparseAutoencoder, job: JobContext) -> None:
         module = load_circuit_tracer_layer(files.files[0])
     else:
         folder = Path(sae.import_path)
-        files = sae_folder_files(folder, "gemma_scope" if sae.source == sae.Source.GEMMA_SCOPE else "saelens")
+        files = sae_folder_files(
+            folder,
+            "gemma_scope" if sae.source == sae.Source.GEMMA_SCOPE else "saelens",
+            uploaded=sae.uploaded_folder is not None,
+        )
         if (files.d_in, files.d_sae) != (sae.d_in, sae.d_sae):
             raise ApplicationError("INVALID_SAE", "The folder changed since the import was requested.")
         # Read through the folder whose entries were just checked to resolve inside the roots.
@@ -261,6 +265,8 @@ def run_sae_import(sae: SparseAutoencoder, job: JobContext) -> None:
             imported(sae, folder)
         except Exception:
             logger.exception("reading the extras of the imported SAE %s failed", sae.id)
+    if sae.uploaded_folder is not None:  # its files are in the SAE's own folder now
+        shutil.rmtree(sae.uploaded_folder, ignore_errors=True)
 
 
 # (SAE row, its import folder) -> None: what other apps read from an import (features: labels).

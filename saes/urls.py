@@ -5,6 +5,7 @@ from saes import apis
 urlpatterns = [
     path("saes", apis.SaeListApi.as_view(), name="sae-list"),
     path("saes/import", apis.SaeImportApi.as_view(), name="sae-import"),
+    path("saes/upload", apis.SaeUploadApi.as_view(), name="sae-upload"),
     path("saes/import-transcoders", apis.TranscoderSetImportApi.as_view(), name="sae-import-transcoders"),
     path("saes/groups", apis.SaeGroupListApi.as_view(), name="sae-group-list"),
     path("saes/groups/<str:group_id>", apis.SaeGroupDetailApi.as_view(), name="sae-group-detail"),

@@ -19,6 +19,7 @@ import os
 import re
 import time
 from collections.abc import Iterable, Iterator, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -594,6 +595,35 @@ class Saes(_Resource):
         if "model_id" in body:
             body["model_id"] = _id(body["model_id"])
         return Job(self.client, "sae", self.client.request("POST", "saes/import", json=body)["id"])
+
+    def upload(
+        self,
+        folder: str | Path,
+        *,
+        model: Any = None,
+        hook: str | None = None,
+        name: str = "",
+        shared: bool = False,
+    ) -> Job:
+        """Send a SAELens folder of yours (``cfg.json``, ``sae_weights.safetensors``, and
+        ``sparsity.safetensors`` if there) to the server and import it: an ``sae_…`` job, already
+        completed when you had sent the same files before. ``sae.save_model(folder)`` in SAELens
+        writes such a folder."""
+        folder = Path(folder)
+        names = {"cfg": "cfg.json", "weights": "sae_weights.safetensors", "sparsity": "sparsity.safetensors"}
+        data = {"name": name, "shared": str(shared).lower()}
+        if model is not None:
+            data["model_id"] = _id(self.client.models.get(model))
+        if hook:
+            data["hook"] = hook
+        with ExitStack() as files:
+            handles = {
+                field: files.enter_context(open(folder / filename, "rb"))
+                for field, filename in names.items()
+                if (folder / filename).is_file()
+            }
+            answer = self.client.request("POST", "saes/upload", files=handles, data=data)
+        return Job(self.client, "sae", answer["id"], answer)
 
     def import_transcoders(self, local_path: str, model: Any, **options: Any) -> dict[str, Any]:
         """Import a circuit-tracer transcoder set (a folder on the server) as an SAE group."""

@@ -14,6 +14,7 @@ import mistudio_client
 import numpy as np
 import pytest
 from mistudio_client import Add, BadRequest, Client, Job, NotFound, Unauthorized, VersionMismatch
+from mistudio_client.safetensors import read_safetensors
 
 pytestmark = pytest.mark.slow
 HOOK = "blocks.1.hook_resid_post"
@@ -118,6 +119,13 @@ def test_train_an_sae_wait_and_export(live_stack, client, tmp_path, monkeypatch)
     assert labelled["label"]["label"] == "cats and mats"
     folder = client.saes.export(job.id, tmp_path / "sae")
     assert (folder / "cfg.json").is_file() and (folder / "sae_weights.safetensors").is_file()
+    # The exported folder sent back (as from a laptop) imports to the same weights.
+    uploaded = client.saes.upload(folder, model=model, name="round trip").wait(progress=False)
+    assert uploaded.id != job.id and client.saes.get(uploaded.id)["name"] == "round trip"
+    sent = read_safetensors((folder / "sae_weights.safetensors").read_bytes())
+    back = client.saes.export(uploaded.id, tmp_path / "back") / "sae_weights.safetensors"
+    received = read_safetensors(back.read_bytes())
+    assert sent.keys() == received.keys() and all(np.array_equal(sent[name], received[name]) for name in sent)
     evaluation = client.saes.evaluate(job.id)
     assert 0 < evaluation["l0"] <= 8 and client.saes.get(job.id)["evaluation_status"] == ""
 

@@ -64,7 +64,7 @@ def test_every_readme_example_runs(server, tiny_gpt2_folder, django_user_model):
     assert namespace["rows"].shape == (8, 64) and namespace["out"].text
     assert namespace["out"].activations["blocks.1.hook_resid_post"].shape[1] == 64
     assert namespace["pushed"].output_token_ids != namespace["out"].output_token_ids
-    assert (Path("my-sae") / "cfg.json").is_file()
+    assert (Path("my-sae") / "cfg.json").is_file() and namespace["mine"].status == "completed"
     assert len(namespace["dense"]) == 10 and namespace["values"].shape[1] == 256
     assert namespace["steered"].text
     assert namespace["pruned"]["nodes"] and namespace["graph"].status == "completed"

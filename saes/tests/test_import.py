@@ -362,3 +362,66 @@ def test_an_import_over_the_memory_budget_is_refused(writer, client_for, sae_fol
     assert error["details"]["limit_bytes"] <= int(0.0001 * 2**30)
     assert SaeRow.objects.count() == 0
     assert sae_dir_files() == before
+
+
+# --- 10. a SAELens folder sent in the request (POST /api/saes/upload) -------------------------------------
+
+
+def uploaded_folders() -> list[str]:
+    root = Path(settings.SAE_UPLOAD_DIR)
+    return sorted(path.name for path in root.iterdir()) if root.exists() else []
+
+
+def upload(api, folder: Path, **fields):
+    with open(folder / "cfg.json", "rb") as cfg, open(folder / "sae_weights.safetensors", "rb") as weights:
+        return api.post("/api/saes/upload", {"cfg": cfg, "weights": weights, **fields}, format="multipart")
+
+
+def test_an_uploaded_folder_imports_as_the_original_and_its_files_go_after(
+    tiny_model, writer, client_for, tmp_path
+):
+    original = random_sae("jumprelu", seed=11)
+    save_saelens(original, tmp_path, hook_name=HOOK, model_name="tiny-gpt2")
+    api = client_for(writer)
+    response = upload(api, tmp_path, model_id=tiny_model.id, name="from my laptop")
+    assert response.status_code == 202, response.content
+    sae_id = response.json()["id"]
+    assert response.json()["status"] == "queued" and response.json()["name"] == "from my laptop"
+    assert len(uploaded_folders()) == 1  # waiting for the worker
+
+    run_worker(name="import-worker", device="cpu", burst=True)
+    row = SaeRow.objects.get(pk=sae_id)
+    assert row.status == "completed", (row.error_code, row.error_message)
+    imported, described = load_saelens(Path(settings.SAE_DIR) / sae_id)
+    assert described["hook_name"] == HOOK
+    x = torch.randn(200, D_IN)
+    torch.testing.assert_close(imported.encode(x), original.encode(x))
+    assert uploaded_folders() == []
+
+    again = upload(api, tmp_path, model_id=tiny_model.id)  # the same files: the earlier row
+    assert again.status_code == 200 and again.json()["id"] == sae_id
+    assert uploaded_folders() == [] and SaeRow.objects.count() == 1
+
+
+@pytest.mark.parametrize("weights", ["missing", "pickle", "lying header"])
+def test_a_bad_upload_is_refused_and_leaves_nothing(writer, client_for, tmp_path, weights):
+    save_saelens(random_sae("standard", seed=3), tmp_path, hook_name=HOOK, model_name="tiny-gpt2")
+    api = client_for(writer)
+    before = sae_dir_files()
+    with open(tmp_path / "cfg.json", "rb") as cfg:
+        if weights == "missing":
+            response = api.post("/api/saes/upload", {"cfg": cfg}, format="multipart")
+            assert_refused(response, 400, "VALIDATION_ERROR")
+            assert "weights" in response.json()["error"]["details"]["fields"]
+        else:
+            path = tmp_path / "sae_weights.safetensors"
+            if weights == "pickle":
+                torch.save({"W_enc": torch.zeros(D_IN, D_SAE)}, path)  # what an upload must never unpickle
+            else:
+                write_safetensors(
+                    path, {"W_enc": {"dtype": "F32", "shape": [D_IN, D_SAE], "data_offsets": [0, 10**9]}}, b""
+                )
+            with open(path, "rb") as handle:
+                response = api.post("/api/saes/upload", {"cfg": cfg, "weights": handle}, format="multipart")
+            assert_refused(response, 400, "INVALID_SAE", paths=[tmp_path, settings.SAE_UPLOAD_DIR])
+    assert not SaeRow.objects.exists() and sae_dir_files() == before and uploaded_folders() == []
