@@ -1,6 +1,7 @@
 """mistudio-client: a miStudio server from Python (a notebook on a laptop, the server on a GPU)."""
 
-from mistudio_client.client import API_VERSION, Cache, Client, Generation, GenerationStream, HookArray
+from mistudio_client.arrays import Cache, HookArray
+from mistudio_client.client import API_VERSION, Client
 from mistudio_client.errors import (
     ApiError,
     BadRequest,
@@ -14,6 +15,7 @@ from mistudio_client.errors import (
     Unauthorized,
     VersionMismatch,
 )
+from mistudio_client.generation import Generation, GenerationStream
 from mistudio_client.interventions import Ablate, Add, AddFeature, ClampFeature, Replace
 from mistudio_client.jobs import Job
 

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 from mistudio_client.errors import JobFailed, MistudioError
 
 if TYPE_CHECKING:
-    from mistudio_client.client import Cache, Client
+    from mistudio_client.arrays import Cache
+    from mistudio_client.client import Client
 
 # kind -> (the row's API path, its cancel path); an id's prefix names its kind. An analysis's and an
 # explanation job's paths go through their SAE (``sae``).
@@ -187,12 +188,10 @@ class Job:
 
     def cache(self) -> Cache:
         """An extraction's cache (after :meth:`wait`)."""
-        from mistudio_client.client import Cache
-
         cache_id = self.state.get("cache_id")
         if not cache_id:
             raise MistudioError(f"{self!r} has no cache (yet).")
-        return Cache(self.client, self.client.request("GET", f"activation-caches/{cache_id}"))
+        return self.client.caches.get(cache_id)
 
 
 def _progress_bar(description: str):

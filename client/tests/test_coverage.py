@@ -6,18 +6,9 @@ import re
 
 import pytest
 from mistudio_client import Client, HookArray, Job
-from mistudio_client.client import (
-    Caches,
-    Datasets,
-    Extractions,
-    Features,
-    Generations,
-    Graphs,
-    Models,
-    Saes,
-    SteeringVectors,
-)
 from mistudio_client.coverage import OPERATIONS
+from mistudio_client.resources import Caches, Datasets, Extractions, Generations, Models
+from mistudio_client.saes import Features, Graphs, Saes, SteeringVectors
 
 pytestmark = pytest.mark.django_db
 
