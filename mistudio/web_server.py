@@ -40,12 +40,18 @@ LINGER_SECONDS = 2.0
 QUEUED_BODY_CHUNKS = 4
 
 
+# The routes that take uploads (POST): the setting that bounds the files, and the refusal's code.
+UPLOAD_ROUTES = {
+    "/api/datasets": ("DATASET_MAX_UPLOAD_BYTES", "DATASET_TOO_LARGE"),
+    "/api/saes/upload": ("SAE_MAX_UPLOAD_BYTES", "REQUEST_TOO_LARGE"),
+}
+
+
 def body_limit(method: str, path: str) -> int:
     """The most bytes a signed-in request to ``path`` may send: uploads have their own limit."""
-    if method == "POST" and path.rstrip("/") == "/api/datasets":
-        return settings.DATASET_MAX_UPLOAD_BYTES + settings.UPLOAD_FORM_OVERHEAD_BYTES
-    if method == "POST" and path.rstrip("/") == "/api/saes/upload":
-        return settings.SAE_MAX_UPLOAD_BYTES + settings.UPLOAD_FORM_OVERHEAD_BYTES
+    upload = UPLOAD_ROUTES.get(path.rstrip("/")) if method == "POST" else None
+    if upload is not None:
+        return getattr(settings, upload[0]) + settings.UPLOAD_FORM_OVERHEAD_BYTES
     return settings.DATA_UPLOAD_MAX_MEMORY_SIZE
 
 
@@ -56,9 +62,8 @@ def refusal_body(path: str, *, limit: int, size: int | None, anonymous: bool) ->
         message = f"Requests without a valid sign-in may carry at most {limit} bytes."
     else:
         message = f"Request bodies to this route are limited to {limit} bytes."
-    code = (
-        "DATASET_TOO_LARGE" if path.rstrip("/") == "/api/datasets" and not anonymous else "REQUEST_TOO_LARGE"
-    )
+    upload = UPLOAD_ROUTES.get(path.rstrip("/"))
+    code = upload[1] if upload is not None and not anonymous else "REQUEST_TOO_LARGE"
     details = {"max_bytes": limit, **({"size_bytes": size} if size is not None else {})}
     if path.startswith("/v1/"):
         body = {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": code}}

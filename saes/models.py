@@ -167,7 +167,8 @@ class SparseAutoencoder(TrainingProgress, JobRow):
         return folder if folder is not None and folder.parent == Path(settings.SAE_UPLOAD_DIR) else None
 
     def leftovers(self) -> list[Path]:
-        return [*super().leftovers(), *([self.uploaded_folder] if self.uploaded_folder else [])]
+        uploaded = self.uploaded_folder
+        return [*super().leftovers(), *([uploaded] if uploaded is not None else [])]
 
     @property
     def evaluation_status(self) -> str:
