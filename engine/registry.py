@@ -41,6 +41,10 @@ class ModelRegistry:
         with self._lock:
             return self._models.pop(model_id, None)
 
+    def model_ids(self) -> list[str]:
+        with self._lock:
+            return list(self._models)
+
     def __len__(self) -> int:
         with self._lock:
             return len(self._models)

@@ -7,7 +7,7 @@ import inspect
 import secrets
 import time
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from engine.generation.params import (
@@ -15,8 +15,10 @@ from engine.generation.params import (
     FINISH_CANCELLED,
     FINISH_LENGTH,
     FINISH_STOP,
+    FINISH_YIELDED,
     GenerationError,
     GenerationResult,
+    Progress,
     SamplingParams,
     TokenEvent,
     TopLogprob,
@@ -41,11 +43,14 @@ class Row:
 
     index: int
     params: SamplingParams
+    # What the model is fed first: the prompt, and the tokens generated before a yield.
     prompt: list[int]
     generator: Any
     stream: TextStream
     # Column of the row's first real token in the padded batch.
     start: int
+    # The prompt's own length (without tokens generated before a yield).
+    prompt_tokens: int
     token_ids: list[int] = field(default_factory=list)
     events: list[TokenEvent] | None = None
     finish_reason: str | None = None
@@ -54,6 +59,10 @@ class Row:
     @property
     def done(self) -> bool:
         return self.finish_reason is not None
+
+    @property
+    def steps_left(self) -> int:
+        return self.params.max_new_tokens - len(self.token_ids)
 
     @property
     def wants_logprobs(self) -> bool:
@@ -137,6 +146,8 @@ def generate(
     on_token: Callable[[TokenEvent], None] | None = None,
     cancelled_rows: Callable[[], Collection[int]] | None = None,
     interventions: Sequence[Sequence[Intervention]] | None = None,
+    progress: Sequence[Progress | None] | None = None,
+    should_yield: Callable[[], bool] | None = None,
 ) -> list[GenerationResult]:
     """Generate a completion for each prompt (token ids) with its own :class:`SamplingParams`.
 
@@ -148,6 +159,13 @@ def generate(
     returns the activations of every prompt and generated token in ``capture_dtype``.
     ``interventions[r]`` (see :mod:`engine.interventions`) change row ``r``'s activations as it
     runs, and only row ``r``'s; captured activations are the changed ones.
+
+    ``should_yield()`` is asked once per decode step too (after at least one token per row): when
+    it answers True the batch stops, and every unfinished row's result is ``yielded`` with its
+    ``progress``. Passed back as ``progress[r]`` (with the same prompt and parameters), it makes
+    row ``r`` go on exactly where it stopped: the run is re-prefilled over prompt + tokens so far,
+    and the row's random draws, held-back text and logprobs continue as if it had never stopped.
+    Results always cover the whole row (tokens, text and events from its first token).
 
     Everything is validated before the model runs: :class:`GenerationError` (codes on the
     class) or :class:`HookError` for an unknown hook point. Hooks are removed before this
@@ -163,7 +181,17 @@ def generate(
     for row_params in params:
         check_params(row_params)
     token_lists = checked_prompts(model, prompts)
-    check_context(model, token_lists, params)
+    progress = list(progress) if progress is not None else [None] * len(token_lists)
+    if len(progress) != len(token_lists):
+        raise invalid("progress", "Give one progress (or None) per prompt.")
+    fed = _fed_tokens(token_lists, progress)
+    left = [
+        replace(row_params, max_new_tokens=row_params.max_new_tokens - (len(done.token_ids) if done else 0))
+        for row_params, done in zip(params, progress, strict=True)
+    ]
+    if any(row_params.max_new_tokens < 1 for row_params in left):
+        raise invalid("progress", "A row's progress already holds all its tokens.")
+    check_context(model, fed, left)
     sites: dict[str, HookSite] = {}
     if capture:
         if isinstance(capture, str):
@@ -172,6 +200,8 @@ def generate(
             raise GenerationError(
                 "CAPTURE_NEEDS_ONE_PROMPT", "Activations can be captured for one prompt at a time."
             )
+        if progress[0] is not None or should_yield is not None:
+            raise invalid("capture", "A captured generation runs whole: it neither yields nor goes on.")
         if capture_dtype not in CAPTURE_DTYPES:
             raise invalid("capture_dtype", f"capture_dtype must be one of {', '.join(CAPTURE_DTYPES)}.")
         sites = hook_sites(model, list(capture))
@@ -188,9 +218,11 @@ def generate(
             tokenizer,
             token_lists,
             params,
+            progress=progress,
             hooks=hooks,
             on_token=on_token,
             cancelled_rows=cancelled_rows,
+            should_yield=should_yield,
         )
 
 
@@ -224,35 +256,30 @@ def _run(
     prompts: list[list[int]],
     params: list[SamplingParams],
     *,
+    progress: list[Progress | None],
     hooks: _Hooks | None,
     on_token: Callable[[TokenEvent], None] | None,
     cancelled_rows: Callable[[], Collection[int]] | None,
+    should_yield: Callable[[], bool] | None,
 ) -> list[GenerationResult]:
     import torch
 
     device = input_device(model)
     batch_size = len(prompts)
-    lengths = [len(prompt) for prompt in prompts]
+    fed = _fed_tokens(prompts, progress)
+    lengths = [len(tokens) for tokens in fed]
     prompt_length = max(lengths)
-    steps = max(row_params.max_new_tokens for row_params in params)
     padded = min(lengths) != prompt_length
     takes_position_ids, logits_to_keep_name = _forward_arguments(model)
     eos_ids = eos_token_ids(model, tokenizer)
 
-    rows = []
-    for index, (prompt, row_params) in enumerate(zip(prompts, params, strict=True)):
-        seed = row_params.seed if row_params.seed is not None else secrets.randbits(63)
-        rows.append(
-            Row(
-                index=index,
-                params=row_params,
-                prompt=prompt,
-                generator=torch.Generator(device=device).manual_seed(seed),
-                stream=TextStream(tokenizer, row_params.stop),
-                start=prompt_length - len(prompt),
-                events=[] if row_params.logprobs or row_params.top_logprobs else None,
-            )
-        )
+    rows = [
+        _row(index, prompt, tokens, row_params, done, start=prompt_length - len(tokens), device=device,
+             tokenizer=tokenizer)
+        for index, (prompt, tokens, row_params, done)
+        in enumerate(zip(prompts, fed, params, progress, strict=True))
+    ]  # fmt: skip
+    steps = max(row.steps_left for row in rows)
 
     # Prompt + generated ids, left-padded: the repetition penalty reads each row's slice of it.
     sequence = torch.full((batch_size, prompt_length + steps), pad_token_id(model), dtype=torch.long)
@@ -325,6 +352,11 @@ def _run(
                     row.finish_reason = FINISH_CANCELLED
             if all(row.done for row in rows):
                 break
+        if should_yield is not None and should_yield():
+            for row in rows:
+                if not row.done:
+                    row.finish_reason = FINISH_YIELDED
+            break
         if hooks is not None:
             hooks.begin_pass((row_lengths + step - 1)[:, None])
         output = forward(
@@ -366,13 +398,59 @@ def _run(
             text=row.stream.text,
             finish_reason=row.finish_reason or FINISH_LENGTH,
             logprobs=row.events,
-            prompt_tokens=len(row.prompt),
+            prompt_tokens=row.prompt_tokens,
             prefill_seconds=prefill_seconds,
             decode_seconds=max(0.0, row.last_token_at - first_token_at),
             activations=activations,
+            progress=_progress(row) if row.finish_reason == FINISH_YIELDED else None,
         )
         for row in rows
     ]
+
+
+def _fed_tokens(prompts: list[list[int]], progress: list[Progress | None]) -> list[list[int]]:
+    """What each row feeds the model first: its prompt, then what it generated before a yield."""
+    return [prompt + (done.token_ids if done else []) for prompt, done in zip(prompts, progress, strict=True)]
+
+
+def _row(
+    index: int, prompt: list[int], fed: list[int], params: SamplingParams, done: Progress | None, *,
+    start: int, device: Any, tokenizer: Any,
+) -> Row:  # fmt: skip
+    """A row of the batch: fresh, or going on from ``done`` (its tokens, random state, held-back
+    text and events as they were when its batch yielded)."""
+    import torch
+
+    generator = torch.Generator(device=device)
+    if done is None:
+        generator.manual_seed(params.seed if params.seed is not None else secrets.randbits(63))
+    else:
+        generator.set_state(torch.frombuffer(bytearray(done.rng_state), dtype=torch.uint8))
+    row = Row(
+        index=index,
+        params=params,
+        prompt=fed,
+        generator=generator,
+        stream=TextStream(tokenizer, params.stop),
+        start=start,
+        prompt_tokens=len(prompt),
+        events=[] if params.logprobs or params.top_logprobs else None,
+    )
+    if done is not None:
+        row.token_ids = list(done.token_ids)
+        for token_id in done.token_ids:  # replayed: the same text released, the same held back
+            row.stream.push(token_id, final=False)
+        if row.events is not None:
+            row.events = list(done.events or [])
+    return row
+
+
+def _progress(row: Row) -> Progress:
+    return Progress(
+        token_ids=list(row.token_ids),
+        rng_state=row.generator.get_state().numpy().tobytes(),
+        events=None if row.events is None else list(row.events),
+    )
 
 
 def _emit(

@@ -23,6 +23,9 @@ _CONTEXT_KEYS: tuple[str, ...] = ("max_position_embeddings", "n_positions", "n_c
 FINISH_STOP = "stop"
 FINISH_LENGTH = "length"
 FINISH_CANCELLED = "cancelled"
+# Not finished: the batch yielded before the row ended (``generate(should_yield=…)``); the result's
+# ``progress`` lets a later call go on from there. Never a client's finish reason.
+FINISH_YIELDED = "yielded"
 
 
 class GenerationError(EngineError):
@@ -88,6 +91,56 @@ class TokenEvent:
 
 
 @dataclass
+class Progress:
+    """Where an unfinished row stood when its batch yielded: given back to :func:`generate`, the
+    row goes on exactly as if it had never stopped (the same tokens, the same random draws, the
+    same text held back for a stop string). JSON-able through :meth:`as_json`."""
+
+    # Generated so far (fed again after the prompt when the row goes on).
+    token_ids: list[int]
+    # The row's torch.Generator state after its last draw.
+    rng_state: bytes
+    # The row's token events so far, when it reports logprobs.
+    events: list[TokenEvent] | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        import base64
+
+        return {
+            "token_ids": list(self.token_ids),
+            "rng_state": base64.b64encode(self.rng_state).decode("ascii"),
+            "events": None if self.events is None else [_event_json(event) for event in self.events],
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Progress:
+        import base64
+
+        events = data.get("events")
+        return cls(
+            token_ids=[int(token) for token in data["token_ids"]],
+            rng_state=base64.b64decode(data["rng_state"]),
+            events=None if events is None else [_event_from_json(event) for event in events],
+        )
+
+
+def _event_json(event: TokenEvent) -> dict[str, Any]:
+    return {
+        "index": event.index, "token_id": event.token_id, "text": event.text, "logprob": event.logprob,
+        "top_logprobs": None if event.top_logprobs is None
+        else [[top.token_id, top.token, top.logprob] for top in event.top_logprobs],
+    }  # fmt: skip
+
+
+def _event_from_json(data: Mapping[str, Any]) -> TokenEvent:
+    tops = data.get("top_logprobs")
+    return TokenEvent(
+        row=0, index=data["index"], token_id=data["token_id"], text=data["text"], logprob=data.get("logprob"),
+        top_logprobs=None if tops is None else [TopLogprob(*top) for top in tops],
+    )  # fmt: skip
+
+
+@dataclass
 class GenerationResult:
     """One row's completion."""
 
@@ -96,7 +149,8 @@ class GenerationResult:
     # The completion: EOS and the stop string (and what follows it) excluded. Always the
     # concatenation of the row's event texts.
     text: str
-    # "stop" (EOS or a stop string), "length" (max_new_tokens) or "cancelled".
+    # "stop" (EOS or a stop string), "length" (max_new_tokens), "cancelled", or "yielded" (not
+    # finished: see ``progress``).
     finish_reason: str
     # The row's events when logprobs were requested (the same objects on_token received).
     logprobs: list[TokenEvent] | None
@@ -108,6 +162,8 @@ class GenerationResult:
     # Capture only: hook point -> CPU tensor [prompt_tokens + len(token_ids), width] in the
     # capture dtype; row k is the k-th token of prompt + generated.
     activations: dict[str, torch.Tensor] | None = None
+    # "yielded" only: where the row stood, to go on from (``generate(progress=…)``).
+    progress: Progress | None = None
 
 
 def context_length(model: Any) -> int | None:

@@ -639,3 +639,109 @@ def test_int8_greedy_matches_its_own_generate(load_tiny):
 
     reference = _reference_greedy(weights.model, ids, GREEDY.max_new_tokens)
     assert _matches_reference(result, reference, _eos_ids(weights))
+
+
+# --- 9. yielding a batch and going on ----------------------------------------------------------
+
+
+def _in_segments(model, tokenizer, prompts, params, *, steps_per_segment: int, **options):
+    """Run ``prompts`` to the end, yielding every ``steps_per_segment`` decode steps and going on
+    from each row's progress (serialised to JSON and back, as the worker stores it)."""
+    from engine.generation import Progress
+
+    progress = [None] * len(prompts)
+    events: list[list[TokenEvent]] = [[] for _ in prompts]
+    finished: dict[int, object] = {}
+    segments = 0
+    while len(finished) < len(prompts):
+        waiting = [index for index in range(len(prompts)) if index not in finished]
+        steps = iter(range(10**6))
+
+        def relay(event, waiting=waiting):
+            events[waiting[event.row]].append(event)
+
+        results = generate(
+            model, tokenizer, [prompts[index] for index in waiting], [params[index] for index in waiting],
+            progress=[progress[index] for index in waiting], on_token=relay,
+            should_yield=lambda steps=steps: next(steps) >= steps_per_segment - 1, **options,
+        )  # fmt: skip
+        segments += 1
+        for index, result in zip(waiting, results, strict=True):
+            if result.finish_reason == "yielded":
+                assert (
+                    result.progress is not None
+                    and len(result.progress.token_ids) < params[index].max_new_tokens
+                )
+                progress[index] = Progress.from_json(result.progress.as_json())
+            else:
+                finished[index] = result
+    return [finished[index] for index in range(len(prompts))], events, segments
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_a_yielded_batch_goes_on_exactly_as_an_uninterrupted_one(load_tiny, family):
+    weights = load_tiny(family)
+    model, tokenizer = weights.model, weights.tokenizer
+    short = _prompt_ids(tokenizer, "Hello")
+    prompts = [_prompt_ids(tokenizer), short, _prompt_ids(tokenizer, "import os")]
+    params = [
+        SamplingParams(max_new_tokens=30, temperature=1.3, top_p=0.9, seed=11, logprobs=True, top_logprobs=2),
+        SamplingParams(max_new_tokens=17, temperature=0, repetition_penalty=1.3),
+        SamplingParams(max_new_tokens=25, temperature=0.8, top_k=20, seed=5, ignore_eos=True),
+    ]
+    whole_events: list[TokenEvent] = []
+    whole = generate(model, tokenizer, prompts, params, on_token=whole_events.append)
+
+    parts, events, segments = _in_segments(model, tokenizer, prompts, params, steps_per_segment=4)
+
+    assert segments >= 7  # 30 tokens, 4 steps a segment (and a token from each re-prefill)
+    for index, (one, other) in enumerate(zip(whole, parts, strict=True)):
+        assert other.token_ids == one.token_ids
+        assert other.text == one.text == "".join(event.text for event in events[index])
+        assert other.finish_reason == one.finish_reason
+        assert other.prompt_tokens == len(prompts[index])
+        assert [event.index for event in events[index]] == list(range(len(one.token_ids)))
+    resumed, uninterrupted = parts[0].logprobs, whole[0].logprobs
+    assert len(resumed) == 30
+    assert [event.token_id for event in resumed] == [event.token_id for event in uninterrupted]
+    # Re-prefilled positions are computed without the KV cache: equal within float32 rounding.
+    assert [event.logprob for event in resumed] == pytest.approx(
+        [event.logprob for event in uninterrupted], abs=1e-4
+    )
+    assert [[top.token_id for top in event.top_logprobs] for event in resumed] == [
+        [top.token_id for top in event.top_logprobs] for event in uninterrupted
+    ]
+
+
+def test_a_yielded_row_keeps_text_held_back_for_a_stop_string(load_tiny):
+    weights = load_tiny("llama")
+    model, tokenizer = weights.model, weights.tokenizer
+    ids = _prompt_ids(tokenizer)
+    params = dataclasses.replace(GREEDY, max_new_tokens=40)
+    (first,) = generate(model, tokenizer, [ids], [params])
+    stop, index = _stop_string_in(first.text)
+    stopping = dataclasses.replace(params, stop=(stop,))
+    (whole,) = generate(model, tokenizer, [ids], [stopping])
+
+    # Yield after every step: some yield falls while the stop string's first characters are held.
+    (part,), events, _ = _in_segments(model, tokenizer, [ids], [stopping], steps_per_segment=1)
+
+    assert part.finish_reason == whole.finish_reason == "stop"
+    assert part.text == whole.text == first.text[:index] == "".join(event.text for event in events[0])
+    assert part.token_ids == whole.token_ids
+
+
+def test_progress_is_checked(load_tiny):
+    from engine.generation import Progress
+
+    weights = load_tiny("gpt2")
+    model, tokenizer = weights.model, weights.tokenizer
+    ids = _prompt_ids(tokenizer)
+    full = Progress(token_ids=[5] * 4, rng_state=torch.Generator().get_state().numpy().tobytes())
+    with pytest.raises(GenerationError) as error:
+        generate(model, tokenizer, [ids], [SamplingParams(max_new_tokens=4)], progress=[full])
+    assert error.value.code == "INVALID_PARAMETER"
+    with pytest.raises(GenerationError):
+        generate(
+            model, tokenizer, [ids], [GREEDY], capture=["blocks.0.hook_resid_post"], should_yield=lambda: True
+        )
