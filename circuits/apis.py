@@ -1,7 +1,5 @@
 """REST API for attribution graphs (thin views)."""
 
-import json
-
 from django.http import HttpResponse
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
@@ -128,11 +126,13 @@ class GraphCancelApi(APIView):
         return Response(graph_state(graph, viewer=request.user), status=status.HTTP_202_ACCEPTED)
 
 
-def _graph_view(request, graph_id: str) -> tuple[AttributionGraph, dict]:
+def _graph_view(request, graph_id: str, *, export: bool) -> tuple[AttributionGraph, HttpResponse]:
     graph = selectors.completed_graph(user=request.user, graph_id=graph_id)
     thresholds = ThresholdSerializer(data=request.query_params)
     thresholds.is_valid(raise_exception=True)
-    return graph, selectors.graph_view(user=request.user, graph=graph, **thresholds.validated_data)
+    services.graph_view_prepare(graph=graph)
+    body = selectors.graph_view(user=request.user, graph=graph, export=export, **thresholds.validated_data)
+    return graph, HttpResponse(body, content_type="application/json")
 
 
 class GraphNodesApi(APIView):
@@ -143,7 +143,7 @@ class GraphNodesApi(APIView):
 
     @extend_schema(parameters=[ThresholdSerializer], responses={200: dict})
     def get(self, request, graph_id: str):
-        return Response(_graph_view(request, graph_id)[1])
+        return _graph_view(request, graph_id, export=False)[1]
 
 
 class GraphExportApi(APIView):
@@ -153,9 +153,7 @@ class GraphExportApi(APIView):
 
     @extend_schema(parameters=[ThresholdSerializer], responses={200: bytes})
     def get(self, request, graph_id: str):
-        graph, view = _graph_view(request, graph_id)
-        view.pop("mistudio")
-        response = HttpResponse(json.dumps(view), content_type="application/json")
+        graph, response = _graph_view(request, graph_id, export=True)
         response["Content-Disposition"] = f'attachment; filename="{graph.id}.json"'
         return response
 

@@ -1,14 +1,19 @@
 """Reading attribution graphs: the ones a user may see, one by id, and a graph's nodes and links
-as the graph page and the export show them (pruned, labelled with what the viewer may see)."""
+as the graph page and the export show them (pruned, labelled with what the viewer may see), from
+the graph's bounded view, within the web process's memory budget for graph views."""
 
 from __future__ import annotations
 
+import json
+import uuid
 from typing import Any
 
+from django.core.cache import cache
 from django.db.models import QuerySet
 
 from circuits.models import AttributionGraph
 from circuits.serializers import graph_state
+from circuits.view_memory import MAX_LINKS, view_memory, view_memory_bytes
 from features.models import FeatureAnalysis
 from features.selectors import analysis_list, best_explanations, labels_by_index
 from mistudio.access import check_may_change, completed_row, may_see, visible_row, visible_rows
@@ -37,16 +42,25 @@ def completed_graph(*, user, graph_id: str) -> AttributionGraph:
     return completed_row(graph_get(user=user, graph_id=graph_id), code="GRAPH_NOT_READY", what="graph")
 
 
-def graph_file(graph: AttributionGraph):
-    """The engine's graph from the row's files (409 ``GRAPH_FILES_MISSING`` when they are gone)."""
-    from engine.attribution import AttributionGraph as EngineGraph
+def graph_prunable(graph: AttributionGraph):
+    """The graph's bounded view (``engine.attribution.prunable``; all but its matrix read), or None
+    when it has none (a graph made before views were: ``services.graph_view_prepare``). 409
+    ``GRAPH_FILES_MISSING`` when it is damaged. The graph's full matrix is never read here."""
+    from safetensors import SafetensorError
 
+    from engine.attribution import PrunableGraph
+    from engine.attribution.prunable import VIEW_FILENAME
+
+    if not (graph.directory / VIEW_FILENAME).is_file():
+        return None
     try:
-        return EngineGraph.load(graph.directory)
-    except (OSError, ValueError, KeyError):
-        raise ApplicationError(
-            "GRAPH_FILES_MISSING", "The graph's files are missing or damaged.", status=409
-        ) from None
+        return PrunableGraph.open(graph.directory)
+    except (OSError, ValueError, KeyError, SafetensorError):
+        raise graph_files_missing() from None
+
+
+def graph_files_missing() -> ApplicationError:
+    return ApplicationError("GRAPH_FILES_MISSING", "The graph's files are missing or damaged.", status=409)
 
 
 def feature_names(
@@ -86,41 +100,109 @@ def feature_names(
 
 
 def graph_view(
-    *, user, graph: AttributionGraph, node_threshold: float | None = None, edge_threshold: float | None = None
-) -> dict[str, Any]:
+    *,
+    user,
+    graph: AttributionGraph,
+    node_threshold: float | None = None,
+    edge_threshold: float | None = None,
+    export: bool = False,
+) -> bytes:
     """The graph pruned at the thresholds (the row's by default) in the Neuronpedia graph JSON,
-    feature nodes labelled (``clerp``) with what the viewer may see, the row's pinned nodes and
-    supernodes as its query parameters; plus, per feature node, its transcoder SAE id (when the
-    viewer may open its dashboard) under ``mistudio``."""
-    from engine.attribution import prune
+    rendered: feature nodes labelled (``clerp``) with what the viewer may see, the row's pinned
+    nodes and supernodes as its query parameters; plus, unless ``export``, under ``mistudio``,
+    per feature node its transcoder SAE id (when the viewer may open its dashboard) and the
+    thresholds the view holds.
+
+    Pruned from the graph's bounded view, exactly as the full graph would be, at node thresholds
+    up to the view's ``max_node_threshold`` (400 ``INVALID_THRESHOLD`` past it; the row's own
+    threshold is taken down to it), within the web's memory budget for graph views (400
+    ``GRAPH_VIEW_TOO_LARGE``, 503 ``GRAPH_VIEWS_BUSY``)."""
     from engine.attribution.neuronpedia import graph_json
 
-    node_threshold = graph.node_threshold if node_threshold is None else node_threshold
+    view = graph_prunable(graph)
+    if view is None:
+        raise ApplicationError("GRAPH_VIEW_MISSING", "The graph's view is not made yet.", status=409)
+    widest = view.max_node_threshold
+    if node_threshold is None:
+        node_threshold = min(graph.node_threshold, widest)
+    elif node_threshold > widest:
+        raise ApplicationError(
+            "INVALID_THRESHOLD",
+            f"node_threshold can be at most {widest:.7g} for this graph: its view keeps the "
+            f"{view.n_stored - view.n_fixed} most influential nodes (GRAPH_VIEW_MAX_NODES).",
+            details={"max_node_threshold": widest, "fields": {"node_threshold": [f"At most {widest:.7g}."]}},
+        )
     edge_threshold = graph.edge_threshold if edge_threshold is None else edge_threshold
-    engine_graph = graph_file(graph)
-    pruned = prune(engine_graph, node_threshold, edge_threshold)
-    # Named: the feature nodes the pruned graph keeps (the view shows no others).
-    kept = pruned.nodes[: engine_graph.n_features].nonzero().flatten()
-    chosen = engine_graph.active_features[engine_graph.selected_features[kept]].tolist()
-    features = sorted({(int(layer), int(feature)) for layer, _, feature in chosen})
-    names = feature_names(user=user, graph=graph, features=features)
-    labels = {
-        f"{layer}_{feature}": name["label"] or name["explanation"] for (layer, feature), name in names.items()
-    }
-    view = graph_json(
-        engine_graph, slug=graph.id, scan=graph.model.name if graph.model else "", prompt=graph.prompt,
-        decode=lambda token: _decode(graph, token), node_threshold=node_threshold,
-        edge_threshold=edge_threshold, pinned=graph.pinned, supernodes=graph.supernodes, labels=labels,
-        pruned=pruned,
-    )  # fmt: skip
-    view["mistudio"] = {
-        "graph_id": graph.id,
-        "edge_threshold": edge_threshold,
-        "layers": engine_graph.n_layers,
-        "features": {f"{layer}_{feature}": name for (layer, feature), name in names.items()},
-        "summary": graph.summary,
-    }
-    return view
+    # The same view asked again (a page reloaded, a viewer polling) is served as rendered: a loop
+    # of views costs bytes, not a prune each. Per viewer (labels are what the viewer may see); the
+    # row's pins and thresholds are in its updated_at, and every change of a label, explanation or
+    # transcoder's sharing changes the names version (``names_changed``).
+    key = (
+        f"graph-view:{graph.pk}:{graph.updated_at.timestamp()}:{getattr(user, 'pk', None)}:"
+        f"{node_threshold!r}:{edge_threshold!r}:{int(export)}:{cache.get(NAMES_VERSION_KEY)}"
+    )
+    if (cached := cache.get(key)) is not None:
+        return cached
+    count = view.kept_count(node_threshold)
+    what = f"This view of {count:,} nodes"
+    with view_memory(
+        view_memory_bytes(count), what=what, advice="lower node_threshold.", viewer=getattr(user, "pk", None)
+    ):
+        kept = view.prune(node_threshold, edge_threshold)
+        links = int(kept.edges.sum())
+        if links > MAX_LINKS:
+            raise ApplicationError(
+                "GRAPH_VIEW_TOO_LARGE",
+                f"At these thresholds the graph keeps {links:,} links, more than the {MAX_LINKS:,} a view "
+                "shows: lower edge_threshold or node_threshold.",
+                details={"links": links, "limit": MAX_LINKS},
+            )
+        # Named: the feature nodes the pruned graph keeps (the view shows no others).
+        shown = kept.positions[kept.nodes]
+        shown = shown[view.nodes[shown] < view.n_features]
+        features = sorted({(layer, feature) for layer, _, feature in view.features[shown].tolist()})
+        names = feature_names(user=user, graph=graph, features=features)
+        labels = {
+            f"{layer}_{feature}": name["label"] or name["explanation"]
+            for (layer, feature), name in names.items()
+        }
+        body = graph_json(
+            view, slug=graph.id, scan=graph.model.name if graph.model else "", prompt=graph.prompt,
+            decode=lambda token: _decode(graph, token), node_threshold=node_threshold,
+            edge_threshold=edge_threshold, pinned=graph.pinned, supernodes=graph.supernodes, labels=labels,
+            kept=kept,
+        )  # fmt: skip
+        if not export:
+            body["mistudio"] = {
+                "graph_id": graph.id,
+                "edge_threshold": edge_threshold,
+                "max_node_threshold": widest,
+                "layers": view.n_layers,
+                "features": {f"{layer}_{feature}": name for (layer, feature), name in names.items()},
+                "summary": graph.summary,
+            }
+        rendered = json.dumps(body).encode()
+    cache.set(key, rendered, GRAPH_VIEW_CACHE_SECONDS)
+    return rendered
+
+
+# How long a rendered view is kept to be served again (the memory it takes is Redis's, for this long).
+GRAPH_VIEW_CACHE_SECONDS = 60
+NAMES_VERSION_KEY = "graph-view:names-version"
+# Fields of a transcoder whose change changes what a viewer may see of it.
+VISIBILITY_FIELDS = frozenset({"shared", "owner"})
+
+
+def names_changed(sender, instance=None, update_fields=None, **kwargs) -> None:
+    """A label, an explanation, an analysis, an explanation job or a transcoder's sharing changed
+    (signals connected in ``CircuitsConfig.ready``): rendered graph views name features anew."""
+    if (
+        sender is SparseAutoencoder
+        and update_fields is not None
+        and not VISIBILITY_FIELDS & set(update_fields)
+    ):
+        return  # a training's progress: nothing a view shows
+    cache.set(NAMES_VERSION_KEY, uuid.uuid4().hex, None)
 
 
 def _decode(graph: AttributionGraph, token: int) -> str:

@@ -1,6 +1,7 @@
 """Attribution-graph workflows: a request (a job on the model's worker), the owner's changes (name,
-sharing, pinned nodes, supernodes, thresholds), cancel, delete, and interventions (answered by the
-model's worker). Every front door (API, pages, admin, ``manage.py attribute_prompt``) calls these."""
+sharing, pinned nodes, supernodes, thresholds), cancel, delete, interventions (answered by the
+model's worker) and the bounded view of a graph made before views were (made by a worker). Every
+front door (API, pages, admin, ``manage.py attribute_prompt``) calls these."""
 
 from __future__ import annotations
 
@@ -12,15 +13,18 @@ from django.db import transaction
 
 from activations.selectors import model_folder, token_strings, tokenizer_for
 from circuits.models import AttributionGraph
+from circuits.selectors import graph_files_missing
 from engine import budgets
 from engine.attribution import AttributionConfig, attribution_tokens
+from engine.attribution.graph import TENSORS_FILENAME
+from engine.attribution.prunable import VIEW_FILENAME
 from engine.generation.params import config_context_length
 from mistudio import jobs
 from mistudio.access import OPERATOR, check_may_change, reach
 from mistudio.budgets import memory_budget, memory_budget_check
 from mistudio.errors import ApplicationError
 from mistudio.text import check_label_text
-from mistudio.workers import call_worker
+from mistudio.workers import call_worker, read_heartbeats
 from models_app.models import LanguageModel
 from models_app.services import model_heads, model_host, model_job_queue, model_worker_name
 from saes.models import SparseAutoencoder
@@ -31,6 +35,7 @@ MAX_PINNED = 500
 MAX_SUPERNODES = 100
 MAX_INTERVENTIONS = 64
 INTERVENTION_WAIT_SECONDS = 120
+VIEW_WAIT_SECONDS = 120
 # Without a measured L0, the active features a transcoder is assumed to have per token.
 ASSUMED_ACTIVE_PER_TOKEN = 64
 _NODE_ID = re.compile(r"^(E|\d+)_\d+_\d+$")
@@ -274,3 +279,25 @@ def graph_intervene(
         worker, "circuits.tasks.run_intervention", graph.id, checked, max(1, min(int(top), 50)),
         wait_seconds=INTERVENTION_WAIT_SECONDS,
     )  # fmt: skip
+
+
+def graph_view_prepare(*, graph: AttributionGraph) -> None:
+    """Have a worker make the bounded view of a completed graph that has none (one made before
+    views were; the job makes it for every new graph), so that the web never reads a graph's full
+    matrix: the graph's own worker when it is alive, else any (503 ``NO_WORKER`` when none is).
+    Nothing to do when the view is there; 409 ``GRAPH_FILES_MISSING`` when the graph is gone too."""
+    if (graph.directory / VIEW_FILENAME).is_file():
+        return
+    if not (graph.directory / TENSORS_FILENAME).is_file():
+        raise graph_files_missing()
+    alive = [beat["name"] for beat in read_heartbeats()]
+    if not alive:
+        raise ApplicationError(
+            "NO_WORKER",
+            "This graph's view is made by a worker (it was computed before views were kept), and no worker "
+            "is running: start one (python manage.py worker).",
+            status=503,
+            details={"retry_after_seconds": 30},
+        )
+    worker = graph.host_worker if graph.host_worker in alive else alive[0]
+    call_worker(worker, "circuits.tasks.make_graph_view", graph.id, wait_seconds=VIEW_WAIT_SECONDS)

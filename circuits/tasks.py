@@ -1,4 +1,4 @@
-"""The attribution job's body and interventions, run by the model's worker."""
+"""The attribution job's body, interventions and graph views, run by a worker."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ from typing import Any
 
 from activations.selectors import token_strings
 from circuits.models import AttributionGraph
+from circuits.selectors import graph_files_missing
+from circuits.view_memory import stored_nodes_cap
 from mistudio.errors import ApplicationError
 from mistudio.events import ProgressThrottle
 from mistudio.job_runner import JobContext, job_task
@@ -33,8 +35,9 @@ def graph_transcoders(graph: AttributionGraph, model: Any) -> list[Any]:
 
 @job_task(AttributionGraph, timeout=6 * 3600)
 def run_attribution(graph: AttributionGraph, job: JobContext) -> None:
-    """Attribute the graph's prompt (``engine.attribution.attribute``) and store the graph."""
-    from engine.attribution import AttributionConfig, attribute, prune
+    """Attribute the graph's prompt (``engine.attribution.attribute``) and store the graph and its
+    bounded view (what the web shows)."""
+    from engine.attribution import AttributionConfig, attribute
 
     if graph.model_id is None:
         raise ApplicationError("MODEL_NOT_FOUND", "The graph's model is gone.")
@@ -56,14 +59,16 @@ def run_attribution(graph: AttributionGraph, job: JobContext) -> None:
     seconds = time.monotonic() - started
     job.check_cancel()
     result.save(graph.directory)
-    pruned = prune(result, graph.node_threshold, graph.edge_threshold)
+    view = save_graph_view(graph, result)
+    kept = view.prune(min(graph.node_threshold, view.max_node_threshold), graph.edge_threshold)
     logit_ids = result.logit_tokens.tolist()
     summary = {
         **result.info,
         "seconds": round(seconds, 3),
         "nodes": result.n_nodes,
-        "pruned_nodes": int(pruned.nodes.sum()),
-        "pruned_edges": int(pruned.edges.sum()),
+        "pruned_nodes": int(kept.nodes.sum()),
+        "pruned_edges": int(kept.edges.sum()),
+        "view": view.info,
         "completeness_error": result.completeness_error(),
         "logits": [
             {"token_id": token, "token": text, "probability": round(float(probability), 6)}
@@ -76,6 +81,37 @@ def run_attribution(graph: AttributionGraph, job: JobContext) -> None:
         ],
     }
     job_publish(graph, "completed", graph.mark_completed(summary=summary))
+
+
+def save_graph_view(graph: AttributionGraph, full: Any):
+    """Make and save the bounded view of ``full`` (the row's engine graph) that the web prunes
+    (``engine.attribution.prunable``), sized to the web's memory budget for graph views."""
+    from engine.attribution import PrunableGraph
+
+    view = PrunableGraph.of(full, max_nodes=stored_nodes_cap(full.n_positions + full.n_logits))
+    view.info = {"stored_nodes": view.n_stored, "max_node_threshold": view.max_node_threshold}
+    view.save(graph.directory)
+    return view
+
+
+@worker_task(timeout=600)
+def make_graph_view(request_id: str, graph_id: str) -> None:
+    """The view of a graph made before views were, for ``services.graph_view_prepare``."""
+
+    def compute() -> dict[str, Any]:
+        from engine.attribution import AttributionGraph as EngineGraph
+        from engine.attribution.prunable import VIEW_FILENAME
+
+        graph = AttributionGraph.objects.get(pk=graph_id)
+        if not (graph.directory / VIEW_FILENAME).is_file():  # another call made it meanwhile
+            try:
+                full = EngineGraph.load(graph.directory)
+            except (OSError, ValueError, KeyError):
+                raise graph_files_missing() from None
+            save_graph_view(graph, full)
+        return {"graph_id": graph_id}
+
+    answer_call(request_id, compute, failure_code="GRAPH_VIEW_FAILED")
 
 
 @worker_task(timeout=600)

@@ -12,11 +12,20 @@ the labels of its SAE (``FeatureLabel.label``), each embedded by the model in
   hash, to tell what changed since;
 - ``manifest.json``: the generation in use and the stamp of the rows it holds, written last.
 
-The stamp (counts and largest ids of the rows, the newest label edit and job end) is read on
-every query. When it moved, the index is brought up to date under a per-analysis file lock:
-rows removed or edited are dropped from it and new ones added (built anew once removed rows would
-be a fifth of it), written as a new generation under temporary names and renamed, then named by
-the manifest. Each process keeps a few loaded indexes, and the embedding model loaded once.
+The index is built and brought up to date by a worker (``search_index_refresh``, the job
+``features.tasks.rebuild_search_index``), never inside a request: rows removed or edited are
+dropped from it and new ones added (built anew once removed rows would be a fifth of it), under a
+per-analysis file lock, written as a new generation under temporary names and renamed, then named
+by the manifest. Each process keeps a few loaded indexes, and the embedding model loaded once.
+
+A query reads the stamp (counts and largest ids of the rows, the newest label edit and job end)
+and searches the last index written. When the stamp moved since, it asks a worker for a rebuild
+(``search_index_request``: debounced, so that many label changes make one rebuild) and, meanwhile,
+keeps fresh rows findable by one cheap exact step: the ``FRESH_TEXTS`` rows added or edited since
+the index was written, newest first (labels before explanations), are embedded with the query in
+the same call and ranked with the index's hits by their exact cosine. Older fresh rows wait for
+the rebuild. An analysis with no index yet is searched by that step alone when it has at most
+``FRESH_TEXTS`` texts; otherwise it answers 503 ``SEARCH_INDEX_BUILDING`` until the worker built it.
 
 Who sees what is decided at query time, never at build time: the index holds every row, and a
 result is shown only if ``visible_explanations`` / ``visible_labels`` give it to the user. The
@@ -34,11 +43,13 @@ import threading
 import uuid
 from collections import OrderedDict
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from django.conf import settings
+from django.db import transaction
 from django.db.models import Count, Max, QuerySet
 
 from engine.errors import EngineError
@@ -46,6 +57,8 @@ from engine.search import SentenceEmbedder, VectorIndex
 from features.models import Explanation, ExplanationJob, Feature, FeatureAnalysis, FeatureLabel
 from features.selectors import visible_explanations, visible_labels
 from mistudio.errors import ApplicationError
+from mistudio.redis_client import get_redis
+from mistudio.workers import enqueue, shared_queue
 from saes.models import SparseAutoencoder
 
 EXPLANATION, LABEL = 0, 1
@@ -57,6 +70,10 @@ LOCK_TIMEOUT_SECONDS = 900  # a first build of 100,000 texts takes about 4 minut
 # An index updated in place keeps removed rows as tombstones: past this fraction it is built anew.
 REBUILD_AFTER_REMOVED = 0.2
 OVERFETCH = 4  # asked of the index per result wanted, before filtering what the user may not see
+# Rows added or edited since the index was written that a query embeds itself (with the query: one
+# call of at most SentenceEmbedder.SMALL texts, on one core, about 20 ms).
+FRESH_TEXTS = 15
+BUILDING_RETRY_SECONDS = 5
 
 
 # --- the embedding model, once per process --------------------------------------------------------
@@ -120,6 +137,18 @@ def _stamp(analysis: FeatureAnalysis) -> str:
         default=str,
         sort_keys=True,
     )
+
+
+def _watermark(analysis: FeatureAnalysis) -> dict[str, Any]:
+    """What an index holds, for a query's exact step: the newest label edit and the largest
+    explanation id when it was written (rows past them are fresh)."""
+    labels = FeatureLabel.objects.filter(sae_id=analysis.sae_id).order_by()
+    explanations = Explanation.objects.filter(analysis=analysis).order_by()
+    edited = labels.aggregate(edited=Max("updated_at"))["edited"]
+    return {
+        "labels_edited": edited.isoformat() if edited else None,
+        "explanations_last": explanations.aggregate(last=Max("id"))["last"] or 0,
+    }
 
 
 def _key(source: int, row_id: int) -> int:
@@ -280,6 +309,7 @@ def _write_index(analysis: FeatureAnalysis, model: SentenceEmbedder, directory: 
     from safetensors.numpy import save_file
 
     stamp = _stamp(analysis)  # before reading the rows: a row added meanwhile triggers one more update
+    watermark = _watermark(analysis)
     explanations = list(_explanation_items(analysis).order_by("id").values_list("id", "text"))
     labels = list(_label_items(analysis.sae_id).order_by("id").values_list("id", "label"))
     keys = np.array(
@@ -301,7 +331,7 @@ def _write_index(analysis: FeatureAnalysis, model: SentenceEmbedder, directory: 
         removed = int(manifest.get("removed", 0)) + len(stale)
         if not stale and not new.any():
             # The same rows (a job finished, a label saved unchanged): only the stamp is new.
-            manifest["stamp"] = stamp
+            manifest.update(stamp=stamp, **watermark)
             _write_atomically(
                 directory / MANIFEST_FILE, lambda temporary: temporary.write_text(json.dumps(manifest))
             )
@@ -325,6 +355,7 @@ def _write_index(analysis: FeatureAnalysis, model: SentenceEmbedder, directory: 
     )
     manifest = {
         "stamp": stamp, "model": model.name, "generation": generation, "count": len(keys), "removed": removed,
+        **watermark,
     }  # fmt: skip
     _write_atomically(directory / MANIFEST_FILE, lambda temporary: temporary.write_text(json.dumps(manifest)))
     for path in directory.iterdir():  # earlier generations, and files of a writer that died
@@ -334,8 +365,9 @@ def _write_index(analysis: FeatureAnalysis, model: SentenceEmbedder, directory: 
     return _Loaded(stamp, model.name, generation, index)
 
 
-def _fresh_index(analysis: FeatureAnalysis) -> VectorIndex:
-    """The analysis's index, brought up to date first if its rows changed since it was written."""
+def _updated_index(analysis: FeatureAnalysis) -> VectorIndex:
+    """The analysis's index, brought up to date first if its rows changed since it was written
+    (the worker's side: a query never writes an index)."""
     from filelock import FileLock, Timeout
 
     model = embedder()
@@ -374,9 +406,58 @@ def _fresh_index(analysis: FeatureAnalysis) -> VectorIndex:
 
 
 def search_index_refresh(analysis: FeatureAnalysis) -> int:
-    """Build or bring up to date the analysis's index (a job warms it after writing explanations);
-    the number of texts it holds. 503 ``EMBEDDING_MODEL_MISSING`` without the model."""
-    return len(_fresh_index(analysis))
+    """Build or bring up to date the analysis's index, in a worker (the rebuild job, and an
+    explanation job after writing explanations); the number of texts it holds. 503
+    ``EMBEDDING_MODEL_MISSING`` without the model."""
+    return len(_updated_index(analysis))
+
+
+def rebuild_pending_key(analysis_id: str) -> str:
+    return f"{settings.REDIS_KEY_PREFIX}:search-rebuild:{analysis_id}"
+
+
+def search_index_request(analysis: FeatureAnalysis) -> None:
+    """Ask a worker to bring the analysis's index up to date (``features.tasks.rebuild_search_index``
+    on the shared queue), once the current transaction commits. Debounced: while one rebuild waits
+    to start, asking again queues nothing (the job clears the flag as it starts, so that rows
+    changed during a rebuild get the next one)."""
+    key = rebuild_pending_key(analysis.id)
+
+    def request() -> None:
+        if get_redis().set(key, "1", nx=True, ex=LOCK_TIMEOUT_SECONDS):
+            enqueue(shared_queue(), "features.tasks.rebuild_search_index", analysis.id)
+
+    transaction.on_commit(request)
+
+
+def search_indexes_request(sae: SparseAutoencoder) -> None:
+    """A rebuild of the index of every analysis of ``sae`` that has one (its labels changed)."""
+    for analysis in FeatureAnalysis.objects.filter(sae=sae).only("id"):
+        if (analysis.directory / "search" / MANIFEST_FILE).is_file():
+            search_index_request(analysis)
+
+
+def _last_index(
+    analysis: FeatureAnalysis, model: SentenceEmbedder
+) -> tuple[VectorIndex | None, dict[str, Any]]:
+    """The last index written for the analysis (by this model) and its manifest, loaded once per
+    generation; (None, {}) when there is none usable."""
+    directory = analysis.directory / "search"
+    for _ in range(2):  # a writer may name a new generation and drop the one just read
+        manifest = _read_manifest(directory)
+        generation = manifest.get("generation")
+        if manifest.get("model") != model.name or not isinstance(generation, str):
+            return None, {}
+        loaded = _recall(analysis.id)
+        if loaded is not None and (loaded.generation, loaded.model) == (generation, model.name):
+            return loaded.index, manifest
+        try:
+            index = VectorIndex.load(directory, f"index-{generation}")
+        except EngineError:
+            continue
+        _remember(analysis.id, _Loaded(str(manifest.get("stamp")), model.name, generation, index))
+        return index, manifest
+    return None, {}
 
 
 # --- the query --------------------------------------------------------------------------------------
@@ -440,18 +521,89 @@ def _nearest_visible(
     return hits[:k]
 
 
+@dataclass(frozen=True)
+class _Fresh:
+    """Rows added or edited since an index was written: the newest ``FRESH_TEXTS`` of them (keys
+    and texts), and whether they are all of them."""
+
+    keys: list[int]
+    texts: list[str]
+    complete: bool
+
+
+def _fresh_rows(analysis: FeatureAnalysis, manifest: dict[str, Any]) -> _Fresh:
+    """The rows newer than the index of ``manifest`` (every row when there is none), newest first,
+    labels before explanations: two queries of at most ``FRESH_TEXTS + 1`` rows each."""
+    labels, explanations = _label_items(analysis.sae_id), _explanation_items(analysis)
+    if manifest:
+        if "labels_edited" not in manifest:  # an index written before it kept this: the rebuild will
+            return _Fresh([], [], True)
+        if manifest["labels_edited"]:
+            labels = labels.filter(updated_at__gt=datetime.fromisoformat(manifest["labels_edited"]))
+        explanations = explanations.filter(id__gt=manifest["explanations_last"])
+    rows = [
+        (_key(LABEL, row_id), text)
+        for row_id, text in labels.order_by("-updated_at", "-id").values_list("id", "label")[
+            : FRESH_TEXTS + 1
+        ]
+    ]
+    rows += [
+        (_key(EXPLANATION, row_id), text)
+        for row_id, text in explanations.order_by("-id").values_list("id", "text")[: FRESH_TEXTS + 1]
+    ]
+    taken = rows[:FRESH_TEXTS]
+    return _Fresh([key for key, _ in taken], [text for _, text in taken], complete=len(rows) <= FRESH_TEXTS)
+
+
+def _hit_key(row: Explanation | FeatureLabel) -> int:
+    return _key(EXPLANATION if isinstance(row, Explanation) else LABEL, row.id)
+
+
+def _nearest(
+    *, user, sae, analysis, model: SentenceEmbedder, query: str, k: int
+) -> list[tuple[Explanation | FeatureLabel, float]]:
+    """The ``k`` rows nearest ``query`` that ``user`` may see: the last index's hits, and the fresh
+    rows' exact cosines in their place (see the module's docstring). Asks for a rebuild when the
+    index is behind the rows; never builds one."""
+    index, manifest = _last_index(analysis, model)
+    stale = index is None or manifest.get("stamp") != _stamp(analysis)
+    fresh = _fresh_rows(analysis, manifest) if stale else _Fresh([], [], True)
+    if stale:
+        search_index_request(analysis)
+    if index is None and not fresh.complete:
+        raise ApplicationError(
+            "SEARCH_INDEX_BUILDING",
+            "This analysis's search index is being built by a worker; try again in a moment.",
+            status=503,
+            details={"retry_after_seconds": BUILDING_RETRY_SECONDS},
+        )
+    seen = _visible_rows(user=user, sae=sae, analysis=analysis, keys=fresh.keys)
+    texts = [text for key, text in zip(fresh.keys, fresh.texts, strict=True) if key in seen]
+    vectors = model.embed([query, *texts])  # one call: the query and the fresh rows
+    hits = [
+        (seen[key], float(vector @ vectors[0]))
+        for key, vector in zip([key for key in fresh.keys if key in seen], vectors[1:], strict=True)
+    ]
+    if index is not None:
+        superseded = set(fresh.keys)  # an edited row's vector in the index is of its old text
+        nearest = _nearest_visible(
+            user=user, sae=sae, analysis=analysis, index=index, vector=vectors[:1], k=k + len(superseded)
+        )
+        hits += [(row, cosine) for row, cosine in nearest if _hit_key(row) not in superseded]
+    return sorted(hits, key=lambda hit: -hit[1])[:k]
+
+
 def feature_search(*, user, sae, analysis, query: str, k: int) -> dict[str, Any]:
     """The ``k`` explanations and labels of the analysis's features nearest ``query`` in meaning
     that ``user`` may see, best cosine first, each with its feature's automatic label and density
-    (``GET /api/saes/{id}/features/search``, ``manage.py search_features``)."""
+    (``GET /api/saes/{id}/features/search``, ``manage.py search_features``). 503
+    ``SEARCH_INDEX_BUILDING`` while a worker builds an analysis's first index."""
     text = (query or "").strip()
     if not text:
         raise ApplicationError("INVALID_QUERY", "Say what the features should be about.", status=400)
     if k < 1:
         raise ApplicationError("INVALID_QUERY", "k must be at least 1.", status=400)
-    index = _fresh_index(analysis)
-    vector = embedder().embed([text])
-    hits = _nearest_visible(user=user, sae=sae, analysis=analysis, index=index, vector=vector, k=k)
+    hits = _nearest(user=user, sae=sae, analysis=analysis, model=embedder(), query=text, k=k)
     features = {
         row.index: row
         for row in Feature.objects.filter(analysis=analysis, index__in={hit.index for hit, _ in hits}).only(

@@ -1,12 +1,15 @@
 """Circuit test fixtures: completed transcoder rows (one per layer of a model, random weights saved
-in SAELens' transcoder layout), as a training or an import leaves them."""
+in SAELens' transcoder layout), as a training or an import leaves them, and a graph computed
+through the API by a burst worker."""
 
 from types import SimpleNamespace
 
 from transformers import AutoConfig
 
+from circuits.models import AttributionGraph
 from engine.sae.formats import save_saelens
 from engine.testing.tiny_saes import random_transcoders
+from mistudio.workers import run_worker
 from saes.models import SparseAutoencoder as SaeRow
 from saes.services import folder_size
 
@@ -38,3 +41,16 @@ def transcoder_rows(model, folder, owner, *, shared: bool = False, seed: int = 3
         sae.save()
         rows.append(sae)
     return rows
+
+
+def computed_graph(api, model, transcoders, *, worker: str, prompt: str, **fields) -> AttributionGraph:
+    """A graph of ``prompt`` asked through the API by ``api``'s user and computed by the burst
+    worker ``worker`` (where ``model`` is loaded)."""
+    body = {"model_id": model.id, "prompt": prompt, "transcoder_ids": [sae.id for sae in transcoders],
+            "batch_size": 16, **fields}  # fmt: skip
+    response = api.post("/api/graphs", body, format="json")
+    assert response.status_code == 202, response.content
+    run_worker(name=worker, device="cpu", burst=True)
+    graph = AttributionGraph.objects.get(pk=response.json()["id"])
+    assert graph.status == "completed", (graph.error_code, graph.error_message)
+    return graph

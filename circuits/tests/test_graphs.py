@@ -2,11 +2,14 @@
 the engine computes on the same weights; the owner pins, groups and prunes; the nodes come labelled
 only with what the viewer may see; a shared graph opens to others, its private transcoders do not;
 an intervention answered by the model's worker equals the engine's; the export is the viewer's JSON;
-bad input gets a 4xx and loses nothing."""
+bad input gets a 4xx and loses nothing. Views prune the graph's bounded view, never its matrix, and
+equal the full graph's prune up to the node threshold the view holds; a graph made before views
+gets its view from a worker."""
 
 import io
 import json
 import threading
+import time
 
 import pytest
 import torch
@@ -14,13 +17,19 @@ from django.core.management import call_command
 
 from circuits.models import AttributionGraph
 from circuits.services import graph_estimate
-from circuits.tests.conftest import transcoder_rows
+from circuits.tests.conftest import computed_graph, transcoder_rows
+from circuits.view_memory import held_bytes
 from conftest import make_user
 from engine.attribution import AttributionConfig, attribute, attribution_tokens, prune
+from engine.attribution import AttributionGraph as EngineGraph
+from engine.attribution.graph import TENSORS_FILENAME
 from engine.attribution.intervention import FeatureIntervention, intervene
+from engine.attribution.neuronpedia import graph_json
+from engine.attribution.prunable import VIEW_FILENAME
 from engine.registry import LOADED_MODELS
 from features.models import FeatureLabel
-from mistudio.workers import run_worker
+from mistudio.redis_client import get_redis
+from mistudio.workers import WorkerIdentity, heartbeat_key, run_worker, write_heartbeat
 from models_app.models import LanguageModel
 from models_app.tests.burst_worker import answered, load_on_burst_worker
 from models_app.tests.live_stack import wait_until
@@ -213,3 +222,96 @@ def test_the_command_attributes_follows_and_exports(loaded_model, tiny_gpt2_fold
     assert graph.summary["logits"][0]["token"] in printed
     exported = json.loads(path.read_text())
     assert exported["metadata"]["slug"] == graph.id and exported["nodes"]
+
+
+def _links(view: dict) -> list[tuple[str, str, float]]:
+    return [(link["source"], link["target"], link["weight"]) for link in view["links"]]
+
+
+def _full_graph_view(graph, node_threshold: float, edge_threshold: float) -> dict:
+    """What the full matrix gives (the engine's prune of the whole graph, as before views were)."""
+    return graph_json(
+        EngineGraph.load(graph.directory), slug=graph.id, scan="", prompt=graph.prompt, decode=str,
+        node_threshold=node_threshold, edge_threshold=edge_threshold,
+    )  # fmt: skip
+
+
+def test_views_prune_the_bounded_view_as_the_full_graph_never_reading_it(
+    loaded_model, tiny_gpt2_folder, writer, client_for
+):
+    api = client_for(writer)
+    transcoders = transcoder_rows(loaded_model, tiny_gpt2_folder, writer)
+    graph = computed_graph(api, loaded_model, transcoders, worker=WORKER, prompt=PROMPT)
+    view_file = graph.directory / VIEW_FILENAME
+    assert view_file.stat().st_size < (graph.directory / TENSORS_FILENAME).stat().st_size
+    widest = graph.summary["view"]["max_node_threshold"]
+    # The most influential nodes, up to GRAPH_VIEW_MAX_NODES (2,000): here every node of some influence.
+    assert graph.summary["nodes"] > graph.summary["view"]["stored_nodes"]
+    assert 0.999 < widest < 1.0
+    expected = {pair: _full_graph_view(graph, *pair) for pair in ((0.8, 0.98), (0.6, 0.9), (widest, 0.99))}
+
+    # The full graph's files gone: the views read only the view.
+    (graph.directory / TENSORS_FILENAME).unlink()
+    view = api.get(f"/api/graphs/{graph.id}/nodes").json()
+    assert [node["node_id"] for node in view["nodes"]] == [
+        node["node_id"] for node in expected[0.8, 0.98]["nodes"]
+    ]
+    assert _links(view) == _links(expected[0.8, 0.98]) and view["links"]
+    assert view["mistudio"]["max_node_threshold"] == widest
+    for (node_threshold, edge_threshold), full in expected.items():
+        query = {"node_threshold": node_threshold, "edge_threshold": edge_threshold}
+        exported = json.loads(api.get(f"/api/graphs/{graph.id}/export", query).content)
+        assert [node["node_id"] for node in exported["nodes"]] == [node["node_id"] for node in full["nodes"]]
+        assert [node["influence"] for node in exported["nodes"]] == [
+            node["influence"] for node in full["nodes"]
+        ]
+        assert _links(exported) == _links(full)
+    assert held_bytes() == 0  # every view gave its memory back
+
+
+def test_a_graph_made_before_views_has_its_view_made_by_a_worker(
+    loaded_model, tiny_gpt2_folder, writer, client_for
+):
+    api = client_for(writer)
+    transcoders = transcoder_rows(loaded_model, tiny_gpt2_folder, writer)
+    graph = computed_graph(api, loaded_model, transcoders, worker=WORKER, prompt=PROMPT)
+    expected = _full_graph_view(graph, 0.8, 0.98)
+    (graph.directory / VIEW_FILENAME).unlink()  # as a graph computed before views were
+
+    write_heartbeat(WorkerIdentity(name=WORKER, device="cpu"), time.time())  # a worker is running
+    response = answered(api, f"/api/graphs/{graph.id}/nodes", worker=WORKER)
+    assert response.status_code == 200, response.content
+    assert (graph.directory / VIEW_FILENAME).is_file()
+    assert _links(response.json()) == _links(expected)
+
+    # No worker alive to make it: a 503 that says so, and nothing is lost.
+    (graph.directory / VIEW_FILENAME).unlink()
+    get_redis().delete(heartbeat_key(WORKER))
+    refused = api.get(f"/api/graphs/{graph.id}/nodes")
+    assert refused.status_code == 503 and refused.json()["error"]["code"] == "NO_WORKER"
+    assert refused["Retry-After"] == "30"
+    assert (graph.directory / TENSORS_FILENAME).is_file()
+
+
+def test_the_node_threshold_reaches_what_the_view_holds(
+    loaded_model, tiny_gpt2_folder, writer, client_for, settings
+):
+    settings.GRAPH_VIEW_MAX_NODES = 20  # a view of the 20 most influential nodes besides tokens and logits
+    api = client_for(writer)
+    transcoders = transcoder_rows(loaded_model, tiny_gpt2_folder, writer)
+    graph = computed_graph(api, loaded_model, transcoders, worker=WORKER, prompt=PROMPT, name="small view")
+    widest = graph.summary["view"]["max_node_threshold"]
+    assert 0.1 < widest < 0.8
+    assert graph.summary["view"]["stored_nodes"] <= 20 + len(graph.tokens) * 2 + len(graph.summary["logits"])
+
+    # Up to the widest threshold the view holds, the full graph's prune; past it, a 400 that says how far.
+    view = api.get(f"/api/graphs/{graph.id}/nodes", {"node_threshold": widest, "edge_threshold": 0.95}).json()
+    assert _links(view) == _links(_full_graph_view(graph, widest, 0.95))
+    assert view["mistudio"]["max_node_threshold"] == widest
+    past = api.get(f"/api/graphs/{graph.id}/nodes", {"node_threshold": min(1.0, widest + 0.05)})
+    assert past.status_code == 400 and past.json()["error"]["code"] == "INVALID_THRESHOLD"
+    assert past.json()["error"]["details"]["max_node_threshold"] == widest
+    # The row's own threshold (0.8 by default) is taken down to it.
+    own = api.get(f"/api/graphs/{graph.id}/nodes").json()
+    assert own["metadata"]["node_threshold"] == widest
+    assert _links(own) == _links(_full_graph_view(graph, widest, graph.edge_threshold))

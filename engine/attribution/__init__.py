@@ -1,7 +1,8 @@
 """Attribution graphs over transcoders (circuit-tracer's method, on miStudio's hook runtime)."""
 
 from engine.attribution.graph import AttributionGraph
-from engine.attribution.pruning import node_influence, prune
+from engine.attribution.prunable import PrunableGraph, prune
+from engine.attribution.pruning import node_influence
 from engine.attribution.tracing import (
     AttributionConfig,
     attribute,
@@ -12,6 +13,7 @@ from engine.attribution.tracing import (
 __all__ = [
     "AttributionConfig",
     "AttributionGraph",
+    "PrunableGraph",
     "attribute",
     "attribution_tokens",
     "check_transcoders",

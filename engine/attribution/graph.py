@@ -35,32 +35,20 @@ _TENSOR_FIELDS = (
 )
 
 
-@dataclass
-class AttributionGraph:
-    """The graph of one prompt; tensors on the CPU."""
+class NodeOrder:
+    """Where each kind of node sits in a graph's order (see the module's docstring), and what a
+    node is: shared by the full graph and its bounded view (``engine.attribution.prunable``), which
+    need ``n_features``, ``n_layers``, ``tokens``, ``logit_tokens`` and ``logit_probabilities``."""
 
-    tokens: list[int]
+    n_features: int
     n_layers: int
-    # [n_active, 3] (layer, position, feature) of every active transcoder feature.
-    active_features: Any
-    activation_values: Any
-    # Indices into active_features of the feature nodes kept (all of them without a cap).
-    selected_features: Any
-    adjacency: Any
+    tokens: list[int]
     logit_tokens: Any
     logit_probabilities: Any
-    # Per node (zero where a node has no incoming edges): the constant part, and the value.
-    bias: Any
-    values: Any
-    info: dict[str, Any] = field(default_factory=dict)
 
     @property
     def n_positions(self) -> int:
         return len(self.tokens)
-
-    @property
-    def n_features(self) -> int:
-        return len(self.selected_features)
 
     @property
     def n_logits(self) -> int:
@@ -82,12 +70,14 @@ class AttributionGraph:
     def n_nodes(self) -> int:
         return self.logit_start + self.n_logits
 
-    def node(self, index: int) -> dict[str, Any]:
+    def describe(self, index: int, feature: Any = None, activation: float = 0.0) -> dict[str, Any]:
         """What node ``index`` is: kind ("feature", "error", "token", "logit"), layer, position,
-        and the feature or token id."""
+        and the feature or token id; a feature node's (layer, position, feature) row and activation
+        are given by the caller, who knows where its features are kept."""
         if index < self.error_start:
-            layer, position, feature = (int(v) for v in self.active_features[self.selected_features[index]])
-            return {"kind": "feature", "layer": layer, "position": position, "feature": feature}
+            layer, position, feature = (int(v) for v in feature)
+            return {"kind": "feature", "layer": layer, "position": position, "feature": feature,
+                    "activation": float(activation)}  # fmt: skip
         if index < self.token_start:
             layer, position = divmod(index - self.error_start, self.n_positions)
             return {"kind": "error", "layer": layer, "position": position}
@@ -97,6 +87,37 @@ class AttributionGraph:
         rank = index - self.logit_start
         return {"kind": "logit", "position": self.n_positions - 1, "token": int(self.logit_tokens[rank]),
                 "probability": float(self.logit_probabilities[rank])}  # fmt: skip
+
+
+@dataclass
+class AttributionGraph(NodeOrder):
+    """The graph of one prompt; tensors on the CPU."""
+
+    tokens: list[int]
+    n_layers: int
+    # [n_active, 3] (layer, position, feature) of every active transcoder feature.
+    active_features: Any
+    activation_values: Any
+    # Indices into active_features of the feature nodes kept (all of them without a cap).
+    selected_features: Any
+    adjacency: Any
+    logit_tokens: Any
+    logit_probabilities: Any
+    # Per node (zero where a node has no incoming edges): the constant part, and the value.
+    bias: Any
+    values: Any
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def n_features(self) -> int:
+        return len(self.selected_features)
+
+    def node(self, index: int) -> dict[str, Any]:
+        """What node ``index`` is (:meth:`NodeOrder.describe`)."""
+        if index < self.error_start:
+            chosen = self.selected_features[index]
+            return self.describe(index, self.active_features[chosen], self.activation_values[chosen])
+        return self.describe(index)
 
     def completeness_error(self) -> float:
         """The largest gap, over feature and logit nodes, between a node's value and its incoming

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from engine.attribution.graph import AttributionGraph
-from engine.attribution.pruning import Pruned, prune
+from engine.attribution.prunable import KeptNodes, PrunableGraph
 
 __all__ = ["graph_json", "node_id"]
 
@@ -21,9 +21,12 @@ def _cantor(x: int, y: int) -> int:
     return (x + y) * (x + y + 1) // 2 + y
 
 
-def node_id(graph: AttributionGraph, index: int) -> str:
+def node_id(graph: AttributionGraph | PrunableGraph, index: int) -> str:
     """The viewer's id of node ``index``."""
-    node = graph.node(index)
+    return _node_id(graph, graph.node(index))
+
+
+def _node_id(graph: AttributionGraph | PrunableGraph, node: dict[str, Any]) -> str:
     kind = node["kind"]
     if kind == "feature":
         return f"{node['layer']}_{node['feature']}_{node['position']}"
@@ -34,20 +37,20 @@ def node_id(graph: AttributionGraph, index: int) -> str:
     return f"{graph.n_layers + 1}_{node['token']}_{node['position']}"
 
 
-def _node(graph: AttributionGraph, index: int, influence: float, decode: Callable[[int], str],
+def _node(graph: PrunableGraph, index: int, decode: Callable[[int], str],
           labels: dict[str, str]) -> dict[str, Any]:  # fmt: skip
     node = graph.node(index)
     kind = node["kind"]
-    identifier = node_id(graph, index)
+    identifier = _node_id(graph, node)
+    influence = float(graph.cumulative[index])
     label = labels.get(f"{node['layer']}_{node['feature']}", "") if kind == "feature" else ""
     base = {"node_id": identifier, "token_prob": 0.0, "is_target_logit": False, "run_idx": 0,
             "reverse_ctx_idx": 0, "clerp": label, "influence": influence, "activation": None}  # fmt: skip
     if kind == "feature":
         layer, feature, position = node["layer"], node["feature"], node["position"]
-        activation = float(graph.activation_values[graph.selected_features[index]])
         return {**base, "feature": _cantor(layer, feature), "layer": str(layer), "ctx_idx": position,
                 "feature_type": "cross layer transcoder", "jsNodeId": f"{layer}_{feature}-0",
-                "activation": activation}  # fmt: skip
+                "activation": node["activation"]}  # fmt: skip
     if kind == "error":
         layer, position = node["layer"], node["position"]
         return {**base, "feature": -1, "layer": str(layer), "ctx_idx": position,
@@ -59,13 +62,13 @@ def _node(graph: AttributionGraph, index: int, influence: float, decode: Callabl
     token, position, probability = node["token"], node["position"], node["probability"]
     return {**base, "feature": token, "layer": str(graph.n_layers + 1), "ctx_idx": position,
             "feature_type": "logit", "token_prob": probability,
-            "is_target_logit": index == graph.logit_start, "jsNodeId": f"L_{token}-{position}",
-            "influence": None,
+            "is_target_logit": int(graph.nodes[index]) == graph.logit_start,
+            "jsNodeId": f"L_{token}-{position}", "influence": None,
             "clerp": f'Output "{decode(token)}" (p={probability:.3f})'}  # fmt: skip
 
 
 def graph_json(
-    graph: AttributionGraph,
+    graph: AttributionGraph | PrunableGraph,
     *,
     slug: str,
     scan: str,
@@ -76,18 +79,23 @@ def graph_json(
     pinned: Sequence[str] = (),
     supernodes: Sequence[Sequence[str]] = (),
     labels: dict[str, str] | None = None,
-    pruned: Pruned | None = None,
+    kept: KeptNodes | None = None,
 ) -> dict[str, Any]:
-    """The graph pruned at the thresholds, in the viewer's JSON. ``decode`` turns a token id into
-    text; ``pinned`` and ``supernodes`` (each ``[name, node_id, ...]``) become its query
-    parameters; ``labels`` (``"{layer}_{feature}"`` to text) fill feature nodes' ``clerp``;
-    ``pruned``: the graph already pruned at those thresholds (else it is pruned here)."""
-    pruned = prune(graph, node_threshold, edge_threshold) if pruned is None else pruned
+    """The graph pruned at the thresholds, in the viewer's JSON, from the full graph or its
+    bounded view (:mod:`engine.attribution.prunable`). ``decode`` turns a token id into text;
+    ``pinned`` and ``supernodes`` (each ``[name, node_id, ...]``) become its query parameters;
+    ``labels`` (``"{layer}_{feature}"`` to text) fill feature nodes' ``clerp``; ``kept``: the view
+    already pruned at those thresholds (else it is pruned here)."""
+    view = graph if isinstance(graph, PrunableGraph) else PrunableGraph.of(graph, covering=node_threshold)
+    kept = view.prune(node_threshold, edge_threshold) if kept is None else kept
     labels = labels or {}
-    kept = pruned.nodes.nonzero().flatten().tolist()
-    nodes = {index: _node(graph, index, float(pruned.cumulative[index]), decode, labels) for index in kept}
-    targets, sources = pruned.edges.nonzero(as_tuple=True)
-    weights = graph.adjacency[targets, sources].tolist()
+    positions = kept.positions.tolist()
+    nodes = {
+        index: _node(view, positions[index], decode, labels)
+        for index in kept.nodes.nonzero().flatten().tolist()
+    }
+    targets, sources = kept.edges.nonzero(as_tuple=True)
+    weights = kept.adjacency[targets, sources].tolist()
     links = [
         {"source": nodes[source]["node_id"], "target": nodes[target]["node_id"], "weight": weight}
         for source, target, weight in zip(sources.tolist(), targets.tolist(), weights, strict=True)
@@ -101,7 +109,7 @@ def graph_json(
             "slug": slug,
             "scan": scan,
             "transcoder_list": [],
-            "prompt_tokens": [decode(token) for token in graph.tokens],
+            "prompt_tokens": [decode(token) for token in view.tokens],
             "prompt": prompt,
             "node_threshold": node_threshold,
             "schema_version": 1,

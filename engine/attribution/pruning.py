@@ -14,12 +14,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Pruned", "node_influence", "partial_influences", "prune"]
+__all__ = [
+    "Pruned",
+    "check_thresholds",
+    "node_influence",
+    "partial_influences",
+    "prune_edges",
+    "ranked",
+    "threshold_rank",
+]
 
 
 def _normalised(matrix: Any, floor: float = 1e-10) -> Any:
     absolute = matrix.abs()
-    return absolute / absolute.sum(1, keepdim=True).clamp(min=floor)
+    return absolute.div_(absolute.sum(1, keepdim=True).clamp(min=floor))  # in place: one copy, not two
 
 
 def _influence(normalised: Any, weights: Any, max_iterations: int = 1000) -> Any:
@@ -34,6 +42,7 @@ def _influence(normalised: Any, weights: Any, max_iterations: int = 1000) -> Any
 
 
 def _logit_weights(graph: Any) -> Any:
+    """Per node of ``graph``: its logit's probability (zero for every other node)."""
     import torch
 
     weights = torch.zeros(graph.n_nodes)
@@ -46,13 +55,35 @@ def node_influence(graph: Any) -> Any:
     return _influence(_normalised(graph.adjacency), _logit_weights(graph))
 
 
-def _threshold(scores: Any, fraction: float) -> Any:
+def ranked(scores: Any) -> tuple[Any, Any, Any]:
+    """``scores`` largest first, where each was, and the cumulative share of the total that the
+    scores up to each one hold."""
     import torch
 
-    ordered = torch.sort(scores, descending=True).values
-    cumulative = torch.cumsum(ordered, 0) / torch.sum(ordered)
-    index = min(int(torch.searchsorted(cumulative, fraction)), len(cumulative) - 1)
-    return ordered[index]
+    ordered, order = torch.sort(scores, descending=True)
+    return ordered, order, torch.cumsum(ordered, 0) / torch.sum(ordered)
+
+
+def threshold_rank(shares: Any, fraction: float, count: int) -> int:
+    """The rank of the smallest score kept at ``fraction``: the first whose cumulative share
+    reaches it (the last of ``count`` when rounding leaves the shares short of it)."""
+    import torch
+
+    return min(int(torch.searchsorted(shares, fraction)), count - 1)
+
+
+def _threshold(scores: Any, fraction: float) -> Any:
+    """``ranked``'s threshold of ``scores`` (1-D) in two copies of them rather than five: the
+    values sorted in place (numpy; torch would keep the int64 order too), their shares divided in
+    place. The same numbers: a sort's values are unique, and so is each operation's result."""
+    import torch
+
+    ordered = scores.neg()
+    ordered.numpy().sort()
+    ordered.neg_()  # largest first
+    shares = torch.cumsum(ordered, 0)
+    shares /= torch.sum(ordered)
+    return ordered[threshold_rank(shares, fraction, len(ordered))]
 
 
 @dataclass
@@ -65,37 +96,36 @@ class Pruned:
     cumulative: Any
 
 
-def prune(graph: Any, node_threshold: float = 0.8, edge_threshold: float = 0.98) -> Pruned:
-    """circuit-tracer's ``prune_graph`` of ``graph`` (an :class:`AttributionGraph`)."""
-    import torch
-
+def check_thresholds(node_threshold: float, edge_threshold: float) -> None:
     if not (0.0 <= node_threshold <= 1.0 and 0.0 <= edge_threshold <= 1.0):
         raise ValueError("thresholds are fractions between 0 and 1")
-    weights = _logit_weights(graph)
-    influence = _influence(_normalised(graph.adjacency), weights)
-    nodes = influence >= _threshold(influence, node_threshold)
-    nodes[graph.token_start :] = True
-    kept = graph.adjacency.clone()
-    kept[~nodes] = 0
-    kept[:, ~nodes] = 0
-    normalised = _normalised(kept)
-    edge_scores = normalised * (_influence(normalised, weights) + weights)[:, None]
+
+
+def prune_edges(adjacency: Any, weights: Any, edge_threshold: float, *, n_features: int, n_sources: int):
+    """The second stage of circuit-tracer's ``prune_graph``, on the adjacency among the nodes its
+    first stage kept (``adjacency[kept][:, kept]``, in the graph's order; ``weights`` their logit
+    weights): the edges that carry ``edge_threshold`` of the influence of that graph, then, until
+    nothing changes, the feature and error nodes (the first ``n_sources``) left without an
+    outgoing edge and the feature nodes (the first ``n_features``) without an incoming one
+    dropped. Returns (nodes, edges) masks over those nodes. Only the kept nodes' matrix is ever
+    made, so its memory is what a view of them needs, whatever the graph's size."""
+    import torch
+
+    edge_scores = _normalised(adjacency)
+    edge_scores *= (_influence(edge_scores, weights) + weights)[:, None]  # in place: the normalised matrix
     edges = edge_scores >= _threshold(edge_scores.flatten(), edge_threshold)
-    sources = graph.token_start  # feature and error nodes need an outgoing edge
-    n_features = graph.n_features
+    del edge_scores
+    nodes = torch.ones(len(adjacency), dtype=torch.bool)
     previous = nodes.clone()
-    nodes[:sources] &= edges[:, :sources].any(0)
+    nodes[:n_sources] &= edges[:, :n_sources].any(0)
     nodes[:n_features] &= edges[:n_features].any(1)
     while not torch.equal(previous, nodes):  # each round may strand more nodes
         previous = nodes.clone()
         edges[~nodes] = False
         edges[:, ~nodes] = False
-        nodes[:sources] &= edges[:, :sources].any(0)
+        nodes[:n_sources] &= edges[:, :n_sources].any(0)
         nodes[:n_features] &= edges[:n_features].any(1)
-    ordered, order = torch.sort(influence, descending=True)
-    cumulative = torch.zeros_like(influence)
-    cumulative[order] = torch.cumsum(ordered, 0) / torch.sum(ordered)
-    return Pruned(nodes, edges, cumulative)
+    return nodes, edges
 
 
 def partial_influences(rows: Any, logit_probabilities: Any, row_nodes: Any, max_iterations: int = 128) -> Any:

@@ -1,13 +1,15 @@
 """Search features by meaning (``features.search``): ranking by the real all-MiniLM-L6-v2,
-visibility, freshness of the index, the API route and the command.
+visibility, freshness (the index rebuilt by a worker, never in a query; fresh rows found at once by
+the query's exact step), the API route and the command.
 
 The world: walt's shared SAE and analysis; a shared explanation job (visible to rita), a private
 one of 40 explanations about volcanoes (walt's only), walt's shared and private labels and
-rita's own private label.
+rita's own private label; its index built, as the worker's rebuild leaves it.
 """
 
 import io
 import json
+import shutil
 import threading
 import uuid
 
@@ -20,8 +22,11 @@ from rest_framework.test import APIClient
 from activations.models import ActivationCache
 from features import search
 from features.models import Explanation, ExplanationJob, Feature, FeatureAnalysis, FeatureLabel
+from features.services import feature_label_set
 from mistudio.access import OPERATOR
 from mistudio.errors import ApplicationError
+from mistudio.redis_client import get_redis
+from mistudio.workers import run_worker, shared_queue
 from models_app.models import LanguageModel
 from saes.models import SparseAutoencoder
 
@@ -93,7 +98,25 @@ def world(embedding_model, writer, reader):
     )
     FeatureLabel.objects.create(sae=sae, index=8, label="volcanoes and lava", owner=walt, shared=False)
     FeatureLabel.objects.create(sae=sae, index=9, label="emoji in chat messages", owner=rita, shared=False)
+    assert search.search_index_refresh(analysis) == 3 + 40 + 3  # what the worker's rebuild does
     return {"walt": walt, "rita": rita, "sae": sae, "analysis": analysis, "shared_job": shared_job}
+
+
+def counting_embeddings(monkeypatch) -> list[list[str]]:
+    """Every call of the process's embedding model from now on, with its texts."""
+    calls: list[list[str]] = []
+    model = search.embedder()
+    original = model.embed
+    monkeypatch.setattr(model, "embed", lambda texts: calls.append(list(texts)) or original(texts))
+    return calls
+
+
+def rebuilds_queued(analysis) -> int:
+    return sum(
+        1
+        for job in shared_queue().get_jobs()
+        if job.func_name == "features.tasks.rebuild_search_index" and job.args == (analysis.id,)
+    )
 
 
 def find(world, user, query: str, k: int = 10) -> list[dict]:
@@ -154,9 +177,9 @@ def test_what_a_user_may_not_see_neither_shows_nor_takes_places(world):
     assert all("volcan" in result["text"] for result in find(world, world["rita"], "volcanoes", k=5))
 
 
-def test_a_new_explanation_is_found_on_the_next_query_embedding_only_it(world, monkeypatch):
-    assert search.search_index_refresh(world["analysis"]) == 3 + 40 + 3
-    directory = world["analysis"].directory / "search"
+def test_a_new_explanation_is_found_at_once_and_indexed_by_the_worker(world, monkeypatch):
+    analysis = world["analysis"]
+    directory = analysis.directory / "search"
     generation = json.loads((directory / "manifest.json").read_text())["generation"]
     names = {path.name for path in directory.iterdir()}
     assert names == {
@@ -165,33 +188,82 @@ def test_a_new_explanation_is_found_on_the_next_query_embedding_only_it(world, m
     }  # fmt: skip
     assert "weather" not in find(world, world["rita"], "weather forecasts", k=1)[0]["text"]
 
-    embedded: list[str] = []
-    model = search.embedder()
-    original = model.embed
-    monkeypatch.setattr(model, "embed", lambda texts: embedded.extend(texts) or original(texts))
+    # Found by the query's exact step: embedded with the query, in one call; no index written.
+    calls = counting_embeddings(monkeypatch)
     explain(world["shared_job"], 60, "rain and snow in weather reports", score=0.5)
     best = find(world, world["rita"], "weather forecasts", k=1)[0]
     assert (best["index"], best["text"], best["score"]) == (60, "rain and snow in weather reports", 0.5)
-    assert embedded == ["rain and snow in weather reports", "weather forecasts"]
+    assert calls == [["weather forecasts", "rain and snow in weather reports"]]
+    assert json.loads((directory / "manifest.json").read_text())["generation"] == generation
 
-    # An edited label is embedded again; a removed one is gone.
+    # The worker's rebuild embeds only the new text; then a query embeds only itself.
+    assert search.search_index_refresh(analysis) == 4 + 40 + 3
+    assert calls[1:] == [["rain and snow in weather reports"]]
+    assert find(world, world["rita"], "weather forecasts", k=1)[0]["index"] == 60
+    assert calls[2:] == [["weather forecasts"]]
+
+    # An edited label is found by its new text at once; a removed one is gone; the worker embeds
+    # the edited text once.
     label = FeatureLabel.objects.get(sae=world["sae"], index=7)
     label.label = "rainy weather"
     label.save()
     assert find(world, world["rita"], "weather forecasts", k=2)[1]["text"] == "rainy weather"
+    assert search.search_index_refresh(analysis) == 4 + 40 + 3
     label.delete()
-    assert search.search_index_refresh(world["analysis"]) == 4 + 40 + 2
     assert "rainy weather" not in {result["text"] for result in find(world, world["rita"], "weather", k=10)}
+    assert search.search_index_refresh(analysis) == 4 + 40 + 2
     manifest = json.loads((directory / "manifest.json").read_text())
     assert manifest["removed"] == 2 and manifest["generation"] != generation  # updated, not rebuilt
     assert len(list(directory.glob("index-*.usearch"))) == 1  # earlier generations are gone
+    assert [text for call in calls for text in call].count("rainy weather") == 2  # the query's, the worker's
 
     # A job that finishes changes no text: the stamp moves on, the index stays.
     ExplanationJob.objects.filter(pk=world["shared_job"].pk).update(finished_at=timezone.now())
-    assert search.search_index_refresh(world["analysis"]) == 4 + 40 + 2
+    assert search.search_index_refresh(analysis) == 4 + 40 + 2
     again = json.loads((directory / "manifest.json").read_text())
     assert again["generation"] == manifest["generation"] and again["stamp"] != manifest["stamp"]
-    assert embedded[2:] == ["rainy weather", "weather forecasts", "weather"]  # each text once
+
+
+def test_many_label_changes_make_one_rebuild_by_the_worker_and_a_search_rebuilds_nothing(
+    world, transactional_db, monkeypatch
+):
+    """Committed rows (``transactional_db``): the rebuild is queued on commit and run by a real
+    burst worker."""
+    analysis, walt = world["analysis"], world["walt"]
+    directory = analysis.directory / "search"
+    generation = json.loads((directory / "manifest.json").read_text())["generation"]
+    feature_label_set(
+        sae=world["sae"], index=20, actor=walt, label="submarines and naval warfare", shared=True
+    )
+    for index in range(21, 60):
+        feature_label_set(
+            sae=world["sae"], index=index, actor=walt, label=f"tokens of group {index}", shared=True
+        )
+    feature_label_set(sae=world["sae"], index=60, actor=walt, label="ancient Roman aqueducts", shared=True)
+    assert rebuilds_queued(analysis) == 1  # 41 changes, one rebuild
+
+    # A search meanwhile: the last index and the freshest labels, embedded with the query in one
+    # call; it writes no index and queues nothing more.
+    monkeypatch.setattr(search, "_write_index", lambda *args: pytest.fail("a search wrote the index"))
+    calls = counting_embeddings(monkeypatch)
+    assert find(world, world["rita"], "Roman aqueducts", k=1)[0]["text"] == "ancient Roman aqueducts"
+    assert len(calls) == 1 and len(calls[0]) == 1 + search.FRESH_TEXTS
+    assert "submarines" not in {result["text"] for result in find(world, world["rita"], "submarines", k=3)}
+    assert rebuilds_queued(analysis) == 1
+    assert json.loads((directory / "manifest.json").read_text())["generation"] == generation
+
+    # The worker's rebuild: every label findable, each embedded once, by the worker.
+    monkeypatch.undo()
+    calls = counting_embeddings(monkeypatch)
+    run_worker(name="search-worker", device="cpu", burst=True)
+    assert rebuilds_queued(analysis) == 0 and not get_redis().exists(search.rebuild_pending_key(analysis.id))
+    assert json.loads((directory / "manifest.json").read_text())["count"] == 3 + 40 + 3 + 41
+    assert sorted(text for call in calls for text in call) == sorted(
+        ["submarines and naval warfare", "ancient Roman aqueducts"]
+        + [f"tokens of group {i}" for i in range(21, 60)]
+    )
+    best = find(world, world["rita"], "submarines", k=1)[0]
+    assert (best["source"], best["index"], best["text"]) == ("label", 20, "submarines and naval warfare")
 
 
 def test_an_index_on_disk_is_used_by_a_fresh_process(world, monkeypatch):
@@ -201,8 +273,10 @@ def test_an_index_on_disk_is_used_by_a_fresh_process(world, monkeypatch):
     assert find(world, world["rita"], "numbers and digits", k=1)[0]["index"] == 1
 
 
-def test_two_requests_that_find_the_index_stale_build_it_once(world, transactional_db, monkeypatch):
+def test_two_refreshes_of_a_missing_index_build_it_once(world, transactional_db, monkeypatch):
     """Committed rows (``transactional_db``), each thread on its own database connection."""
+    shutil.rmtree(world["analysis"].directory / "search")
+    search._loaded.clear()
     model = search.embedder()
     embedded: list[str] = []
     original = model.embed
@@ -226,22 +300,45 @@ def test_two_requests_that_find_the_index_stale_build_it_once(world, transaction
     assert len(list((world["analysis"].directory / "search").glob("index-*.usearch"))) == 1
 
 
-def test_damaged_files_are_rebuilt_and_an_analysis_without_texts_finds_nothing(world):
-    search.search_index_refresh(world["analysis"])
+def test_damaged_files_are_rebuilt_by_the_worker_and_an_analysis_without_texts_finds_nothing(
+    world, transactional_db
+):
     directory = world["analysis"].directory / "search"
     for path in directory.iterdir():
         if path.suffix in (".safetensors", ".usearch", ".json"):
             path.write_bytes(b"damaged")
     search._loaded.clear()
+    with pytest.raises(ApplicationError) as building:  # 46 texts: more than a query embeds itself
+        find(world, world["rita"], "numbers and digits", k=1)
+    assert (building.value.code, building.value.status) == ("SEARCH_INDEX_BUILDING", 503)
+    assert building.value.details["retry_after_seconds"] == search.BUILDING_RETRY_SECONDS
+    run_worker(name="search-worker", device="cpu", burst=True)
     assert find(world, world["rita"], "numbers and digits", k=1)[0]["index"] == 1
 
     empty = FeatureAnalysis.objects.create(
         sae=world["sae"], status="completed", owner=world["walt"], shared=True, finished_at=timezone.now()
     )
     FeatureLabel.objects.filter(sae=world["sae"]).delete()
-    assert search.search_index_refresh(empty) == 0
     found = search.feature_search(user=world["rita"], sae=world["sae"], analysis=empty, query="numbers", k=5)
     assert found == {"analysis_id": empty.id, "query": "numbers", "results": []}
+    assert search.search_index_refresh(empty) == 0
+
+
+def test_an_analysis_of_a_few_texts_is_searched_before_its_index_is_built(world):
+    """At most FRESH_TEXTS texts and no index yet: the query's exact step finds them all."""
+    few = FeatureAnalysis.objects.create(
+        sae=world["sae"], status="completed", owner=world["walt"], shared=True, finished_at=timezone.now()
+    )
+    explain(
+        explanation_job(few, world["walt"], shared=True), 3, "closing parentheses in Python function calls"
+    )
+    found = search.feature_search(
+        user=world["rita"], sae=world["sae"], analysis=few, query="brackets in code", k=3
+    )
+    texts = [result["text"] for result in found["results"]]
+    assert texts[0] == "closing parentheses in Python function calls"
+    assert set(texts) == {texts[0], "legal contracts and court rulings", "emoji in chat messages"}
+    assert not (few.directory / "search" / "manifest.json").exists()
 
 
 def test_an_empty_query_and_a_missing_model_are_refused(world, settings, tmp_path):

@@ -6,7 +6,9 @@
   (``graph.js`` draws it from ``GET /api/graphs/<id>/nodes``): nodes by layer and position, edges
   by weight and sign, hover and click for a feature's label, explanation and dashboard; pin nodes,
   group them into named supernodes, the subgraph of the pinned nodes, prune thresholds as live
-  controls, interventions, and the export. POST ``action=cancel`` cancels a running job.
+  controls (the node threshold up to what the graph's bounded view holds), interventions, and the
+  export. The page itself never reads the graph's files: the nodes route prunes its bounded view.
+  POST ``action=cancel`` cancels a running job.
 
 The form is validated with the API's serializer and calls the same service as ``POST /api/graphs``.
 """

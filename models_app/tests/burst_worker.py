@@ -22,12 +22,17 @@ def load_on_burst_worker(folder, owner, *, worker: str, name: str = "tiny"):
     return model
 
 
-def answered(api, path: str, body: dict, *, worker: str):
-    """POST ``body`` in a thread, answer its call with the burst worker ``worker``, return the response."""
+def answered(api, path: str, body: dict | None = None, *, worker: str):
+    """POST ``body`` (GET without one) in a thread, answer its call with the burst worker
+    ``worker``, return the response."""
     from mistudio.workers import interactive_queue, run_worker
 
     answer = {}
-    asking = threading.Thread(target=lambda: answer.update(response=api.post(path, body, format="json")))
+
+    def ask():
+        answer["response"] = api.get(path) if body is None else api.post(path, body, format="json")
+
+    asking = threading.Thread(target=ask)
     asking.start()
     wait_until(
         lambda: interactive_queue(worker).count > 0 or not asking.is_alive(), timeout=30, what="the call"

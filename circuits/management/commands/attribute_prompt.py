@@ -3,7 +3,6 @@ attribution graph of a prompt through one transcoder per layer (a worker runs th
 it with a progress bar), print its top logits and most influential features, and optionally write
 the graph JSON that Neuronpedia's graph viewer and circuit-tracer's local server load."""
 
-import json
 from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
@@ -67,8 +66,11 @@ class Command(BaseCommand):
         )
         for logit in summary["logits"]:
             self.stdout.write(f"  {logit['token']!r:<16} p={logit['probability']:.3f}")
-        view = selectors.graph_view(user=owner or OPERATOR, graph=graph)
         if options["export"]:
-            view.pop("mistudio")
-            Path(options["export"]).write_text(json.dumps(view))
+            try:
+                services.graph_view_prepare(graph=graph)
+                body = selectors.graph_view(user=owner or OPERATOR, graph=graph, export=True)
+            except ApplicationError as error:
+                raise CommandError(f"{error.code}: {error.message}") from None
+            Path(options["export"]).write_bytes(body)
             self.stdout.write(f"Graph JSON written to {options['export']}")

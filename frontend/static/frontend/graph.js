@@ -5,7 +5,8 @@
 // explanation, activation, influence, dashboard link), pins it (PATCH pinned), or intervenes on it
 // (POST /intervene: the new top logits). Pinned features group into named supernodes (PATCH
 // supernodes); "the pinned nodes only" shows their subgraph. The threshold sliders prune live and
-// are saved as the graph's own. Waits for the job (live_fragment.js) when the graph is not done yet.
+// are saved as the graph's own; the node slider reaches the widest threshold the graph's bounded
+// view holds (mistudio.max_node_threshold: 1 unless the graph is large). Waits for the job (live_fragment.js) when the graph is not done yet.
 (function () {
   "use strict";
 
@@ -208,6 +209,9 @@
       const view = await mi.api("GET", `graphs/${encodeURIComponent(graphId)}/nodes?${query}`);
       if (ticket !== state.ticket) return;
       state.view = view;
+      const slider = $("node-threshold");
+      slider.max = String(view.mistudio.max_node_threshold);
+      $("node-threshold-value").textContent = slider.value;  // (taken down to the new max)
       state.pinned = view.qParams.pinnedIds;
       state.supernodes = view.qParams.supernodes;
       draw();
