@@ -6,7 +6,7 @@ from rest_framework import serializers, status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from engine.autointerp.pipeline import SCORERS
+from engine.autointerp.pipeline import OPTION_BOUNDS, SCORERS
 from engine.autointerp.prompts import PROMPT_VERSION, TEMPLATES
 from features import explanation_selectors, explanations, selectors
 from features.serializers import explanation_job_state, explanation_state, label_state
@@ -43,20 +43,27 @@ class SelectionSerializer(StrictSerializer):
     )
 
 
+def bounded(name: str, field=serializers.IntegerField):
+    """An option's field with its range from ``OPTION_BOUNDS`` (the service checks the same
+    ranges for every front door; ``concurrency``'s maximum is a setting, checked there)."""
+    low, high = OPTION_BOUNDS[name]
+    return field(min_value=low, max_value=high, required=False)
+
+
 class OptionsSerializer(StrictSerializer):
-    explain_examples = serializers.IntegerField(min_value=1, max_value=100, required=False)
-    test_examples = serializers.IntegerField(min_value=1, max_value=100, required=False)
-    non_activating = serializers.IntegerField(min_value=1, max_value=100, required=False)
-    per_prompt = serializers.IntegerField(min_value=1, max_value=20, required=False)
+    explain_examples = bounded("explain_examples")
+    test_examples = bounded("test_examples")
+    non_activating = bounded("non_activating")
+    per_prompt = bounded("per_prompt")
     scorers = serializers.ListField(
         child=serializers.ChoiceField(choices=SCORERS), max_length=2, required=False
     )
-    explain_max_tokens = serializers.IntegerField(min_value=8, max_value=1024, required=False)
-    score_max_tokens = serializers.IntegerField(min_value=8, max_value=256, required=False)
-    temperature = serializers.FloatField(min_value=0, max_value=2, required=False)
+    explain_max_tokens = bounded("explain_max_tokens")
+    score_max_tokens = bounded("score_max_tokens")
+    temperature = bounded("temperature", serializers.FloatField)
     include_logits = serializers.BooleanField(required=False)
     ignore_eos = serializers.BooleanField(required=False)
-    concurrency = serializers.IntegerField(min_value=1, max_value=256, required=False)
+    concurrency = bounded("concurrency")  # at most EXPLAINER_MAX_CONCURRENCY: 400 beyond
 
 
 class ExplanationJobListApi(APIView):

@@ -34,6 +34,7 @@ from mistudio.errors import ApplicationError
 from mistudio.events import ProgressThrottle
 from mistudio.job_runner import JobCancelled, JobContext, job_task
 from mistudio.jobs import DAY, job_publish
+from mistudio.structured_logging import redact
 from mistudio.text import safe_text
 from models_app.models import LanguageModel
 from saes.tasks import open_cache, sae_module
@@ -105,11 +106,17 @@ def run_explanation_job(row: ExplanationJob, job: JobContext) -> None:
         if throttle.ready(100 * counts["done"] / max(1, len(row.indices))):
             job_publish(row, "progress", progress())
 
+    def tick() -> bool:  # every result is stored as it comes: the job may yield between any two
+        return job.should_cancel() or job.should_yield()
+
     try:
-        completed = interpret_many(features, endpoints, config, on_result=on_result, tick=job.should_cancel)
+        completed = interpret_many(features, endpoints, config, on_result=on_result, tick=tick)
     finally:
         endpoints.explainer.close()
         endpoints.scorer.close()
+    if not completed and not job.cancel_seen:
+        job_publish(row, "progress", progress())  # what it spent so far, for the resumed run
+        job.checkpoint_saved()
     if not completed:
         raise JobCancelled
     job_publish(row, "completed", [*progress(), *row.mark_completed(summary=job_summary(row, notes))])
@@ -228,7 +235,7 @@ def job_endpoints(row: ExplanationJob, config: InterpretationConfig) -> Endpoint
             raise ApplicationError(
                 "OWNER_REQUIRED", "A job on this workbench's /v1 runs as a user.", status=400
             )
-        url, key = settings.MISTUDIO_API_URL + "/v1", job_token_for(row.owner, job_id=row.id)
+        url, key = settings.MISTUDIO_API_URL + "/v1", job_token_for(row)
     else:
         spec = settings.EXPLAINER_ENDPOINTS.get(row.endpoint)
         if spec is None:
@@ -269,7 +276,7 @@ def prompt_tokens(row: ExplanationJob, model_ref: str):
 
 # The endpoint itself is wrong (unreachable, a bad key, an unknown model) when this many features
 # from the start all fail on it: the job then fails at once instead of trying every feature.
-ENDPOINT_FAILURES = frozenset({"ENDPOINT_UNREACHABLE", "ENDPOINT_ERROR"})
+ENDPOINT_FAILURES = frozenset({"ENDPOINT_UNREACHABLE", "ENDPOINT_ERROR", "ENDPOINT_BUSY"})
 FAILURES_BEFORE_GIVING_UP = 8
 
 
@@ -323,7 +330,7 @@ def store_result(row: ExplanationJob, result: FeatureResult) -> Explanation:
         "score": result.score,
         "scoring": scores,
         "error_code": result.error_code,
-        "error_message": result.error_message[:2000],
+        "error_message": redact(result.error_message)[:2000],  # an endpoint's words, keys taken out
     }
     explanation, _ = Explanation.objects.update_or_create(job=row, index=result.index, defaults=values)
     return explanation
@@ -347,8 +354,8 @@ def job_summary(row: ExplanationJob, notes: list[str]) -> dict[str, Any]:
 
 
 def refresh_search_index(analysis: FeatureAnalysis) -> None:
-    """Embed the new explanations now, so the first search after the job is fast (a failure here
-    leaves search to build the index itself)."""
+    """Embed the new explanations now, here in the worker, so that searches find them at once (a
+    failure here leaves it to the rebuild a search asks for: ``features.search``)."""
     try:
         search_index_refresh(analysis)
     except Exception:

@@ -14,7 +14,7 @@ from typing import Any
 from django.conf import settings
 from django.db import transaction
 
-from engine.autointerp.pipeline import SCORERS, InterpretationConfig
+from engine.autointerp.pipeline import OPTION_BOUNDS, SCORERS, InterpretationConfig
 from engine.autointerp.prompts import PROMPT_VERSION, TEMPLATES
 from engine.generation.params import config_context_length
 from features.models import Explanation, ExplanationJob, Feature, FeatureAnalysis, FeatureLabel
@@ -22,7 +22,8 @@ from features.services import feature_label_set
 from generation.services import generation_model
 from mistudio import jobs
 from mistudio.access import OPERATOR
-from mistudio.errors import ApplicationError
+from mistudio.errors import ApplicationError, rate_limited
+from mistudio.transaction_locks import take_turns
 from mistudio.workers import shared_queue
 from models_app.models import LanguageModel
 
@@ -125,16 +126,45 @@ def explanation_indices(analysis: FeatureAnalysis, selection: dict[str, Any]) ->
 # --- the estimate and the request ----------------------------------------------------------------
 
 
+def option_bounds() -> dict[str, tuple[float, float | None]]:
+    """Each numeric option's range (``OPTION_BOUNDS``), ``concurrency`` up to
+    ``EXPLAINER_MAX_CONCURRENCY``: what the API, the form and the command accept."""
+    return {**OPTION_BOUNDS, "concurrency": (1, settings.EXPLAINER_MAX_CONCURRENCY)}
+
+
+def check_options(options: dict[str, Any]) -> None:
+    """400 ``VALIDATION_ERROR`` (one message per field, as the serializers give) for an option
+    outside its range: a value is refused, never silently lowered."""
+    errors = {}
+    for name, (low, high) in option_bounds().items():
+        value = options.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            errors[name] = ["A number is required."]
+        elif value < low or (high is not None and value > high):
+            errors[name] = [f"Must be between {low} and {high}." if high is not None else f"At least {low}."]
+    if errors:
+        raise ApplicationError(
+            "VALIDATION_ERROR",
+            "Options out of range: " + "; ".join(f"{name}: {text[0]}" for name, text in errors.items()),
+            details={"fields": {"options": errors}},
+        )
+
+
 def interpretation_config(analysis: FeatureAnalysis, options: dict[str, Any]) -> InterpretationConfig:
-    """The job's settings: the defaults, the request's ``options``, bounded by what the analysis
-    holds (its top examples and interval examples) and ``EXPLAINER_MAX_CONCURRENCY``."""
+    """The job's settings: the defaults and the request's ``options`` (each within its range),
+    the examples bounded by what the analysis holds (its top examples and interval examples)."""
     names = {field.name for field in fields(InterpretationConfig)}
     unknown = set(options) - names
     if unknown:
         raise ApplicationError(
             "INVALID_REQUEST", f"Unknown options: {', '.join(sorted(unknown))}.", status=400
         )
+    check_options(options)
     values = {**asdict(InterpretationConfig()), **options}
+    if "concurrency" not in options:  # the default, within what this deployment allows
+        values["concurrency"] = min(values["concurrency"], settings.EXPLAINER_MAX_CONCURRENCY)
     values["scorers"] = tuple(values["scorers"])
     if not set(values["scorers"]) <= set(SCORERS):
         raise ApplicationError("INVALID_REQUEST", f"Scorers are {', '.join(SCORERS)}.", status=400)
@@ -144,7 +174,6 @@ def interpretation_config(analysis: FeatureAnalysis, options: dict[str, Any]) ->
     values["test_examples"] = max(
         1, min(values["test_examples"], interval_examples + top_k - values["explain_examples"])
     )
-    values["concurrency"] = max(1, min(values["concurrency"], settings.EXPLAINER_MAX_CONCURRENCY))
     return InterpretationConfig(**values)
 
 
@@ -168,6 +197,87 @@ def explanation_estimate(
         "completion_tokens_at_most": features
         * (config.explain_max_tokens + scoring_requests * config.score_max_tokens),
     }
+
+
+def explanation_tokens(estimate: dict[str, int]) -> int:
+    """What a job may cost, in tokens: its prompt tokens plus the most completion tokens."""
+    return int(estimate.get("prompt_tokens", 0)) + int(estimate.get("completion_tokens_at_most", 0))
+
+
+def explanation_limits(endpoint: str) -> dict[str, Any]:
+    """The token limits of a job on ``endpoint`` (0: none): an external endpoint's are its own,
+    lower ones (an administrator's paid key)."""
+    if endpoint == LOCAL:
+        return {
+            "per_job": settings.EXPLANATION_MAX_TOKENS_PER_JOB,
+            "per_user": settings.EXPLANATION_MAX_TOKENS_PER_USER,
+            "settings": ["EXPLANATION_MAX_TOKENS_PER_JOB", "EXPLANATION_MAX_TOKENS_PER_USER"],
+        }
+    return {
+        "per_job": settings.EXPLANATION_EXTERNAL_MAX_TOKENS_PER_JOB,
+        "per_user": settings.EXPLANATION_EXTERNAL_MAX_TOKENS_PER_USER,
+        "settings": ["EXPLANATION_EXTERNAL_MAX_TOKENS_PER_JOB", "EXPLANATION_EXTERNAL_MAX_TOKENS_PER_USER"],
+    }
+
+
+REDUCE_HINT = (
+    "Explain fewer features (selection), or lower test_examples, non_activating, per-request "
+    "max tokens (explain_max_tokens, score_max_tokens) or use one scorer."
+)
+
+
+def explanation_cost_refusal(*, owner, endpoint: str, estimate: dict[str, int]) -> ApplicationError | None:
+    """Why a job of ``estimate`` may not start now, or None: over the per-job limit (400
+    ``EXPLANATION_TOO_LARGE``), or with the owner's queued and running jobs on endpoints of the
+    same kind over the per-user limit (429 ``RATE_LIMITED``, until one of them ends). The dry run
+    shows the same answer the request would get."""
+    limits = explanation_limits(endpoint)
+    tokens = explanation_tokens(estimate)
+    where = "this workbench's /v1" if endpoint == LOCAL else f"the external endpoint {endpoint!r}"
+    cost = (
+        f"{tokens:,} tokens ({estimate['prompt_tokens']:,} prompt + at most "
+        f"{estimate['completion_tokens_at_most']:,} completion, {estimate['requests']:,} requests)"
+    )
+    per_job, per_user = limits["per_job"], limits["per_user"]
+    if per_job and tokens > per_job:
+        return ApplicationError(
+            "EXPLANATION_TOO_LARGE",
+            f"This job would cost up to {cost}, more than the {per_job:,} one job may on {where} "
+            f"({limits['settings'][0]}). {REDUCE_HINT}",
+            details={"scope": "job", "estimate": estimate, "tokens": tokens, "limit": per_job},
+        )
+    user = owner if getattr(owner, "is_authenticated", False) else None
+    if not per_user or user is None:
+        return None
+    if tokens > per_user:
+        return ApplicationError(
+            "EXPLANATION_TOO_LARGE",
+            f"This job would cost up to {cost}, more than the {per_user:,} a user's jobs may on {where} "
+            f"together ({limits['settings'][1]}). {REDUCE_HINT}",
+            details={"scope": "user", "estimate": estimate, "tokens": tokens, "limit": per_user},
+        )
+    active = ExplanationJob.objects.filter(owner=user, status__in=ExplanationJob.ACTIVE)
+    active = active.filter(endpoint=LOCAL) if endpoint == LOCAL else active.exclude(endpoint=LOCAL)
+    rows = list(active)
+    spent = sum(explanation_tokens(row.estimate or {}) for row in rows)
+    if spent + tokens > per_user:
+        return rate_limited(
+            f"Your queued and running explanation jobs may cost up to {spent:,} tokens; this one's "
+            f"{cost} would take them past the {per_user:,} allowed per user on {where} "
+            f"({limits['settings'][1]}). Send it again when one of them ends, or make it smaller. "
+            + REDUCE_HINT,
+            retry_after_seconds=jobs.slot_retry_after(rows),
+            details={
+                "scope": "explanation_tokens", "estimate": estimate, "tokens": tokens, "limit": per_user,
+                "active_tokens": spent, "active_jobs": [row.pk for row in rows],
+            },
+        )  # fmt: skip
+    return None
+
+
+def refusal_body(error: ApplicationError) -> dict[str, Any]:
+    """A refusal as the dry run shows it: the status and error the request itself would get."""
+    return {"status": error.status, "code": error.code, "message": error.message, "details": error.details}
 
 
 def explanation_request(
@@ -202,14 +312,23 @@ def explanation_request(
     indices = explanation_indices(analysis, selection)
     estimate = explanation_estimate(analysis=analysis, features=len(indices), config=config, context=context)
     if dry_run:
+        refusal = explanation_cost_refusal(owner=owner, endpoint=endpoint, estimate=estimate)
         return {
             "estimate": estimate,
+            "limits": explanation_limits(endpoint),
+            "refusal": None if refusal is None else refusal_body(refusal),
             "indices": indices[:1000],
             "config": asdict(config),
             "prompt_version": PROMPT_VERSION,
         }
     with transaction.atomic():
-        jobs.job_admit(owner=owner)
+        user = owner if getattr(owner, "is_authenticated", False) else None
+        if user is not None:  # the user's running total is checked and added to in turn
+            take_turns("explanation-tokens", user.pk)
+        refusal = explanation_cost_refusal(owner=owner, endpoint=endpoint, estimate=estimate)
+        if refusal is not None:
+            raise refusal
+        jobs.job_admit(owner=owner, tokens=explanation_tokens(estimate))
         job = ExplanationJob.objects.create(
             analysis=analysis,
             endpoint=endpoint,

@@ -16,12 +16,14 @@ from activations.models import ActivationCache
 from engine import budgets
 from engine.features.analysis import AnalysisConfig
 from features.models import FeatureAnalysis, FeatureLabel
+from features.search import search_indexes_request
 from mistudio import jobs
 from mistudio.access import OPERATOR, check_may_change, reach
 from mistudio.budgets import memory_budget_check
 from mistudio.errors import ApplicationError
 from mistudio.local_paths import path_inside_roots
 from mistudio.text import check_label_text
+from mistudio.transaction_locks import take_turns
 from mistudio.workers import call_worker
 from models_app.services import model_host, model_job_queue, model_worker_name
 from saes.models import SparseAutoencoder
@@ -60,11 +62,14 @@ def analysis_request(
         sae, reach(reader, cache) if cache is not None else default_cache(sae=sae, user=reader),
         purpose="analyse over",
     )  # fmt: skip
-    if FeatureAnalysis.objects.filter(sae=sae, cache=cache, status__in=FeatureAnalysis.ACTIVE).exists():
-        raise ApplicationError(
-            "ANALYSIS_IN_PROGRESS", "An analysis of this SAE over this cache is already running.", status=409
-        )
     with transaction.atomic():
+        take_turns("feature-analysis", sae.pk, cache.pk)  # two requests at once: one analysis, one 409
+        if FeatureAnalysis.objects.filter(sae=sae, cache=cache, status__in=FeatureAnalysis.ACTIVE).exists():
+            raise ApplicationError(
+                "ANALYSIS_IN_PROGRESS",
+                "An analysis of this SAE over this cache is already running.",
+                status=409,
+            )
         jobs.job_admit(owner=owner, tokens=cache.num_tokens)
         estimate = memory_budget_check(
             analysis_memory(sae, cache), what="this analysis", worker_name=model_worker_name(sae.model)
@@ -124,8 +129,9 @@ def feature_label_set(
     if not row.label and not row.notes:
         row.delete()
         row.pk = None
-        return row
-    row.save()
+    else:
+        row.save()
+    search_indexes_request(sae)  # searched by meaning: a worker rebuilds the index (debounced)
     return row
 
 

@@ -7,6 +7,8 @@ from django.contrib.auth import SESSION_KEY, get_user_model
 from rest_framework.authentication import TokenAuthentication
 from rest_framework.authtoken.models import Token
 
+from mistudio.jobs import job_is_active
+
 
 class BearerTokenAuthentication(TokenAuthentication):
     """The same API tokens as ``Authorization: Bearer <token>`` (what OpenAI clients send)."""
@@ -35,22 +37,26 @@ def signed_in(*, session_key: str | None, authorization: str | None) -> bool:
 
 # --- job tokens ------------------------------------------------------------------------------------
 # A job that calls this workbench's own /v1 (an explanation job's explainer) acts for its owner
-# with a signed, expiring token: no key is stored or created for it, and it opens the generation
-# routes only (async_api), never the rest of the API.
+# with a signed token that names the job: no key is stored or created for it, it opens the
+# generation routes only (async_api), never the rest of the API, and it is valid only while its
+# job is queued or running (the row is checked on every request; JOB_TOKEN_MAX_AGE bounds it too).
 JOB_TOKEN_PREFIX = "mistudio-job."  # noqa: S105 (a marker, not a secret)
 JOB_TOKEN_SALT = "mistudio.job-token"  # noqa: S105 (a namespace for signing)
+JOB_TOKEN_REFUSED = "Invalid or expired job token."  # noqa: S105 (a message)
 
 
-def job_token_for(user, *, job_id: str) -> str:
+def job_token_for(row) -> str:
+    """The token of a job row (a :class:`~mistudio.jobs.JobRow` with an owner) for its requests."""
     from django.core import signing
 
     return JOB_TOKEN_PREFIX + signing.dumps(
-        {"user": user.pk, "job": job_id}, salt=JOB_TOKEN_SALT, compress=True
+        {"user": row.owner_id, "kind": row.kind, "job": row.pk}, salt=JOB_TOKEN_SALT, compress=True
     )
 
 
 class JobTokenAuthentication(BearerTokenAuthentication):
-    """``Authorization: Bearer mistudio-job.…``: the owner of a running job (``JOB_TOKEN_MAX_AGE``)."""
+    """``Authorization: Bearer mistudio-job.…``: the owner of the job the token names, while that
+    job is queued or running (``JOB_TOKEN_MAX_AGE`` at most)."""
 
     def authenticate_credentials(self, key: str):
         from django.core import signing
@@ -63,8 +69,8 @@ class JobTokenAuthentication(BearerTokenAuthentication):
                 key.removeprefix(JOB_TOKEN_PREFIX), salt=JOB_TOKEN_SALT, max_age=settings.JOB_TOKEN_MAX_AGE
             )
         except signing.BadSignature:
-            raise exceptions.AuthenticationFailed("Invalid or expired job token.") from None
+            raise exceptions.AuthenticationFailed(JOB_TOKEN_REFUSED) from None
         user = get_user_model().objects.filter(pk=claims.get("user"), is_active=True).first()
-        if user is None:
-            raise exceptions.AuthenticationFailed("Invalid or expired job token.")
+        if user is None or not job_is_active(kind=claims.get("kind"), job_id=claims.get("job"), owner=user):
+            raise exceptions.AuthenticationFailed(JOB_TOKEN_REFUSED)
         return user, {"job": claims.get("job")}

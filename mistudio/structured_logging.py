@@ -14,6 +14,7 @@ import contextlib
 import contextvars
 import json
 import logging
+import os
 import re
 import time
 import uuid
@@ -33,23 +34,36 @@ ACCEPTABLE_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 SAFE_EXTRA_FIELDS = ("method", "path", "status", "duration_ms")
 
 REDACTED = "[redacted]"
-# Credentials as they appear in text: an Authorization value, "Token <key>" / "Bearer <key>", and
-# Hugging Face tokens. The length floors keep words such as "token authentication" readable.
+# Credentials as they appear in text: an Authorization value, "Token <key>" / "Bearer <key>", a
+# named key ("api_key=…", "Incorrect API key provided: …"), Hugging Face tokens, OpenAI-style
+# "sk-…" keys and this workbench's job tokens. The length floors keep words such as "token
+# authentication" readable.
 CREDENTIAL_PATTERNS = [
     (re.compile(r"(?i)(authorization[\"']?\s*[:=]\s*[\"']?)[^\"',\s]+(?:\s+[^\"',\s]+)?"), r"\1[redacted]"),
     (re.compile(r"(?i)\b(token|bearer)\s+[A-Za-z0-9._~+/-]{20,}=*"), r"\1 [redacted]"),
+    (
+        re.compile(r"(?i)\b(api[ _-]?key(?: provided)?[\"']?\s*[:=]\s*[\"']?)[A-Za-z0-9._~+/*-]{12,}"),
+        r"\1[redacted]",
+    ),
     (re.compile(r"\bhf_[A-Za-z0-9]{16,}"), "[redacted]"),
+    (re.compile(r"\bsk-[A-Za-z0-9_*-]{16,}"), "[redacted]"),
+    (re.compile(r"\bmistudio-job\.[A-Za-z0-9._:-]{8,}"), "[redacted]"),
 ]
 SHORTEST_REDACTED_SECRET = 8  # a shorter configured value would blank out ordinary words
 
 
 def configured_secrets() -> list[str]:
-    """The secret values in the settings, which must never appear in a log line."""
+    """The secret values in the settings and the environment, which must never appear in a log
+    line or a stored error: the hub token, the metrics token, the secret key and every explainer
+    endpoint's key (read from the variable its ``key_env`` names)."""
     from django.conf import settings
 
     if not settings.configured:
         return []
     values = [getattr(settings, name, None) for name in ("HF_TOKEN", "METRICS_TOKEN", "SECRET_KEY")]
+    for spec in getattr(settings, "EXPLAINER_ENDPOINTS", {}).values():
+        if spec.get("key_env"):
+            values.append(os.environ.get(spec["key_env"]))
     return [value for value in values if value and len(value) >= SHORTEST_REDACTED_SECRET]
 
 

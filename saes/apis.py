@@ -287,7 +287,8 @@ class SaeGroupListApi(APIView):
 
 
 class SaeGroupDetailApi(APIView):
-    """One group with its members' results; its owner may rename or share it (members follow)."""
+    """One group with its members' results; its owner may rename or share it (members follow) or
+    delete it once it has ended (its members stay SAEs of their own)."""
 
     permission_classes = [CanWrite]
 
@@ -307,6 +308,12 @@ class SaeGroupDetailApi(APIView):
         data.is_valid(raise_exception=True)
         group = groups.sae_group_update(group=group, actor=request.user, **data.validated_data)
         return Response(sae_group_state(group, viewer=request.user))
+
+    @extend_schema(responses={204: None})
+    def delete(self, request, group_id: str):
+        group = selectors.group_get(user=request.user, group_id=group_id)
+        groups.sae_group_delete(group=group, actor=request.user)
+        return Response(status=status.HTTP_204_NO_CONTENT)
 
 
 class SaeGroupCancelApi(APIView):

@@ -24,6 +24,7 @@ from engine.sae import default_live_k, default_live_tokens
 from engine.sae.training import DEFAULT_LIVE_EXPANSION
 from engine.sae_architectures import DEFAULT_ARCHITECTURE
 from mistudio import jobs
+from mistudio.access import check_may_change
 from mistudio.budgets import memory_budget_check
 from mistudio.errors import ApplicationError
 from mistudio.text import check_label_text
@@ -315,3 +316,14 @@ def sae_group_update(*, group: SaeGroup, actor, **changes: Any) -> SaeGroup:
             member.shared = group.shared
             jobs.job_publish(member, "updated", ["shared"])
     return group
+
+
+def sae_group_delete(*, group: SaeGroup, actor) -> None:
+    """Delete an ended group's row (its owner, an admin or the operator: 403 ``NOT_OWNER``); its
+    checkpoints follow on commit. A queued or running group must be cancelled first (409
+    ``SAE_GROUP_BUSY``), as every job row. Its member SAEs stay, each an SAE of its own (their
+    rule: ``group`` is set to null), deleted one by one like any SAE."""
+    check_may_change(group, actor, what="SAE group")
+    if group.status in SaeGroup.ACTIVE:
+        raise ApplicationError("SAE_GROUP_BUSY", "The SAE group is training; cancel it first.", status=409)
+    group.delete()

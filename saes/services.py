@@ -33,6 +33,7 @@ from mistudio.errors import ApplicationError
 from mistudio.identifiers import new_id
 from mistudio.local_paths import path_inside_roots
 from mistudio.text import check_label_text
+from mistudio.transaction_locks import take_turns
 from mistudio.workers import shared_queue
 from models_app.models import LanguageModel
 from models_app.services import model_job_queue, model_worker_name
@@ -284,9 +285,10 @@ def sae_evaluate_request(
     )  # fmt: skip
     if sae.model_id is None and cache.model_id is None:
         raise ApplicationError("MODEL_REQUIRED", "The SAE names no registered model.")
-    if sae.evaluations.filter(status__in=SaeEvaluation.ACTIVE).exists():
-        raise ApplicationError("EVALUATION_IN_PROGRESS", "An evaluation is already queued.", status=409)
     with transaction.atomic():
+        take_turns("sae-evaluation", sae.pk)  # two requests at once: one evaluation, one 409
+        if sae.evaluations.filter(status__in=SaeEvaluation.ACTIVE).exists():
+            raise ApplicationError("EVALUATION_IN_PROGRESS", "An evaluation is already queued.", status=409)
         if admit:
             jobs.job_admit(owner=actor, tokens=cache.num_tokens)
         if sae.model_id is None:
@@ -404,13 +406,15 @@ def _import_folder(
         check_hook_width(model, hook_name, files.d_in)
     digest = files_digest(files.files)
     owner = owner if getattr(owner, "is_authenticated", False) else None
-    earlier = SparseAutoencoder.objects.filter(
-        owner=owner, content_hash=digest, hook_name=hook_name, model=model, source=source_of(files),
-        status__in=[*SparseAutoencoder.ACTIVE, SparseAutoencoder.Status.COMPLETED],
-    ).first()  # fmt: skip
-    if earlier is not None:
-        return earlier, False
     with transaction.atomic():
+        # Identical imports take turns from here: the second one finds the first one's row.
+        take_turns("sae-import", getattr(owner, "pk", None), digest)
+        earlier = SparseAutoencoder.objects.filter(
+            owner=owner, content_hash=digest, hook_name=hook_name, model=model, source=source_of(files),
+            status__in=[*SparseAutoencoder.ACTIVE, SparseAutoencoder.Status.COMPLETED],
+        ).first()  # fmt: skip
+        if earlier is not None:
+            return earlier, False
         jobs.job_admit(owner=owner)
         estimate = memory_budget_check(
             budgets.sae_import(tensor_bytes=files.tensor_bytes), what="this import"
@@ -459,18 +463,20 @@ def transcoder_set_import(
         check_hook_width(model, f"blocks.{files.layer}.hook_mlp_out", files.d_out)
     owner = owner if getattr(owner, "is_authenticated", False) else None
     digests = [files_digest(files.files) for files in layers]
-    earlier = [
-        SparseAutoencoder.objects.filter(
-            owner=owner, content_hash=digest, model=model, source=SparseAutoencoder.Source.CIRCUIT_TRACER,
-            hook_name=f"blocks.{files.layer}.ln2.hook_normalized",
-            status__in=[*SparseAutoencoder.ACTIVE, SparseAutoencoder.Status.COMPLETED],
-        ).first()
-        for files, digest in zip(layers, digests, strict=True)
-    ]  # fmt: skip
-    if all(earlier):
-        return earlier, False
     rows = []
     with transaction.atomic():
+        # Identical imports take turns from here: the second one finds the first one's rows.
+        take_turns("sae-import", getattr(owner, "pk", None), *digests)
+        earlier = [
+            SparseAutoencoder.objects.filter(
+                owner=owner, content_hash=digest, model=model, source=SparseAutoencoder.Source.CIRCUIT_TRACER,
+                hook_name=f"blocks.{files.layer}.ln2.hook_normalized",
+                status__in=[*SparseAutoencoder.ACTIVE, SparseAutoencoder.Status.COMPLETED],
+            ).first()
+            for files, digest in zip(layers, digests, strict=True)
+        ]  # fmt: skip
+        if all(earlier):
+            return earlier, False
         jobs.job_admit(owner=owner)
         for files, digest in zip(layers, digests, strict=True):
             estimate = memory_budget_check(

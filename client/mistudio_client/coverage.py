@@ -85,6 +85,7 @@ OPERATIONS: dict[str, str] = {
     "POST /api/saes/groups": "Client.saes.train_group",
     "GET /api/saes/groups/{group_id}": "Job.refresh (Client.job)",
     "PATCH /api/saes/groups/{group_id}": "Client.saes.update_group",
+    "DELETE /api/saes/groups/{group_id}": "Client.saes.delete_group",
     "POST /api/saes/groups/{group_id}/cancel": "Job.cancel",
     "POST /api/saes/import": "Client.saes.import_folder (a folder on the server)",
     "POST /api/saes/upload": "Client.saes.upload (a SAELens folder of yours)",

@@ -85,6 +85,10 @@ class Saes(_Resource):
     def update_group(self, group: Any, *, name: str | None = None, shared: bool | None = None) -> dict:
         return self._update(f"saes/groups/{_id(group)}", {"name": name, "shared": shared})
 
+    def delete_group(self, group: Any) -> None:
+        """Delete an ended group (its member SAEs stay; delete those with :meth:`delete`)."""
+        self._delete(f"saes/groups/{_id(group)}")
+
     def import_folder(self, local_path: str, **options: Any) -> Job:
         """Import a SAELens folder or a Gemma Scope ``params.npz`` that is on the server, under its
         ``LOCAL_MODEL_ROOTS`` (``model_id``, ``hook``, ``format``, ``name``, ``shared``)."""

@@ -2,8 +2,15 @@
 
 One ``POST {base_url}/chat/completions`` per call, from any number of threads (one pooled
 ``httpx.Client``). Transient failures (no connection, a timeout, 429, 5xx) are retried with
-exponential backoff, honouring ``Retry-After``; anything else is a :class:`ChatError` at once. The
-key is sent in the ``Authorization`` header and nowhere else: never logged, never in an error.
+exponential backoff, honouring ``Retry-After``; anything else is a :class:`ChatError` at once.
+
+A *busy* answer (429 or 503 with ``Retry-After``: a rate limit or a full server, such as this
+workbench's ``/v1`` refusing work beyond its owner's share) is not a failure: the request is sent
+again after the delay it names, for up to ``busy_wait`` seconds in all, apart from the retries of
+failures. A caller's ``stop`` event ends such a wait at once (:class:`Stopped`).
+
+The key is sent in the ``Authorization`` header and nowhere else: never logged, never in an error
+(an endpoint that echoes it back has it replaced in the error's text).
 """
 
 from __future__ import annotations
@@ -18,12 +25,20 @@ import httpx
 from engine.errors import EngineError
 
 RETRIED_STATUSES = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
+BUSY_STATUSES = frozenset({429, 503})  # with Retry-After: come back later, nothing is wrong
 MAX_RETRY_AFTER_SECONDS = 30.0
+BUSY_WAIT_SECONDS = 600.0
+REDACTED = "[redacted]"
 
 
 class ChatError(EngineError):
     """A request that failed for good: ``ENDPOINT_UNREACHABLE`` (after its retries),
-    ``ENDPOINT_ERROR`` (a status it was not worth retrying, or still failing after its retries)."""
+    ``ENDPOINT_ERROR`` (a status it was not worth retrying, or still failing after its retries),
+    ``ENDPOINT_BUSY`` (still busy after ``busy_wait`` seconds of waiting)."""
+
+
+class Stopped(Exception):
+    """The caller asked to stop (between two requests, or while a request waited to be retried)."""
 
 
 @dataclass(frozen=True)
@@ -74,10 +89,12 @@ class ChatClient:
         retries: int = 4,
         backoff: float = 0.5,
         connections: int = 32,
+        busy_wait: float = BUSY_WAIT_SECONDS,
     ) -> None:
         self.model = model
         self.url = base_url.rstrip("/") + "/chat/completions"
-        self.retries, self.backoff = retries, backoff
+        self.retries, self.backoff, self.busy_wait = retries, backoff, busy_wait
+        self._key = api_key
         self.usage = Usage()
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._http = httpx.Client(
@@ -103,16 +120,18 @@ class ChatClient:
         max_tokens: int,
         temperature: float = 0.0,
         extra: dict[str, Any] | None = None,
+        stop: threading.Event | None = None,
     ) -> ChatReply:
         """The reply's text and token counts (``extra``: more fields of the request body, such as an
-        endpoint's extensions); raises :class:`ChatError`."""
+        endpoint's extensions); raises :class:`ChatError`, or :class:`Stopped` once ``stop`` is set
+        while it waits to send the request again."""
         body = {
             "model": self.model, "messages": messages, "max_tokens": max_tokens, "temperature": temperature,
             **(extra or {}),
         }  # fmt: skip
-        attempt = 0
+        attempt, waited_busy = 0, 0.0
         while True:
-            wait = self.backoff * 2**attempt
+            wait, busy = self.backoff * 2**attempt, False
             try:
                 response = self._http.post(self.url, json=body)
             except httpx.TransportError as error:
@@ -122,22 +141,36 @@ class ChatClient:
             else:
                 if response.status_code == 200:
                     return self._reply(response)
+                said = self._without_key(error_message(response))
                 failure = ChatError(
                     "ENDPOINT_ERROR",
-                    f"The endpoint answered {response.status_code}: {error_message(response)}",
+                    f"The endpoint answered {response.status_code}: {said}",
                     {"status": response.status_code},
                 )
                 if response.status_code not in RETRIED_STATUSES:
                     self.usage.add(requests=1, failures=1)
                     raise failure
-                wait = max(wait, retry_after(response))
+                delay = retry_after(response)
+                busy = delay is not None and response.status_code in BUSY_STATUSES
+                wait = max(wait if not busy else self.backoff, delay or 0.0)
             self.usage.add(requests=1)
-            if attempt >= self.retries:
+            if busy:
+                if waited_busy + wait > self.busy_wait:
+                    self.usage.add(failures=1)
+                    raise ChatError(
+                        "ENDPOINT_BUSY",
+                        f"The endpoint was still busy after {waited_busy:.0f} s of waiting: "
+                        + failure.message,
+                        failure.details,
+                    )
+                waited_busy += wait
+            elif attempt >= self.retries:
                 self.usage.add(failures=1)
                 raise failure
-            attempt += 1
+            else:
+                attempt += 1
             self.usage.add(retries=1)
-            time.sleep(wait)
+            pause(wait, stop)
 
     def _reply(self, response: httpx.Response) -> ChatReply:
         try:
@@ -157,6 +190,18 @@ class ChatClient:
         )
         return reply
 
+    def _without_key(self, text: str) -> str:
+        """An endpoint's words with this client's key taken out (some echo the key they refused)."""
+        return text.replace(self._key, REDACTED) if self._key else text
+
+
+def pause(seconds: float, stop: threading.Event | None) -> None:
+    """Sleep ``seconds``, or raise :class:`Stopped` as soon as ``stop`` is set."""
+    if stop is None:
+        time.sleep(seconds)
+    elif stop.wait(seconds):
+        raise Stopped
+
 
 def error_message(response: httpx.Response) -> str:
     """The message of an OpenAI-shaped error body, else the start of the body (one line)."""
@@ -168,8 +213,10 @@ def error_message(response: httpx.Response) -> str:
     return " ".join(str(message or response.reason_phrase).split())[:300]
 
 
-def retry_after(response: httpx.Response) -> float:
+def retry_after(response: httpx.Response) -> float | None:
+    """The answer's ``Retry-After`` in seconds (at most ``MAX_RETRY_AFTER_SECONDS``); None when it
+    has none (or a date, which is read as none)."""
     try:
-        return min(MAX_RETRY_AFTER_SECONDS, max(0.0, float(response.headers.get("retry-after", 0))))
-    except ValueError:
-        return 0.0
+        return min(MAX_RETRY_AFTER_SECONDS, max(0.0, float(response.headers["retry-after"])))
+    except (KeyError, ValueError):
+        return None

@@ -18,7 +18,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.autointerp.chat import ChatClient, ChatError
+from engine.autointerp.chat import ChatClient, ChatError, Stopped
 from engine.autointerp.prompts import Example, PromptTooLong, explanation_messages, parse_explanation
 from engine.autointerp.scoring import (
     Sample,
@@ -58,6 +58,22 @@ class InterpretationConfig:
         return 1 + len(self.scorers) * -(-samples // self.per_prompt)
 
 
+# The range of each numeric setting a request may choose, beside the defaults above (a form's
+# limits and the API's come from here). ``concurrency``'s upper bound is the deployment's
+# (miStudio: EXPLAINER_MAX_CONCURRENCY), so it is None here.
+OPTION_BOUNDS: dict[str, tuple[float, float | None]] = {
+    "explain_examples": (1, 100),
+    "test_examples": (1, 100),
+    "non_activating": (1, 100),
+    "per_prompt": (1, 20),
+    "explain_max_tokens": (8, 1024),
+    "score_max_tokens": (8, 256),
+    "temperature": (0.0, 2.0),
+    "concurrency": (1, None),
+    "seed": (0, 2**31 - 1),
+}
+
+
 @dataclass(frozen=True)
 class FeatureExamples:
     """What a feature's explanation and scores are made from."""
@@ -85,10 +101,6 @@ class FeatureResult:
             score.balanced_accuracy for score in self.scores.values() if score.balanced_accuracy is not None
         ]
         return sum(values) / len(values) if values else None
-
-
-class Stopped(Exception):
-    """The run was asked to stop between two requests."""
 
 
 @dataclass
@@ -120,7 +132,7 @@ def interpret_feature(
         _check(stop)
         reply = endpoints.explainer.complete(
             result.prompt, max_tokens=config.explain_max_tokens, temperature=config.temperature,
-            **_extra(config),
+            stop=stop, **_extra(config),
         )  # fmt: skip
     except (PromptTooLong, ChatError) as error:
         result.error_code, result.error_message = error.code, error.message
@@ -166,7 +178,7 @@ def score_explanation(
                     outcomes.extend((sample.activating, None) for sample in part)
                     continue
                 _check(stop)
-                outcomes.extend(_predict(kind, explanation, part, endpoints.scorer, config))
+                outcomes.extend(_predict(kind, explanation, part, endpoints.scorer, config, stop))
         scores[kind] = balanced_accuracy(outcomes)
     return scores
 
@@ -186,7 +198,12 @@ def _fitting(kind: str, explanation: str, batch: list[Sample], fits) -> Iterator
 
 
 def _predict(
-    kind: str, explanation: str, batch: list[Sample], scorer: ChatClient, config: InterpretationConfig
+    kind: str,
+    explanation: str,
+    batch: list[Sample],
+    scorer: ChatClient,
+    config: InterpretationConfig,
+    stop: threading.Event | None = None,
 ) -> list[tuple[bool, bool | None]]:
     """(truth, prediction) of each sample; the whole batch's predictions are None when the request
     fails or its answer does not parse, as delphi records them."""
@@ -195,6 +212,7 @@ def _predict(
             scoring_messages(kind, explanation, batch),
             max_tokens=config.score_max_tokens,
             temperature=config.temperature,
+            stop=stop,
             **_extra(config),
         )
         predictions = parse_predictions(reply.text, len(batch))

@@ -33,6 +33,7 @@ from engine.hooks import HOOK_EMBED
 
 CFG_FILENAME = "cfg.json"
 WEIGHTS_FILENAME = "sae_weights.safetensors"
+SPARSITY_FILENAME = "sparsity.safetensors"  # optional: log10 feature density, [d_sae]
 GEMMA_SCOPE_FILENAME = "params.npz"
 MAX_CFG_BYTES = 1 << 20
 MAX_CFG_DEPTH = 32
@@ -242,6 +243,8 @@ def inspect_sae_folder(entries: dict[str, Path], format: str) -> SaeFiles:
     d_in, d_sae, tensor_bytes = _sizes(tensors, thresholded=architecture == "jumprelu")
     if any(cfg.get(key) not in (None, value) for key, value in (("d_in", d_in), ("d_sae", d_sae))):
         raise _invalid("The tensors' shapes do not agree with cfg.json.")
+    if SPARSITY_FILENAME in entries:
+        check_sparsity(entries[SPARSITY_FILENAME], d_sae)
     metadata = cfg.get("metadata") if isinstance(cfg.get("metadata"), dict) else {}
     hook_name, model_name = metadata.get("hook_name") or cfg.get("hook_name"), metadata.get("model_name")
     return SaeFiles(
@@ -256,6 +259,20 @@ def inspect_sae_folder(entries: dict[str, Path], format: str) -> SaeFiles:
         (cfg_path, weights),
         tensor_bytes,
     )
+
+
+def check_sparsity(path: Path, d_sae: int) -> None:
+    """A SAELens ``sparsity.safetensors`` is what its name says: a safetensors file (its header
+    checked as the weights' is) holding one tensor, ``sparsity``, of shape [d_sae]. Any other
+    bytes under that name (a pickle, say) are refused, not stored."""
+    if not path.is_file():
+        raise _invalid(f"{SPARSITY_FILENAME} is not a file.")
+    tensors = safetensors_shapes(path)
+    if set(tensors) != {"sparsity"} or tensors["sparsity"][0] != (d_sae,):
+        raise _invalid(
+            f"{SPARSITY_FILENAME} must hold one tensor, sparsity, of shape [{d_sae}] (d_sae).",
+            {"file": SPARSITY_FILENAME, "tensors": sorted(tensors)[:10]},
+        )
 
 
 CIRCUIT_TRACER_CONFIG = "config.yaml"

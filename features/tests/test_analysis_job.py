@@ -239,3 +239,18 @@ def test_a_cache_gone_under_a_queued_analysis_fails_it_cleanly(sae_row, planted_
     assert (analysis.status, analysis.error_code) == ("failed", "CACHE_CORRUPT")
     assert analysis.error_message and not analysis.directory.exists()
     assert not Feature.objects.filter(analysis=analysis).exists()
+
+
+def test_identical_analysis_requests_at_the_same_moment_queue_one_job(
+    sae_row, planted_cache, writer, client_for
+):
+    """Four requests for the same analysis sent together: one is queued (202), the others are told
+    it is already running (409); never four jobs over the same cache."""
+    from mistudio.tests.at_once import at_once
+
+    answers = at_once(lambda: client_for(writer).post(f"/api/saes/{sae_row.id}/analyses", {}, format="json"))
+    assert sorted(answer.status_code for answer in answers) == [202, 409, 409, 409], [
+        a.content for a in answers
+    ]
+    assert {a.json()["error"]["code"] for a in answers if a.status_code == 409} == {"ANALYSIS_IN_PROGRESS"}
+    assert FeatureAnalysis.objects.filter(sae=sae_row).count() == 1

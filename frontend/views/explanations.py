@@ -24,6 +24,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_http_methods, require_POST
 from rest_framework.exceptions import ValidationError
 
+from engine.autointerp.pipeline import InterpretationConfig
 from engine.autointerp.prompts import PROMPT_VERSION, TEMPLATES
 from features import explanation_selectors, explanations, selectors
 from features.explanation_apis import ExplanationJobListApi
@@ -82,6 +83,8 @@ def explanation_new_page(request, sae_id: str):
         "prompt_version": PROMPT_VERSION,
         "templates": TEMPLATES,
         "values": {"kind": "top", "count": "50", "scorers": ["detection", "fuzzing"], "endpoint": "local"},
+        "concurrency_max": explanations.option_bounds()["concurrency"][1],
+        "concurrency_default": InterpretationConfig().concurrency,
     }
     context["values"].update(
         {name: request.GET[name] for name in ("kind", "count", "indices") if name in request.GET}
@@ -120,7 +123,7 @@ def explanation_new_page(request, sae_id: str):
     if start:
         messages.success(request, f"Explanation job {result.id} queued.")
         return redirect(reverse("frontend:explanation-job", args=[sae.id, result.id]))
-    context["estimate"] = result["estimate"]
+    context["estimate"], context["refusal"] = result["estimate"], result["refusal"]
     return render(request, "frontend/explanation_new.html", context)
 
 

@@ -277,6 +277,29 @@ def test_no_credential_reaches_a_log_line(client, reader, json_log, settings):
     assert redact("token authentication failed") == "token authentication failed"  # words stay
 
 
+def test_explainer_keys_and_credential_shaped_text_are_redacted(settings, monkeypatch):
+    """The key of every configured explainer endpoint is a secret like HF_TOKEN; and text shaped
+    like a key (OpenAI's ``sk-…``, ``api_key=…``, this workbench's job tokens) is redacted even when
+    no setting names it."""
+    from mistudio.structured_logging import configured_secrets
+
+    key = "explainer-key-5f1b2c9d7e"
+    monkeypatch.setenv("PAID_EXPLAINER_KEY", key)
+    settings.EXPLAINER_ENDPOINTS = {
+        "paid": {"url": "https://example.invalid/v1", "key_env": "PAID_EXPLAINER_KEY", "context_tokens": 4096}
+    }
+    assert key in configured_secrets()
+    assert key not in redact(f"The endpoint answered 401: bad key {key}")
+    for text, secret in [
+        ("Incorrect API key provided: sk-proj-abcdefghijklmnop1234.", "sk-proj-abcdefghijklmnop1234"),
+        ("request failed, api_key=ZXhhbXBsZWtleXZhbHVl", "ZXhhbXBsZWtleXZhbHVl"),
+        ("sent Authorization with mistudio-job..eJyrVkrOz0nJLFayUkjNyc_LV6oFAE9oBqk:1vKx", "eJyrVkrOz0nJ"),
+    ]:
+        assert secret not in redact(text) and "[redacted]" in redact(text), text
+    for words in ("api key authentication failed", "the api_key: was empty", "task-management"):
+        assert redact(words) == words
+
+
 def test_job_id_is_on_records_logged_during_a_job():
     from mistudio.structured_logging import job_context
 

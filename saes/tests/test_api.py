@@ -269,3 +269,20 @@ def test_an_sae_warns_of_a_weak_sparsity_penalty_and_of_dead_features():
     assert dead.startswith("604 of 1,024 features (59 %) never fired")
     healthy = SaeRow(architecture="topk", d_in=128, d_sae=1024, evaluation={"l0": 5.0, "dead_features": 3})
     assert healthy.warnings == []
+
+
+@pytest.mark.django_db(transaction=True)  # each request in its own thread and transaction
+def test_identical_evaluation_requests_at_the_same_moment_queue_one_job(
+    tiny_model, planted_cache, writer, client_for
+):
+    from features.tests.conftest import completed_sae_row
+    from mistudio.tests.at_once import at_once
+    from saes.models import SaeEvaluation
+
+    sae = completed_sae_row(tiny_model, planted_cache, writer)
+    answers = at_once(lambda: client_for(writer).post(f"/api/saes/{sae.id}/evaluate", {}, format="json"))
+    assert sorted(answer.status_code for answer in answers) == [202, 409, 409, 409], [
+        a.content for a in answers
+    ]
+    assert {a.json()["error"]["code"] for a in answers if a.status_code == 409} == {"EVALUATION_IN_PROGRESS"}
+    assert SaeEvaluation.objects.filter(sae=sae).count() == 1

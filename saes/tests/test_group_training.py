@@ -189,3 +189,32 @@ def test_a_transcoder_evaluates_on_a_cache_of_both_hooks_is_analysed_and_steers_
         format="json",
     )  # fmt: skip
     assert clamp.status_code == 400 and "transcoder" in clamp.json()["error"]["message"]
+
+
+def test_a_group_that_has_ended_is_deleted_by_its_owner_and_its_members_stay(
+    tiny_model, writer, client_for, texts_dataset
+):
+    """DELETE /api/saes/groups/{id}: a queued or running group is 409 (cancel it first); once ended,
+    its owner deletes the row (another user gets 404, a reader 403) and its checkpoints go; its
+    member SAEs stay, each an SAE of its own."""
+    api = client_for(writer)
+    group_id = _request(api, tiny_model, texts_dataset).json()["id"]
+    members = set(SaeRow.objects.filter(group_id=group_id).values_list("pk", flat=True))
+    busy = api.delete(f"/api/saes/groups/{group_id}")
+    assert busy.status_code == 409 and busy.json()["error"]["code"] == "SAE_GROUP_BUSY"
+    assert api.post(f"/api/saes/groups/{group_id}/cancel").status_code == 202
+    group = SaeGroup.objects.get(pk=group_id)
+    group.directory.mkdir(parents=True, exist_ok=True)  # checkpoints a run would have left
+    (group.directory / "checkpoint.safetensors").write_bytes(b"x")
+
+    other = make_user("olga-other", "model:write")
+    assert client_for(other).delete(f"/api/saes/groups/{group_id}").status_code == 404
+    reader = make_user("rita-reader", "model:read")
+    assert client_for(reader).delete(f"/api/saes/groups/{group_id}").status_code == 403
+    assert SaeGroup.objects.filter(pk=group_id).exists()
+
+    assert api.delete(f"/api/saes/groups/{group_id}").status_code == 204
+    assert not SaeGroup.objects.filter(pk=group_id).exists() and not group.directory.exists()
+    assert set(SaeRow.objects.filter(pk__in=members, group=None).values_list("pk", flat=True)) == members
+    assert api.get(f"/api/saes/groups/{group_id}").status_code == 404
+    assert api.delete(f"/api/saes/{next(iter(members))}").status_code == 204  # as any SAE

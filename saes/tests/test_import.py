@@ -35,6 +35,7 @@ from django.conf import settings
 
 from conftest import make_user
 from engine.sae.formats import load_saelens, save_saelens
+from mistudio.tests.at_once import at_once
 from mistudio.workers import run_worker
 from saes.models import SparseAutoencoder as SaeRow
 from saes.tests.conftest import D_IN, HOOK
@@ -425,3 +426,55 @@ def test_a_bad_upload_is_refused_and_leaves_nothing(writer, client_for, tmp_path
                 response = api.post("/api/saes/upload", {"cfg": cfg, "weights": handle}, format="multipart")
             assert_refused(response, 400, "INVALID_SAE", paths=[tmp_path, settings.SAE_UPLOAD_DIR])
     assert not SaeRow.objects.exists() and sae_dir_files() == before and uploaded_folders() == []
+
+
+@pytest.mark.parametrize("sparsity", ["pickle", "another width", "another tensor"])
+def test_an_uploaded_sparsity_is_checked_as_a_safetensors_file_like_the_weights(
+    writer, client_for, tmp_path, sparsity
+):
+    """Each file of an upload is checked by its own format: ``sparsity`` too (a pickle sent under
+    that name was once stored), from its header, before any row is written."""
+    save_saelens(random_sae("standard", seed=3), tmp_path, hook_name=HOOK, model_name="tiny-gpt2")
+    path = tmp_path / "sparsity.safetensors"
+    if sparsity == "pickle":
+        torch.save({"sparsity": torch.zeros(D_SAE)}, path)
+    else:
+        from safetensors.torch import save_file
+
+        name, width = ("sparsity", D_SAE + 1) if sparsity == "another width" else ("density", D_SAE)
+        save_file({name: torch.zeros(width)}, path)
+    api = client_for(writer)
+    before = sae_dir_files()
+    with open(path, "rb") as handle:
+        response = upload(api, tmp_path, sparsity=handle)
+    error = assert_refused(response, 400, "INVALID_SAE", paths=[tmp_path, settings.SAE_UPLOAD_DIR])
+    assert "sparsity.safetensors" in error["message"]
+    assert not SaeRow.objects.exists() and sae_dir_files() == before and uploaded_folders() == []
+
+
+# --- 11. identical requests at the same moment ------------------------------------------------------
+
+
+@pytest.mark.parametrize("door", ["upload", "import"])
+def test_identical_imports_at_the_same_moment_make_one_row(
+    tiny_model, writer, client_for, tmp_path, sae_folder, door
+):
+    """Four identical uploads (or imports of one folder) sent together: one row, which every answer
+    names (one 202, the rest 200); the uploads' extra folders are removed."""
+    folder = tmp_path if door == "upload" else sae_folder("at-once")
+    save_saelens(random_sae("topk", k=8), folder, hook_name=HOOK, model_name="tiny-gpt2")
+
+    def send():
+        api = client_for(writer)
+        if door == "upload":
+            return upload(api, folder, model_id=tiny_model.id)
+        return post_import(api, {"local_path": str(folder), "model_id": tiny_model.id})
+
+    answers = at_once(send)
+    assert sorted(answer.status_code for answer in answers) == [200, 200, 200, 202], [
+        a.content for a in answers
+    ]
+    assert SaeRow.objects.count() == 1
+    assert {answer.json()["id"] for answer in answers} == {SaeRow.objects.get().id}
+    if door == "upload":
+        assert len(uploaded_folders()) == 1  # the one import's, waiting for its worker
