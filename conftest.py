@@ -42,6 +42,15 @@ def no_models_left_loaded():
 
 
 @pytest.fixture(autouse=True)
+def fresh_worker_clock():
+    """Each test starts with no owner served by this process's workers (``mistudio.worker_clock``:
+    burst workers run in this process, and user ids can come back after a rollback)."""
+    from mistudio.worker_clock import CLOCK
+
+    CLOCK.reset()
+
+
+@pytest.fixture(autouse=True)
 def fresh_rate_limits(redis_for_tests):
     """Each test starts with nothing counted against a rate limit (mistudio.throttling).
 

@@ -70,6 +70,10 @@ def run_extraction(job: ExtractionJob, context: JobContext) -> None:
         with BackgroundWriter(writer) as background:
             for batch in batches:
                 background.add_extracted(batch)
+                if context.should_yield():  # its time slice ends: what is extracted goes to disk first
+                    background.finish()
+                    writer.flush()
+                    context.checkpoint_saved()
                 samples_done += len(batch.sample_indices)
                 tokens_done += int(batch.token_ids.numel())
                 progress = 100 * samples_done / max(len(samples), 1)

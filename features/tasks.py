@@ -23,11 +23,13 @@ from engine.features.inference import auto_label, features_of_text
 from engine.registry import LOADED_MODELS
 from engine.sae.formats import load_saelens
 from features.models import Feature, FeatureAnalysis
+from features.search import LOCK_TIMEOUT_SECONDS, rebuild_pending_key, search_index_refresh
 from features.services import ENCODE_MAX_TOKENS
 from mistudio.errors import ApplicationError
 from mistudio.events import ProgressThrottle
 from mistudio.job_runner import JobContext, job_task
 from mistudio.jobs import DAY, job_publish
+from mistudio.redis_client import get_redis
 from mistudio.workers import answer_call, worker_task
 from models_app.tasks import model_in_this_worker
 from saes.services import folder_size
@@ -77,6 +79,10 @@ def run_feature_analysis(analysis: FeatureAnalysis, job: JobContext) -> None:
             )
             job_publish(analysis, "progress", fields)
 
+    def on_checkpoint(state: AnalysisState) -> None:
+        state.save(analysis.state_directory)
+        job.checkpoint_saved()  # its time slice may end here
+
     state = analyze(
         lambda rows: module.encode(rows.to(device)).float().cpu(),
         lambda start, stop: store.get(sae.hook_name, start, stop, as_torch=True).float(),
@@ -86,8 +92,9 @@ def run_feature_analysis(analysis: FeatureAnalysis, job: JobContext) -> None:
         resume=resume,
         on_progress=on_progress,
         should_cancel=job.should_cancel,
-        on_checkpoint=lambda state: state.save(analysis.state_directory),
+        on_checkpoint=on_checkpoint,
         checkpoint_seconds=settings.FEATURE_ANALYSIS_CHECKPOINT_SECONDS,
+        checkpoint_due=job.should_yield,
     )
     arrays = feature_arrays(state, tokens, config)
     summary = analysis_summary(state, config)
@@ -188,3 +195,21 @@ def run_feature_encode(request_id: str, sae_id: str, text: str, top: int) -> Non
         }
 
     answer_call(request_id, encode, failure_code="ENCODE_FAILED")
+
+
+@worker_task(timeout=LOCK_TIMEOUT_SECONDS + 300)
+def rebuild_search_index(analysis_id: str) -> None:
+    """Bring an analysis's search index up to date (``features.search.search_index_request``): the
+    rebuild a query asks for, never done inside a request. The flag that debounces the requests is
+    cleared first, so that rows changed while this runs get one more rebuild."""
+    close_old_connections()
+    get_redis().delete(rebuild_pending_key(analysis_id))
+    analysis = FeatureAnalysis.objects.filter(pk=analysis_id).first()
+    if analysis is None:
+        return
+    try:
+        count = search_index_refresh(analysis)
+    except ApplicationError as error:  # no embedding model, or another process held the lock too long
+        logger.warning("the search index of %s was not rebuilt: %s", analysis_id, error.message)
+        return
+    logger.info("the search index of %s holds %d texts", analysis_id, count)

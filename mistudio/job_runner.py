@@ -12,6 +12,11 @@
   :meth:`JobContext.should_cancel` between its steps; that call also serves the generation and
   worker calls waiting for this worker (:func:`mistudio.workers.serve_interactive`), with no
   hooks attached to the model at that moment.
+* **Time slices.** A job that has run ``JOB_QUANTUM_SECONDS`` while another user's row waits for
+  its worker, or any job while a model load waits for it (a person waits on a load), yields at its
+  next checkpoint (:meth:`JobContext.should_yield`, :meth:`JobContext.checkpoint_saved`): the row
+  goes back to ``queued`` behind the other owners (:func:`job_yield`) and later resumes from what
+  it saved, as after a worker restart. A kind that cannot checkpoint never yields.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
@@ -31,15 +37,27 @@ from django.utils import timezone
 from django.utils.module_loading import import_string
 
 from mistudio.errors import ApplicationError
-from mistudio.jobs import DAY, JobRow, JobStatus, job_discard, job_fail, job_kinds
+from mistudio.jobs import DAY, JobRow, JobStatus, add_token, job_discard, job_fail, job_kinds, job_submit
 from mistudio.redis_client import get_redis
 from mistudio.structured_logging import job_context
-from mistudio.workers import WorkerIdentity, current_worker, serve_interactive, worker_task
+from mistudio.worker_clock import CLOCK
+from mistudio.workers import (
+    IDLE_WORKER_GRACE_SECONDS,
+    WorkerIdentity,
+    current_worker,
+    loads_waiting,
+    queue_by_name,
+    serve_interactive,
+    shared_queue,
+    worker_queue,
+    worker_task,
+)
 
 logger = logging.getLogger(__name__)
 
 CANCEL_POLL_SECONDS = 0.2  # how often a running job asks Redis whether it was cancelled
 INTERACTIVE_POLL_SECONDS = 0.02  # how often it looks for interactive work waiting for its worker
+YIELD_POLL_SECONDS = 1.0  # how often it looks whether it should yield (database and Redis reads)
 
 
 def _owner_key(owner_id: int | None) -> str:
@@ -59,10 +77,19 @@ class _Waiting:
     model: type[JobRow] = field(compare=False)
 
 
-def _waiting(queue_name: str) -> list[_Waiting]:
+def worker_job_queues(worker_name: str) -> list[str]:
+    """The queues whose rows ``worker_name`` runs: its own and the shared one."""
+    return [worker_queue(worker_name).name, shared_queue().name]
+
+
+def _queued(model: type[JobRow], queue_names: list[str]):
+    return model.jobs().filter(status=JobStatus.QUEUED, queue_name__in=queue_names)
+
+
+def _waiting(queue_names: list[str]) -> list[_Waiting]:
     waiting = []
     for kind in job_kinds():
-        rows = kind.model.jobs().filter(status=JobStatus.QUEUED, queue_name=queue_name).order_by("created_at")
+        rows = _queued(kind.model, queue_names).order_by("created_at")
         for pk, owner_id, created_at in rows.values_list("pk", "owner_id", "created_at")[:500]:
             waiting.append(_Waiting(created_at=created_at, pk=pk, owner_id=owner_id, model=kind.model))
     return sorted(waiting)
@@ -81,11 +108,14 @@ def fairest(waiting: list[_Waiting], served: dict[str, float]) -> _Waiting:
 
 
 def claim_next(queue_name: str, *, worker_name: str) -> JobRow | None:
-    """Claim the fairest queued row of ``queue_name`` for ``worker_name`` (now ``running``), or
-    None when none waits. A row another worker claimed first is skipped."""
+    """Claim, for a token taken off ``queue_name``, the fairest queued row among those
+    ``worker_name`` runs (its own queue's and the shared queue's: one round robin over both, so a
+    row that yielded on one queue goes behind another owner's row on the other); now ``running``.
+    None when none waits. A row another worker claimed first is skipped. A row of the other queue
+    leaves the token's queue a token again, for the row it would have run."""
     redis_client = get_redis()
     for _ in range(10):
-        waiting = _waiting(queue_name)
+        waiting = _waiting(worker_job_queues(worker_name))
         if not waiting:
             return None
         served = {key.decode(): float(value) for key, value in redis_client.hgetall(served_key()).items()}
@@ -95,8 +125,51 @@ def claim_next(queue_name: str, *, worker_name: str) -> JobRow | None:
         )
         if claimed:
             redis_client.hset(served_key(), _owner_key(chosen.owner_id), time.time())
-            return chosen.model.objects.get(pk=chosen.pk)
+            row = chosen.model.objects.get(pk=chosen.pk)
+            if row.queue_name != queue_name:
+                add_token(queue_by_name(queue_name))
+            return row
     return None
+
+
+def waiting_owners() -> set[int | None]:
+    """The owners of the rows waiting for this worker (its own queue and the shared one): the
+    worker's ``batch_owners`` hook (``mistudio.workers.batch_turn``)."""
+    return {entry.owner_id for entry in _waiting(worker_job_queues(current_worker().name))}
+
+
+def others_waiting(row: JobRow, *, worker_name: str) -> bool:
+    """Whether another owner's row waits for ``worker_name`` (on its own or the shared queue), and
+    has waited ``IDLE_WORKER_GRACE_SECONDS``: no idle worker took it."""
+    cutoff = timezone.now() - timedelta(seconds=IDLE_WORKER_GRACE_SECONDS)
+    for kind in job_kinds():
+        rows = _queued(kind.model, worker_job_queues(worker_name)).filter(updated_at__lte=cutoff)
+        if row.owner_id is None:
+            rows = rows.filter(owner__isnull=False)
+        else:
+            rows = rows.exclude(owner_id=row.owner_id)
+        if rows.exists():
+            return True
+    return False
+
+
+def job_yield(row: JobRow, *, reason: str, ran_seconds: float) -> None:
+    """The body saved its state and gave its worker up (``reason``: ``model_load`` or
+    ``time_slice``): the row goes back to ``queued`` on its queue, its owner counting as served
+    now (so the fair claim runs the other owners' rows first), and resumes from what it saved, as
+    after a worker restart. ``ran_seconds`` counts against its time limit."""
+    redis_client = get_redis()
+    redis_client.hset(served_key(), _owner_key(row.owner_id), time.time())
+    key = _ran_key(row)
+    redis_client.incrbyfloat(key, ran_seconds)
+    redis_client.expire(key, 8 * DAY)
+    logger.info("%s %s yields (%s) after %.1f s", row.noun, row.pk, reason, ran_seconds)
+    job_submit(row, queue=queue_by_name(row.queue_name or settings.SHARED_QUEUE), yielded=reason)
+
+
+def _ran_key(row: JobRow) -> str:
+    """A Redis float: the seconds a row ran in its earlier slices (its time limit covers them all)."""
+    return f"{settings.REDIS_KEY_PREFIX}:jobs:ran:{row.kind}:{row.pk}"
 
 
 @worker_task(timeout=8 * DAY)  # the row's own kind's limit (``job_task``) applies inside
@@ -127,28 +200,42 @@ class JobTimeLimit(BaseException):
     way, in the engine or around interactive work served meanwhile, can swallow it)."""
 
 
+class JobYielded(Exception):
+    """The body saved its state and gives its worker up (:meth:`JobContext.checkpoint_saved`):
+    the wrapper puts the row back in the queue (:func:`job_yield`)."""
+
+
 @dataclass
 class JobContext:
-    """What a running task body gets besides its row: its worker, and the question to ask
-    between steps."""
+    """What a running task body gets besides its row: its worker, and the questions to ask
+    between steps (cancelled? time to yield?)."""
 
     row: JobRow
     worker: WorkerIdentity
     cancel_seen: bool = False
+    started: float = field(default_factory=time.monotonic)
+    yield_reason: str | None = None  # why it should yield, once it should
     _last_cancel_poll: float = 0.0
     _last_serve: float = 0.0
+    _last_charge: float = field(default_factory=time.monotonic)
+    _last_yield_poll: float = 0.0
 
     def should_cancel(self) -> bool:
         """Whether the row was cancelled (asked of Redis at most every ``CANCEL_POLL_SECONDS``).
 
         Call it between steps, where no hook is attached to the model and no transaction is open:
         it first serves the interactive work waiting for this worker (generation, encoding,
-        patching, the lens), so that it never waits for this job to end.
+        patching, the lens) when it is that work's turn (``mistudio.workers.interactive_turn``:
+        whoever had less of the worker's time goes first), so that it never waits for this job to
+        end, nor takes all of its time.
         """
         now = time.monotonic()
+        CLOCK.charge(now - self._last_charge, [self.row.owner_id])  # the job's own steps
+        self._last_charge = now
         if now - self._last_serve >= INTERACTIVE_POLL_SECONDS and not connection.in_atomic_block:
-            serve_interactive(self.worker)
-            self._last_serve = time.monotonic()
+            serve_interactive(self.worker, owner=self.row.owner_id)
+            # Time lent to interactive work was charged to its owners (mistudio.worker_clock).
+            self._last_serve = self._last_charge = time.monotonic()
         if not self.cancel_seen and now - self._last_cancel_poll >= CANCEL_POLL_SECONDS:
             self._last_cancel_poll = now
             self.cancel_seen = bool(get_redis().exists(self.row.cancel_key))
@@ -158,6 +245,35 @@ class JobContext:
         """Raise :class:`JobCancelled` if the row was cancelled."""
         if self.should_cancel():
             raise JobCancelled
+
+    def should_yield(self) -> bool:
+        """Whether the body should save its state now and give its worker up: a model load waits
+        for this worker (a person waits on it; no quantum), or the job has run
+        ``JOB_QUANTUM_SECONDS`` in this slice and another owner's row waits for this worker.
+        Asked of Redis and the database at most every ``YIELD_POLL_SECONDS``.
+
+        A body that checkpoints passes it to its engine as ``checkpoint_due`` (a checkpoint at the
+        next step when it says so) and calls :meth:`checkpoint_saved` after every save.
+        """
+        now = time.monotonic()
+        if self.yield_reason is None and now - self._last_yield_poll >= YIELD_POLL_SECONDS:
+            self._last_yield_poll = now
+            quantum = settings.JOB_QUANTUM_SECONDS
+            if loads_waiting(shared_queue(), grace_seconds=IDLE_WORKER_GRACE_SECONDS):
+                self.yield_reason = "model_load"
+            elif (
+                quantum
+                and now - self.started >= quantum
+                and others_waiting(self.row, worker_name=self.worker.name)
+            ):
+                self.yield_reason = "time_slice"
+        return self.yield_reason is not None
+
+    def checkpoint_saved(self) -> None:
+        """The body's state is saved (it resumes from there): yield now if it should, raising
+        :class:`JobYielded` (the wrapper requeues the row)."""
+        if self.should_yield():
+            raise JobYielded
 
 
 @contextmanager
@@ -213,9 +329,15 @@ def job_task(
                 if get_redis().exists(row.cancel_key):
                     raise JobCancelled
                 check_worker_memory(row)
-                with time_limit(limit):
+                ran_before = float(get_redis().get(_ran_key(row)) or 0)
+                with time_limit(limit - ran_before):
                     body(row, job)
             except Requeued:
+                return
+            except JobYielded:
+                job_yield(
+                    row, reason=job.yield_reason or "time_slice", ran_seconds=time.monotonic() - job.started
+                )
                 return
             except JobCancelled:
                 job_discard(row)

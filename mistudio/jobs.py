@@ -5,14 +5,16 @@ steering vector, an SAE evaluation — is a row of a :class:`JobRow` subclass:
 
     queued ──claim──> running ──> completed | failed | cancelled
        ▲                 │
-       └─── requeue ─────┘  (its model is on another worker; its worker restarted)
+       └─── requeue ─────┘  (its model is on another worker; its worker restarted; it
+                             yielded its worker at a checkpoint: a time slice, a model load)
 
 * **Admission** (:func:`job_admit`): per-user and system caps on queued + running rows of every
   kind together, and a token budget, checked before a row is written (429 / 400). The memory
   budget is :mod:`mistudio.budgets`.
 * **Scheduling: the rows are the queue.** Submitting a row puts a *token* on an RQ queue (the
   model's host worker's own queue, or the shared one); the worker that takes it claims the
-  fairest queued row of that queue (``mistudio.job_runner``: round robin between users).
+  fairest queued row it runs (``mistudio.job_runner``: round robin between users), and a long
+  job yields at a checkpoint to the others waiting (time slices).
 * **One task wrapper** (``mistudio.job_runner.job_task``): a kind's task body does the work and
   completes the row; the wrapper holds the rest, and serves interactive work between steps.
 * **Ending**: :func:`job_fail`, :func:`job_discard`, :func:`job_cancel`, and the resume of a
@@ -32,7 +34,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from django.conf import settings
-from django.db import connection, models, transaction
+from django.db import models, transaction
 from django.utils import timezone
 from rq import Queue
 
@@ -40,7 +42,9 @@ from mistudio.access import check_may_change
 from mistudio.errors import ApplicationError, rate_limited
 from mistudio.events import publish, rows_audience
 from mistudio.redis_client import get_redis
+from mistudio.structured_logging import redact
 from mistudio.text import check_label_text
+from mistudio.transaction_locks import take_turns
 from mistudio.workers import (
     WorkerIdentity,
     enqueue,
@@ -154,7 +158,9 @@ class JobRow(models.Model):
         return ["status", "progress", "eta_seconds", "finished_at"]
 
     def mark_failed(self, *, code: str, message: str) -> list[str]:
-        self.status, self.error_code, self.error_message = JobStatus.FAILED, code, message
+        # An error's text may quote what a server or a library said, credentials included (an
+        # endpoint's answer to a bad key): it is stored and shown only with secrets redacted.
+        self.status, self.error_code, self.error_message = JobStatus.FAILED, code, redact(message)
         self.finished_at, self.eta_seconds = timezone.now(), None
         return ["status", "error_code", "error_message", "finished_at", "eta_seconds"]
 
@@ -251,9 +257,7 @@ def job_admit(*, owner, tokens: int | None = None) -> None:
     per_user, system = settings.MAX_ACTIVE_JOBS_PER_USER, settings.MAX_ACTIVE_JOBS
     if not per_user and not system:
         return
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [ADMISSION_LOCK])
+    take_turns(ADMISSION_LOCK)
     user = owner if getattr(owner, "is_authenticated", False) else None
     if per_user and user is not None:
         mine = active_jobs(owner=user)
@@ -261,7 +265,7 @@ def job_admit(*, owner, tokens: int | None = None) -> None:
             raise rate_limited(
                 f"You have {len(mine)} jobs queued or running, the most allowed per user ({per_user}); "
                 "send this one again when one of them ends.",
-                retry_after_seconds=_retry_after(mine),
+                retry_after_seconds=slot_retry_after(mine),
                 details={
                     "scope": "user",
                     "limit": per_user,
@@ -274,12 +278,21 @@ def job_admit(*, owner, tokens: int | None = None) -> None:
             raise rate_limited(
                 f"{len(everyone)} jobs are queued or running, the most allowed at once ({system}); "
                 "send this one again when one of them ends.",
-                retry_after_seconds=_retry_after(everyone),
+                retry_after_seconds=slot_retry_after(everyone),
                 details={"scope": "system", "limit": system},  # other users' rows stay private
             )
 
 
-def _retry_after(rows: list[JobRow]) -> float:
+def job_is_active(*, kind: str | None, job_id: str | None, owner) -> bool:
+    """Whether ``owner``'s job of ``kind`` (``JobRow.kind``) and id ``job_id`` is queued or running:
+    what a job's token (``mistudio.authentication``) is good for."""
+    model = next((entry.model for entry in job_kinds() if entry.model.kind == kind), None)
+    if model is None or not job_id:
+        return False
+    return model.jobs().filter(pk=job_id, owner=owner, status__in=JobRow.ACTIVE).exists()
+
+
+def slot_retry_after(rows: list[JobRow]) -> float:
     """When a slot is likely to free: the soonest ETA among the running rows (at most an hour)."""
     etas = [row.eta_seconds for row in rows if row.status == JobStatus.RUNNING and row.eta_seconds]
     return min(*etas, 3600) if etas else RETRY_AFTER_SECONDS
@@ -288,15 +301,17 @@ def _retry_after(rows: list[JobRow]) -> float:
 # --- submission ------------------------------------------------------------------
 
 
-def job_submit(row: JobRow, *, queue: Queue, fields: Iterable[str] = ()) -> None:
-    """Queue a new (or requeued) row on ``queue``: ``queued`` is saved and announced, and a token
-    asks that queue's worker to run its fairest row once the transaction commits."""
+def job_submit(row: JobRow, *, queue: Queue, fields: Iterable[str] = (), **extra: Any) -> None:
+    """Queue a new (or requeued) row on ``queue``: ``queued`` is saved and announced (with
+    ``extra`` in the event), and a token asks that queue's worker to run its fairest row once the
+    transaction commits."""
     changed = [*fields, *row.mark_queued(queue_name=queue.name)]
-    job_publish(row, "queued", changed)
-    _add_token(queue)
+    job_publish(row, "queued", changed, **extra)
+    add_token(queue)
 
 
-def _add_token(queue: Queue) -> None:
+def add_token(queue: Queue) -> None:
+    """A token on ``queue``: its worker claims the fairest row it runs (``job_runner.claim_next``)."""
     enqueue(queue, "mistudio.job_runner.run_next_job", queue.name, result_ttl=0)
 
 
@@ -318,7 +333,8 @@ def job_fail(row: JobRow, *, code: str, message: str) -> None:
     """``failed`` with its code and message; what it left half-made is removed."""
     if not _still_there(row):
         return
-    job_publish(row, "failed", row.mark_failed(code=code, message=message), code=code, message=message)
+    fields = row.mark_failed(code=code, message=message)
+    job_publish(row, "failed", fields, code=code, message=row.error_message)
     row.on_ended()
 
 
@@ -378,7 +394,7 @@ def jobs_resume_on_worker_start(identity: WorkerIdentity) -> None:
             .filter(status=JobStatus.QUEUED, queue_name__in=waiting_queues)
             .values_list("queue_name", flat=True)
         ):
-            _add_token(queue_by_name(queue_name))
+            add_token(queue_by_name(queue_name))
 
 
 def job_metrics() -> list:

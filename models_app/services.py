@@ -29,7 +29,7 @@ from mistudio.events import ProgressThrottle, publish, rows_audience
 from mistudio.local_paths import path_inside_roots
 from mistudio.redis_client import get_redis
 from mistudio.text import check_label_text
-from mistudio.workers import enqueue, read_heartbeats, shared_queue, worker_queue
+from mistudio.workers import LOAD_JOB_PREFIX, enqueue, read_heartbeats, shared_queue, worker_queue
 from models_app.models import LanguageModel
 from models_app.selectors import memory_capacity, model_state, splits_models
 
@@ -343,11 +343,12 @@ def model_load_request(*, model_id: str, actor, quantization: str | None = None)
             if best < required:
                 raise insufficient_memory(required, best)
         get_redis().delete(cancel_flag_key(model.id))
-        job_id = f"load-{model.id}-{uuid.uuid4().hex[:10]}"
+        job_id = f"{LOAD_JOB_PREFIX}{model.id}-{uuid.uuid4().hex[:10]}"
         model_publish(
             model, "model:loading", model.mark_loading(progress=0, message="Queued", rq_job_id=job_id)
         )
-        enqueue(shared_queue(), "models_app.tasks.load_model", model.id, job_id=job_id)
+        # Ahead of the batch jobs' tokens: a person waits on it (a running job yields to it).
+        enqueue(shared_queue(), "models_app.tasks.load_model", model.id, job_id=job_id, at_front=True)
     return model
 
 

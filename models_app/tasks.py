@@ -54,8 +54,23 @@ def unload_loaded(model_id: str, *, reason: str) -> None:
         model_publish(model, "model:unloaded", model.mark_unloaded(reason=reason), reason=reason)
 
 
+# The model each job row of this worker runs on (row's model class and id -> model id), kept while
+# the row is queued or running: a job that yielded its worker resumes on its model.
+_JOB_MODELS: dict[tuple[type[JobRow], str], str] = {}
+
+
+def models_in_use() -> set[str]:
+    """The models a running job of this worker uses, or a job that yielded it and will resume
+    (forgotten once the row has ended): never evicted to make room."""
+    for (row_model, pk), _model_id in list(_JOB_MODELS.items()):
+        if not row_model.objects.filter(pk=pk, status__in=JobRow.ACTIVE).exists():
+            del _JOB_MODELS[(row_model, pk)]
+    return set(_JOB_MODELS.values())
+
+
 def make_room(model: LanguageModel, *, placement: Placement) -> None:
-    """Evict least-recently-used unpinned models until the estimate fits and the count allows.
+    """Evict least-recently-used models until the estimate fits and the count allows; pinned ones
+    and those of jobs (:func:`models_in_use`) stay.
 
     On a split placement (``auto``) a model that still does not fit once nothing is left to
     evict is loaded anyway: what fits on no device goes to disk.
@@ -67,8 +82,8 @@ def make_room(model: LanguageModel, *, placement: Placement) -> None:
         too_many = settings.MAX_LOADED_MODELS and len(LOADED_MODELS) >= settings.MAX_LOADED_MODELS
         if required <= available and not too_many:
             return
-        pinned = set(LanguageModel.objects.filter(pinned=True).values_list("pk", flat=True))
-        victims = [entry for entry in LOADED_MODELS.by_last_use() if entry.model_id not in pinned]
+        kept = {*LanguageModel.objects.filter(pinned=True).values_list("pk", flat=True), *models_in_use()}
+        victims = [entry for entry in LOADED_MODELS.by_last_use() if entry.model_id not in kept]
         if not victims and placement.split and not too_many:
             return
         if not victims:
@@ -196,10 +211,12 @@ def model_in_this_worker(model_id: str, row: JobRow, *, purpose: str):
     Loaded here already: returned. Hosted (or being loaded) by another worker: the row goes to
     that worker's queue and :class:`~mistudio.jobs.Requeued` is raised. Loaded nowhere: loaded
     here first (this worker becomes its host; documented behaviour), or the load's error is raised.
+    The model is the row's until the row ends: no load evicts it (:func:`models_in_use`).
     """
     worker_name = current_worker().name
     loaded = LOADED_MODELS.get(model_id)
     if loaded is not None:
+        _JOB_MODELS[(type(row), row.pk)] = model_id
         return loaded
     model = LanguageModel.objects.get(pk=model_id)
     hosted = {LanguageModel.Status.READY, LanguageModel.Status.LOADING}
@@ -217,4 +234,5 @@ def model_in_this_worker(model_id: str, row: JobRow, *, purpose: str):
         raise ApplicationError(
             model.error_code or "MODEL_LOAD_FAILED", model.error_message or "The model did not load."
         )
+    _JOB_MODELS[(type(row), row.pk)] = model_id
     return loaded

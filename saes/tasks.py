@@ -179,6 +179,7 @@ def run_sae_training(sae: SparseAutoencoder, job: JobContext) -> None:
 
     def on_checkpoint(state) -> None:
         state.save(sae.checkpoint_directory)
+        job.checkpoint_saved()  # its time slice may end here
 
     device = job.worker.compute_device  # the worker's: a GPU worker trains on its GPU
     # Batches are read and shuffled on a thread while the step runs (page-locked for a GPU).
@@ -203,6 +204,7 @@ def run_sae_training(sae: SparseAutoencoder, job: JobContext) -> None:
             resume=checkpoint,
             checkpoint_every_steps=settings.SAE_CHECKPOINT_EVERY_STEPS,
             on_checkpoint=on_checkpoint,
+            checkpoint_due=job.should_yield,
             device=device,
         )
     job.check_cancel()
@@ -475,6 +477,8 @@ def run_sae_group_training(group: SaeGroup, job: JobContext) -> None:
             should_cancel=job.should_cancel,
             checkpoint_folder=group.checkpoint_directory,
             checkpoint_every_steps=settings.SAE_CHECKPOINT_EVERY_STEPS,
+            checkpoint_due=job.should_yield,
+            on_checkpoint=lambda step: job.checkpoint_saved(),  # its time slice may end here
             rows_dtype=getattr(torch, reading["dtype"]),
         )
         job.check_cancel()

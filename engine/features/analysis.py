@@ -252,11 +252,14 @@ def analyze(
     should_cancel: Callable[[], bool] | None = None,
     on_checkpoint: Callable[[AnalysisState], None] | None = None,
     checkpoint_seconds: float = 60.0,
+    checkpoint_due: Callable[[], bool] | None = None,
 ) -> AnalysisState:
     """Sweep ``encode`` (float32 torch rows [n, d_in] → feature activations [n, d_sae]) over rows
     ``[0, len(tokens))`` as ``read_rows(start, stop)`` gives them; return the finished state
     (``phase`` 4). ``resume`` continues a saved state; ``on_checkpoint`` is offered the state
-    every ``checkpoint_seconds``; ``should_cancel`` is asked before every chunk."""
+    every ``checkpoint_seconds``, and after any chunk where ``checkpoint_due()`` says so (an
+    exception it raises stops the sweep: a job yielding its worker); ``should_cancel`` is asked
+    before every chunk."""
     import torch
 
     num_rows = len(tokens)
@@ -284,7 +287,8 @@ def analyze(
         chunks_done += 1
         if chunks_done % TRIM_EVERY_CHUNKS == 0:
             release_freed_heap()  # the chunks' temporaries fragment the heap (see engine.memory)
-        if on_checkpoint is not None and time.monotonic() - last_checkpoint >= checkpoint_seconds:
+        periodic = time.monotonic() - last_checkpoint >= checkpoint_seconds
+        if on_checkpoint is not None and (periodic or (checkpoint_due is not None and checkpoint_due())):
             on_checkpoint(state)
             last_checkpoint = time.monotonic()
 

@@ -177,6 +177,14 @@ class _Distribution:
         if self.dist is not None:
             self.dist.barrier()
 
+    def agree(self, flag: bool, *, like: torch.Tensor) -> bool:
+        """Rank 0's ``flag`` on every rank."""
+        if self.dist is None:
+            return flag
+        value = torch.tensor([int(flag)], device=like.device)
+        self.dist.broadcast(value, src=0)
+        return bool(value[0])
+
 
 def train_group(
     members: Sequence[GroupMember],
@@ -189,6 +197,8 @@ def train_group(
     should_cancel: Callable[[], bool] | None = None,
     checkpoint_folder: Path | None = None,
     checkpoint_every_steps: int = 0,
+    checkpoint_due: Callable[[], bool] | None = None,
+    on_checkpoint: Callable[[int], None] | None = None,
     rows_dtype: torch.dtype = torch.float32,
 ) -> dict[int, TrainedSae]:
     """Train ``members`` on the batches of one shuffled stream; returns ``{member index: result}``
@@ -200,15 +210,17 @@ def train_group(
     (:data:`INIT_SAMPLE_ROWS`) set each member's scaling and ``b_dec``. ``on_step(index, metrics)``
     follows every step of every member; ``should_cancel()`` (rank 0's) stops all between steps,
     returning the SAEs trained so far. With ``checkpoint_folder``, a checkpoint is written every
-    ``checkpoint_every_steps`` steps and the newest complete one there is continued from.
+    ``checkpoint_every_steps`` steps, and after any step where ``checkpoint_due()`` (rank 0's)
+    says so, and the newest complete one there is continued from; ``on_checkpoint(step)`` follows
+    each complete checkpoint (an exception it raises stops the training: a job yielding its worker).
     """
     if not members:
         raise ValueError("a group needs at least one member")
     batch_size = members[0].config.batch_size
     if any(member.config.batch_size != batch_size for member in members):
         raise ValueError("the members of a group share one batch_size")
-    if checkpoint_every_steps and checkpoint_folder is None:
-        raise ValueError("checkpoint_every_steps needs a checkpoint_folder")
+    if (checkpoint_every_steps or checkpoint_due is not None) and checkpoint_folder is None:
+        raise ValueError("checkpoints need a checkpoint_folder")
     hooks = group_hooks(members)
     offsets, start = {}, 0
     for name in hooks:
@@ -302,7 +314,9 @@ def train_group(
             if on_step is not None:
                 on_step(index, metrics)
         step += 1
-        if checkpoint_every_steps and step % checkpoint_every_steps == 0 and step < total_steps:
+        due = checkpoint_due is not None and spread.agree(spread.leader and checkpoint_due(), like=sample)
+        periodic = checkpoint_every_steps and step % checkpoint_every_steps == 0
+        if (periodic or due) and step < total_steps:
             _save_checkpoint(
                 checkpoint_folder, step=step, trainers=trainers, spread=spread, buffer=buffer, sample=sample,
                 description={
@@ -310,6 +324,8 @@ def train_group(
                     "elapsed_seconds": elapsed_before + time.perf_counter() - started,
                 },
             )  # fmt: skip
+            if on_checkpoint is not None:
+                on_checkpoint(step)
     return {
         index: trainer.finish(cpu_sample[:, offsets[members[index].hook_in]])
         for index, trainer in trainers.items()

@@ -392,6 +392,7 @@ def train(
     resume: TrainingCheckpoint | None = None,
     checkpoint_every_steps: int = 0,
     on_checkpoint: Callable[[TrainingCheckpoint], None] | None = None,
+    checkpoint_due: Callable[[], bool] | None = None,
     device: str = "cpu",
 ) -> TrainedSae:
     """Train an SAE on ``batches`` (each [rows, d_in], shuffled already, e.g. by
@@ -402,7 +403,9 @@ def train(
     stops the loop (the SAE trained so far is returned).
 
     ``on_checkpoint`` gets a :class:`TrainingCheckpoint` every ``checkpoint_every_steps`` steps
-    (0: never), except after the last step: the caller keeps the result itself. To continue from
+    (0: never), and after any step where ``checkpoint_due()`` says so (a job yielding its worker
+    saves its state first), except after the last step: the caller keeps the result itself. An
+    exception it raises stops the training (the checkpoint is saved). To continue from
     one, pass it as ``resume`` with the same config and the same ``batches`` *from their
     beginning* (:func:`~engine.sae.data.shuffled_batches` repeats its order for a seed): the
     first ``resume.step`` batches are skipped, not trained on, and the scaling and ``b_dec``
@@ -416,8 +419,8 @@ def train(
     over the processes that trained them: time spent down, and skipping batches, is left out."""
     if checkpoint_every_steps < 0:
         raise ValueError("checkpoint_every_steps must be >= 0")
-    if checkpoint_every_steps and on_checkpoint is None:
-        raise ValueError("checkpoint_every_steps needs an on_checkpoint to hand the checkpoints to")
+    if (checkpoint_every_steps or checkpoint_due is not None) and on_checkpoint is None:
+        raise ValueError("checkpoints need an on_checkpoint to hand them to")
     trainer = SaeTrainer(config, d_in=d_in, sample=sample, resume=resume, device=device)
     batches = iter(batches)
     if resume is not None:
@@ -429,7 +432,8 @@ def train(
         if on_step is not None:
             on_step(metrics)
         step = trainer.step_count
-        if checkpoint_every_steps and step % checkpoint_every_steps == 0 and not trainer.done:
+        periodic = checkpoint_every_steps and step % checkpoint_every_steps == 0
+        if not trainer.done and (periodic or (checkpoint_due is not None and checkpoint_due())):
             on_checkpoint(trainer.checkpoint())
     return trainer.finish(sample)
 

@@ -204,6 +204,37 @@ def test_interrupted_and_resumed_sweep_gives_the_same_arrays(tmp_path):
         np.testing.assert_array_equal(state.arrays[name], array, err_msg=name)
 
 
+class Yielded(Exception):
+    """A job giving its worker up once its state is saved."""
+
+
+def test_a_sweep_that_yields_at_due_checkpoints_resumes_to_the_same_arrays(tmp_path):
+    """``checkpoint_due`` offers the state off the periodic schedule (a job's time slice ending);
+    an ``on_checkpoint`` that raises stops the sweep, which resumes from the saved state."""
+    sae = random_sae()
+    rows, tokens = cache()
+    whole = run(sae, rows, tokens)
+    asked = iter(range(10**6))
+
+    def save_and_yield(state: AnalysisState) -> None:
+        state.save(tmp_path)
+        raise Yielded
+
+    state, yielded = None, 0
+    for _ in range(100):
+        try:
+            state = run(
+                sae, rows, tokens, resume=AnalysisState.load(tmp_path), checkpoint_seconds=10**9,
+                checkpoint_due=lambda: next(asked) % 4 == 3, on_checkpoint=save_and_yield,
+            )  # fmt: skip
+            break
+        except Yielded:
+            yielded += 1
+    assert state is not None and state.phase == 4 and yielded > 3
+    for name, array in whole.arrays.items():
+        np.testing.assert_array_equal(state.arrays[name], array, err_msg=name)
+
+
 def test_logit_effects_and_neighbours_equal_the_full_products():
     generator = torch.Generator().manual_seed(1)
     W_dec, W_U, scale = (

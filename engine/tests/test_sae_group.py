@@ -131,6 +131,40 @@ def test_a_group_killed_after_a_checkpoint_resumes_to_the_uninterrupted_result(g
     assert strip(resumed[1].history) == strip(whole[1].history)
 
 
+class Yielded(Exception):
+    """A job giving its worker up once its checkpoint is saved."""
+
+
+def test_a_group_that_yields_at_a_due_checkpoint_resumes_to_the_uninterrupted_result(gpt2, texts, tmp_path):
+    """``checkpoint_due`` checkpoints off the periodic schedule (a job's time slice ending); an
+    ``on_checkpoint`` that raises stops the run, which resumes from there."""
+    members = _members()
+    hooks = [HOOKS[0], HOOKS[1], MLP_IN, MLP_OUT]
+    arguments = dict(widths=_widths(hooks), open_source=_live(gpt2, texts, hooks), buffer_rows=BUFFER)
+    whole = train_group(members, **arguments)
+    asked = iter(range(10**6))
+
+    def every_fifth_step() -> bool:
+        return next(asked) % 5 == 4
+
+    def give_up(step: int) -> None:
+        raise Yielded(step)
+
+    stops = []
+    for _ in range(STEPS):
+        try:
+            resumed = train_group(
+                members, **arguments, checkpoint_folder=tmp_path, checkpoint_due=every_fifth_step,
+                on_checkpoint=give_up,
+            )  # fmt: skip
+            break
+        except Yielded as stop:
+            stops.append(stop.args[0])
+    assert stops == [5, 10]  # off the (absent) periodic schedule; none after the last step
+    _assert_same(_tensors(whole), _tensors(resumed))
+    assert [m.step for m in resumed[0].history] == list(range(1, STEPS + 1))
+
+
 def test_a_group_refuses_members_with_different_batch_sizes(gpt2, texts):
     members = [
         GroupMember(HOOKS[0], _config()),

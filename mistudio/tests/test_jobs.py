@@ -134,3 +134,84 @@ def test_a_training_is_completed_even_when_no_evaluation_can_follow_it(model, wr
     sae.refresh_from_db()
     assert sae.status == "completed", (sae.error_code, sae.error_message)
     assert sae.directory.exists() and not sae.evaluations.exists()
+
+
+# --- every kind's admission counts its tokens ------------------------------------------------------
+
+
+def job_rows() -> dict[str, int]:
+    from mistudio.jobs import job_kinds
+
+    return {kind.model.kind: kind.model.objects.count() for kind in job_kinds()}
+
+
+@pytest.fixture
+def inputs_of_every_kind(model, writer, tiny_gpt2_folder):
+    """What each kind's request names: a dataset and a cache, a completed SAE with a completed
+    analysis, a set of transcoders; the model is marked ready (an explainer on this /v1)."""
+    from activations.services import dataset_create_from_texts
+    from circuits.tests.conftest import transcoder_rows
+    from features.models import Feature, FeatureAnalysis
+    from features.tests.conftest import completed_sae_row
+    from models_app.models import LanguageModel
+
+    cache = write_planted_cache(model, writer, samples=32)
+    sae = completed_sae_row(model, cache, writer)
+    analysis = FeatureAnalysis.objects.create(sae=sae, cache=cache, status="completed", owner=writer)
+    Feature.objects.bulk_create(
+        Feature(analysis=analysis, index=index, density=0.1, max_activation=1, mean_activation=0.5)
+        for index in range(8)
+    )
+    LanguageModel.objects.filter(pk=model.pk).update(status=LanguageModel.Status.READY)
+    return {
+        "model": model.id,
+        "dataset": dataset_create_from_texts(name="texts", texts=["one two", "three"], owner=writer,
+                                             source="upload").id,
+        "cache": cache.id,
+        "sae": sae.id,
+        "transcoders": [row.id for row in transcoder_rows(model, tiny_gpt2_folder, writer)],
+    }  # fmt: skip
+
+
+KIND_REQUESTS = {
+    "extraction": lambda ids: (
+        f"/api/models/{ids['model']}/extract-activations",
+        {"dataset_id": ids["dataset"], "hooks": [HOOK]},
+    ),
+    "sae from a cache": lambda ids: ("/api/saes", {"cache_id": ids["cache"], "hook": HOOK}),
+    "sae group from the model": lambda ids: (
+        "/api/saes/groups",
+        {"model_id": ids["model"], "dataset_id": ids["dataset"], "hooks": [HOOK]},
+    ),
+    "analysis": lambda ids: (f"/api/saes/{ids['sae']}/analyses", {}),
+    "evaluation": lambda ids: (f"/api/saes/{ids['sae']}/evaluate", {}),
+    "explanation": lambda ids: (
+        f"/api/saes/{ids['sae']}/explanations",
+        {"explainer_model": ids["model"], "selection": {"kind": "top", "count": 2}},
+    ),
+    "steering vector": lambda ids: (
+        "/api/steering-vectors",
+        {"model_id": ids["model"], "hook_name": HOOK, "positive": ["good"], "negative": ["bad"]},
+    ),
+    "attribution graph": lambda ids: (
+        "/api/graphs",
+        {"model_id": ids["model"], "transcoder_ids": ids["transcoders"], "prompt": "The cat"},
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", KIND_REQUESTS)
+def test_every_kind_of_job_over_the_token_budget_is_refused_before_a_row_is_written(
+    kind, inputs_of_every_kind, writer, client_for, settings
+):
+    """Each kind's request counts the tokens its job will process (an import processes none): one
+    over ``JOB_MAX_TOKENS`` is 400 ``JOB_TOO_LARGE`` with its count, and no job row is written."""
+    settings.JOB_MAX_TOKENS = 1
+    path, body = KIND_REQUESTS[kind](inputs_of_every_kind)
+    before = job_rows()
+    response = client_for(writer).post(path, body, format="json")
+    assert response.status_code == 400, response.content
+    error = response.json()["error"]
+    assert error["code"] == "JOB_TOO_LARGE" and error["details"]["limit"] == 1
+    assert error["details"]["tokens"] > 1
+    assert job_rows() == before

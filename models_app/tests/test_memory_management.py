@@ -1,8 +1,10 @@
 """Memory budget in a real worker: LRU eviction, pinning, count cap, INSUFFICIENT_MEMORY, keep-alive."""
 
+import threading
 import time
 
 import pytest
+import torch
 from django.conf import settings as django_settings
 
 from engine.registry import LOADED_MODELS
@@ -134,3 +136,55 @@ def test_an_idle_model_past_its_keep_alive_is_unloaded(three_models):
     alpha.refresh_from_db()
     assert alpha.status == "unloaded" and alpha.unload_reason == "idle"
     assert LOADED_MODELS.get(alpha.id) is None
+
+
+def test_a_load_never_evicts_the_model_of_a_job_that_yielded_to_it(three_models, settings, monkeypatch):
+    """An extraction on alpha yields its worker to beta's load (a person waits on a load); with room
+    for one model, beta's load may not evict alpha (the extraction resumes on it): it fails
+    ``INSUFFICIENT_MEMORY``, and the extraction ends with the activations of an unsliced run."""
+    from activations.models import Dataset, ExtractionJob
+    from activations.services import dataset_create_from_texts, extraction_request
+    from activations.store import ActivationStore, verify
+    from engine.extraction import extract, plan_batches, tokenize_samples
+    from mistudio import job_runner
+    from models_app.tests.live_stack import wait_until
+
+    monkeypatch.setattr(job_runner, "YIELD_POLL_SECONDS", 0.02)
+    monkeypatch.setattr(job_runner, "IDLE_WORKER_GRACE_SECONDS", 0.05)
+    alpha, beta, _ = three_models
+    settings.MAX_LOADED_MODELS = 1
+    assert load(alpha).status == "ready"
+    texts = [f"Sample {index}: " + "the quick brown fox jumps over the lazy dog " * (1 + index % 5)
+             for index in range(1500)]  # fmt: skip
+    dataset = dataset_create_from_texts(name="many", texts=texts, owner=None, source=Dataset.Source.BUILTIN)
+    job = extraction_request(
+        model_id=alpha.id, dataset_id=dataset.id, owner=None, layers=[0, 1], batch_size=2, max_length=32
+    )
+
+    def load_beta_while_it_runs() -> None:
+        running = ExtractionJob.objects.filter(pk=job.pk, status="running", samples_processed__gt=0)
+        wait_until(running.exists, timeout=60, interval=0.01, what="the extraction's first batches")
+        model_load_request(model_id=beta.id, actor=OPERATOR)
+
+    loader = threading.Thread(target=load_beta_while_it_runs)
+    loader.start()
+    run_worker(name=WORKER, device="cpu", burst=True)
+    loader.join(timeout=60)
+    for row in (alpha, beta, job):
+        row.refresh_from_db()
+    assert (beta.status, beta.error_code) == ("failed", "INSUFFICIENT_MEMORY")
+    assert alpha.status == "ready" and LOADED_MODELS.get(alpha.id) is not None
+    assert job.status == "completed", (job.error_code, job.error_message)
+
+    assert verify(job.cache.directory) == []
+    store = ActivationStore.open(job.cache.directory)
+    loaded = LOADED_MODELS.get(alpha.id)
+    tokenized = tokenize_samples(loaded.tokenizer, texts, 32)
+    batches = extract(loaded.model, tokenized, plan_batches([len(ids) for ids in tokenized], 2),
+                      hooks=store.hooks, dtype=store.manifest["dtype"])  # fmt: skip
+    expected = {hook: [] for hook in store.hooks}
+    for batch in batches:
+        for hook in store.hooks:
+            expected[hook].append(batch.activations[hook])
+    for hook, parts in expected.items():
+        assert torch.equal(store.get(hook, as_torch=True), torch.cat(parts).cpu()), hook
