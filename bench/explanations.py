@@ -150,7 +150,7 @@ def main() -> None:
     from features.models import Feature
 
     environment = {
-        "RATE_LIMIT_GENERATIONS_PER_MINUTE": "0",
+        "RATE_LIMIT_GENERATION_TOKENS_PER_MINUTE": "0",
         **({"OMP_NUM_THREADS": arguments.threads} if arguments.threads else {}),
         **({"GENERATION_MAX_BATCH": arguments.max_batch} if arguments.max_batch else {}),
     }

@@ -1,18 +1,20 @@
 """``POST /api/generate`` (async: it waits on the worker, or streams), cancel, and the read-back API.
 
-The helpers that wait on a generation's events (:func:`generation_events`, :func:`result_event`,
-:func:`open_stream`, :func:`until_final`) serve the OpenAI-compatible endpoints too.
+The helpers that wait on a generation's events (:func:`wait_for_answer`, :func:`until_final`) serve
+the OpenAI-compatible endpoints too; every way a request ends without its answer withdraws its rows.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Awaitable
-from contextlib import aclosing
+from collections.abc import AsyncIterator
+from contextlib import aclosing, asynccontextmanager
+from dataclasses import dataclass, field
 from typing import Any
 
 from asgiref.sync import sync_to_async
+from django.conf import settings
 from django.http import HttpRequest, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 from drf_spectacular.utils import extend_schema
@@ -28,6 +30,7 @@ from generation.services import (
     generation_model,
     generation_request,
     generation_stop,
+    generations_withdraw,
     result_body,
     sweep_header,
     sweep_request,
@@ -37,7 +40,6 @@ from mistudio import roles
 from mistudio.async_api import authenticated_user, json_body, validated
 from mistudio.errors import ApplicationError, error_body, error_response
 from mistudio.permissions import CanRead, CanWrite
-from mistudio.throttling import GenerationThrottle, throttle_check
 
 
 def cancelled_meanwhile() -> bool:
@@ -67,26 +69,71 @@ async def generation_events(generation_id: str) -> AsyncIterator[dict[str, Any]]
         await events.aclose()
 
 
-async def stop_on_cancel(generation_id: str, waiting: Awaitable[Any]) -> Any:
-    """Await ``waiting``; a client that goes away meanwhile (``CancelledError``) stops the generation."""
+@asynccontextmanager
+async def withdrawn_on_exit(rows: list[Generation]) -> AsyncIterator[set[str]]:
+    """The ids of the request's rows that have no answer yet: however the request ends before
+    they do (an error, its time limit, its client gone: ``CancelledError``), they are withdrawn
+    (``generations_withdraw``). A row leaves the set when its final event is read, or when a
+    streamed answer takes it over (:func:`until_final` withdraws it on its own exits)."""
+    unanswered = {row.id for row in rows}
     try:
-        return await waiting
-    except asyncio.CancelledError:
-        await asyncio.shield(sync_to_async(generation_stop)(generation_id))
-        raise
+        yield unanswered
+    finally:
+        if unanswered:
+            await asyncio.shield(sync_to_async(generations_withdraw)(sorted(unanswered)))
 
 
-async def result_event(generation_id: str) -> dict[str, Any]:
+async def final_event_of(generation_id: str) -> dict[str, Any]:
     """The generation's ``done`` or ``failed`` event."""
+    async with aclosing(generation_events(generation_id)) as events:
+        async for event in events:
+            if event["type"] in FINAL_EVENTS:
+                return event
+    raise ApplicationError("GENERATION_FAILED", "The generation ended without a result.", status=500)
 
-    async def last() -> dict[str, Any]:
-        async with aclosing(generation_events(generation_id)) as events:
-            async for event in events:
-                if event["type"] in FINAL_EVENTS:
-                    return event
-        raise ApplicationError("GENERATION_FAILED", "The generation ended without a result.", status=500)
 
-    return await stop_on_cancel(generation_id, last())
+async def final_events(rows: list[Generation], unanswered: set[str]) -> list[dict[str, Any]]:
+    """Every row's final event, in order, within ``GENERATION_REQUEST_TIMEOUT_SECONDS`` (504
+    ``GENERATION_TIMEOUT`` past it). Use inside :func:`withdrawn_on_exit`: rows left unanswered by
+    an error or the time limit are withdrawn there."""
+
+    async def answered(row: Generation) -> dict[str, Any]:
+        event = await final_event_of(row.id)
+        unanswered.discard(row.id)
+        return event
+
+    waits = [asyncio.ensure_future(answered(row)) for row in rows]
+    try:
+        async with asyncio.timeout(settings.GENERATION_REQUEST_TIMEOUT_SECONDS):
+            return list(await asyncio.gather(*waits))
+    except TimeoutError:
+        raise ApplicationError(
+            "GENERATION_TIMEOUT",
+            f"No result in {settings.GENERATION_REQUEST_TIMEOUT_SECONDS:g} s; the generation was stopped.",
+            status=504,
+        ) from None
+    finally:
+        for wait in waits:  # a failed sibling ends the others' waits too
+            wait.cancel()
+
+
+@dataclass
+class Answer:
+    """How a request's rows answered: their final events, or (streamed) the opened stream."""
+
+    finals: list[dict[str, Any]] = field(default_factory=list)
+    stream: tuple[AsyncIterator[dict[str, Any]], dict[str, Any]] | None = None
+
+
+async def wait_for_answer(rows: list[Generation], *, stream: bool) -> Answer:
+    """Every row's final event, or with ``stream`` the first row's opened stream
+    (:func:`open_stream`); on every other way out the rows are withdrawn (:func:`withdrawn_on_exit`)."""
+    async with withdrawn_on_exit(rows) as unanswered:
+        if stream:
+            opened = await open_stream(rows[0].id)
+            unanswered.clear()  # the stream withdraws it on its own exits (until_final)
+            return Answer(stream=opened)
+        return Answer(finals=await final_events(rows, unanswered))
 
 
 def failure(event: dict[str, Any]) -> ApplicationError:
@@ -113,7 +160,8 @@ async def open_stream(generation_id: str) -> tuple[AsyncIterator[dict[str, Any]]
     """The generation's events and the first that decides between a stream and an HTTP error.
 
     That is ``started`` (or a final event): a request that fails before its first token (its
-    prompt does not fit the context, the model was unloaded) gets a plain HTTP error.
+    prompt does not fit the context, the model was unloaded) gets a plain HTTP error. Use inside
+    :func:`withdrawn_on_exit`, which withdraws the row when this does not return.
     """
     events = generation_events(generation_id)
 
@@ -124,9 +172,14 @@ async def open_stream(generation_id: str) -> tuple[AsyncIterator[dict[str, Any]]
         raise ApplicationError("GENERATION_FAILED", "The generation ended without a result.", status=500)
 
     try:
-        event = await stop_on_cancel(generation_id, decisive())
-    except BaseException:
+        async with asyncio.timeout(settings.GENERATION_REQUEST_TIMEOUT_SECONDS):
+            event = await decisive()
+    except BaseException as error:
         await events.aclose()
+        if isinstance(error, TimeoutError):
+            raise ApplicationError(
+                "GENERATION_TIMEOUT", "The generation did not start in time; it was stopped.", status=504
+            ) from None
         raise
     if event["type"] == "failed":
         await events.aclose()
@@ -194,7 +247,6 @@ async def generate(request: HttpRequest) -> JsonResponse | StreamingHttpResponse
         return error_response(ApplicationError("METHOD_NOT_ALLOWED", "Use POST.", status=405))
     try:
         user = await authenticated_user(request, permission=roles.WRITE)
-        await throttle_check(request=request, user=user, throttle_class=GenerationThrottle)
         data = validated(GenerateInputSerializer, json_body(request))
         capture = data.get("mistudio") or {}
         model = await sync_to_async(generation_model)(user=user, model_ref=data["model_id"])
@@ -213,16 +265,15 @@ async def generate(request: HttpRequest) -> JsonResponse | StreamingHttpResponse
             measure=capture.get("measure"),
             interface=Generation.Interface.API,
         )
-        if data["stream"]:
-            events, opening = await open_stream(rows[0].id)
-            return event_stream(generate_stream(events, opening))
+        answer = await wait_for_answer(rows, stream=data["stream"])
+        if answer.stream is not None:
+            return event_stream(generate_stream(*answer.stream))
+        events = answer.finals
         batch = isinstance(request_prompt := data.get("prompt"), list) and len(request_prompt) > 1
         if not batch:
-            event = await result_event(rows[0].id)
-            if event["type"] == "failed":
-                raise failure(event)
-            return JsonResponse(result_body(event))
-        events = await asyncio.gather(*(result_event(row.id) for row in rows))
+            if events[0]["type"] == "failed":
+                raise failure(events[0])
+            return JsonResponse(result_body(events[0]))
     except ApplicationError as error:
         return error_response(error)
     results = [
@@ -267,7 +318,6 @@ async def sweep(request: HttpRequest) -> JsonResponse:
         return error_response(ApplicationError("METHOD_NOT_ALLOWED", "Use POST.", status=405))
     try:
         user = await authenticated_user(request, permission=roles.WRITE)
-        await throttle_check(request=request, user=user, throttle_class=GenerationThrottle)
         data = validated(SweepInputSerializer, json_body(request))
         model = await sync_to_async(generation_model)(user=user, model_ref=data["model_id"])
         rows = await sync_to_async(sweep_request)(
@@ -280,7 +330,7 @@ async def sweep(request: HttpRequest) -> JsonResponse:
             sampling=SweepInputSerializer().sampling(data),
             interface=Generation.Interface.API,
         )
-        events = await asyncio.gather(*(result_event(row.id) for row in rows))
+        events = (await wait_for_answer(rows, stream=False)).finals
     except ApplicationError as error:
         return error_response(error)
     return JsonResponse(await sync_to_async(sweep_table)(rows, events))

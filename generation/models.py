@@ -77,6 +77,12 @@ class Generation(models.Model):
     cache = models.ForeignKey(
         "activations.ActivationCache", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
+    # What the request may cost, in work tokens (``generation.admission``): counted against its
+    # owner's share and the worker's while the row is queued or running.
+    work_tokens = models.PositiveIntegerField(default=0)
+    # A row whose batch yielded to other users' rows before it ended: where it stands
+    # (``engine.generation.Progress`` as JSON) and its timings so far; empty otherwise.
+    progress = models.JSONField(default=dict, blank=True)
     error_code = models.CharField(max_length=100, blank=True)
     error_message = models.TextField(blank=True)
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
@@ -113,7 +119,7 @@ class Generation(models.Model):
         self.host_worker = host_worker
         self.input_token_ids = input_token_ids
         self.prompt_tokens = len(input_token_ids)
-        self.started_at = timezone.now()
+        self.started_at = self.started_at or timezone.now()  # a row going on after a yield keeps it
         return ["status", "host_worker", "input_token_ids", "prompt_tokens", "started_at"]
 
     def mark_finished(
@@ -141,6 +147,16 @@ class Generation(models.Model):
             "status", "output_token_ids", "output_text", "finish_reason", "completion_tokens", "prefill_ms",
             "decode_tokens_per_second", "total_ms", "completed_at",
         ]  # fmt: skip
+
+    def mark_yielded(self, *, progress: dict, output_token_ids: list[int], output_text: str) -> list[str]:
+        """Back to ``queued`` with its ``progress``: its batch yielded the worker to other users'
+        rows before it ended; it goes on from there in a later batch (the output so far is kept,
+        so a cancel meanwhile answers with it)."""
+        self.status = self.Status.QUEUED
+        self.progress = progress
+        self.output_token_ids, self.output_text = output_token_ids, storable_text(output_text)
+        self.completion_tokens = len(output_token_ids)
+        return ["status", "progress", "output_token_ids", "output_text", "completion_tokens"]
 
     def mark_failed(self, *, code: str, message: str) -> list[str]:
         self.status = self.Status.FAILED

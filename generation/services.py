@@ -22,6 +22,7 @@ from django.utils import timezone
 from activations.model_structure import skeleton
 from activations.services import hook_names_for
 from engine.hooks import MODULE_PREFIX, list_hook_points
+from generation.admission import generation_admit, row_work
 from generation.interventions import (
     MAX_MAGNITUDE,
     interventions_memory,
@@ -30,13 +31,13 @@ from generation.interventions import (
 )
 from generation.models import Generation
 from generation.selectors import generation_get
-from generation.streams import GenerationStream, request_cancel
-from generation.tasks import final_event, finish_cancelled
+from generation.streams import GenerationStream, grant_leases, request_cancel
+from generation.tasks import final_event, generation_enqueue, withdraw_queued
 from mistudio import roles
 from mistudio.access import OPERATOR
 from mistudio.budgets import memory_budget_check
 from mistudio.errors import ApplicationError
-from mistudio.workers import enqueue, interactive_queue, read_heartbeats
+from mistudio.workers import read_heartbeats
 from models_app.models import LanguageModel
 from models_app.selectors import model_list, models_named
 from models_app.services import model_host
@@ -184,7 +185,10 @@ def generation_request(
     parameters = asdict(sampling)
     explicit = parameters.pop("max_tokens_explicit")
     batch_id = uuid.uuid4().hex[:12]
+    text = "\n".join(message["content"] for message in messages) + system_prompt if messages else None
+    work = [row_work(text if text is not None else prompt, sampling.max_tokens) for prompt, _, _ in planned]
     with transaction.atomic():
+        generation_admit(owner=owner, host=host, tokens=sum(work))
         rows = [
             Generation.objects.create(
                 model=model,
@@ -203,15 +207,12 @@ def generation_request(
                 interventions=row_steering,
                 measure=measured,
                 sweep_coefficient=coefficient,
+                work_tokens=row_work_tokens,
             )
-            for prompt, coefficient, row_steering in planned
+            for (prompt, coefficient, row_steering), row_work_tokens in zip(planned, work, strict=True)
         ]
-        # The worker's interactive queue: served between the steps of a job it runs.
-        queue = interactive_queue(host)
-        for row in rows:
-            enqueue(
-                queue, "generation.tasks.run_generation", row.id, job_id=f"generate-{row.id}", result_ttl=0
-            )
+        grant_leases(*(row.id for row in rows))
+        generation_enqueue(host=host, generation_id=rows[0].id)
     return rows
 
 
@@ -324,14 +325,19 @@ def generation_cancel(*, user, generation_id: str) -> Generation:
 
 def generation_stop(generation_id: str) -> None:
     """Cancel without a permission check (the client that asked for it went away)."""
+    generations_withdraw([generation_id])
 
-    request_cancel(generation_id)
-    # One conditional UPDATE: a worker claiming the row at the same moment gets either it or nothing.
-    claimed = Generation.objects.filter(pk=generation_id, status=Generation.Status.QUEUED).update(
-        status=Generation.Status.CANCELLED, finish_reason="cancelled", completed_at=timezone.now()
-    )
-    if claimed:
-        finish_cancelled(Generation.objects.get(pk=generation_id))
+
+def generations_withdraw(generation_ids: list[str]) -> None:
+    """Withdraw the rows of a request that ended without them (its client went away, it failed or
+    timed out): a queued row never runs, a running one stops after its current token. Rows that
+    already ended are left as they are."""
+    if not generation_ids:
+        return
+    request_cancel(*generation_ids)
+    for generation_id in generation_ids:
+        # One conditional UPDATE: a worker claiming the row at the same moment gets it or nothing.
+        withdraw_queued(generation_id)
 
 
 def generation_check(generation_id: str) -> dict[str, Any] | None:

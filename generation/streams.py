@@ -2,25 +2,27 @@
 
 The worker appends events (``started``, ``token``…, then ``done`` or ``failed``) with XADD, one
 round trip per token on a connection it keeps. Readers (the HTTP view that streams server-sent
-events, the CLI) read the stream from its beginning with a blocking XREAD, so a reader that
-attaches late misses nothing and events arrive in order; entry ids double as sequence numbers.
+events, the CLI) follow the stream from its beginning through the process's one stream reader
+(``mistudio.stream_hub``: one blocking XREAD for every waiter), so a reader that attaches late
+misses nothing and events arrive in order.
 Streams expire ``STREAM_TTL_SECONDS`` after their last event.
 
-A cancel request is a flag key the worker polls between tokens.
+A cancel request is a flag key the worker polls between tokens. So is the *lease*
+(``reader_key``): a reader holds it while it waits (``mistudio.stream_hub``), and a row whose lease
+is gone (its request ended, however it ended) is withdrawn like a cancelled one.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
-import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from typing import Any
 
 from django.conf import settings
 
-from mistudio.redis_client import ensure_redis, get_redis
+from mistudio.redis_client import get_redis
+from mistudio.stream_hub import LEASE_SECONDS, entry_event, stream_hub
 
 STREAM_TTL_SECONDS = 600
 STREAM_MAX_EVENTS = 20_000  # a 2,048-token generation fits many times over
@@ -33,6 +35,20 @@ def stream_key(generation_id: str) -> str:
 
 def cancel_key(generation_id: str) -> str:
     return f"{settings.REDIS_KEY_PREFIX}generation:{generation_id}:cancel"
+
+
+def reader_key(generation_id: str) -> str:
+    """The generation's lease (``mistudio.stream_hub``): alive while someone waits for its result."""
+    return f"{settings.REDIS_KEY_PREFIX}generation:{generation_id}:reader"
+
+
+def grant_leases(*generation_ids: str) -> None:
+    """Leases for new rows, until their reader takes them over (``LEASE_SECONDS``): rows whose
+    request dies before it reads them are withdrawn when these lapse."""
+    pipeline = get_redis().pipeline(transaction=False)
+    for generation_id in generation_ids:
+        pipeline.set(reader_key(generation_id), "1", ex=LEASE_SECONDS)
+    pipeline.execute()
 
 
 class GenerationStream:
@@ -63,32 +79,36 @@ class GenerationStream:
         self.emit(data.pop("type"), **data)
 
 
-def request_cancel(generation_id: str) -> None:
-    get_redis().set(cancel_key(generation_id), "1", ex=STREAM_TTL_SECONDS)
+def request_cancel(*generation_ids: str) -> None:
+    """Ask the worker to stop these generations after their current token (one round trip)."""
+    pipeline = get_redis().pipeline(transaction=False)
+    for generation_id in generation_ids:
+        pipeline.set(cancel_key(generation_id), "1", ex=STREAM_TTL_SECONDS)
+    pipeline.execute()
 
 
 def cancel_requested(generation_ids: Iterable[str]) -> set[str]:
-    """Which of ``generation_ids`` have a cancel request (one round trip)."""
+    """Which of ``generation_ids`` should stop: a cancel was asked, or nobody waits for them any
+    more (their lease is gone). One round trip."""
     ids = list(generation_ids)
     if not ids:
         return set()
     pipeline = get_redis().pipeline(transaction=False)
     for generation_id in ids:
         pipeline.exists(cancel_key(generation_id))
-    return {generation_id for generation_id, found in zip(ids, pipeline.execute(), strict=True) if found}
-
-
-def _decode(entries) -> Iterator[dict[str, Any]]:
-    for _entry_id, fields in entries:
-        raw = fields.get(b"event") or fields.get("event")
-        yield json.loads(raw)
+        pipeline.exists(reader_key(generation_id))
+    found = pipeline.execute()
+    return {
+        generation_id
+        for generation_id, cancelled, waited_for in zip(ids, found[::2], found[1::2], strict=True)
+        if cancelled or not waited_for
+    }
 
 
 class _Cursor:
     """Where a reader is in a stream, and when it last heard from it (shared by both readers)."""
 
-    def __init__(self, generation_id: str, check_every: float):
-        self.key, self.last_id = stream_key(generation_id), "0-0"
+    def __init__(self, check_every: float):
         self.check_every, self.last_event = check_every, time.monotonic()
         self.finished = False
 
@@ -98,13 +118,12 @@ class _Cursor:
         self.last_event = time.monotonic()
         return True
 
-    def take(self, reply) -> list[dict[str, Any]]:
-        """The events of an XREAD reply, up to and including a final one."""
+    def take(self, entries: list[dict]) -> list[dict[str, Any]]:
+        """The events of the entries that arrived, up to and including a final one."""
         self.last_event = time.monotonic()
-        entries = reply[0][1]
-        self.last_id = entries[-1][0]
         events = []
-        for event in _decode(entries):
+        for fields in entries:
+            event = entry_event(fields)
             events.append(event)
             if event["type"] in FINAL_EVENTS:
                 self.finished = True
@@ -117,42 +136,22 @@ def iter_events(
     *,
     check: Callable[[], dict[str, Any] | None] | None = None,
     check_every: float = 5.0,
-    block_ms: int = 500,
+    wait_seconds: float = 0.5,
 ) -> Iterator[dict[str, Any]]:
     """Reader side, synchronous (CLI): every event from the first, until ``done``/``failed``.
 
     After ``check_every`` seconds of silence ``check()`` is asked; a final event it returns (the
     worker died, the stream expired) is yielded and ends the iteration.
     """
-    connection = get_redis()
-    cursor = _Cursor(generation_id, check_every)
-    while not cursor.finished:
-        reply = connection.xread({cursor.key: cursor.last_id}, block=block_ms, count=500)
-        if reply:
-            yield from cursor.take(reply)
-        elif check is not None and cursor.check_due() and (final := check()) is not None:
-            yield final
-            return
-
-
-_ASYNC_CLIENTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def _async_redis():
-    """One asyncio Redis client per event loop (Daphne runs one loop per process)."""
-    import redis.asyncio
-
-    loop = asyncio.get_running_loop()
-    client = _ASYNC_CLIENTS.get(loop)
-    if client is None:
-        ensure_redis()
-        # No socket timeout: with one, redis-py wraps each command in asyncio.wait_for, which on
-        # Python 3.11 can swallow the cancellation of a reader whose client went away (gh-86296).
-        client = redis.asyncio.Redis.from_url(
-            settings.REDIS_URL, socket_connect_timeout=2, socket_timeout=None
-        )
-        _ASYNC_CLIENTS[loop] = client
-    return client
+    cursor = _Cursor(check_every)
+    with stream_hub().follow(stream_key(generation_id), lease=reader_key(generation_id)) as follower:
+        while not cursor.finished:
+            entries = follower.get(wait_seconds)
+            if entries:
+                yield from cursor.take(entries)
+            elif check is not None and cursor.check_due() and (final := check()) is not None:
+                yield final
+                return
 
 
 async def read_events(
@@ -160,16 +159,22 @@ async def read_events(
     *,
     check: Callable[[], Awaitable[dict[str, Any] | None]] | None = None,
     check_every: float = 5.0,
-    block_ms: int = 500,
+    wait_seconds: float = 0.5,
 ) -> AsyncIterator[dict[str, Any]]:
-    """Reader side, async (views): like :func:`iter_events`, without holding a thread."""
-    connection = _async_redis()
-    cursor = _Cursor(generation_id, check_every)
-    while not cursor.finished:
-        reply = await connection.xread({cursor.key: cursor.last_id}, block=block_ms, count=500)
-        if reply:
-            for event in cursor.take(reply):
-                yield event
-        elif check is not None and cursor.check_due() and (final := await check()) is not None:
-            yield final
-            return
+    """Reader side, async (views): like :func:`iter_events`, on the process's one stream reader
+    (``mistudio.stream_hub``): waiting holds no Redis connection of its own."""
+    cursor = _Cursor(check_every)
+    follower = stream_hub().follow(
+        stream_key(generation_id), asynchronous=True, lease=reader_key(generation_id)
+    )
+    try:
+        while not cursor.finished:
+            entries = await follower.aget(wait_seconds)
+            if entries:
+                for event in cursor.take(entries):
+                    yield event
+            elif check is not None and cursor.check_due() and (final := await check()) is not None:
+                yield final
+                return
+    finally:
+        follower.close()

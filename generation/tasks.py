@@ -1,20 +1,24 @@
 """RQ entry point of a generation. It runs in the worker that hosts the model.
 
 Requests wait on the worker's interactive queue, which a running job serves between its steps
-(``mistudio.jobs``): a generation never waits for a long job to end. The first of them to run takes
-every other queued request for the same model along (up to ``GENERATION_MAX_BATCH``, without
-activation capture) and decodes them as one batch, so concurrent clients share the forward
-passes. The jobs of the rows it took find them no longer queued and return at once.
+(``mistudio.jobs``): a generation never waits for a long job to end. A request puts one token on
+the queue; a token claims the next batch of the model's queued rows, shared round robin between
+their owners (:func:`claim_batch`, least served first), and decodes them together, so concurrent
+clients share the forward passes. A batch yields to whoever had less of the worker's time
+(:class:`YieldPoll`); its unfinished rows go on in a later batch from where they stopped.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+import uuid
+from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
 from django.db import close_old_connections
+from django.db.models import Q
 from django.urls import reverse
 from django.utils import timezone
 
@@ -22,7 +26,14 @@ from activations.models import ActivationCache
 from activations.services import cache_store_completed, cache_store_failed, cache_store_open, key_hash
 from engine.effects import steering_effect
 from engine.errors import EngineError
-from engine.generation import SamplingParams, check_context, context_length, generate, render_prompt
+from engine.generation import (
+    Progress,
+    SamplingParams,
+    check_context,
+    context_length,
+    generate,
+    render_prompt,
+)
 from engine.placement import input_device
 from engine.registry import LOADED_MODELS
 from generation.interventions import loaded_sae, resolved_interventions
@@ -31,7 +42,17 @@ from generation.selectors import generation_state
 from generation.streams import GenerationStream, cancel_requested
 from mistudio.errors import ApplicationError
 from mistudio.events import BACKGROUND_PUBLISHER, rows_audience
-from mistudio.workers import current_worker, worker_task
+from mistudio.worker_clock import CLOCK
+from mistudio.workers import (
+    Lender,
+    calls_waiting,
+    current_worker,
+    enqueue,
+    interactive_queue,
+    lender,
+    read_heartbeats,
+    worker_task,
+)
 from models_app.models import LanguageModel
 
 logger = logging.getLogger(__name__)
@@ -40,7 +61,7 @@ logger = logging.getLogger(__name__)
 GROUP_TOKEN_INTERVAL_SECONDS = 0.1
 # How often the decode loop asks Redis whether a client cancelled.
 CANCEL_POLL_SECONDS = 0.05
-# Errors that are the request's fault: the HTTP status the waiting client answers with.
+# The HTTP status a waiting client answers with, for errors that are not the server's bug (500).
 CLIENT_ERROR_STATUS = {
     "CONTEXT_LENGTH_EXCEEDED": 400,
     "EMPTY_PROMPT": 400,
@@ -51,6 +72,7 @@ CLIENT_ERROR_STATUS = {
     "CAPTURE_NEEDS_ONE_PROMPT": 400,
     "INVALID_INTERVENTION": 400,
     "MODEL_NOT_LOADED": 409,
+    "WORKER_LOST": 503,  # the server's trouble, and a retry may find another worker
 }
 
 
@@ -115,6 +137,14 @@ def finish_cancelled(generation: Generation) -> None:
     )
 
 
+def withdraw_queued(generation_id: str) -> None:
+    """Cancel a queued row nobody waits for (or whose cancel was asked) and tell its readers."""
+    if Generation.objects.filter(pk=generation_id, status=Generation.Status.QUEUED).update(
+        status=Generation.Status.CANCELLED, finish_reason="cancelled", completed_at=timezone.now()
+    ):
+        finish_cancelled(Generation.objects.get(pk=generation_id))
+
+
 def fail(generation: Generation, code: str, message: str) -> None:
     generation.save(update_fields=generation.mark_failed(code=code, message=message))
     GenerationStream(generation.id).emit_event(final_event(generation))
@@ -126,35 +156,95 @@ def fail(generation: Generation, code: str, message: str) -> None:
     )
 
 
-def claim_batch(first: Generation) -> list[Generation]:
-    """``first`` plus the other queued requests for its model that can share its batch.
+@dataclass(frozen=True)
+class Waiting:
+    """What the choice of a batch reads of a queued row."""
 
-    A request that captures activations runs alone (its hooks see one sequence).
-    """
-    claimed = Generation.objects.filter(pk=first.pk, status=Generation.Status.QUEUED).update(
-        status=Generation.Status.RUNNING
-    )
-    if not claimed:
+    pk: str
+    owner_id: int | None
+    created_at: Any
+    captures: bool
+
+
+def fair_batch(queued: list[Waiting], served: dict[int | None, float], *, size: int) -> list[Waiting]:
+    """The rows of the next batch among ``queued`` (oldest first): round robin between owners, the
+    owner who had the least of the worker's time lately first (``served``, ``mistudio.worker_clock``;
+    ties: whose oldest row waited longest), each owner's rows oldest first. A row that captures
+    activations runs alone, when its owner's turn comes first; in a shared batch it waits."""
+    by_owner: dict[int | None, list[Waiting]] = {}
+    for row in queued:
+        by_owner.setdefault(row.owner_id, []).append(row)
+    owners = sorted(by_owner, key=lambda owner: (served.get(owner, 0.0), by_owner[owner][0].created_at))
+    if not owners:
         return []
-    batch = [first]
-    if first.capture_hooks:
-        return batch
-    candidates = (
-        Generation.objects.select_related("model")
-        .filter(model_id=first.model_id, status=Generation.Status.QUEUED)
-        .exclude(pk=first.pk)
-        .order_by("created_at")
-    )
-    for candidate in candidates[: 4 * settings.GENERATION_MAX_BATCH]:
-        if len(batch) >= settings.GENERATION_MAX_BATCH:
-            break
-        if candidate.capture_hooks:
-            continue
-        if Generation.objects.filter(pk=candidate.pk, status=Generation.Status.QUEUED).update(
-            status=Generation.Status.RUNNING
-        ):
-            batch.append(candidate)
+    if by_owner[owners[0]][0].captures:
+        return [by_owner[owners[0]][0]]
+    waiting = {owner: [row for row in by_owner[owner] if not row.captures] for owner in owners}
+    batch: list[Waiting] = []
+    while len(batch) < size and any(waiting.values()):
+        for owner in owners:
+            if waiting[owner] and len(batch) < size:
+                batch.append(waiting[owner].pop(0))
     return batch
+
+
+def generations_reconcile() -> list[str]:
+    """Settle the rows nobody will run (the worker hook ``reconcile``): running on a worker that
+    is gone (``WORKER_LOST``), or queued for a model that is not loaded any more
+    (``MODEL_NOT_LOADED``). Without it they would count against their owner's share for ever."""
+    alive = [beat["name"] for beat in read_heartbeats()]
+    lost = Q(status=Generation.Status.RUNNING) & ~Q(host_worker="") & ~Q(host_worker__in=alive)
+    unloaded = Q(status=Generation.Status.QUEUED) & ~Q(model__status=LanguageModel.Status.READY)
+    settled = []
+    for row in Generation.objects.filter(lost | unloaded).select_related("model"):
+        code, message = (
+            ("WORKER_LOST", "The worker stopped.")
+            if row.status == Generation.Status.RUNNING
+            else ("MODEL_NOT_LOADED", "The model is not loaded any more; load it and try again.")
+        )
+        if Generation.objects.filter(pk=row.pk, status=row.status).update(
+            status=Generation.Status.FAILED,
+            error_code=code,
+            error_message=message,
+            completed_at=timezone.now(),
+        ):
+            row.refresh_from_db()
+            GenerationStream(row.id).emit_event(final_event(row))
+            settled.append(row.id)
+    return settled
+
+
+def claim_batch(model_id: str, *, lender: Lender | None = None) -> list[Generation]:
+    """Claim (``running``) the next batch of the model's queued rows (:func:`fair_batch`). A row
+    another worker or a cancel took first is left out. Between a job's steps (``lender``), only the
+    rows of owners who had no more of the worker's time than the job's owner: the job's time goes
+    to whoever's turn it is, not to everyone who has rows waiting."""
+    # Every queued row is read (admission bounds them), lightly: a newcomer is never out of sight.
+    queued = [
+        Waiting(pk=pk, owner_id=owner_id, created_at=created_at, captures=bool(hooks))
+        for pk, owner_id, created_at, hooks in Generation.objects.filter(
+            model_id=model_id, status=Generation.Status.QUEUED
+        )
+        .order_by("created_at")
+        .values_list("pk", "owner_id", "created_at", "capture_hooks")
+    ]
+    orphans = cancel_requested(row.pk for row in queued)
+    for pk in orphans:
+        withdraw_queued(pk)
+    queued = [row for row in queued if row.pk not in orphans]
+    served = CLOCK.snapshot({row.owner_id for row in queued} | ({lender.owner} if lender else set()))
+    if lender is not None:
+        queued = [row for row in queued if served[row.owner_id] <= served[lender.owner]]
+    chosen = fair_batch(queued, served, size=settings.GENERATION_MAX_BATCH)
+    claimed = [
+        row.pk
+        for row in chosen
+        if Generation.objects.filter(pk=row.pk, status=Generation.Status.QUEUED).update(
+            status=Generation.Status.RUNNING
+        )
+    ]
+    rows = Generation.objects.select_related("model").in_bulk(claimed)
+    return [rows[pk] for pk in claimed]
 
 
 def sampling_params(generation: Generation, *, prompt_tokens: int, context: int | None):
@@ -340,50 +430,72 @@ def measure_effects(model, rows: list[Generation], results, interventions, *, de
         row.effect = {"sae": measure["sae"], "feature": measure["feature"], **effect}
 
 
+def generation_enqueue(*, host: str, generation_id: str) -> None:
+    """Ask ``host`` to run a batch of the queued rows of ``generation_id``'s model (on commit). Any
+    token runs the fairest batch of that model's rows (:func:`claim_batch`), so a request puts one
+    token on the queue, whatever its number of rows."""
+    # The worker's interactive queue: served between the steps of a job it runs.
+    enqueue(
+        interactive_queue(host),
+        "generation.tasks.run_generation",
+        generation_id,
+        job_id=f"generate-{uuid.uuid4().hex}",
+        result_ttl=0,
+    )
+
+
 @worker_task(timeout=3600)
 def run_generation(generation_id: str) -> None:
-    """Generate for this request and every queued one that can share its batch.
+    """Run the next batch of the queued rows of ``generation_id``'s model (:func:`claim_batch`).
 
-    Idempotent: a request that is no longer queued (taken into another batch, cancelled) is
-    skipped. Every row ends ``completed``, ``cancelled`` or ``failed``, and its stream ends with
-    a ``done`` or ``failed`` event, whatever happens.
+    Idempotent: when nothing of that model waits any more (its rows were taken into another
+    batch, or cancelled) it returns at once. Every row ends ``completed``, ``cancelled`` or
+    ``failed`` (or goes back to ``queued`` when its batch yields, with a token for the next one),
+    and its stream ends with a ``done`` or ``failed`` event, whatever happens.
     """
     close_old_connections()
-    first = Generation.objects.select_related("model").filter(pk=generation_id).first()
-    if first is None or first.status != Generation.Status.QUEUED:
-        return
-    rows = claim_batch(first)
-    try:
-        run_batch(rows)
-    except Exception as error:
-        logger.exception("generation %s failed", generation_id)
-        for row in rows:
-            # Rows that vanished meanwhile (deleted with their model) need nothing.
-            if Generation.objects.filter(pk=row.pk, status__in=Generation.ACTIVE).exists():
-                fail(row, "GENERATION_FAILED", f"Generation failed: {type(error).__name__}.")
-
-
-def run_batch(rows: list[Generation]) -> None:
-    """Decode ``rows`` (claimed, all for one model) as one batch and finish each of them."""
-
-    if not rows:
-        return
-    identity = current_worker()
-    first = rows[0]
-    loaded = LOADED_MODELS.get(first.model_id)
-    if loaded is None:
-        for row in rows:
-            fail(row, "MODEL_NOT_LOADED", "The model is not loaded any more; load it and try again.")
+    model_id = Generation.objects.filter(pk=generation_id).values_list("model_id", flat=True).first()
+    if model_id is None:
         return
     started = time.monotonic()
-    context = context_length(loaded.model)
-    device = input_device(loaded.model)
-    ready: list[Generation] = []
-    prompts: list[list[int]] = []
-    params = []
-    interventions = []
-    for row in rows:
-        try:
+    lending = lender()
+    rows = claim_batch(model_id, lender=lending)
+    poll = YieldPoll(rows, lender=lending, started=started)
+    try:
+        run_batch(rows, poll)
+    except Exception as error:
+        logger.exception("generation batch of %s failed", generation_id)
+        for row in rows:
+            # Rows that vanished meanwhile (deleted with their model) need nothing.
+            if Generation.objects.filter(pk=row.pk, status=Generation.Status.RUNNING).exists():
+                fail(row, "GENERATION_FAILED", f"Generation failed: {type(error).__name__}.")
+    poll.charge()  # all of the worker's time the batch took, from its claim to its rows' saves
+    # A token runs one batch: while rows of the model still wait (more than a batch holds, or rows
+    # that yielded), one more token goes out, so the queue never holds more tokens than requests.
+    next_row = Generation.objects.filter(model_id=model_id, status=Generation.Status.QUEUED).first()
+    if rows and next_row is not None:
+        generation_enqueue(host=current_worker().name, generation_id=next_row.id)
+
+
+@dataclass
+class Planned:
+    """A claimed row, ready to decode: its prompt's ids, sampling, interventions, and where it
+    stands when it goes on after a yield."""
+
+    row: Generation
+    prompt: list[int]
+    sampling: SamplingParams
+    steering: list
+    progress: Progress | None
+
+
+def plan_row(row: Generation, loaded, *, identity, context: int | None, device) -> Planned | None:
+    """Tokenize and check one claimed row (``running`` from here); a row that cannot run fails
+    alone (None), not its batch."""
+    try:
+        if row.progress:
+            input_ids = row.input_token_ids  # going on after a yield: tokenized the first time
+        else:
             input_ids = render_prompt(
                 loaded.tokenizer,
                 prompt=row.prompt if not row.messages else None,
@@ -391,45 +503,132 @@ def run_batch(rows: list[Generation]) -> None:
                 system_prompt=row.system_prompt or None,
                 chat_template=row.chat_template,
             )
-            row.input_token_ids = input_ids
-            sampling = sampling_params(row, prompt_tokens=len(input_ids), context=context)
-            # Checked per row here, so that one prompt too long fails alone rather than its batch.
-            check_context(loaded.model, [input_ids], [sampling])
-            steering = resolved_interventions(row.interventions, device=device)
-        except (ApplicationError, EngineError) as error:
-            fail(row, error.code, error.message)
-            continue
-        row.save(update_fields=row.mark_running(host_worker=identity.name, input_token_ids=input_ids))
-        ready.append(row)
-        prompts.append(input_ids)
-        params.append(sampling)
-        interventions.append(steering)
-    if not ready:
+        sampling = sampling_params(row, prompt_tokens=len(input_ids), context=context)
+        check_context(loaded.model, [input_ids], [sampling])
+        steering = resolved_interventions(row.interventions, device=device)
+    except (ApplicationError, EngineError) as error:
+        fail(row, error.code, error.message)
+        return None
+    going_on = Progress.from_json(row.progress["engine"]) if row.progress else None
+    row.save(update_fields=row.mark_running(host_worker=identity.name, input_token_ids=input_ids))
+    return Planned(row=row, prompt=input_ids, sampling=sampling, steering=steering, progress=going_on)
+
+
+def announce_started(row: Generation, stream: GenerationStream, *, host_worker: str) -> None:
+    stream.emit("started", request_id=row.id, input_token_ids=row.input_token_ids, host_worker=host_worker)
+    BACKGROUND_PUBLISHER.send(
+        "generation:started",
+        {**group_event_data(row), "prompt_tokens": row.prompt_tokens},
+        groups=generation_groups(row),
+        audience=rows_audience(("generation", row.id)),
+    )
+
+
+class YieldPoll:
+    """``should_yield`` for the engine, asked between decode steps (at most every
+    ``YIELD_POLL_SECONDS``); it also charges the batch's owners for the worker's time as it runs
+    (``mistudio.worker_clock``). The batch yields:
+
+    * to an owner waiting for this worker (a queued row for a model it hosts, or a worker call) who
+      had less of its time lately than every owner in the batch — a chat waits one poll, not the
+      batch;
+    * to anyone else waiting, once it has run ``GENERATION_SLICE_SECONDS``;
+    * when it runs between a job's steps (``lender``: the job's owner), as soon as one of its owners
+      has had more of the worker's time than the job's owner (it was claimed among owners who had
+      no more: :func:`claim_batch`), and after its slice in any case.
+
+    One owner alone, with nothing else waiting, runs to the end.
+    """
+
+    def __init__(self, rows: list[Generation], *, lender: Lender | None, started: float | None = None):
+        self.owners = [row.owner_id for row in rows]
+        self.lender = lender
+        self.started = self.charged = time.monotonic() if started is None else started
+        self.last_poll = 0.0
+        self.answer = False
+
+    def charge(self) -> None:
+        now = time.monotonic()
+        CLOCK.charge(now - self.charged, self.owners)
+        self.charged = now
+
+    def __call__(self) -> bool:
+        now = time.monotonic()
+        if self.answer or now - self.last_poll < YIELD_POLL_SECONDS:
+            return self.answer
+        self.last_poll = now
+        self.charge()
+        slice_seconds = settings.GENERATION_SLICE_SECONDS
+        if not slice_seconds:
+            return False
+        sliced = now - self.started >= slice_seconds
+        if self.lender is not None:
+            served = CLOCK.snapshot({*self.owners, self.lender.owner})
+            overdrawn = served[self.lender.owner] < max(served[owner] for owner in self.owners)
+            if sliced or overdrawn:
+                self.answer = True
+                return True
+        waiting = waiting_owners(exclude=set(self.owners))
+        if waiting:
+            served = CLOCK.snapshot({*self.owners, *waiting})
+            self.answer = sliced or min(served[owner] for owner in waiting) < min(
+                served[owner] for owner in self.owners
+            )
+        return self.answer
+
+
+YIELD_POLL_SECONDS = 0.05
+
+
+def waiting_owners(*, exclude: set[int | None] = frozenset()) -> set[int | None]:
+    """The owners of the interactive work waiting for this worker, but ``exclude``: of queued rows
+    for the models it hosts, and of worker calls on its queue (counted as the system's: short, and
+    a person waits on each)."""
+    hosted = LOADED_MODELS.model_ids()
+    queued = Generation.objects.filter(model_id__in=hosted, status=Generation.Status.QUEUED)
+    owners = set(queued.values_list("owner_id", flat=True).distinct()) - exclude
+    if calls_waiting(current_worker()):
+        owners.add(None)
+    return owners
+
+
+def run_batch(rows: list[Generation], poll: YieldPoll) -> None:
+    """Decode ``rows`` (claimed, all for one model) as one batch, then finish each of them, or put
+    it back in the queue with its progress when the batch yielded before it ended."""
+
+    if not rows:
         return
+    identity = current_worker()
+    loaded = LOADED_MODELS.get(rows[0].model_id)
+    if loaded is None:
+        for row in rows:
+            fail(row, "MODEL_NOT_LOADED", "The model is not loaded any more; load it and try again.")
+        return
+    context, device = context_length(loaded.model), input_device(loaded.model)
+    planned = [plan_row(row, loaded, identity=identity, context=context, device=device) for row in rows]
+    planned = [plan for plan in planned if plan is not None]
+    if not planned:
+        return
+    ready = [plan.row for plan in planned]
     streams = [GenerationStream(row.id) for row in ready]
-    for row, stream in zip(ready, streams, strict=True):
-        stream.emit(
-            "started", request_id=row.id, input_token_ids=row.input_token_ids, host_worker=identity.name
-        )
-        BACKGROUND_PUBLISHER.send(
-            "generation:started",
-            {**group_event_data(row), "prompt_tokens": row.prompt_tokens},
-            groups=generation_groups(row),
-            audience=rows_audience(("generation", row.id)),
-        )
+    for plan, stream in zip(planned, streams, strict=True):
+        if plan.progress is None:
+            announce_started(plan.row, stream, host_worker=identity.name)
     relay = TokenRelay(ready, streams)
     capture = ready[0].capture_hooks if len(ready) == 1 else []
     try:
         results = generate(
             loaded.model,
             loaded.tokenizer,
-            prompts,
-            params,
+            [plan.prompt for plan in planned],
+            [plan.sampling for plan in planned],
             capture=capture,
             capture_dtype=ready[0].capture_dtype,
             on_token=relay,
             cancelled_rows=CancelPoll(ready),
-            interventions=interventions,
+            interventions=[plan.steering for plan in planned],
+            progress=[plan.progress for plan in planned],
+            should_yield=None if capture else poll,
         )
     except (ApplicationError, EngineError) as error:
         relay.flush()
@@ -437,58 +636,92 @@ def run_batch(rows: list[Generation]) -> None:
             fail(row, error.code, error.message)
         return
     relay.flush()
-    total_ms = (time.monotonic() - started) * 1000
-    measure_effects(loaded.model, ready, results, interventions, device=device)
-    LanguageModel.objects.filter(pk=first.model_id).update(last_used_at=timezone.now())
-    for index, (row, result) in enumerate(zip(ready, results, strict=True)):
-        generated = len(result.token_ids)
-        row.save(
-            update_fields=[
-                *row.mark_finished(
-                    output_token_ids=result.token_ids,
-                    output_text=result.text,
-                    finish_reason=result.finish_reason,
-                    prefill_ms=round(result.prefill_seconds * 1000, 3),
-                    decode_tokens_per_second=(
-                        round((generated - 1) / result.decode_seconds, 2)
-                        if generated > 1 and result.decode_seconds > 0
-                        else None
-                    ),
-                    total_ms=round(total_ms, 3),
+    pairs = list(zip(planned, results, strict=True))
+    for plan, result in pairs:
+        if result.progress is not None:
+            keep_progress(plan.row, result)
+    finished = [index for index, (_, result) in enumerate(pairs) if result.progress is None]
+    measure_effects(
+        loaded.model,
+        [ready[index] for index in finished],
+        [results[index] for index in finished],
+        [planned[index].steering for index in finished],
+        device=device,
+    )
+    LanguageModel.objects.filter(pk=ready[0].model_id).update(last_used_at=timezone.now())
+    for index in finished:
+        finish_row(
+            ready[index], results[index], relay=relay, index=index, stream=streams[index], capture=capture
+        )
+
+
+def keep_progress(row: Generation, result) -> None:
+    """Back to ``queued`` with where the row stands and its timings so far."""
+    earlier = row.progress or {}
+    progress = {
+        "engine": result.progress.as_json(),
+        "prefill_ms": earlier.get("prefill_ms", round(result.prefill_seconds * 1000, 3)),
+        "decode_seconds": earlier.get("decode_seconds", 0.0) + result.decode_seconds,
+        "segments": earlier.get("segments", 1) + 1,
+    }
+    row.save(
+        update_fields=row.mark_yielded(
+            progress=progress, output_token_ids=result.token_ids, output_text=result.text
+        )
+    )
+
+
+def finish_row(
+    row: Generation, result, *, relay: TokenRelay, index: int, stream: GenerationStream, capture: list[str]
+) -> None:
+    """Save a finished row's result and end its stream and group."""
+    earlier = row.progress or {}
+    generated = len(result.token_ids)
+    decode_seconds = earlier.get("decode_seconds", 0.0) + result.decode_seconds
+    row.save(
+        update_fields=[
+            *row.mark_finished(
+                output_token_ids=result.token_ids,
+                output_text=result.text,
+                finish_reason=result.finish_reason,
+                prefill_ms=earlier.get("prefill_ms", round(result.prefill_seconds * 1000, 3)),
+                decode_tokens_per_second=(
+                    round((generated - 1) / decode_seconds) if generated > 1 and decode_seconds > 0 else None
                 ),
-                "effect",  # measure_effects' result
-            ]
-        )
-        extra: dict[str, Any] = {"output_text": result.text}
-        if result.logprobs is not None:
-            extra["logprobs"] = [token_payload(event) for event in result.logprobs]
-        if capture and result.activations is not None:
-            if row.store_activations:
-                try:
-                    row.cache = store_capture(row, result)
-                    row.save(update_fields=["cache"])
-                except Exception as error:
-                    logger.exception("storing the activations of %s failed", row.id)
-                    code = getattr(error, "code", "CAPTURE_FAILED")
-                    fail(
-                        row, code, f"The activations could not be stored: {getattr(error, 'message', error)}"
-                    )
-                    continue
-            else:
-                extra["activations"] = {
-                    "cache_id": None,
-                    "hooks": capture,
-                    "shapes": {name: list(result.activations[name].shape) for name in capture},
-                    "dtype": row.capture_dtype,
-                    "prompt_tokens": row.prompt_tokens,
-                    "url": None,
-                    "values": {name: result.activations[name].float().tolist() for name in capture},
-                }
-        relay.flush_group(index, tokens=generated)
-        streams[index].emit_event(final_event(row, **extra))
-        BACKGROUND_PUBLISHER.send(
-            f"generation:{'cancelled' if row.status == Generation.Status.CANCELLED else 'completed'}",
-            group_event_data(row),
-            groups=generation_groups(row),
-            audience=rows_audience(("generation", row.id)),
-        )
+                total_ms=round((timezone.now() - row.started_at).total_seconds() * 1000, 3),
+            ),
+            "effect",  # measure_effects' result
+        ]
+    )
+
+    extra: dict[str, Any] = {"output_text": result.text}
+    if result.logprobs is not None:
+        extra["logprobs"] = [token_payload(event) for event in result.logprobs]
+    if capture and result.activations is not None:
+        if row.store_activations:
+            try:
+                row.cache = store_capture(row, result)
+                row.save(update_fields=["cache"])
+            except Exception as error:
+                logger.exception("storing the activations of %s failed", row.id)
+                code = getattr(error, "code", "CAPTURE_FAILED")
+                fail(row, code, f"The activations could not be stored: {getattr(error, 'message', error)}")
+                return
+        else:
+            extra["activations"] = {
+                "cache_id": None,
+                "hooks": capture,
+                "shapes": {name: list(result.activations[name].shape) for name in capture},
+                "dtype": row.capture_dtype,
+                "prompt_tokens": row.prompt_tokens,
+                "url": None,
+                "values": {name: result.activations[name].float().tolist() for name in capture},
+            }
+    relay.flush_group(index, tokens=generated)
+    stream.emit_event(final_event(row, **extra))
+    BACKGROUND_PUBLISHER.send(
+        f"generation:{'cancelled' if row.status == Generation.Status.CANCELLED else 'completed'}",
+        group_event_data(row),
+        groups=generation_groups(row),
+        audience=rows_audience(("generation", row.id)),
+    )

@@ -47,8 +47,8 @@ def _authenticate(request: HttpRequest, session: bool) -> Any:
         raise as_application_error(error) from None
     if user is None or not user.is_authenticated:
         raise ApplicationError("UNAUTHENTICATED", "Authentication credentials were not provided.", status=401)
-    # A job's own requests are bounded by the job (its concurrency), not by the owner's request rate.
-    request.job_request = isinstance(drf_request.auth, dict) and "job" in drf_request.auth
+    # A job's own requests are its owner's: they count against the owner's generation share and rate
+    # like any other (generation.admission).
     return user
 
 

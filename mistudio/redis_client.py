@@ -1,13 +1,11 @@
 """One way to reach Redis from miStudio code (queues, heartbeats, health).
 
-Two pools, because a read that waits on the server must not be cut by a client-side timeout:
-
-* :func:`get_redis` — commands answered at once; ``REDIS_SOCKET_TIMEOUT_SECONDS`` bounds a read,
-  so a dead connection is noticed quickly.
-* :func:`get_blocking_redis` — ``BLPOP`` and friends that wait server-side for as long as they
-  ask (a worker call's reply): no client-side read timeout, TCP keepalive instead. A socket
-  timeout shorter than the wait turned every long wait into an error (a worker call answered
-  500 at exactly 10 s, an idle worker backed off for up to a minute).
+* :func:`get_redis` — the pool for commands answered at once; ``REDIS_SOCKET_TIMEOUT_SECONDS``
+  bounds a read, so a dead connection is noticed quickly.
+* Reads that wait on the server (a generation's tokens, a worker call's answer) go through the
+  process's one stream reader (``mistudio.stream_hub``), on a connection of its own with no
+  client-side read timeout: a timeout shorter than the wait turned every long wait into an error,
+  and a connection per waiter exhausted the pool.
 
 An RQ worker gets a connection of its own (:func:`worker_redis`): RQ sets its read timeout just
 above its own blocking dequeue.
@@ -54,12 +52,6 @@ def get_redis() -> redis.Redis:
     """The shared connection pool for ``REDIS_URL`` (the embedded server is started on first use)."""
     ensure_redis()
     return _connection(settings.REDIS_URL, socket_timeout=settings.REDIS_SOCKET_TIMEOUT_SECONDS)
-
-
-def get_blocking_redis() -> redis.Redis:
-    """The pool for commands that block server-side with their own timeout (``BLPOP``)."""
-    ensure_redis()
-    return _connection(settings.REDIS_URL, socket_timeout=None)
 
 
 def worker_redis() -> redis.Redis:

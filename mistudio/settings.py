@@ -154,6 +154,12 @@ SAE_CHECKPOINT_EVERY_STEPS = int(env_number("SAE_CHECKPOINT_EVERY_STEPS", 200, m
 FEATURES_DIR = env_directory("FEATURES_DIR", DATA_DIR / "features")
 STEERING_DIR = env_directory("STEERING_DIR", DATA_DIR / "steering")
 GRAPH_DIR = env_directory("GRAPH_DIR", DATA_DIR / "graphs")
+# Graph views in the web process (circuits/view_memory.py): the memory all the views running at
+# once may take, how long a view waits for others to leave it room, and the most nodes besides the
+# tokens and logits a graph's view keeps (the widest node threshold it shows follows from them).
+GRAPH_VIEW_MEMORY_MB = env_number("GRAPH_VIEW_MEMORY_MB", 512, minimum=128)
+GRAPH_VIEW_WAIT_SECONDS = env_number("GRAPH_VIEW_WAIT_SECONDS", 10, minimum=0)
+GRAPH_VIEW_MAX_NODES = int(env_number("GRAPH_VIEW_MAX_NODES", 2000, minimum=1, integer=True))
 # SAELens folders sent in a request (POST /api/saes/upload), each kept until its import ends.
 SAE_UPLOAD_DIR = env_directory("SAE_UPLOAD_DIR", DATA_DIR / "sae-uploads")
 # How often a running feature analysis saves the state it resumes from after a crash (seconds).
@@ -186,6 +192,19 @@ MODEL_MEMORY_LIMIT_GB = env_number("MODEL_MEMORY_LIMIT_GB", 0.0)  # 0: no limit 
 MAX_LOADED_MODELS = int(env_number("MAX_LOADED_MODELS", 4, integer=True))  # per worker; 0: no limit
 # Queued generation requests for one model that the worker decodes together as one batch.
 GENERATION_MAX_BATCH = int(env_number("GENERATION_MAX_BATCH", 8, integer=True, minimum=1))
+# Generation work in flight (queued or running), in work tokens (generation/admission.py): per user
+# (beyond it 429; a user with nothing in flight is always admitted) and per worker (beyond it 503
+# MODEL_BUSY); 0: no limit.
+GENERATION_USER_MAX_TOKENS_IN_FLIGHT = int(
+    env_number("GENERATION_USER_MAX_TOKENS_IN_FLIGHT", 16_384, integer=True)
+)
+GENERATION_MAX_TOKENS_IN_FLIGHT = int(env_number("GENERATION_MAX_TOKENS_IN_FLIGHT", 65_536, integer=True))
+# A batch that has decoded this long yields to rows of other users waiting for its worker (they
+# share the next batch, round robin); when it runs between a job's steps, it gives the job its time
+# back after this long. 0: batches never yield.
+GENERATION_SLICE_SECONDS = env_number("GENERATION_SLICE_SECONDS", 0.5)
+# A generation request waits this long for its result at most (then 504, and its rows are withdrawn).
+GENERATION_REQUEST_TIMEOUT_SECONDS = env_number("GENERATION_REQUEST_TIMEOUT_SECONDS", 600.0)
 LOAD_RETRY_BASE_SECONDS = env_number("LOAD_RETRY_BASE_SECONDS", 2.0)  # backoff: 2, 4, 8 s
 
 
@@ -234,6 +253,18 @@ EXPLAINER_ENDPOINTS = env_explainer_endpoints("MISTUDIO_EXPLAINER_ENDPOINTS")
 # How long a job's token for this /v1 stays valid (a job resumed after that gets a new one).
 JOB_TOKEN_MAX_AGE = int(env_number("JOB_TOKEN_MAX_AGE", 2 * 86400, integer=True, minimum=60))
 EXPLAINER_MAX_CONCURRENCY = int(env_number("EXPLAINER_MAX_CONCURRENCY", 32, integer=True, minimum=1))
+# What explanation jobs may cost, in tokens (their estimate: prompt tokens plus the most completion
+# tokens), checked before a job is written (0: no limit). Per job, and per user for the queued and
+# running jobs on endpoints of the same kind. An external endpoint is an administrator's paid key:
+# its limits are lower.
+EXPLANATION_MAX_TOKENS_PER_JOB = int(env_number("EXPLANATION_MAX_TOKENS_PER_JOB", 10_000_000, integer=True))
+EXPLANATION_MAX_TOKENS_PER_USER = int(env_number("EXPLANATION_MAX_TOKENS_PER_USER", 20_000_000, integer=True))
+EXPLANATION_EXTERNAL_MAX_TOKENS_PER_JOB = int(
+    env_number("EXPLANATION_EXTERNAL_MAX_TOKENS_PER_JOB", 1_000_000, integer=True)
+)
+EXPLANATION_EXTERNAL_MAX_TOKENS_PER_USER = int(
+    env_number("EXPLANATION_EXTERNAL_MAX_TOKENS_PER_USER", 2_000_000, integer=True)
+)
 # Search by meaning: a sentence-transformers model folder, read locally (never downloaded).
 EMBEDDING_MODEL_DIR = Path(os.environ.get("EMBEDDING_MODEL_DIR") or default_embedding_model_dir())
 # Read by huggingface_hub itself; kept here so nothing else reads the environment for it.
@@ -320,6 +351,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "mistudio.structured_logging.RequestIdMiddleware",  # first: its id covers every response
+    "mistudio.request_lifetime.RequestLifetimeMiddleware",  # a client gone: its waits give up
     "corsheaders.middleware.CorsMiddleware",  # before anything that may answer on its own
     "django.middleware.security.SecurityMiddleware",
     "csp.middleware.CSPMiddleware",  # Content-Security-Policy on every response
@@ -438,7 +470,11 @@ CACHES = {
 # Counted in Redis (the cache above), so every web process shares them; 0 turns a limit off.
 # Per user (by id, not by address) for signed-in clients. See mistudio/throttling.py.
 RATE_LIMIT_MODEL_LOADS_PER_HOUR = int(env_number("RATE_LIMIT_MODEL_LOADS_PER_HOUR", 10, integer=True))
-RATE_LIMIT_GENERATIONS_PER_MINUTE = int(env_number("RATE_LIMIT_GENERATIONS_PER_MINUTE", 600, integer=True))
+# Generation work per user per minute, in work tokens (prompt + max_tokens of every row of a
+# request; generation/admission.py), not in requests.
+RATE_LIMIT_GENERATION_TOKENS_PER_MINUTE = int(
+    env_number("RATE_LIMIT_GENERATION_TOKENS_PER_MINUTE", 200_000, integer=True)
+)
 # Worker calls (live encoding, patching, the logit lens) per user per minute.
 RATE_LIMIT_WORKER_CALLS_PER_MINUTE = int(env_number("RATE_LIMIT_WORKER_CALLS_PER_MINUTE", 60, integer=True))
 # Jobs of every kind (extractions, SAE trainings and imports, analyses, steering vectors,
@@ -449,6 +485,13 @@ MAX_ACTIVE_JOBS_PER_USER = int(env_number("MAX_ACTIVE_JOBS_PER_USER", 4, integer
 # own limit applies below this one).
 JOB_MAX_TOKENS = int(env_number("JOB_MAX_TOKENS", 2_000_000_000, integer=True))
 JOB_MAX_SECONDS = int(env_number("JOB_MAX_SECONDS", 3 * 24 * 3600, integer=True))
+# Time slices (mistudio.job_runner): a job that has run this long yields at its next checkpoint
+# when another user's job waits for its worker, and is requeued in its owner's turn. 0: jobs run
+# to their end (a model load waiting for the worker still makes a job yield).
+JOB_QUANTUM_SECONDS = env_number("JOB_QUANTUM_SECONDS", 300, minimum=0)
+# A worker serves its interactive lane (generation, worker calls) at most this long in a row while
+# other work (a model load, a batch job) waits, then takes one item of its other queues.
+WORKER_INTERACTIVE_TURN_SECONDS = env_number("WORKER_INTERACTIVE_TURN_SECONDS", 5, minimum=0.1)
 # The memory one job or worker request may take on its worker (its estimated peak, checked before
 # anything is allocated); 0: half of what the worker's device has free.
 JOB_MEMORY_LIMIT_GB = env_number("JOB_MEMORY_LIMIT_GB", 0.0)
@@ -520,9 +563,9 @@ REST_FRAMEWORK = {
     # Rates per scope for mistudio.throttling (None: off).
     "DEFAULT_THROTTLE_RATES": {
         "model_load": f"{RATE_LIMIT_MODEL_LOADS_PER_HOUR}/hour" if RATE_LIMIT_MODEL_LOADS_PER_HOUR else None,
-        "generation": (
-            f"{RATE_LIMIT_GENERATIONS_PER_MINUTE}/minute" if RATE_LIMIT_GENERATIONS_PER_MINUTE else None
-        ),
+        "generation": f"{RATE_LIMIT_GENERATION_TOKENS_PER_MINUTE}/minute"
+        if RATE_LIMIT_GENERATION_TOKENS_PER_MINUTE
+        else None,
         "worker_call": (
             f"{RATE_LIMIT_WORKER_CALLS_PER_MINUTE}/minute" if RATE_LIMIT_WORKER_CALLS_PER_MINUTE else None
         ),

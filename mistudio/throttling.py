@@ -5,10 +5,10 @@ The rates are ``REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"]`` (set from the environ
 no header can reset its limit; an anonymous one by its address as DRF's ``get_ident`` finds it,
 which with ``NUM_PROXIES`` set ignores the ``X-Forwarded-For`` entries a client can write itself.
 
-Two doors use the same classes: DRF views list them in ``throttle_classes``, and the async
-generation views (not DRF views) call :func:`throttle_check`. Either way a refusal is
-``mistudio.errors.rate_limited``: 429 ``RATE_LIMITED`` with ``details.retry_after_seconds``
-and a ``Retry-After`` header.
+DRF views list the classes in ``throttle_classes``. Generation is limited by the work it asks
+for, not by requests: its admission (``generation.admission``) calls :func:`charge_work` with a
+request's tokens. Either way a refusal is ``mistudio.errors.rate_limited``: 429 ``RATE_LIMITED``
+with ``details.retry_after_seconds`` and a ``Retry-After`` header.
 
 The extraction caps are not request rates but counts of jobs in flight, checked where jobs are
 created (``activations.services.extraction_request``).
@@ -17,9 +17,9 @@ created (``activations.services.extraction_request``).
 from __future__ import annotations
 
 import math
+import time
 from typing import Any
 
-from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
@@ -106,13 +106,6 @@ class ModelRegisterThrottle(ModelLoadThrottle):
         return super().allow_request(request, view) if auto_load else True
 
 
-class GenerationThrottle(UserRateThrottle):
-    """``POST /api/generate``, ``/v1/completions``, ``/v1/chat/completions`` (one shared count)."""
-
-    scope = "generation"
-    what = "generation requests"
-
-
 class WorkerCallThrottle(UserRateThrottle):
     """Live encoding, patching and the logit lens (one shared count): each holds a model's worker."""
 
@@ -120,18 +113,36 @@ class WorkerCallThrottle(UserRateThrottle):
     what = "worker calls (live encoding, patching, the logit lens)"
 
 
-def _check(request: HttpRequest, user: Any, throttle_class: type[UserRateThrottle]) -> None:
-    drf_request = Request(request)
-    drf_request.user = user  # already authenticated by the caller
-    throttle_class().allow_request(drf_request, None)  # raises rate_limited when over the limit
+def charge_work(*, scope: str, user: Any, tokens: int, what: str) -> None:
+    """Count ``tokens`` of work against ``user``'s rate for ``scope`` (work per period, not
+    requests: a 16-prompt batch costs 16 rows' tokens), or refuse with 429 ``RATE_LIMITED``.
 
-
-async def throttle_check(*, request: HttpRequest, user: Any, throttle_class: type[UserRateThrottle]) -> None:
-    """The check a DRF view makes with ``throttle_classes``, for the async views.
-
-    Call it after authentication; raises ``ApplicationError`` 429 ``RATE_LIMITED``. A job's own
-    requests (``mistudio.authentication.JobTokenAuthentication``) are bounded by the job instead.
+    A sliding window in the shared cache, as DRF's throttles keep theirs, of (time, tokens) entries.
+    A request larger than the whole rate still passes when nothing else was counted in the window.
     """
-    if getattr(request, "job_request", False):
+    rate = api_settings.DEFAULT_THROTTLE_RATES.get(scope)
+    if rate is None:
         return
-    await sync_to_async(_check)(request, user, throttle_class)
+    limit, duration = SimpleRateThrottle.parse_rate(None, rate)
+    key = UserRateThrottle.cache_format % {"scope": scope, "ident": f"user:{user.pk}"}
+    cache = SimpleRateThrottle.cache
+    now = time.time()
+    history = [(at, cost) for at, cost in cache.get(key, []) if at > now - duration]
+    used = sum(cost for _, cost in history)
+    if history and used + tokens > limit:
+        # The window frees enough once its oldest entries leave it.
+        freed, wait = 0, duration
+        for at, cost in sorted(history):
+            freed += cost
+            if used - freed + tokens <= limit:
+                wait = at + duration - now
+                break
+        raise rate_limited(
+            f"Too much {what}: at most {limit:,} tokens per {PERIOD_WORDS.get(duration, f'{duration} s')} "
+            f"({used:,} counted, this request {tokens:,}; a token of work is a prompt token or a token "
+            "a row may generate).",
+            retry_after_seconds=wait,
+            details={"scope": scope, "limit": limit, "period_seconds": duration, "unit": "tokens"}
+            | {"used": used},
+        )
+    cache.set(key, [(now, tokens), *history], duration)

@@ -2,10 +2,11 @@
 
 A worker is an ``rq.SimpleWorker`` (no fork per job: the loaded models live in this process,
 and CUDA cannot be used after fork) that consumes, in this order, its *interactive* queue
-(generation and worker calls: quick answers someone is waiting for), its own queue and the
-shared queue. Every ``WORKER_HEARTBEAT_SECONDS`` a thread writes its heartbeat — device,
-memory, loaded models — to Redis with a time-to-live, so a worker that dies simply disappears
-from ``/healthz``.
+(generation and worker calls: quick answers someone is waiting for), a model load waiting on the
+shared queue, its own queue and the shared queue; after ``WORKER_INTERACTIVE_TURN_SECONDS`` of
+interactive work in a row the other lanes get one item (``MiStudioWorker.lane_order``). Every
+``WORKER_HEARTBEAT_SECONDS`` a thread writes its heartbeat — device, memory, loaded models — to
+Redis with a time-to-live, so a worker that dies simply disappears from ``/healthz``.
 
 Interactive work never waits for a long job: a job asks :func:`serve_interactive` between its
 steps (``mistudio.job_runner.JobContext.should_cancel``), which runs what waits on the interactive
@@ -22,6 +23,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import redis
@@ -34,7 +36,7 @@ from rq.timeouts import TimerDeathPenalty
 
 from engine.placement import Placement
 from engine.registry import LOADED_MODELS
-from mistudio.redis_client import get_blocking_redis, get_redis, worker_redis
+from mistudio.redis_client import get_redis, worker_redis
 from mistudio.structured_logging import job_context
 
 logger = logging.getLogger(__name__)
@@ -102,6 +104,32 @@ def queue_by_name(name: str) -> Queue:
     return Queue(name, connection=get_redis())
 
 
+# Model loads are RQ jobs with ids of this prefix, put at the front of the shared queue: a person
+# waits on them (``models_app.services.model_load_request``).
+LOAD_JOB_PREFIX = "load-"
+# Work that has waited this long on a queue that idle workers also consume found none: the worker
+# running a job should make room for it.
+IDLE_WORKER_GRACE_SECONDS = 1.0
+
+
+def loads_waiting(queue: Queue, *, grace_seconds: float = 0.0) -> bool:
+    """Whether a model load waits on ``queue`` (for ``grace_seconds`` at least)."""
+    prefix = LOAD_JOB_PREFIX.encode()
+    ids = [
+        job_id.decode() for job_id in queue.connection.lrange(queue.key, 0, 999) if job_id.startswith(prefix)
+    ]
+    if not ids or grace_seconds <= 0:
+        return bool(ids)
+    now = datetime.now(UTC)
+    return any(
+        job is not None
+        and job.enqueued_at is not None
+        and (now - job.enqueued_at.replace(tzinfo=job.enqueued_at.tzinfo or UTC)).total_seconds()
+        >= grace_seconds
+        for job in Job.fetch_many(ids, connection=queue.connection)
+    )
+
+
 # --- the apps' hooks ------------------------------------------------------------------------------
 # The apps plug their chores into the worker here (in AppConfig.ready), so that this module needs
 # none of them: "start" (identity) when a worker starts, before it takes jobs; "every_beat"
@@ -112,6 +140,8 @@ _HOOKS: dict[str, list[Callable[..., Any]]] = {
     "every_beat": [],
     "reconcile": [],
     "every_sixth_beat": [],
+    "interactive_owners": [],
+    "batch_owners": [],
 }
 
 
@@ -158,35 +188,47 @@ def call_worker(worker_name: str, task: str, *args: Any, wait_seconds: float) ->
     loaded) and wait for the JSON it answers with :func:`answer_call`: the way a request that needs
     a loaded model (live encoding, patching, the logit lens) gets a quick answer from a worker.
 
-    A busy worker answers between two steps of its job. 503 ``MODEL_BUSY`` when no answer comes
-    in ``wait_seconds``; the call is then withdrawn (taken off the queue, or skipped by the worker
-    if it has not started it). An ``{"error": …}`` answer is raised as the ApplicationError it
-    describes.
+    The answer comes through a Redis stream that the process's one reader follows
+    (``mistudio.stream_hub``): a waiting call holds no Redis connection. A busy worker answers
+    between two steps of its job. 503 ``MODEL_BUSY`` when no answer comes in ``wait_seconds``.
+    However the wait ends without an answer (that timeout, the client gone, an error), the call
+    is withdrawn: taken off the queue, or skipped by the worker if it has not started it. An
+    ``{"error": …}`` answer is raised as the ApplicationError it describes.
     """
     from mistudio.errors import ApplicationError
+    from mistudio.request_lifetime import request_abandoned
+    from mistudio.stream_hub import entry_event, stream_hub
 
     if transaction.get_connection().in_atomic_block:  # the job would wait for a commit this waits on
         raise RuntimeError("call_worker must not run inside a transaction")
     request_id = os.urandom(16).hex()
     key, waiting = call_worker_key(request_id), call_waiting_key(request_id)
-    get_redis().set(waiting, "1", ex=max(1, int(wait_seconds) + 1))
+    abandoned = request_abandoned()
     queue = interactive_queue(worker_name)
     job_id = f"call-{request_id}"
-    queue.enqueue(task, request_id, *args, job_id=job_id)
-    reply = get_blocking_redis().blpop([key], timeout=wait_seconds)
-    if reply is None:
-        get_redis().delete(waiting)  # withdrawn: a worker that has not started it skips it
-        with contextlib.suppress(Exception):
-            queue.remove(job_id)
-    get_redis().delete(key)
-    if reply is None:
+    body = None
+    with stream_hub().follow(key) as follower:
+        get_redis().set(waiting, "1", ex=max(1, int(wait_seconds) + 1))
+        try:
+            queue.enqueue(task, request_id, *args, job_id=job_id)
+            deadline = time.monotonic() + wait_seconds
+            while body is None and not abandoned.is_set() and (left := deadline - time.monotonic()) > 0:
+                entries = follower.get(min(left, CALL_WAIT_SLICE_SECONDS))
+                if entries:
+                    body = entry_event(entries[0])
+        finally:
+            if body is None:
+                withdraw_call(queue, request_id)
+            get_redis().delete(key)
+    if body is None:
+        if abandoned.is_set():
+            raise ApplicationError("CLIENT_GONE", "The client went away.", status=499)
         raise ApplicationError(
             "MODEL_BUSY",
             "The model's worker did not answer in time (it may be busy with a long step).",
             status=503,
             details={"retry_after_seconds": 5},
         )
-    body = json.loads(reply[1])
     if "error" in body:
         error = body["error"]
         raise ApplicationError(
@@ -198,9 +240,21 @@ def call_worker(worker_name: str, task: str, *args: Any, wait_seconds: float) ->
     return body
 
 
+# How often a waiting call looks whether its client went away.
+CALL_WAIT_SLICE_SECONDS = 0.25
+
+
+def withdraw_call(queue: Queue, request_id: str) -> None:
+    """Withdraw a call nobody waits for: a worker that has not started it skips it."""
+    with contextlib.suppress(redis.RedisError):
+        get_redis().delete(call_waiting_key(request_id))
+    with contextlib.suppress(Exception):
+        queue.remove(f"call-{request_id}")
+
+
 def answer_call(request_id: str, compute: Callable[[], dict[str, Any]], *, failure_code: str) -> None:
     """The worker's side of :func:`call_worker`: ``compute()``'s JSON, or the error it raised, to
-    the Redis list the caller waits on (kept two minutes for a caller that gave up). A call whose
+    the Redis stream the caller follows (kept two minutes for a caller that gave up). A call whose
     caller stopped waiting is not computed."""
     from engine.errors import EngineError
     from mistudio.errors import ApplicationError
@@ -221,35 +275,103 @@ def answer_call(request_id: str, compute: Callable[[], dict[str, Any]], *, failu
             "error": {"code": failure_code, "message": f"It failed: {type(error).__name__}.", "status": 500}
         }
     key = call_worker_key(request_id)
-    redis_client.rpush(key, json.dumps(body))
-    redis_client.expire(key, 120)
+    pipeline = redis_client.pipeline(transaction=False)
+    pipeline.xadd(key, {"event": json.dumps(body)})
+    pipeline.expire(key, 120)
+    pipeline.execute()
 
 
-def serve_interactive(identity: WorkerIdentity, *, most: int = 16) -> int:
-    """Run the work waiting on this worker's interactive queue, here and now (at most ``most``
-    items): called by a running job between its steps. Returns how many ran. A failure is
-    logged and never reaches the job that lent its time."""
+def calls_waiting(identity: WorkerIdentity) -> bool:
+    """Whether a worker call (``call_worker``) waits on this worker's interactive queue."""
+    queue = interactive_queue(identity.name)
+    return any(job_id.startswith(b"call-") for job_id in queue.connection.lrange(queue.key, 0, 999))
+
+
+@dataclass(frozen=True)
+class Lender:
+    """A running job lending its worker's time to the interactive lane, between two of its steps."""
+
+    owner: int | None
+
+
+_LENDING = threading.local()
+
+
+def lender() -> Lender | None:
+    """The job whose time this thread's interactive work runs in (:func:`serve_interactive`), or
+    None: that work should give it back soon (a generation batch yields to it)."""
+    return getattr(_LENDING, "lender", None)
+
+
+def interactive_turn(identity: WorkerIdentity, *, owner: int | None) -> bool:
+    """Whether the interactive work waiting for this worker goes before the job of ``owner`` now:
+    when someone it waits for had no more of the worker's time lately than the job's owner
+    (``mistudio.worker_clock``; the apps say who waits: ``interactive_owners`` hooks). A chat of a
+    few tokens is served at once; a flood of one user's generation gets turns with the job, not
+    all of its time."""
+    from mistudio.worker_clock import CLOCK
+
+    if not interactive_queue(identity.name).count:
+        return False
+    waiting = set().union(*(hook() for hook in _HOOKS["interactive_owners"]))
+    # Tokens with no owner waiting behind them (their rows ran in another batch): cheap to drop.
+    return not waiting or CLOCK.before(waiting, owner)
+
+
+def batch_turn(queues: list[Queue]) -> bool:
+    """Whether, with both lanes waiting, an owner of the batch jobs waiting for this worker had less
+    of its time lately than everyone the interactive lane waits for (``batch_owners`` and
+    ``interactive_owners`` hooks; ``mistudio.worker_clock``)."""
+    from mistudio.worker_clock import CLOCK
+
+    interactive, own, shared = queues
+    if not interactive.count or not (own.count or shared.count):
+        return False
+    batch = set().union(*(hook() for hook in _HOOKS["batch_owners"]))
+    waiting = set().union(*(hook() for hook in _HOOKS["interactive_owners"]))
+    if not batch or not waiting:
+        return False
+    served = CLOCK.snapshot(batch | waiting)
+    return min(served[owner] for owner in batch) < min(served[owner] for owner in waiting)
+
+
+def serve_interactive(identity: WorkerIdentity, *, most: int = 16, owner: int | None = None) -> int:
+    """Run the work waiting on this worker's interactive queue, here and now, while it is its turn
+    (:func:`interactive_turn`) and at most ``most`` items: called by a running job of ``owner``
+    between its steps. Returns how many ran. A failure is logged and never reaches the job that
+    lent its time."""
     queue = interactive_queue(identity.name)
     done = 0
-    while done < most:
-        popped = queue.connection.lpop(queue.key)  # (RQ's pop_job_id fails on an empty queue)
-        if popped is None:
-            break
-        job_id = popped.decode()
-        done += 1
-        try:
-            job = Job.fetch(job_id, connection=queue.connection)
-        except NoSuchJobError:  # deleted meanwhile (a withdrawn call)
-            continue
-        with job_context(job_id=job.id):
-            try:
-                job.func(*job.args, **job.kwargs)
-            except Exception:
-                logger.exception("interactive job %s failed", job.id)
-            finally:
-                with contextlib.suppress(Exception):
-                    job.delete()
+    _LENDING.lender = Lender(owner=owner)
+    try:
+        while done < most and interactive_turn(identity, owner=owner):
+            if not _serve_one(queue):
+                break
+            done += 1
+    finally:
+        _LENDING.lender = None
     return done
+
+
+def _serve_one(queue: Queue) -> bool:
+    """Run the next item of ``queue``; False when there was none."""
+    popped = queue.connection.lpop(queue.key)  # (RQ's pop_job_id fails on an empty queue)
+    if popped is None:
+        return False
+    job_id = popped.decode()
+    try:
+        job = Job.fetch(job_id, connection=queue.connection)
+    except NoSuchJobError:  # deleted meanwhile (a withdrawn call)
+        return True
+    with job_context(job_id=job.id):
+        try:
+            job.func(*job.args, **job.kwargs)
+        except Exception:
+            logger.exception("interactive job %s failed", job.id)
+        finally:
+            with contextlib.suppress(Exception):
+                job.delete()
+    return True
 
 
 def device_memory(device: str) -> tuple[int, int]:
@@ -346,7 +468,9 @@ def redis_restarted_recently() -> bool:
 
 
 class MiStudioWorker(SimpleWorker):
-    """SimpleWorker that can also be driven from a non-main thread (tests, embedded tools).
+    """SimpleWorker over a worker's three queues (``worker_queues``' order: interactive, own,
+    shared) that no lane starves (:meth:`lane_order`); it can also be driven from a non-main
+    thread (tests, embedded tools).
 
     Signal handlers can only be installed in the main thread; elsewhere the caller owns shutdown.
     """
@@ -355,6 +479,39 @@ class MiStudioWorker(SimpleWorker):
         super().__init__(*args, **kwargs)
         if threading.current_thread() is not threading.main_thread():
             self.death_penalty_class = TimerDeathPenalty  # SIGALRM needs the main thread
+        self.interactive_since: float | None = None  # since when it has served only interactive work
+
+    def lane_order(self) -> list[Queue]:
+        """The order the next item is taken in. A waiting model load first (a person waits on it,
+        and loads are rare: rate-limited). Then the interactive lane (someone waits for each
+        answer) before the batch jobs' tokens of its own queue and the shared one — unless the
+        batch lane's owner had less of the worker's time lately than everyone the interactive lane
+        waits for (:func:`batch_turn`), or the interactive lane has had the worker
+        ``WORKER_INTERACTIVE_TURN_SECONDS`` in a row: then the batch lane goes first for one item
+        (a job then shares its time through :func:`serve_interactive`). A flood of generation never
+        starves a load or a batch job."""
+        interactive, own, shared = self.queues
+        if loads_waiting(shared):
+            return [shared, interactive, own]
+        if interactive.count == 0:
+            self.interactive_since = None
+        turn_over = (
+            self.interactive_since is not None
+            and time.monotonic() - self.interactive_since >= settings.WORKER_INTERACTIVE_TURN_SECONDS
+        )
+        batch = [own, shared]
+        return [*batch, interactive] if turn_over or batch_turn(self.queues) else [interactive, *batch]
+
+    def dequeue_job_and_maintain_ttl(self, timeout: int | None, max_idle_time: int | None = None):
+        """RQ's dequeue, in :meth:`lane_order`; notes how long the interactive lane has had the worker."""
+        self._ordered_queues = self.lane_order()
+        result = super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
+        if result is not None:
+            if result[1].name != self.queues[0].name:
+                self.interactive_since = None
+            elif self.interactive_since is None:
+                self.interactive_since = time.monotonic()
+        return result
 
     def _install_signal_handlers(self) -> None:
         if threading.current_thread() is threading.main_thread():
@@ -499,7 +656,8 @@ def run_worker(
 
 
 def worker_queues(worker_name: str) -> list[Queue]:
-    """What a worker consumes, in order: its interactive queue, its own queue, the shared queue."""
+    """What a worker consumes: its interactive queue, its own queue, the shared queue (in the
+    order of ``MiStudioWorker.lane_order``)."""
     return [interactive_queue(worker_name), worker_queue(worker_name), shared_queue()]
 
 

@@ -23,7 +23,6 @@ from mistudio import roles
 from mistudio.async_api import authenticated_user, json_body, validated
 from mistudio.errors import ApplicationError
 from mistudio.openai_errors import openai_error_response
-from mistudio.throttling import GenerationThrottle, throttle_check
 from models_app.models import LanguageModel
 
 # Completions' OpenAI default; chat's default is "whatever fits the context".
@@ -209,7 +208,6 @@ async def start_generation(
     ``inputs`` maps the validated data to the endpoint's own arguments of ``generation_request``.
     """
     user = await authenticated_user(request, permission=roles.WRITE, session=False)
-    await throttle_check(request=request, user=user, throttle_class=GenerationThrottle)
     data = request_data(request, serializer_class)
     model = await sync_to_async(generation_model)(user=user, model_ref=data["model"])
     capture = data.get("mistudio") or {}

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
@@ -13,14 +12,7 @@ from django.db.models import Q
 from django.http import HttpRequest, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from generation.apis import (
-    event_stream,
-    failure,
-    open_stream,
-    result_event,
-    server_sent,
-    until_final,
-)
+from generation.apis import event_stream, failure, server_sent, until_final, wait_for_answer
 from generation.models import Generation
 from generation.openai_api.requests import (
     ChatCompletionSerializer,
@@ -157,18 +149,16 @@ async def chat_completions(request: HttpRequest) -> JsonResponse | StreamingHttp
             lambda data: {"messages": data["messages"], "interface": Generation.Interface.OPENAI_CHAT},
         )
         logprobs = bool(data.get("logprobs"))
-        if data["stream"]:
-            events, opening = await open_stream(rows[0].id)
-        else:
-            event = await result_event(rows[0].id)
+        answer = await wait_for_answer(rows, stream=data["stream"])
+        if answer.stream is None:
+            (event,) = answer.finals
             if event["type"] == "failed":
                 raise failure(event)
             return JsonResponse(chat_completion_body(event, model=model, created=created, logprobs=logprobs))
     except ApplicationError as error:
         return openai_error_response(error)
     return streamed_response(
-        events,
-        opening,
+        *answer.stream,
         data,
         chat=True,
         request_id=rows[0].id,
@@ -198,21 +188,18 @@ async def completions(request: HttpRequest) -> JsonResponse | StreamingHttpRespo
             },
         )
         logprobs = "logprobs" in data
-        if data["stream"]:
-            events, opening = await open_stream(rows[0].id)
-        else:
-            results = await asyncio.gather(*(result_event(row.id) for row in rows))
-            failed = next((event for event in results if event["type"] == "failed"), None)
+        answer = await wait_for_answer(rows, stream=data["stream"])
+        if answer.stream is None:
+            failed = next((event for event in answer.finals if event["type"] == "failed"), None)
             if failed is not None:
                 raise failure(failed)
             return JsonResponse(
-                completion_body(list(results), model=model, created=created, logprobs=logprobs)
+                completion_body(answer.finals, model=model, created=created, logprobs=logprobs)
             )
     except ApplicationError as error:
         return openai_error_response(error)
     return streamed_response(
-        events,
-        opening,
+        *answer.stream,
         data,
         chat=False,
         request_id=rows[0].id,

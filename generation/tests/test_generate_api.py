@@ -7,12 +7,15 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import httpx2 as httpx
 import pytest
 import torch
 
 from activations.store import ActivationStore, verify
 from generation.models import Generation, storable_text
+from generation.tests.conftest import token_times
 from models_app.services import model_register
+from models_app.tests.live_stack import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -333,3 +336,84 @@ def test_a_hundred_generations_without_an_error_or_memory_growth(live_stack):
     grown = resident_bytes(worker_pid)
     assert grown <= 1.05 * warm, f"worker RSS grew from {warm / 2**20:.1f} to {grown / 2**20:.1f} MiB"
     assert Generation.objects.filter(status="completed").count() >= 120
+
+
+# --- hostile load: bounded pools, work that dies with its request (issue 39) ----------------------
+
+
+def redis_connections(pid: int) -> int:
+    """The process's open connections to the Redis server (TCP to its port, or its unix socket)."""
+    import psutil
+    from django.conf import settings
+
+    process = psutil.Process(pid)
+    if settings.REDIS_URL.startswith("unix://"):
+        return len(process.net_connections(kind="unix"))
+    port = int(settings.REDIS_URL.rsplit(":", 1)[1].split("/")[0])
+    return sum(
+        1
+        for connection in process.net_connections(kind="inet")
+        if connection.raddr and connection.raddr.port == port
+    )
+
+
+@pytest.mark.slow
+def test_concurrent_batches_are_answered_by_one_redis_reader(live_stack):
+    """8 requests of 16 prompts at once: 128 waiters. Each waiter held a blocking Redis read of its
+    own, and 2 of the 8 answered 500 (the web process's pool had 100 connections); now one reader
+    follows them all, and the web process keeps a handful of connections."""
+
+    web_pid = live_stack.processes[1].pid
+    body = {
+        "model_id": live_stack.models["gpt2"],
+        "prompt": [f"Batch {i}" for i in range(16)],
+        "max_tokens": 4,
+    }
+    answers: list = []
+
+    def one():
+        try:
+            answers.append(post(live_stack, "generate", body))
+        except Exception as error:
+            answers.append((type(error).__name__, str(error)))
+
+    threads = [threading.Thread(target=one) for _ in range(8)]
+    sampled = []
+    for thread in threads:
+        thread.start()
+    while any(thread.is_alive() for thread in threads):
+        sampled.append(redis_connections(web_pid))
+        time.sleep(0.05)
+    assert [status for status, _ in answers] == [200] * 8, answers
+    assert all(len(result["results"]) == 16 and "error" not in result["results"][0] for _, result in answers)
+    # The pool's few command connections, the hub's one reader and the channel layer's: not 128.
+    assert max(sampled) <= 16, sampled
+
+
+@pytest.mark.slow
+def test_a_client_that_leaves_a_batch_leaves_nothing_decoding(live_stack):
+    """A 1,500-token batch of 8: the client gives up after a second; nothing is decoded after it
+    left (beyond the step the worker was in), and no row is left queued or running."""
+    body = {
+        "model_id": live_stack.models["llama"], "prompt": [f"Prompt {index}" for index in range(8)],
+        "max_tokens": 1500, "ignore_eos": True, "temperature": 0,
+    }  # fmt: skip
+    left = []
+
+    def client():
+        try:
+            httpx.post(f"{live_stack.api}/generate", headers=live_stack.headers(), json=body, timeout=1.5)
+        except httpx.TimeoutException:
+            left.append(time.time())
+
+    thread = threading.Thread(target=client)
+    thread.start()
+    thread.join(30)
+    assert left, "the request answered before the client left"
+    rows = Generation.objects.filter(prompt__startswith="Prompt ")
+    assert rows.count() == 8
+    wait_until(lambda: not rows.filter(status__in=Generation.ACTIVE).exists(), timeout=20, what="withdrawal")
+    grace = 0.5  # the worker looks for a cancel every 50 ms, between two steps
+    for row in rows:
+        assert row.status == "cancelled" and row.completion_tokens < 1500
+        assert [at for at in token_times(row.id) if at > left[0] + grace] == []

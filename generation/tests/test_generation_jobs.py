@@ -7,33 +7,16 @@ from channels.testing import WebsocketCommunicator
 from generation.models import Generation, storable_text
 from generation.services import SamplingRequest, generation_request, generation_stop
 from generation.streams import iter_events
-from mistudio.access import OPERATOR
+from generation.tests.conftest import burst
 from mistudio.events import BACKGROUND_PUBLISHER
 from mistudio.tests.websocket import events_socket, token_header
-from mistudio.workers import run_worker
 from models_app.models import LanguageModel
-from models_app.services import model_load_request, model_register
 
 pytestmark = pytest.mark.django_db(transaction=True)
-WORKER = "generation-worker"
 
 
 def browser(user) -> WebsocketCommunicator:
     return events_socket(token_header(user))
-
-
-def burst() -> None:
-    run_worker(name=WORKER, device="cpu", burst=True)
-
-
-@pytest.fixture
-def loaded_llama(tiny_llama_folder, writer):
-    model = model_register(source="local", identifier=str(tiny_llama_folder), name="tiny-llama", owner=writer)
-    model_load_request(model_id=model.id, actor=OPERATOR)
-    burst()
-    model.refresh_from_db()
-    assert model.status == LanguageModel.Status.READY
-    return model
 
 
 def request(model, prompts, *, owner=None, **sampling) -> list[Generation]:

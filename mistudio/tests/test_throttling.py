@@ -208,13 +208,8 @@ def test_joining_an_identical_job_or_reusing_a_cache_does_not_count(extraction_s
     assert cached.status_code == 200 and cached.json()["cached"] is True
 
 
-# --- generation -----------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def three_per_minute(settings):
-    rates = {**settings.REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"], "generation": "3/minute"}
-    settings.REST_FRAMEWORK = {**settings.REST_FRAMEWORK, "DEFAULT_THROTTLE_RATES": rates}
+# --- worker calls ---------------------------------------------------------------------------------
+# Generation is limited by the work it asks for, in flight and per minute: generation/tests/test_admission.py.
 
 
 @pytest.fixture
@@ -223,44 +218,6 @@ def unloaded_model(writer, tiny_gpt2_folder):
     return LanguageModel.objects.create(
         name="tiny", source="local", identifier=str(tiny_gpt2_folder), model_type="gpt2", owner=writer
     )
-
-
-def test_generation_requests_per_minute_on_api_generate(
-    three_per_minute, writer, model_admin, client_for, unloaded_model
-):
-    api = client_for(writer)
-    body = {"model_id": unloaded_model.id, "prompt": "Hello", "max_tokens": 4}
-    for _ in range(3):
-        assert api.post("/api/generate", body, format="json").status_code == 409
-    error = assert_rate_limited(api.post("/api/generate", body, format="json"), scope="generation")
-    assert error["details"]["limit"] == 3 and error["details"]["period_seconds"] == 60
-    assert error["details"]["retry_after_seconds"] <= 60
-    # Per user: the admin's first request is not refused.
-    assert client_for(model_admin).post("/api/generate", body, format="json").status_code != 429
-
-
-def test_v1_shares_the_count_and_answers_429_in_openai_shape(
-    three_per_minute, writer, client, unloaded_model
-):
-    def post(path: str, body: dict):
-        bearer = f"Bearer {writer.auth_token.key}"
-        return client.post(path, body, content_type="application/json", HTTP_AUTHORIZATION=bearer)
-
-    chat = {"model": unloaded_model.id, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
-    completion = {"model": unloaded_model.id, "prompt": "Hi", "max_tokens": 4}
-    assert post("/api/generate", {"model_id": unloaded_model.id, "prompt": "Hi"}).status_code == 409
-    assert post("/v1/completions", completion).status_code == 409
-    assert post("/v1/chat/completions", chat).status_code == 409
-
-    refused = post("/v1/chat/completions", chat)
-    assert refused.status_code == 429
-    error = refused.json()["error"]
-    assert set(error) == {"message", "type", "param", "code"}
-    assert error["type"] == "rate_limit_error" and error["code"] == "RATE_LIMITED" and error["param"] is None
-    assert "3 per minute" in error["message"]
-    assert 1 <= int(refused["Retry-After"]) <= 60
-    again = post("/v1/completions", completion)
-    assert again.status_code == 429 and again.json()["error"]["code"] == "RATE_LIMITED"
 
 
 def test_worker_calls_share_one_rate_per_user(settings, writer, model_admin, client_for, unloaded_model):
@@ -287,7 +244,7 @@ def test_worker_calls_share_one_rate_per_user(settings, writer, model_admin, cli
     ("variable", "value", "says"),
     [
         ("RATE_LIMIT_MODEL_LOADS_PER_HOUR", "ten", "is not an integer"),
-        ("RATE_LIMIT_GENERATIONS_PER_MINUTE", "-1", "must be at least 0"),
+        ("RATE_LIMIT_GENERATION_TOKENS_PER_MINUTE", "-1", "must be at least 0"),
         ("MAX_ACTIVE_JOBS_PER_USER", "2.5", "is not an integer"),
         ("NUM_PROXIES", "-1", "must be at least 0"),
     ],

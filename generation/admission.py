@@ -1,0 +1,83 @@
+"""What a generation request costs, and whether it may start now.
+
+**The unit: a work token.** A row costs the tokens of its prompt plus the tokens it may generate
+(``max_tokens``). Prompts are tokenized on the worker, so admission counts a prompt's characters
+divided by ``CHARACTERS_PER_TOKEN`` (at least one token). A request of 16 prompts costs 16 rows; a
+sweep of 8 strengths costs its 9 rows. Every limit on generation counts in this unit:
+
+* **In flight, per user** (``GENERATION_USER_MAX_TOKENS_IN_FLIGHT``): the work of a user's queued
+  and running rows, this request's included. Beyond it, 429 ``RATE_LIMITED`` (scope
+  ``generation_in_flight``) with ``Retry-After``; nothing is written. A user with nothing in flight
+  is always admitted (as far as the worker's own limit allows), so one large request still runs.
+  An explanation job's own requests (through ``/v1``) are its owner's, and count the same.
+* **In flight, per worker** (``GENERATION_MAX_TOKENS_IN_FLIGHT``): the work of every queued and
+  running row of the models a worker hosts. Beyond it, 503 ``MODEL_BUSY`` with ``Retry-After``.
+* **Per minute, per user** (``RATE_LIMIT_GENERATION_TOKENS_PER_MINUTE``): the work admitted in the
+  last minute (``mistudio.throttling.charge_work``); 429 ``RATE_LIMITED`` (scope ``generation``).
+
+Requests take turns here (an advisory lock on PostgreSQL; SQLite's transactions are already
+``IMMEDIATE``), so concurrent requests cannot all take the last share. Admission runs before any
+row, stream or queue entry exists: a refusal leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import math
+
+from django.conf import settings
+from django.db.models import Q, Sum
+
+from generation.models import Generation
+from mistudio.errors import ApplicationError, rate_limited
+from mistudio.throttling import charge_work
+from mistudio.transaction_locks import take_turns
+
+CHARACTERS_PER_TOKEN = 4
+# PostgreSQL advisory lock that generation admissions take turns on ("mistudio-gen").
+GENERATION_ADMISSION_LOCK = 0x6D69_7374_2D67_656E
+# When a share is likely to free: rows finish in seconds on a loaded model.
+USER_RETRY_AFTER_SECONDS = 2
+BUSY_RETRY_AFTER_SECONDS = 5
+
+
+def row_work(text: str, max_tokens: int) -> int:
+    """A row's work tokens: its prompt (estimated from its characters) plus what it may generate."""
+    return max(1, math.ceil(len(text) / CHARACTERS_PER_TOKEN)) + max_tokens
+
+
+def _in_flight(rows) -> int:
+    return rows.filter(status__in=Generation.ACTIVE).aggregate(total=Sum("work_tokens"))["total"] or 0
+
+
+def generation_admit(*, owner, host: str, tokens: int) -> None:
+    """Admit ``tokens`` of work for ``owner`` on the worker ``host`` (see the module docstring), or
+    raise 429 / 503. Call it inside the transaction that creates the rows, just before."""
+    take_turns(GENERATION_ADMISSION_LOCK)
+    user = owner if getattr(owner, "is_authenticated", False) else None
+    per_user = settings.GENERATION_USER_MAX_TOKENS_IN_FLIGHT
+    if user is not None and per_user:
+        mine = _in_flight(Generation.objects.filter(owner=user))
+        if mine and mine + tokens > per_user:
+            raise rate_limited(
+                f"You have {mine:,} tokens of generation in flight; with this request's {tokens:,} that "
+                f"is more than one user's share ({per_user:,}). Send it again when your requests end.",
+                retry_after_seconds=USER_RETRY_AFTER_SECONDS,
+                details={
+                    "scope": "generation_in_flight", "limit": per_user, "in_flight": mine,
+                    "request": tokens, "unit": "tokens",
+                },
+            )  # fmt: skip
+    total = settings.GENERATION_MAX_TOKENS_IN_FLIGHT
+    if total:
+        hosted = Generation.objects.filter(Q(host_worker=host) | Q(host_worker="", model__host_worker=host))
+        everyone = _in_flight(hosted)
+        if everyone and everyone + tokens > total:
+            raise ApplicationError(
+                "MODEL_BUSY",
+                f"The model's worker has {everyone:,} tokens of generation in flight, its most is "
+                f"{total:,}: send this request again in a few seconds.",
+                status=503,
+                details={"retry_after_seconds": BUSY_RETRY_AFTER_SECONDS, "limit": total, "unit": "tokens"},
+            )
+    if user is not None:
+        charge_work(scope="generation", user=user, tokens=tokens, what="generation work")

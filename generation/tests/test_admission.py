@@ -1,0 +1,135 @@
+"""Admission of generation work (``generation.admission``): counted in work tokens (prompt + the
+tokens a row may generate), bounded per user and per worker while in flight, and per minute.
+
+The model is ``ready`` on a worker that never runs anything here: admitted rows stay queued, so
+what is in flight is exactly what the test put there. Refusals are checked at the HTTP doors.
+"""
+
+import pytest
+
+from generation.admission import row_work
+from generation.models import Generation
+from generation.services import SamplingRequest, generation_request, generations_withdraw
+from mistudio.errors import ApplicationError
+from models_app.models import LanguageModel
+
+pytestmark = pytest.mark.django_db
+
+
+def queue(model, owner, prompts: list[str], max_tokens: int) -> list[Generation]:
+    return generation_request(
+        model_id=model.id, owner=owner, prompts=prompts, sampling=SamplingRequest(max_tokens=max_tokens)
+    )
+
+
+def assert_refused(response, *, status: int, code: str) -> dict:
+    assert response.status_code == status, response.content
+    error = response.json()["error"]
+    assert error["code"] == code
+    assert int(response["Retry-After"]) == error["details"]["retry_after_seconds"] >= 1
+    return error
+
+
+def test_a_row_costs_its_prompt_and_the_tokens_it_may_generate(ready_model, writer):
+    assert row_work("abcdefgh", 100) == 2 + 100 and row_work("a", 0) == 1
+    rows = queue(ready_model, writer, ["x" * 40, "y" * 4], max_tokens=50)
+    assert [row.work_tokens for row in rows] == [60, 51]
+
+
+def test_a_user_over_their_share_in_flight_is_refused_and_nothing_is_written(
+    settings, ready_model, writer, model_admin, client_for
+):
+    settings.GENERATION_USER_MAX_TOKENS_IN_FLIGHT = 1000
+    queue(ready_model, writer, ["Hello"] * 4, max_tokens=201)  # 4 x 203 = 812 in flight
+    before = Generation.objects.count()
+
+    # 16 prompts of 10 tokens: 16 x 12 = 192 more, 1,004: over 1,000. Refused before any row is written.
+    body = {"model_id": ready_model.id, "prompt": ["Hello"] * 16, "max_tokens": 10}
+    error = assert_refused(
+        client_for(writer).post("/api/generate", body, format="json"), status=429, code="RATE_LIMITED"
+    )
+    assert error["details"] | {"retry_after_seconds": 0} == {
+        "scope": "generation_in_flight", "limit": 1000, "in_flight": 812, "request": 192, "unit": "tokens",
+        "retry_after_seconds": 0,
+    }  # fmt: skip
+    chat = {"model": ready_model.id, "messages": [{"role": "user", "content": "Hi" * 400}], "max_tokens": 10}
+    refused = client_for(writer).post("/v1/chat/completions", chat, format="json")
+    assert refused.status_code == 429 and refused.json()["error"]["type"] == "rate_limit_error"
+    # A sweep costs its rows, the baseline's and each strength's: 6 x (1 + 40) = 246.
+    steer = {"type": "add", "hook": "blocks.0.hook_resid_post", "vector": [0.5] * ready_model.hidden_size}
+    sweep = {"model_id": ready_model.id, "prompt": "Hi", "intervention": steer, "max_tokens": 40}
+    refused_sweep = client_for(writer).post("/api/generate/sweep", sweep, format="json")
+    assert_refused(refused_sweep, status=429, code="RATE_LIMITED")
+    assert refused_sweep.json()["error"]["details"]["request"] == 6 * 41
+    assert Generation.objects.count() == before
+
+    # Another user's share is their own.
+    assert len(queue(ready_model, model_admin, ["Hello"] * 16, max_tokens=10)) == 16
+    # Rows that end leave the count: the same request is admitted once the first ones are withdrawn.
+    generations_withdraw([row.id for row in Generation.objects.filter(owner=writer)])
+    assert len(queue(ready_model, writer, ["Hello"] * 16, max_tokens=10)) == 16
+
+
+def test_a_lone_request_larger_than_a_share_runs_but_not_beside_another(settings, ready_model, writer):
+    settings.GENERATION_USER_MAX_TOKENS_IN_FLIGHT = 100
+    (big,) = queue(ready_model, writer, ["Hello"], max_tokens=500)
+    assert big.work_tokens == 502
+    with pytest.raises(ApplicationError) as refused:
+        queue(ready_model, writer, ["Hello"], max_tokens=1)
+    assert refused.value.status == 429 and refused.value.details["in_flight"] == 502
+
+
+def test_a_full_worker_is_503_model_busy_for_everyone(settings, ready_model, writer, model_admin, client_for):
+    settings.GENERATION_MAX_TOKENS_IN_FLIGHT = 2000
+    queue(ready_model, writer, ["Hello"] * 8, max_tokens=240)  # 8 x 242 = 1,936
+    body = {"model_id": ready_model.id, "prompt": "Hello", "max_tokens": 100}
+    error = assert_refused(
+        client_for(model_admin).post("/api/generate", body, format="json"), status=503, code="MODEL_BUSY"
+    )
+    assert error["details"]["limit"] == 2000 and "2,000" in error["message"]
+    # Rows of another worker's models do not count against this one.
+    other = LanguageModel.objects.create(
+        name="other", source="local", identifier="/x", model_type="gpt2", owner=model_admin,
+        status=LanguageModel.Status.READY, host_worker="other-worker",
+    )  # fmt: skip
+    assert len(queue(other, model_admin, ["Hello"], max_tokens=100)) == 1
+
+
+def test_the_rate_counts_work_per_minute_not_requests(settings, ready_model, writer, model_admin, client_for):
+    rates = {**settings.REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"], "generation": "1000/minute"}
+    settings.REST_FRAMEWORK = {**settings.REST_FRAMEWORK, "DEFAULT_THROTTLE_RATES": rates}
+    queue(ready_model, writer, ["Hello"] * 16, max_tokens=50)  # 16 x 52 = 832 tokens, one request
+    rows = queue(ready_model, writer, ["Hello"], max_tokens=100)  # 102 more: 934
+    generations_withdraw([row.id for row in Generation.objects.filter(owner=writer)])  # in flight: 0
+
+    body = {"model_id": ready_model.id, "prompt": "Hello", "max_tokens": 100}
+    error = assert_refused(
+        client_for(writer).post("/api/generate", body, format="json"), status=429, code="RATE_LIMITED"
+    )
+    assert error["details"]["scope"] == "generation" and error["details"]["used"] == 934
+    assert error["details"]["limit"] == 1000 and error["details"]["period_seconds"] == 60
+    assert "1,000 tokens per minute" in error["message"]
+    # Small enough to fit what is left of the minute: admitted.
+    assert len(queue(ready_model, writer, ["Hi"], max_tokens=60)) == 1 and rows
+    # Per user.
+    assert len(queue(ready_model, model_admin, ["Hello"] * 16, max_tokens=50)) == 16
+
+
+def test_a_jobs_own_requests_count_as_its_owners_share(settings, ready_model, writer):
+    """An explanation job's requests through /v1 (with its job token) are its owner's work: they
+    no longer skip the limits, and they meet the owner's other generations in one share."""
+    from rest_framework.test import APIClient
+
+    from mistudio.authentication import job_token_for
+    from saes.models import SaeGroup
+
+    settings.GENERATION_USER_MAX_TOKENS_IN_FLIGHT = 300
+    queue(ready_model, writer, ["Hello"], max_tokens=200)  # the owner's own chat: 202 in flight
+    job = SaeGroup.objects.create(status="running", owner=writer)
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {job_token_for(job)}")
+    body = {"model": ready_model.id, "messages": [{"role": "user", "content": "Explain"}], "max_tokens": 100}
+    refused = client.post("/v1/chat/completions", body, format="json")
+    assert refused.status_code == 429 and refused.json()["error"]["code"] == "RATE_LIMITED"
+    assert int(refused["Retry-After"]) >= 1
+    assert Generation.objects.filter(owner=writer).count() == 1
