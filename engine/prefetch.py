@@ -3,8 +3,9 @@
 :func:`prefetched` is the reading side of the extraction pipeline (whose writing side is
 ``activations.store.BackgroundWriter``): SAE training reads its shuffled batches from the cache
 (memory-mapped reads, concatenation, a permutation) on a thread, at most ``depth`` batches ahead,
-while the training step runs. With ``pin_memory`` the batches are page-locked there, so the
-step's ``batch.to("cuda", non_blocking=True)`` is a real asynchronous copy.
+while the training step runs. With ``pin_memory`` the batches are page-locked there (the batch of
+a ``(batch, position)`` pair too), so the step's ``batch.to("cuda", non_blocking=True)`` is a real
+asynchronous copy.
 """
 
 from __future__ import annotations
@@ -22,6 +23,13 @@ _END = object()
 class _Failed:
     def __init__(self, error: BaseException) -> None:
         self.error = error
+
+
+def _pinned(item: Any) -> Any:
+    """``item`` page-locked: a tensor, or the tensors of a tuple (a batch with its stream position)."""
+    if isinstance(item, tuple):
+        return tuple(_pinned(part) for part in item)
+    return item.pin_memory() if hasattr(item, "pin_memory") else item
 
 
 def prefetched(items: Iterable[Any], *, depth: int = 2, pin_memory: bool = False) -> Iterator[Any]:
@@ -48,8 +56,8 @@ def prefetched(items: Iterable[Any], *, depth: int = 2, pin_memory: bool = False
     def produce() -> None:
         try:
             for item in items:
-                if pin_memory and hasattr(item, "pin_memory"):
-                    item = item.pin_memory()
+                if pin_memory:
+                    item = _pinned(item)
                 if not put(item):
                     return
             put(_END)

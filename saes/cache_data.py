@@ -2,18 +2,24 @@
 
 The last ``HOLDOUT_FRACTION`` of a cache's tokens (from a sample boundary on) are held out:
 training never sees them, evaluation reads only them, and CE loss recovered runs the model on
-the token ids of those samples. Reads are shard by shard through the store's memory maps.
+the token ids of those samples. Reads are shard by shard through the store's memory maps. A
+training's stream opens again at the position its checkpoint saved (:func:`training_batches`): a
+time-sliced training resumes reading a buffer's worth of rows, not everything it trained on.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from activations.store import ActivationStore
 from engine.budgets import mean_encoding_rows
+
+if TYPE_CHECKING:
+    from engine.sae.data import StreamPosition
 
 CHUNK_ROWS = 16384  # rows per read: a few MB for the widths of small models
 INIT_SAMPLE_ROWS = 8192  # rows that set the scaling factor and b_dec, spread over the training part
@@ -66,6 +72,34 @@ def row_chunks(store: ActivationStore, hook: str, start: int, stop: int, *, epoc
     for _ in range(epochs):
         for low in range(start, stop, CHUNK_ROWS):
             yield store.get(hook, low, min(stop, low + CHUNK_ROWS), as_torch=True)
+
+
+def training_batches(
+    store: ActivationStore,
+    hook: str,
+    stop: int,
+    *,
+    batch_size: int,
+    seed: int,
+    epochs: int,
+    start: StreamPosition | None = None,
+) -> Iterator:
+    """The training's shuffled batches of rows ``[0, stop)`` of ``hook``, ``epochs`` times over,
+    ``CHUNK_ROWS`` read at a time, each with its stream position (what a checkpoint keeps); from
+    ``start``, a position one of them gave, the batches that followed it, reading only the rows the
+    buffer held then (by number) and the cache on from there. The batches are those of
+    :func:`row_chunks` through ``shuffled_batches``."""
+    from engine.sae.data import RowSource, resumable_batches  # torch: the worker's, not the web's
+
+    source = RowSource(
+        count=stop,
+        read=lambda low, high: store.get(hook, low, high, as_torch=True),
+        gather=lambda numbers: store.gather(hook, numbers.numpy(), as_torch=True),
+    )
+    return resumable_batches(
+        source, epochs=epochs, batch_size=batch_size, buffer_rows=SHUFFLE_BUFFER_BATCHES * batch_size,
+        seed=seed, chunk_rows=CHUNK_ROWS, start=start,
+    )  # fmt: skip
 
 
 def spread_sample(store: ActivationStore, hook: str, stop: int, rows: int = INIT_SAMPLE_ROWS):

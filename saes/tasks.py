@@ -18,7 +18,7 @@ from activations.services import DatasetReader
 from activations.store import ActivationStore
 from engine.prefetch import prefetched
 from engine.registry import LOADED_MODELS
-from engine.sae import TrainingCheckpoint, shuffled_batches, train
+from engine.sae import TrainingCheckpoint, train
 from engine.sae.evaluation import ce_loss_recovered, evaluate_activations, log_feature_density
 from engine.sae.formats import (
     load_circuit_tracer_layer,
@@ -42,6 +42,7 @@ from saes.cache_data import (
     holdout_sequences,
     row_chunks,
     spread_sample,
+    training_batches,
 )
 from saes.models import SaeEvaluation, SaeGroup, SparseAutoencoder
 from saes.selectors import CIRCUIT_TRACER_FOLDER
@@ -152,9 +153,10 @@ def open_cache(cache: ActivationCache | None, hook: str) -> ActivationStore:
 @job_task(SparseAutoencoder, timeout=7 * DAY)
 def run_sae_training(sae: SparseAutoencoder, job: JobContext) -> None:
     """Train the SAE on its cache, streamed and shuffled from disk, with progress events and a
-    checkpoint every ``SAE_CHECKPOINT_EVERY_STEPS`` steps; then save it in SAELens' layout and
-    evaluate it on the held-out part. A retried job (after a worker died) continues from the last
-    checkpoint."""
+    checkpoint every ``SAE_CHECKPOINT_EVERY_STEPS`` steps (and when its time slice ends); then save
+    it in SAELens' layout and evaluate it on the held-out part. A retried or resumed job continues
+    from the last checkpoint, its stream opened at the checkpoint's position (one from before
+    positions replays the stream to its step)."""
     store = open_cache(sae.cache, sae.hook_name)
     split = cache_split(store, HOLDOUT_FRACTION)
     config = training_config(sae)
@@ -184,15 +186,13 @@ def run_sae_training(sae: SparseAutoencoder, job: JobContext) -> None:
     device = job.worker.compute_device  # the worker's: a GPU worker trains on its GPU
     # Batches are read and shuffled on a thread while the step runs (page-locked for a GPU).
     batches = prefetched(
-        shuffled_batches(
-            row_chunks(store, sae.hook_name, 0, split.train_stop, epochs=epochs),
-            batch_size=config.batch_size,
-            buffer_rows=SHUFFLE_BUFFER_BATCHES * config.batch_size,
-            seed=config.seed,
+        training_batches(
+            store, sae.hook_name, split.train_stop, batch_size=config.batch_size, seed=config.seed,
+            epochs=epochs, start=checkpoint.stream if checkpoint is not None else None,
         ),
         depth=PREFETCH_BATCHES,
         pin_memory=device.startswith("cuda"),
-    )
+    )  # fmt: skip
     with contextlib.closing(batches):
         trained = train(
             batches,

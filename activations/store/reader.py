@@ -17,12 +17,14 @@ from activations.store.format import (
     ACTIVATIONS_TENSOR,
     CACHE_CORRUPT,
     CACHE_INCOMPLETE,
+    DTYPES,
     STATUS_COMPLETE,
     TOKENS_DIR,
     TOKENS_FILE,
     CacheError,
     _inside,
     _memmap_safetensors,
+    _read_header,
     _read_manifest,
     _shard_file_name,
     _size_bytes,
@@ -31,6 +33,10 @@ from activations.store.format import (
     token_columns,
 )
 from activations.store.integrity import _manifest_problems
+
+# How each cache dtype's values lie in a shard, for numpy's memory maps: numpy has no bfloat16, so
+# its 16 bits are mapped as int16 (torch views them as bfloat16; numpy widens them to float32).
+_STORED_NUMPY_DTYPES = {"float32": np.dtype("<f4"), "float16": np.dtype("<f2"), "bfloat16": np.dtype("<i2")}
 
 # --- Reading ---------------------------------------------------------------------------------------
 
@@ -194,20 +200,48 @@ class ActivationStore(StoreAnalysis):
         arrays = [self._as_numpy(block) for block in blocks]
         return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
 
-    def _gather(self, hook: str, rows: np.ndarray) -> np.ndarray:
-        """The given rows (any order), reading each contiguous run once."""
+    def gather(self, hook: str, rows: Any, *, as_torch: bool = False):
+        """Rows of ``hook`` by number (any order, repeats allowed), in the order given.
+
+        Read through each shard's memory map, so only the pages holding them are read however far
+        apart they lie (a resumed training's shuffle buffer: rows scattered over the stream). The
+        values and types are :meth:`get`'s: numpy (bf16 widened to float32) or, with
+        ``as_torch``, a tensor in the stored dtype."""
         width = self._width(hook)
-        if len(rows) == 0:
-            return np.empty((0, width), dtype=_NUMPY_DTYPES[self.dtype])
-        ordered = np.unique(rows)
-        breaks = np.flatnonzero(np.diff(ordered) != 1) + 1
-        runs = np.split(ordered, breaks)
-        values = np.concatenate([self.get(hook, int(run[0]), int(run[-1]) + 1) for run in runs])
-        return values[np.searchsorted(ordered, rows)]
+        rows = np.asarray(rows, dtype=np.int64)
+        if len(rows) and (rows.min() < 0 or rows.max() >= self.num_tokens):
+            raise IndexError(f"rows outside the cache's {self.num_tokens}")
+        ordered, order = np.unique(rows, return_inverse=True)
+        stored = np.empty((len(ordered), width), dtype=_STORED_NUMPY_DTYPES[self.dtype])
+        shard_of = np.searchsorted(self._starts, ordered, side="right") - 1
+        for position in np.unique(shard_of):
+            picked = shard_of == position
+            shard = self._shards[int(position)]
+            stored[picked] = self._mapped_shard(hook, shard)[ordered[picked] - shard["token_start"]]
+        values = stored[order.reshape(-1)]
+        if as_torch:
+            tensor = _torch().from_numpy(values)
+            return tensor.view(_torch_dtype("bfloat16")) if self.dtype == "bfloat16" else tensor
+        if self.dtype == "bfloat16":  # a bf16 value is the top half of the float32 of the same value
+            return (values.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+        return values
+
+    def _mapped_shard(self, hook: str, shard: dict) -> np.ndarray:
+        """A read-only numpy memory map of one shard's activations (nothing read until indexed)."""
+        path = self._shard_path(hook, shard)
+        header, data_start = _read_header(path)
+        info = header[ACTIVATIONS_TENSOR]
+        begin, _end = info["data_offsets"]
+        dtype = _STORED_NUMPY_DTYPES[self.dtype]
+        if info["dtype"] != DTYPES[self.dtype]:
+            raise CacheError(
+                CACHE_CORRUPT, f"{path.name} holds {info['dtype']}, not the cache's {self.dtype}."
+            )
+        return np.memmap(path, dtype=dtype, mode="r", offset=data_start + begin, shape=tuple(info["shape"]))
 
     def sample(self, hook: str, sample_index: int) -> np.ndarray:
         """One sample's rows of ``hook`` in position order (empty when it has no stored token)."""
-        return self._gather(hook, self._sample_rows(sample_index))
+        return self.gather(hook, self._sample_rows(sample_index))
 
     def _blocks(
         self, hook: str, stop: int, rows_per_block: int, *, column: int | None = None

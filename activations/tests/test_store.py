@@ -210,6 +210,26 @@ def test_get_across_shard_boundaries(cache, start, stop):
         )
 
 
+def test_gather_reads_rows_by_number_in_any_order_as_get_does(cache):
+    """Rows scattered over every shard, out of order and repeated: the values and dtypes of
+    ``get``, as numpy and as torch (a bf16 cache's bits, a resumed training's buffer)."""
+    opened, expected = cache
+    rows = np.random.default_rng(0).permutation(opened.num_tokens)[: opened.num_tokens // 2]
+    rows = np.concatenate([rows, rows[:5], [0, opened.num_tokens - 1]])
+    for hook in HOOKS:
+        everything = opened.get(hook)
+        gathered = opened.gather(hook, rows)
+        assert gathered.dtype == everything.dtype
+        np.testing.assert_array_equal(gathered, everything[rows])
+        np.testing.assert_array_equal(gathered.astype(np.float32), expected[hook][rows])
+        tensor = opened.gather(hook, torch.from_numpy(rows), as_torch=True)
+        assert tensor.dtype == TORCH_DTYPES[opened.dtype]
+        assert torch.equal(tensor, opened.get(hook, as_torch=True)[torch.from_numpy(rows)])
+    assert opened.gather(hook, []).shape == (0, HOOKS[hook])
+    with pytest.raises(IndexError):
+        opened.gather(hook, [opened.num_tokens])
+
+
 def test_sample_in_position_order(cache):
     opened, expected = cache
     hook = "module:transformer.h.0.mlp"

@@ -15,6 +15,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+from engine.sae.data import StreamPosition
+
 if TYPE_CHECKING:
     from engine.sae.training import TrainingConfig
 
@@ -27,11 +29,14 @@ SAE_PARAMETERS: tuple[str, ...] = ("W_enc", "W_dec", "b_enc", "b_dec")
 @dataclass
 class TrainingCheckpoint:
     """Everything :func:`train` carries from one step to the next, so that a training stopped
-    (even by SIGKILL) continues exactly: fed the same batch stream from its beginning, it skips
-    the ``step`` batches already trained on and ends with the tensors an uninterrupted run gives.
+    (even by SIGKILL) continues exactly and ends with the tensors an uninterrupted run gives: fed
+    its batch stream opened at ``stream`` (the position of a stream that can be opened in the
+    middle, :func:`engine.sae.data.resumable_batches`), or, without one, fed the same stream from
+    its beginning, skipping the ``step`` batches already trained on.
 
     Stored as ``checkpoint.safetensors`` (the tensors) and ``checkpoint.json`` (the rest):
-    nothing is pickled, so a checkpoint from elsewhere cannot run code when it is read.
+    nothing is pickled, so a checkpoint from elsewhere cannot run code when it is read. One
+    written before stream positions has none, and resumes by skipping.
     """
 
     # The TrainingConfig as a dict (``dataclasses.asdict``): a resume under another is refused.
@@ -53,6 +58,8 @@ class TrainingCheckpoint:
     # A transcoder's output width and the factor its targets were scaled by.
     d_out: int | None = None
     output_scaling: float | None = None
+    # Where the batch stream stood after ``step``; None for a stream that can only be replayed.
+    stream: StreamPosition | None = None
 
     def save(self, folder: Path) -> None:
         """Write the checkpoint into ``folder`` (created if need be), replacing the one there.
@@ -68,6 +75,8 @@ class TrainingCheckpoint:
         tensors["steps_since_fired"] = self.steps_since_fired
         if self.log_threshold is not None:
             tensors["log_threshold"] = self.log_threshold
+        if self.stream is not None:
+            tensors |= {f"stream.{name}": tensor for name, tensor in self.stream.buffer.items()}
         description = {
             "format": CHECKPOINT_FORMAT,
             "config": self.config,
@@ -80,6 +89,12 @@ class TrainingCheckpoint:
             "d_out": self.d_out,
             "output_scaling": self.output_scaling,
         }
+        if self.stream is not None:
+            description["stream"] = {
+                "batches": self.stream.batches,
+                "rows_given": self.stream.rows_given,
+                "rows_taken": self.stream.rows_taken,
+            }
         (folder / CHECKPOINT_DESCRIPTION).unlink(missing_ok=True)
         fsync_directory(folder)
         metadata = {"format": str(CHECKPOINT_FORMAT), "step": str(self.step)}
@@ -108,6 +123,7 @@ class TrainingCheckpoint:
         if tensors_step != str(description["step"]):
             raise ValueError(f"{tensors_path} holds step {tensors_step}, its json step {description['step']}")
         tensors = load_file(tensors_path)
+        stream = description.get("stream")  # absent from a checkpoint written before positions
         return cls(
             config=description["config"],
             d_in=description["d_in"],
@@ -115,21 +131,14 @@ class TrainingCheckpoint:
             tokens=description["tokens"],
             scaling=description["scaling"],
             elapsed_seconds=description["elapsed_seconds"],
-            parameters={
-                name.removeprefix("sae."): tensor
-                for name, tensor in tensors.items()
-                if name.startswith("sae.")
-            },
+            parameters=_prefixed(tensors, "sae."),
             log_threshold=tensors.get("log_threshold"),
-            optimizer_state={
-                name.removeprefix("adam."): tensor
-                for name, tensor in tensors.items()
-                if name.startswith("adam.")
-            },
+            optimizer_state=_prefixed(tensors, "adam."),
             steps_since_fired=tensors["steps_since_fired"],
             history=description["history"],
             d_out=description.get("d_out"),
             output_scaling=description.get("output_scaling"),
+            stream=StreamPosition(**stream, buffer=_prefixed(tensors, "stream.")) if stream else None,
         )
 
     def check_continues(self, config: TrainingConfig, d_in: int, d_out: int | None = None) -> None:
@@ -148,6 +157,11 @@ class TrainingCheckpoint:
                 f"the checkpoint was written for d_in {self.d_in} and d_out {self.d_out}, "
                 f"not {d_in} and {d_out}"
             )
+
+
+def _prefixed(tensors: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
+    """The tensors named ``<prefix><name>``, by name."""
+    return {name.removeprefix(prefix): tensor for name, tensor in tensors.items() if name.startswith(prefix)}
 
 
 def replace_durably(path: Path, write: Callable[[Path], object]) -> None:

@@ -3,11 +3,17 @@
 The same buffer serves a cache read from disk and activations fresh from the model; what comes
 out depends on the rows that go in and the seed, never on how they were cut into chunks, so a
 training from the model and one from a cache of the very same activations see the same batches.
+
+A stream of rows that can be read again by number (a cache) is opened in the middle by
+:func:`resumable_batches`: each batch comes with its :class:`StreamPosition`, which a training
+checkpoint keeps, and a training resumed from it reads the rows its buffer held and the source on
+from where the buffer stopped, never the batches it trained on before.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -114,3 +120,85 @@ def shuffled_batches(
     buffer.end()
     while (batch := buffer.next_batch()) is not None:
         yield batch
+
+
+@dataclass(frozen=True)
+class RowSource:
+    """Rows numbered ``0 .. count - 1`` (a cache's training part) that can be read in order,
+    ``read(low, high)`` giving rows ``[low, high)``, and by number, ``gather(numbers)`` giving
+    those rows in that order: what a stream needs to be opened again in the middle."""
+
+    count: int
+    read: Callable[[int, int], torch.Tensor]
+    gather: Callable[[torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class StreamPosition:
+    """Where a :func:`resumable_batches` stream stands after a batch: all that opening it there
+    again needs, and no activations: the shuffle buffer is kept as the numbers of the rows it
+    holds (8 bytes a row, whatever the width) with its generator's state."""
+
+    batches: int  # batches given out so far
+    rows_given: int  # rows in them (a training's tokens)
+    rows_taken: int  # rows of the source the buffer has taken, epochs included
+    buffer: dict[str, torch.Tensor]  # ShuffleBuffer.state_dict() of the rows' numbers
+
+
+def resumable_batches(
+    source: RowSource,
+    *,
+    epochs: int,
+    batch_size: int,
+    buffer_rows: int,
+    seed: int = 0,
+    chunk_rows: int,
+    start: StreamPosition | None = None,
+) -> Iterator[tuple[torch.Tensor, StreamPosition]]:
+    """:func:`shuffled_batches` of ``source``'s rows, ``epochs`` times over, read ``chunk_rows`` at a
+    time: each batch with the position after it. From ``start`` (a position this stream gave, of
+    the same source and arguments), the batches are those that followed it.
+
+    Beside the rows, a second buffer with the same seed shuffles their numbers: it takes the same
+    sizes, so it draws the same permutations and holds the numbers of the rows the first holds, in
+    their order. Its state is the position's; opening at a position loads it, gathers the rows it
+    names and reads the source on from ``rows_taken``: a buffer's worth of rows, however far the
+    stream had gone. Reads start on multiples of ``chunk_rows`` within an epoch, as they would
+    have without the stop (what comes out does not depend on it, but the reads stay aligned)."""
+    if source.count < 1 or epochs < 1:
+        raise ValueError("need a source with rows and epochs >= 1")
+    rows = ShuffleBuffer(batch_size=batch_size, buffer_rows=buffer_rows, seed=seed)
+    numbers = ShuffleBuffer(batch_size=batch_size, buffer_rows=buffer_rows, seed=seed)
+    batches = rows_given = rows_taken = 0
+    if start is not None:
+        held = start.buffer["rows"].long()
+        if start.rows_taken > epochs * source.count or (len(held) and int(held.max()) >= source.count):
+            raise ValueError("the position is not one of this stream: it names rows the source lacks")
+        numbers.load_state_dict(start.buffer)
+        rows.load_state_dict({**start.buffer, "rows": source.gather(held) if len(held) else held})
+        batches, rows_given, rows_taken = start.batches, start.rows_given, start.rows_taken
+
+    def positioned(batch: torch.Tensor) -> tuple[torch.Tensor, StreamPosition]:
+        nonlocal batches, rows_given
+        numbers.next_batch()  # the same batch's numbers: the buffers move together
+        batches += 1
+        rows_given += len(batch)
+        return batch, StreamPosition(batches, rows_given, rows_taken, numbers.state_dict())
+
+    while True:  # the batches the buffer can give before reading (opened midway: maybe some)
+        while (batch := rows.next_batch()) is not None:
+            yield positioned(batch)
+        if rows_taken == epochs * source.count:
+            break
+        low = rows_taken % source.count
+        high = min(source.count, (low // chunk_rows + 1) * chunk_rows)
+        chunk = source.read(low, high)
+        if len(chunk) != high - low:  # the buffers would no longer move together
+            raise ValueError(f"the source gave {len(chunk)} rows for [{low}, {high})")
+        rows.add(chunk)
+        numbers.add(torch.arange(low, high))
+        rows_taken += high - low
+    rows.end()
+    numbers.end()
+    while (batch := rows.next_batch()) is not None:
+        yield positioned(batch)

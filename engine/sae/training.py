@@ -18,12 +18,15 @@
 * A feature is dead when it has not fired for ``dead_after_steps`` steps
   (:func:`default_dead_after_steps`: a tenth of the run, at most 1,000).
 * **Checkpoints** (:class:`engine.sae.checkpoint.TrainingCheckpoint`): all the state the loop
-  carries, as safetensors + JSON. Resuming from one on the same batch stream ends with the very
-  tensors an uninterrupted training gives.
+  carries, as safetensors + JSON, with the batch stream's position when the stream gives one
+  (:func:`engine.sae.data.resumable_batches`). Resuming from one on the same batch stream, opened
+  at that position or replayed from its beginning, ends with the very tensors an uninterrupted
+  training gives.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -33,6 +36,7 @@ from typing import Any
 import torch
 
 from engine.sae.checkpoint import SAE_PARAMETERS, TrainingCheckpoint
+from engine.sae.data import StreamPosition
 from engine.sae.losses import JumpReLUFunction, StepFunction, aux_k_loss
 from engine.sae.model import SaeShape, SparseAutoencoder
 from engine.sae_architectures import (
@@ -323,7 +327,9 @@ class SaeTrainer:
         """Training time so far, over every process that trained this SAE."""
         return self.elapsed_before + self.seconds
 
-    def checkpoint(self) -> TrainingCheckpoint:
+    def checkpoint(self, stream: StreamPosition | None = None) -> TrainingCheckpoint:
+        """The state carried to the next step, with ``stream``, the batch stream's position after
+        this step's batch, if it has one."""
         adam_state = self.optimizer.state_dict()["state"]
         log_threshold = self.log_threshold
         return TrainingCheckpoint(
@@ -346,6 +352,7 @@ class SaeTrainer:
             history=[asdict(metrics) for metrics in self.history],
             d_out=self.d_out,
             output_scaling=self.output_scaling,
+            stream=stream,
         )
 
     def finish(self, sample: torch.Tensor) -> TrainedSae:
@@ -382,7 +389,7 @@ def _trained_parameters(sae: SparseAutoencoder) -> list[str]:
 
 
 def train(
-    batches: Iterable[torch.Tensor],
+    batches: Iterable[torch.Tensor] | Iterable[tuple[torch.Tensor, StreamPosition]],
     *,
     d_in: int,
     config: TrainingConfig,
@@ -396,7 +403,8 @@ def train(
     device: str = "cpu",
 ) -> TrainedSae:
     """Train an SAE on ``batches`` (each [rows, d_in], shuffled already, e.g. by
-    :func:`engine.sae.data.shuffled_batches`) until ``config.total_tokens`` rows are seen or the
+    :func:`engine.sae.data.shuffled_batches`; or each with the stream's position after it, from
+    :func:`engine.sae.data.resumable_batches`) until ``config.total_tokens`` rows are seen or the
     batches end. ``sample`` (rows of the same activations) sets the scaling factor and ``b_dec``,
     and at the end batchtopk's inference threshold (:func:`batch_topk_threshold`).
     ``on_step`` gets every step's metrics; ``should_cancel()`` is asked before each step and
@@ -405,12 +413,15 @@ def train(
     ``on_checkpoint`` gets a :class:`TrainingCheckpoint` every ``checkpoint_every_steps`` steps
     (0: never), and after any step where ``checkpoint_due()`` says so (a job yielding its worker
     saves its state first), except after the last step: the caller keeps the result itself. An
-    exception it raises stops the training (the checkpoint is saved). To continue from
-    one, pass it as ``resume`` with the same config and the same ``batches`` *from their
-    beginning* (:func:`~engine.sae.data.shuffled_batches` repeats its order for a seed): the
-    first ``resume.step`` batches are skipped, not trained on, and the scaling and ``b_dec``
-    come from the checkpoint (``sample`` serves batchtopk's threshold only). The history
-    returned then starts with the checkpoint's, and ``on_step`` is called for the new steps only.
+    exception it raises stops the training (the checkpoint is saved). The checkpoint carries the
+    position of the step's batch when ``batches`` give positions. To continue from one, pass it
+    as ``resume`` with the same config and the same stream, opened at ``resume.stream``
+    (``resumable_batches(..., start=resume.stream)``: nothing before it is read again) or from its
+    beginning (:func:`~engine.sae.data.shuffled_batches` repeats its order for a seed; the only
+    way for a checkpoint without a position): then the first ``resume.step`` batches are read
+    and skipped, not trained on. The scaling and ``b_dec`` come from the checkpoint (``sample``
+    serves batchtopk's threshold only). The history returned then starts with the checkpoint's,
+    and ``on_step`` is called for the new steps only.
 
     Training runs on ``device`` (``"cuda:0"``: each batch is moved there); the SAE returned and
     the checkpoints are on the CPU.
@@ -422,10 +433,10 @@ def train(
     if (checkpoint_every_steps or checkpoint_due is not None) and on_checkpoint is None:
         raise ValueError("checkpoints need an on_checkpoint to hand them to")
     trainer = SaeTrainer(config, d_in=d_in, sample=sample, resume=resume, device=device)
-    batches = iter(batches)
+    items = _with_positions(batches)
     if resume is not None:
-        _skip_trained_batches(batches, steps=resume.step, tokens=resume.tokens)
-    for batch in batches:
+        items = _after_checkpoint(items, steps=resume.step, tokens=resume.tokens)
+    for batch, position in items:
         if trainer.done or (should_cancel is not None and should_cancel()):
             break
         metrics = trainer.step(batch)
@@ -434,7 +445,7 @@ def train(
         step = trainer.step_count
         periodic = checkpoint_every_steps and step % checkpoint_every_steps == 0
         if not trainer.done and (periodic or (checkpoint_due is not None and checkpoint_due())):
-            on_checkpoint(trainer.checkpoint())
+            on_checkpoint(trainer.checkpoint(stream=position))
     return trainer.finish(sample)
 
 
@@ -463,21 +474,46 @@ def _adam_state_dict(
     return {"state": state, "param_groups": optimizer.state_dict()["param_groups"]}
 
 
-def _skip_trained_batches(batches: Iterator[torch.Tensor], *, steps: int, tokens: int) -> None:
-    """Take the ``steps`` batches a checkpoint was trained on off ``batches``, checking they hold
-    its ``tokens`` rows: another stream would train on the wrong rows without a word."""
-    seen = 0
-    for _ in range(steps):
-        batch = next(batches, None)
-        if batch is None:
+def _with_positions(
+    batches: Iterable[torch.Tensor] | Iterable[tuple[torch.Tensor, StreamPosition]],
+) -> Iterator[tuple[torch.Tensor, StreamPosition | None]]:
+    """Each batch with the stream's position after it (None for a stream that gives none)."""
+    for item in batches:
+        yield item if isinstance(item, tuple) else (item, None)
+
+
+def _after_checkpoint(
+    items: Iterator[tuple[torch.Tensor, StreamPosition | None]], *, steps: int, tokens: int
+) -> Iterator[tuple[torch.Tensor, StreamPosition | None]]:
+    """``items`` from the batch after a checkpoint's ``steps`` batches on: a stream opened at its
+    position starts there; one from its beginning (or further back) is read up to it and those
+    batches skipped. Either way the batches before hold its ``tokens`` rows, or the stream is
+    refused: another stream would train on the wrong rows without a word."""
+    first = next(items, None)
+    if first is None:
+        raise ValueError(
+            f"the batches end before the checkpoint's step {steps}: not the stream it was trained on"
+        )
+    batch, position = first
+    # Batches and rows the stream gave before its first item (none unless it was opened midway).
+    before, seen = (position.batches - 1, position.rows_given - len(batch)) if position else (0, 0)
+    if before > steps:
+        raise ValueError(
+            f"the batches start after batch {before}, past the checkpoint's step {steps}: not its stream"
+        )
+    items = itertools.chain([first], items)
+    for _ in range(steps - before):
+        item = next(items, None)
+        if item is None:
             raise ValueError(
                 f"the batches end before the checkpoint's step {steps}: not the stream it was trained on"
             )
-        seen += len(batch)
+        seen += len(item[0])
     if seen != tokens:
         raise ValueError(
             f"the first {steps} batches hold {seen} rows, the checkpoint's {tokens}: not its stream"
         )
+    return items
 
 
 def fold_scaling(sae: SparseAutoencoder, scaling: float, output_scaling: float | None = None) -> None:

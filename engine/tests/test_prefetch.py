@@ -55,3 +55,14 @@ def test_a_caller_that_stops_early_stops_the_thread():
     assert threading.active_count() == before
     with pytest.raises(ValueError):
         next(prefetched([1], depth=0))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_the_batch_of_a_pair_is_page_locked_and_its_position_kept():
+    """A training's (batch, stream position) pairs: the batch pinned for the copy to the GPU."""
+    items = [(torch.full((4, 3), float(index)), {"batches": index + 1}) for index in range(5)]
+    got = list(prefetched(iter(items), depth=2, pin_memory=True))
+    assert len(got) == len(items)
+    for (batch, position), (source_batch, source_position) in zip(got, items, strict=True):
+        assert batch.is_pinned() and torch.equal(batch, source_batch) and position == source_position
