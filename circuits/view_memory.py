@@ -26,6 +26,7 @@ from django.conf import settings
 
 from engine.attribution.prunable import PRUNE_BYTES_PER_CELL, prune_memory_bytes
 from mistudio.errors import ApplicationError, rate_limited
+from mistudio.request_lifetime import release_database
 
 # The most links a view shows (a browser draws no more; 400 GRAPH_VIEW_TOO_LARGE past it), and
 # what each one takes while its JSON is built and rendered (380 bytes measured, nodes included).
@@ -87,6 +88,7 @@ def view_memory(nbytes: int, *, what: str, advice: str, viewer: object = None) -
         while (mine := viewer is not None and viewer in _viewing) or _held + nbytes > limit:
             left = deadline - time.monotonic()
             if left > 0:
+                release_database()
                 _changed.wait(left)
             elif mine:
                 raise rate_limited(

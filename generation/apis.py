@@ -40,6 +40,7 @@ from mistudio import roles
 from mistudio.async_api import authenticated_user, json_body, validated
 from mistudio.errors import ApplicationError, error_body, error_response
 from mistudio.permissions import CanRead, CanWrite
+from mistudio.request_lifetime import release_database
 
 
 def cancelled_meanwhile() -> bool:
@@ -57,7 +58,7 @@ async def generation_events(generation_id: str) -> AsyncIterator[dict[str, Any]]
     """:func:`read_events` of one generation, ended by a cancellation even when redis-py hid it."""
 
     async def check():
-        return await sync_to_async(generation_check)(generation_id)
+        return await sync_to_async(released_after(generation_check))(generation_id)
 
     events = read_events(generation_id, check=check)
     try:
@@ -125,9 +126,24 @@ class Answer:
     stream: tuple[AsyncIterator[dict[str, Any]], dict[str, Any]] | None = None
 
 
+def released_after(function):
+    """``function`` that gives its thread's database connections back when it returns
+    (``release_database``): the request goes on waiting."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return function(*args, **kwargs)
+        finally:
+            release_database()
+
+    return call
+
+
 async def wait_for_answer(rows: list[Generation], *, stream: bool) -> Answer:
     """Every row's final event, or with ``stream`` the first row's opened stream
-    (:func:`open_stream`); on every other way out the rows are withdrawn (:func:`withdrawn_on_exit`)."""
+    (:func:`open_stream`); on every other way out the rows are withdrawn (:func:`withdrawn_on_exit`).
+    The request's database connection goes back to the pool for the wait."""
+    await sync_to_async(release_database)()
     async with withdrawn_on_exit(rows) as unanswered:
         if stream:
             opened = await open_stream(rows[0].id)

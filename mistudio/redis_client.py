@@ -44,14 +44,25 @@ def _options(url: str) -> dict:
 
 
 @functools.cache
-def _connection(url: str, *, socket_timeout: float | None) -> redis.Redis:
-    return redis.Redis.from_url(url, socket_timeout=socket_timeout, **_options(url))
+def _connection(url: str, *, socket_timeout: float | None, max_connections: int) -> redis.Redis:
+    # Bounded: a thread that finds every connection taken waits for one (commands are short)
+    # instead of opening another; a web process under load keeps at most this many.
+    pool = redis.BlockingConnectionPool.from_url(
+        url, max_connections=max_connections, timeout=socket_timeout, socket_timeout=socket_timeout,
+        **_options(url),
+    )  # fmt: skip
+    return redis.Redis(connection_pool=pool)
 
 
 def get_redis() -> redis.Redis:
-    """The shared connection pool for ``REDIS_URL`` (the embedded server is started on first use)."""
+    """The shared connection pool for ``REDIS_URL`` (the embedded server is started on first use),
+    at most ``REDIS_MAX_CONNECTIONS`` connections a process."""
     ensure_redis()
-    return _connection(settings.REDIS_URL, socket_timeout=settings.REDIS_SOCKET_TIMEOUT_SECONDS)
+    return _connection(
+        settings.REDIS_URL,
+        socket_timeout=settings.REDIS_SOCKET_TIMEOUT_SECONDS,
+        max_connections=settings.REDIS_MAX_CONNECTIONS,
+    )
 
 
 def worker_redis() -> redis.Redis:

@@ -22,6 +22,18 @@ _ABANDONED: contextvars.ContextVar[threading.Event | None] = contextvars.Context
 _NEVER = threading.Event()  # outside a request (commands, tasks): never set
 
 
+def release_database() -> None:
+    """Give this thread's database connections back to the pool before a long wait (for a worker,
+    for room in a budget): a request waiting minutes must not hold a pooled connection meanwhile
+    (ten waiting requests took the whole pool of a web process, and everyone else's failed). One in
+    a transaction stays: closing it would end the transaction."""
+    from django.db import connections
+
+    for connection in connections.all(initialized_only=True):
+        if not connection.in_atomic_block:
+            connection.close()
+
+
 def request_abandoned() -> threading.Event:
     """The current request's event, set once its client has gone (never set outside a request)."""
     return _ABANDONED.get() or _NEVER

@@ -437,6 +437,9 @@ WORKER_LOST_AFTER_SECONDS = env_number("WORKER_LOST_AFTER_SECONDS", 30, minimum=
 # A read on the command pool gives up after this; blocking waits (a worker's dequeue, a worker
 # call's reply) use connections without it (mistudio.redis_client).
 REDIS_SOCKET_TIMEOUT_SECONDS = env_number("REDIS_SOCKET_TIMEOUT_SECONDS", 10, minimum=0.1)
+# Command connections one process keeps to Redis at most (threads wait for a free one); waits for
+# a worker go through the process's one stream reader, on a connection of its own.
+REDIS_MAX_CONNECTIONS = int(env_number("REDIS_MAX_CONNECTIONS", 32, integer=True, minimum=2))
 # RQ's worker key lives this long between its beats; its blocking dequeue waits 15 s less.
 RQ_WORKER_TTL_SECONDS = int(env_number("RQ_WORKER_TTL_SECONDS", 420, minimum=20, integer=True))
 # The web process also looks for lost workers (mistudio.workers.WorkerWatchThread), so that the
@@ -463,6 +466,8 @@ CACHES = {
         "BACKEND": "django.core.cache.backends.redis.RedisCache",
         "LOCATION": REDIS_URL,
         "KEY_PREFIX": f"{REDIS_KEY_PREFIX}:cache",
+        # Bounded like the command pool (mistudio.redis_client): threads wait for a connection.
+        "OPTIONS": {"pool_class": "redis.BlockingConnectionPool", "max_connections": REDIS_MAX_CONNECTIONS},
     }
 }
 

@@ -14,6 +14,7 @@ import torch
 from activations.store import ActivationStore, verify
 from generation.models import Generation, storable_text
 from generation.tests.conftest import token_times
+from mistudio.redis_client import get_redis
 from models_app.services import model_register
 from models_app.tests.live_stack import wait_until
 
@@ -341,27 +342,29 @@ def test_a_hundred_generations_without_an_error_or_memory_growth(live_stack):
 # --- hostile load: bounded pools, work that dies with its request (issue 39) ----------------------
 
 
-def redis_connections(pid: int) -> int:
-    """The process's open connections to the Redis server (TCP to its port, or its unix socket)."""
+def blocked_readers(pid: int) -> int:
+    """The process's connections blocked in a Redis read right now (``CLIENT LIST`` matched to the
+    process's own sockets; on a unix socket, where they cannot be matched, its stream hub's)."""
     import psutil
     from django.conf import settings
 
-    process = psutil.Process(pid)
+    blocked = [c for c in get_redis().client_list() if c.get("cmd") in ("xread", "blpop", "brpop")]
     if settings.REDIS_URL.startswith("unix://"):
-        return len(process.net_connections(kind="unix"))
+        return sum(1 for c in blocked if c.get("name") == f"mistudio-hub-{pid}")
     port = int(settings.REDIS_URL.rsplit(":", 1)[1].split("/")[0])
-    return sum(
-        1
-        for connection in process.net_connections(kind="inet")
+    mine = {
+        connection.laddr.port
+        for connection in psutil.Process(pid).net_connections(kind="inet")
         if connection.raddr and connection.raddr.port == port
-    )
+    }
+    return sum(1 for c in blocked if int(c["addr"].rsplit(":", 1)[1]) in mine)
 
 
 @pytest.mark.slow
 def test_concurrent_batches_are_answered_by_one_redis_reader(live_stack):
     """8 requests of 16 prompts at once: 128 waiters. Each waiter held a blocking Redis read of its
     own, and 2 of the 8 answered 500 (the web process's pool had 100 connections); now one reader
-    follows them all, and the web process keeps a handful of connections."""
+    follows them all."""
 
     web_pid = live_stack.processes[1].pid
     body = {
@@ -382,12 +385,11 @@ def test_concurrent_batches_are_answered_by_one_redis_reader(live_stack):
     for thread in threads:
         thread.start()
     while any(thread.is_alive() for thread in threads):
-        sampled.append(redis_connections(web_pid))
+        sampled.append(blocked_readers(web_pid))
         time.sleep(0.05)
     assert [status for status, _ in answers] == [200] * 8, answers
     assert all(len(result["results"]) == 16 and "error" not in result["results"][0] for _, result in answers)
-    # The pool's few command connections, the hub's one reader and the channel layer's: not 128.
-    assert max(sampled) <= 16, sampled
+    assert max(sampled) <= 1, sampled  # the hub's one read, not one per waiter
 
 
 @pytest.mark.slow
@@ -417,3 +419,32 @@ def test_a_client_that_leaves_a_batch_leaves_nothing_decoding(live_stack):
     for row in rows:
         assert row.status == "cancelled" and row.completion_tokens < 1500
         assert [at for at in token_times(row.id) if at > left[0] + grace] == []
+
+
+@pytest.mark.slow
+def test_requests_waiting_for_a_worker_hold_no_database_connection(live_stack):
+    """More requests wait for a worker than the web process's database pool holds (10): everyone
+    else is still answered. Each waiting request held a pooled connection, and past ten the rest got
+    503 DATABASE_UNAVAILABLE (on PostgreSQL, the pool's home)."""
+    from models_app.models import LanguageModel
+
+    # Moved to a worker that runs nothing: the requests wait (until their silence is checked, 5 s).
+    LanguageModel.objects.filter(pk=live_stack.models["gpt2"]).update(host_worker="idle-worker")
+    answers: list = []
+    body = {"model_id": live_stack.models["gpt2"], "prompt": "Wait", "max_tokens": 4}
+    threads = [
+        threading.Thread(target=lambda: answers.append(post(live_stack, "generate", body, timeout=60)))
+        for _ in range(14)
+    ]
+    for thread in threads:
+        thread.start()
+    waiting = Generation.objects.filter(prompt="Wait", status="queued")
+    wait_until(lambda: waiting.count() == 14, timeout=30, what="fourteen waiting requests")
+    assert get(live_stack, "models")  # answered while fourteen requests wait
+    assert waiting.count() == 14
+    for thread in threads:
+        thread.join(60)
+    # Each ends when its silence is checked (the worker is gone, or its model was unloaded for it);
+    # none ran out of database connections.
+    codes = [answer["error"]["code"] for _, answer in answers]
+    assert len(codes) == 14 and set(codes) <= {"WORKER_LOST", "MODEL_NOT_LOADED"}, codes
