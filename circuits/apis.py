@@ -130,7 +130,7 @@ def _graph_view(request, graph_id: str, *, export: bool) -> tuple[AttributionGra
     graph = selectors.completed_graph(user=request.user, graph_id=graph_id)
     thresholds = ThresholdSerializer(data=request.query_params)
     thresholds.is_valid(raise_exception=True)
-    services.graph_view_prepare(graph=graph)
+    services.graph_view_prepare(graph=graph, actor=request.user)
     body = selectors.graph_view(user=request.user, graph=graph, export=export, **thresholds.validated_data)
     return graph, HttpResponse(body, content_type="application/json")
 

@@ -277,11 +277,11 @@ def graph_intervene(
     worker = model_host(graph.model)
     return call_worker(
         worker, "circuits.tasks.run_intervention", graph.id, checked, max(1, min(int(top), 50)),
-        wait_seconds=INTERVENTION_WAIT_SECONDS,
+        wait_seconds=INTERVENTION_WAIT_SECONDS, owner=actor,
     )  # fmt: skip
 
 
-def graph_view_prepare(*, graph: AttributionGraph) -> None:
+def graph_view_prepare(*, graph: AttributionGraph, actor=None) -> None:
     """Have a worker make the bounded view of a completed graph that has none (one made before
     views were; the job makes it for every new graph), so that the web never reads a graph's full
     matrix: the graph's own worker when it is alive, else any (503 ``NO_WORKER`` when none is).
@@ -300,4 +300,6 @@ def graph_view_prepare(*, graph: AttributionGraph) -> None:
             details={"retry_after_seconds": 30},
         )
     worker = graph.host_worker if graph.host_worker in alive else alive[0]
-    call_worker(worker, "circuits.tasks.make_graph_view", graph.id, wait_seconds=VIEW_WAIT_SECONDS)
+    call_worker(
+        worker, "circuits.tasks.make_graph_view", graph.id, wait_seconds=VIEW_WAIT_SECONDS, owner=actor
+    )

@@ -178,7 +178,7 @@ class FeatureEncodeApi(APIView):
         sae = sae_get(user=request.user, sae_id=sae_id)
         data = self.InputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        result = services.feature_encode(sae=sae, **data.validated_data)
+        result = services.feature_encode(sae=sae, actor=request.user, **data.validated_data)
         return Response(selectors.with_feature_names(user=request.user, sae=sae, result=result))
 
 

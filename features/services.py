@@ -192,7 +192,7 @@ def labels_import(sae: SparseAutoencoder, folder: Path) -> int:
 # --- live encoding -------------------------------------------------------------------------------
 
 
-def feature_encode(*, sae: SparseAutoencoder, text: str, top: int = 10) -> dict[str, Any]:
+def feature_encode(*, sae: SparseAutoencoder, text: str, top: int = 10, actor=None) -> dict[str, Any]:
     """Which features fire on ``text``: the worker holding the SAE's model runs it up to the hook,
     the SAE encodes; this waits for its JSON reply (``ENCODE_WAIT_SECONDS`` at most)."""
     if sae.status != SparseAutoencoder.Status.COMPLETED:
@@ -215,4 +215,5 @@ def feature_encode(*, sae: SparseAutoencoder, text: str, top: int = 10) -> dict[
         text,
         top,
         wait_seconds=ENCODE_WAIT_SECONDS,
+        owner=actor,
     )

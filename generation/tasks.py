@@ -45,7 +45,7 @@ from mistudio.events import BACKGROUND_PUBLISHER, rows_audience
 from mistudio.worker_clock import CLOCK
 from mistudio.workers import (
     Lender,
-    calls_waiting,
+    call_owners,
     current_worker,
     enqueue,
     interactive_queue,
@@ -582,14 +582,11 @@ YIELD_POLL_SECONDS = 0.05
 
 def waiting_owners(*, exclude: set[int | None] = frozenset()) -> set[int | None]:
     """The owners of the interactive work waiting for this worker, but ``exclude``: of queued rows
-    for the models it hosts, and of worker calls on its queue (counted as the system's: short, and
-    a person waits on each)."""
+    for the models it hosts, and of worker calls on its queue."""
     hosted = LOADED_MODELS.model_ids()
     queued = Generation.objects.filter(model_id__in=hosted, status=Generation.Status.QUEUED)
-    owners = set(queued.values_list("owner_id", flat=True).distinct()) - exclude
-    if calls_waiting(current_worker()):
-        owners.add(None)
-    return owners
+    owners = set(queued.values_list("owner_id", flat=True).distinct())
+    return (owners | call_owners(current_worker())) - exclude
 
 
 def run_batch(rows: list[Generation], poll: YieldPoll) -> None:

@@ -183,7 +183,9 @@ def call_waiting_key(request_id: str) -> str:
     return f"{settings.REDIS_KEY_PREFIX}:call:{request_id}:waiting"
 
 
-def call_worker(worker_name: str, task: str, *args: Any, wait_seconds: float) -> dict[str, Any]:
+def call_worker(
+    worker_name: str, task: str, *args: Any, wait_seconds: float, owner: Any = None
+) -> dict[str, Any]:
     """Run ``task(request_id, *args)`` on ``worker_name``'s interactive queue (where its models are
     loaded) and wait for the JSON it answers with :func:`answer_call`: the way a request that needs
     a loaded model (live encoding, patching, the logit lens) gets a quick answer from a worker.
@@ -193,10 +195,12 @@ def call_worker(worker_name: str, task: str, *args: Any, wait_seconds: float) ->
     between two steps of its job. 503 ``MODEL_BUSY`` when no answer comes in ``wait_seconds``.
     However the wait ends without an answer (that timeout, the client gone, an error), the call
     is withdrawn: taken off the queue, or skipped by the worker if it has not started it. An
-    ``{"error": …}`` answer is raised as the ApplicationError it describes.
+    ``{"error": …}`` answer is raised as the ApplicationError it describes. The call is
+    ``owner``'s (a user; None: the system's): the worker charges its time to them and gives it its
+    turn by their share of the worker (``mistudio.worker_clock``).
     """
     from mistudio.errors import ApplicationError
-    from mistudio.request_lifetime import request_abandoned
+    from mistudio.request_lifetime import release_database, request_abandoned
     from mistudio.stream_hub import entry_event, stream_hub
 
     if transaction.get_connection().in_atomic_block:  # the job would wait for a commit this waits on
@@ -207,8 +211,12 @@ def call_worker(worker_name: str, task: str, *args: Any, wait_seconds: float) ->
     queue = interactive_queue(worker_name)
     job_id = f"call-{request_id}"
     body = None
+    caller = getattr(owner, "pk", owner)
+    release_database()
     with stream_hub().follow(key) as follower:
-        get_redis().set(waiting, "1", ex=max(1, int(wait_seconds) + 1))
+        get_redis().set(
+            waiting, "system" if caller is None else str(caller), ex=max(1, int(wait_seconds) + 1)
+        )
         try:
             queue.enqueue(task, request_id, *args, job_id=job_id)
             deadline = time.monotonic() + wait_seconds
@@ -258,11 +266,14 @@ def answer_call(request_id: str, compute: Callable[[], dict[str, Any]], *, failu
     caller stopped waiting is not computed."""
     from engine.errors import EngineError
     from mistudio.errors import ApplicationError
+    from mistudio.worker_clock import CLOCK
 
     redis_client = get_redis()
-    if not redis_client.delete(call_waiting_key(request_id)):
+    caller = redis_client.getdel(call_waiting_key(request_id))
+    if caller is None:
         logger.info("worker call %s withdrawn by its caller; skipped", request_id)
         return
+    started = time.monotonic()
     try:
         body = compute()
     except (ApplicationError, EngineError) as error:
@@ -274,6 +285,7 @@ def answer_call(request_id: str, compute: Callable[[], dict[str, Any]], *, failu
         body = {
             "error": {"code": failure_code, "message": f"It failed: {type(error).__name__}.", "status": 500}
         }
+    CLOCK.charge(time.monotonic() - started, [call_owner(caller)])
     key = call_worker_key(request_id)
     pipeline = redis_client.pipeline(transaction=False)
     pipeline.xadd(key, {"event": json.dumps(body)})
@@ -281,10 +293,24 @@ def answer_call(request_id: str, compute: Callable[[], dict[str, Any]], *, failu
     pipeline.execute()
 
 
-def calls_waiting(identity: WorkerIdentity) -> bool:
-    """Whether a worker call (``call_worker``) waits on this worker's interactive queue."""
+def call_owner(value: bytes | str) -> int | None:
+    """The owner a call's waiting key names (a user id, or ``system``)."""
+    text = value.decode() if isinstance(value, bytes) else value
+    return None if text == "system" else int(text)
+
+
+def call_owners(identity: WorkerIdentity) -> set[int | None]:
+    """The owners of the worker calls (``call_worker``) waiting on this worker's interactive queue."""
     queue = interactive_queue(identity.name)
-    return any(job_id.startswith(b"call-") for job_id in queue.connection.lrange(queue.key, 0, 999))
+    ids = [
+        job_id.decode()
+        for job_id in queue.connection.lrange(queue.key, 0, 999)
+        if job_id.startswith(b"call-")
+    ]
+    if not ids:
+        return set()
+    values = queue.connection.mget([call_waiting_key(job_id.removeprefix("call-")) for job_id in ids])
+    return {call_owner(value) for value in values if value is not None}
 
 
 @dataclass(frozen=True)

@@ -165,7 +165,7 @@ class PatchingApi(APIView):
         model = generation_model(user=request.user, model_ref=model_id)
         data = self.InputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        return Response(services.patching_request(model=model, **data.validated_data))
+        return Response(services.patching_request(model=model, actor=request.user, **data.validated_data))
 
 
 class LogitLensApi(APIView):
@@ -183,4 +183,4 @@ class LogitLensApi(APIView):
         model = generation_model(user=request.user, model_ref=model_id)
         data = self.InputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        return Response(services.logit_lens_request(model=model, **data.validated_data))
+        return Response(services.logit_lens_request(model=model, actor=request.user, **data.validated_data))

@@ -233,6 +233,7 @@ PROBE_WAIT_SECONDS = 120
 def patching_request(
     *,
     model: LanguageModel,
+    actor=None,
     clean: str,
     corrupted: str,
     answer: str,
@@ -254,11 +255,11 @@ def patching_request(
     )
     return call_worker(
         worker, "steering.tasks.run_patching", model.id, clean, corrupted, answer, wrong_answer, hooks or [],
-        wait_seconds=PROBE_WAIT_SECONDS,
+        wait_seconds=PROBE_WAIT_SECONDS, owner=actor,
     )  # fmt: skip
 
 
-def logit_lens_request(*, model: LanguageModel, prompt: str, top: int = 5) -> dict[str, Any]:
+def logit_lens_request(*, model: LanguageModel, prompt: str, top: int = 5, actor=None) -> dict[str, Any]:
     """The top next-token predictions read out after every block at every position of ``prompt``."""
     worker = model_host(model)
     memory_budget_check(
@@ -267,5 +268,11 @@ def logit_lens_request(*, model: LanguageModel, prompt: str, top: int = 5) -> di
         worker_name=worker,
     )
     return call_worker(
-        worker, "steering.tasks.run_logit_lens", model.id, prompt, top, wait_seconds=PROBE_WAIT_SECONDS
+        worker,
+        "steering.tasks.run_logit_lens",
+        model.id,
+        prompt,
+        top,
+        wait_seconds=PROBE_WAIT_SECONDS,
+        owner=actor,
     )

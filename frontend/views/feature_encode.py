@@ -78,7 +78,7 @@ def feature_encode_page(request, sae_id: str):
         try:
             data = FeatureEncodeApi.InputSerializer(data={"text": context["text"], "top": context["top"]})
             data.is_valid(raise_exception=True)
-            result = services.feature_encode(sae=sae, **data.validated_data)
+            result = services.feature_encode(sae=sae, actor=request.user, **data.validated_data)
             result = selectors.with_feature_names(user=request.user, sae=sae, result=result)
         except ValidationError as error:
             context["problem"], status = validation_message(error), 400

@@ -137,3 +137,41 @@ def test_a_worker_call_answers_through_the_hub_and_is_withdrawn_when_its_client_
 
 def never_called(request_id: str) -> None:  # pragma: no cover - the call is withdrawn
     raise AssertionError("a withdrawn call ran")
+
+
+def sleepy_call(request_id: str) -> None:
+    """A worker call that computes for 0.2 s."""
+    from mistudio.workers import answer_call
+
+    def compute():
+        time.sleep(0.2)
+        return {"ok": True}
+
+    answer_call(request_id, compute, failure_code="SLEEPY_FAILED")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_call_is_its_callers_work_on_the_worker_clock(writer):
+    """A waiting call counts as its caller's (not the system's) when the worker picks whose turn it
+    is, and its compute time is charged to them."""
+    from mistudio import workers
+    from mistudio.worker_clock import CLOCK
+
+    name = f"call-worker-{uuid.uuid4().hex[:6]}"
+    answers = []
+    thread = threading.Thread(
+        target=lambda: answers.append(
+            workers.call_worker(name, f"{__name__}.sleepy_call", wait_seconds=30, owner=writer)
+        )
+    )
+    thread.start()
+    identity = workers.WorkerIdentity(name=name, device="cpu")
+    deadline = time.monotonic() + 5
+    while not workers.call_owners(identity) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert workers.call_owners(identity) == {writer.id}
+    workers.run_worker(name=name, device="cpu", burst=True)
+    thread.join(10)
+    assert answers == [{"ok": True}]
+    served = CLOCK.snapshot([writer.id, None])
+    assert served[writer.id] >= 0.15 and served[None] == 0
