@@ -1,23 +1,29 @@
 """What a generation request costs, and whether it may start now.
 
 **The unit: a work token.** A row costs the tokens of its prompt plus the tokens it may generate
-(``max_tokens``). Prompts are tokenized on the worker, so admission counts a prompt's characters
-divided by ``CHARACTERS_PER_TOKEN`` (at least one token). A request of 16 prompts costs 16 rows; a
-sweep of 8 strengths costs its 9 rows. Every limit on generation counts in this unit:
+(``max_tokens``; a default one counts as it will run, shrunk to the model's context). Prompts are
+tokenized on the worker, so admission counts a prompt's characters divided by
+``CHARACTERS_PER_TOKEN``. A row costs at least ``MIN_ROW_WORK`` (its fixed cost: a forward pass,
+a stream, a database row). A request of 16 prompts costs 16 rows; a sweep of 8 strengths costs its
+9 rows. Every limit on generation counts in this unit:
 
+* **One request** may cost at most one user's share (below): a larger one could never be admitted
+  next to anything, so it is refused with 400 ``GENERATION_TOO_LARGE`` (fewer prompts, a smaller
+  ``max_tokens``).
 * **In flight, per user** (``GENERATION_USER_MAX_TOKENS_IN_FLIGHT``): the work of a user's queued
   and running rows, this request's included. Beyond it, 429 ``RATE_LIMITED`` (scope
-  ``generation_in_flight``) with ``Retry-After``; nothing is written. A user with nothing in flight
-  is always admitted (as far as the worker's own limit allows), so one large request still runs.
-  An explanation job's own requests (through ``/v1``) are its owner's, and count the same.
+  ``generation_in_flight``) with ``Retry-After``; nothing is written. An explanation job's own
+  requests (through ``/v1``) are its owner's, and count the same.
 * **In flight, per worker** (``GENERATION_MAX_TOKENS_IN_FLIGHT``): the work of every queued and
-  running row of the models a worker hosts. Beyond it, 503 ``MODEL_BUSY`` with ``Retry-After``.
+  running row of the models a worker hosts. Beyond it, 503 ``MODEL_BUSY`` with ``Retry-After``
+  (the message tells no one what others have in flight).
 * **Per minute, per user** (``RATE_LIMIT_GENERATION_TOKENS_PER_MINUTE``): the work admitted in the
   last minute (``mistudio.throttling.charge_work``); 429 ``RATE_LIMITED`` (scope ``generation``).
 
-Requests take turns here (an advisory lock on PostgreSQL; SQLite's transactions are already
-``IMMEDIATE``), so concurrent requests cannot all take the last share. Admission runs before any
-row, stream or queue entry exists: a refusal leaves nothing behind.
+Requests take turns here (advisory locks on PostgreSQL; SQLite's transactions are already
+``IMMEDIATE``), so concurrent requests cannot all take the last share: first a user's requests
+among themselves, then everyone's (one user's flood queues on its own lock, not in front of others).
+Admission runs before any row, stream or queue entry exists: a refusal leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -40,9 +46,17 @@ USER_RETRY_AFTER_SECONDS = 2
 BUSY_RETRY_AFTER_SECONDS = 5
 
 
-def row_work(text: str, max_tokens: int) -> int:
-    """A row's work tokens: its prompt (estimated from its characters) plus what it may generate."""
-    return max(1, math.ceil(len(text) / CHARACTERS_PER_TOKEN)) + max_tokens
+# The least a row costs, however short: its forward pass, stream and row are not free.
+MIN_ROW_WORK = 32
+
+
+def row_work(text: str, max_tokens: int, *, explicit: bool = True, context: int | None = None) -> int:
+    """A row's work tokens: its prompt (estimated from its characters) plus what it may generate
+    (a default ``max_tokens``, not ``explicit``, as the worker will run it: shrunk to ``context``)."""
+    prompt = math.ceil(len(text) / CHARACTERS_PER_TOKEN)
+    if not explicit and context is not None:
+        max_tokens = max(1, min(max_tokens, context - prompt))
+    return max(MIN_ROW_WORK, prompt + max_tokens)
 
 
 def _in_flight(rows) -> int:
@@ -52,12 +66,24 @@ def _in_flight(rows) -> int:
 def generation_admit(*, owner, host: str, tokens: int) -> None:
     """Admit ``tokens`` of work for ``owner`` on the worker ``host`` (see the module docstring), or
     raise 429 / 503. Call it inside the transaction that creates the rows, just before."""
-    take_turns(GENERATION_ADMISSION_LOCK)
     user = owner if getattr(owner, "is_authenticated", False) else None
     per_user = settings.GENERATION_USER_MAX_TOKENS_IN_FLIGHT
+    total = settings.GENERATION_MAX_TOKENS_IN_FLIGHT
+    limits = [limit for limit in (per_user if user is not None else 0, total) if limit]
+    if limits and tokens > (largest := min(limits)):
+        raise ApplicationError(
+            "GENERATION_TOO_LARGE",
+            f"This request is {tokens:,} tokens of work (prompts plus max_tokens, per row); one request "
+            f"may be at most {largest:,}. Send fewer prompts or a smaller max_tokens.",
+            status=400,
+            details={"request": tokens, "limit": largest, "unit": "tokens"},
+        )
+    if user is not None:
+        take_turns(GENERATION_ADMISSION_LOCK, user.pk)
+    take_turns(GENERATION_ADMISSION_LOCK)
     if user is not None and per_user:
         mine = _in_flight(Generation.objects.filter(owner=user))
-        if mine and mine + tokens > per_user:
+        if mine + tokens > per_user:
             raise rate_limited(
                 f"You have {mine:,} tokens of generation in flight; with this request's {tokens:,} that "
                 f"is more than one user's share ({per_user:,}). Send it again when your requests end.",
@@ -67,17 +93,15 @@ def generation_admit(*, owner, host: str, tokens: int) -> None:
                     "request": tokens, "unit": "tokens",
                 },
             )  # fmt: skip
-    total = settings.GENERATION_MAX_TOKENS_IN_FLIGHT
     if total:
         hosted = Generation.objects.filter(Q(host_worker=host) | Q(host_worker="", model__host_worker=host))
-        everyone = _in_flight(hosted)
-        if everyone and everyone + tokens > total:
+        if _in_flight(hosted) + tokens > total:
             raise ApplicationError(
                 "MODEL_BUSY",
-                f"The model's worker has {everyone:,} tokens of generation in flight, its most is "
-                f"{total:,}: send this request again in a few seconds.",
+                "The model's worker has as much generation in flight as it takes: send this request "
+                "again in a few seconds.",
                 status=503,
-                details={"retry_after_seconds": BUSY_RETRY_AFTER_SECONDS, "limit": total, "unit": "tokens"},
+                details={"retry_after_seconds": BUSY_RETRY_AFTER_SECONDS},
             )
     if user is not None:
         charge_work(scope="generation", user=user, tokens=tokens, what="generation work")

@@ -21,6 +21,7 @@ from django.utils import timezone
 
 from activations.model_structure import skeleton
 from activations.services import hook_names_for
+from engine.generation.params import config_context_length
 from engine.hooks import MODULE_PREFIX, list_hook_points
 from generation.admission import generation_admit, row_work
 from generation.interventions import (
@@ -186,7 +187,11 @@ def generation_request(
     explicit = parameters.pop("max_tokens_explicit")
     batch_id = uuid.uuid4().hex[:12]
     text = "\n".join(message["content"] for message in messages) + system_prompt if messages else None
-    work = [row_work(text if text is not None else prompt, sampling.max_tokens) for prompt, _, _ in planned]
+    context = config_context_length(model.config or {})
+    work = [
+        row_work(prompt if text is None else text, sampling.max_tokens, explicit=explicit, context=context)
+        for prompt, _, _ in planned
+    ]
     with transaction.atomic():
         generation_admit(owner=owner, host=host, tokens=sum(work))
         rows = [

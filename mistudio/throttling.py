@@ -113,36 +113,45 @@ class WorkerCallThrottle(UserRateThrottle):
     what = "worker calls (live encoding, patching, the logit lens)"
 
 
+# A work rate's window is counted in this many buckets: one small entry per user, however many
+# requests they send (a list of every request grew with a flood, and was read and written whole).
+WORK_BUCKETS = 12
+
+
 def charge_work(*, scope: str, user: Any, tokens: int, what: str) -> None:
     """Count ``tokens`` of work against ``user``'s rate for ``scope`` (work per period, not
     requests: a 16-prompt batch costs 16 rows' tokens), or refuse with 429 ``RATE_LIMITED``.
 
-    A sliding window in the shared cache, as DRF's throttles keep theirs, of (time, tokens) entries.
-    A request larger than the whole rate still passes when nothing else was counted in the window.
+    The window slides by buckets of a ``WORK_BUCKETS``-th of the period, kept as one small entry
+    in the shared cache. A request larger than the whole rate still passes when nothing else was
+    counted in the window. Callers serialize a user's charges (generation's admission lock).
     """
     rate = api_settings.DEFAULT_THROTTLE_RATES.get(scope)
     if rate is None:
         return
     limit, duration = SimpleRateThrottle.parse_rate(None, rate)
-    key = UserRateThrottle.cache_format % {"scope": scope, "ident": f"user:{user.pk}"}
+    width = duration / WORK_BUCKETS
+    key = f"throttle:work:{scope}:user:{user.pk}"
     cache = SimpleRateThrottle.cache
     now = time.time()
-    history = [(at, cost) for at, cost in cache.get(key, []) if at > now - duration]
-    used = sum(cost for _, cost in history)
-    if history and used + tokens > limit:
-        # The window frees enough once its oldest entries leave it.
+    current = int(now // width)
+    buckets = {index: cost for index, cost in cache.get(key, {}).items() if index > current - WORK_BUCKETS}
+    used = sum(buckets.values())
+    if used and used + tokens > limit:
+        # The window frees enough once its oldest buckets leave it.
         freed, wait = 0, duration
-        for at, cost in sorted(history):
-            freed += cost
+        for index in sorted(buckets):
+            freed += buckets[index]
             if used - freed + tokens <= limit:
-                wait = at + duration - now
+                wait = (index + WORK_BUCKETS) * width - now
                 break
         raise rate_limited(
             f"Too much {what}: at most {limit:,} tokens per {PERIOD_WORDS.get(duration, f'{duration} s')} "
             f"({used:,} counted, this request {tokens:,}; a token of work is a prompt token or a token "
             "a row may generate).",
-            retry_after_seconds=wait,
+            retry_after_seconds=max(1.0, wait),
             details={"scope": scope, "limit": limit, "period_seconds": duration, "unit": "tokens"}
             | {"used": used},
         )
-    cache.set(key, [(now, tokens), *history], duration)
+    buckets[current] = buckets.get(current, 0) + tokens
+    cache.set(key, buckets, duration)

@@ -7,7 +7,7 @@ what is in flight is exactly what the test put there. Refusals are checked at th
 
 import pytest
 
-from generation.admission import row_work
+from generation.admission import MIN_ROW_WORK, row_work
 from generation.models import Generation
 from generation.services import SamplingRequest, generation_request, generations_withdraw
 from mistudio.errors import ApplicationError
@@ -18,7 +18,10 @@ pytestmark = pytest.mark.django_db
 
 def queue(model, owner, prompts: list[str], max_tokens: int) -> list[Generation]:
     return generation_request(
-        model_id=model.id, owner=owner, prompts=prompts, sampling=SamplingRequest(max_tokens=max_tokens)
+        model_id=model.id,
+        owner=owner,
+        prompts=prompts,
+        sampling=SamplingRequest(max_tokens=max_tokens, max_tokens_explicit=True),
     )
 
 
@@ -31,9 +34,20 @@ def assert_refused(response, *, status: int, code: str) -> dict:
 
 
 def test_a_row_costs_its_prompt_and_the_tokens_it_may_generate(ready_model, writer):
-    assert row_work("abcdefgh", 100) == 2 + 100 and row_work("a", 0) == 1
+    assert row_work("abcdefgh", 100) == 2 + 100 and row_work("a", 0) == MIN_ROW_WORK == 32
     rows = queue(ready_model, writer, ["x" * 40, "y" * 4], max_tokens=50)
     assert [row.work_tokens for row in rows] == [60, 51]
+
+
+def test_a_default_max_tokens_counts_as_it_will_run_shrunk_to_the_context(ready_model, writer):
+    """Without an explicit max_tokens a row generates at most to the end of the model's context,
+    so that is what it costs (the default of 128 would overcount a 64-position model)."""
+    context = ready_model.config["n_positions"]
+    assert row_work("x" * 40, 128, explicit=False, context=context) == context < 10 + 128
+    assert row_work("x" * 40, 128, explicit=True, context=context) == 10 + 128
+    sampling = SamplingRequest()  # max_tokens 128, not explicit
+    (row,) = generation_request(model_id=ready_model.id, owner=writer, prompts=["x" * 40], sampling=sampling)
+    assert row.work_tokens == context
 
 
 def test_a_user_over_their_share_in_flight_is_refused_and_nothing_is_written(
@@ -43,13 +57,13 @@ def test_a_user_over_their_share_in_flight_is_refused_and_nothing_is_written(
     queue(ready_model, writer, ["Hello"] * 4, max_tokens=201)  # 4 x 203 = 812 in flight
     before = Generation.objects.count()
 
-    # 16 prompts of 10 tokens: 16 x 12 = 192 more, 1,004: over 1,000. Refused before any row is written.
-    body = {"model_id": ready_model.id, "prompt": ["Hello"] * 16, "max_tokens": 10}
+    # 16 prompts of 30 tokens: 16 x 32 = 512 more, 1,324: over 1,000. Refused before any row is written.
+    body = {"model_id": ready_model.id, "prompt": ["Hello"] * 16, "max_tokens": 30}
     error = assert_refused(
         client_for(writer).post("/api/generate", body, format="json"), status=429, code="RATE_LIMITED"
     )
     assert error["details"] | {"retry_after_seconds": 0} == {
-        "scope": "generation_in_flight", "limit": 1000, "in_flight": 812, "request": 192, "unit": "tokens",
+        "scope": "generation_in_flight", "limit": 1000, "in_flight": 812, "request": 512, "unit": "tokens",
         "retry_after_seconds": 0,
     }  # fmt: skip
     chat = {"model": ready_model.id, "messages": [{"role": "user", "content": "Hi" * 400}], "max_tokens": 10}
@@ -64,19 +78,29 @@ def test_a_user_over_their_share_in_flight_is_refused_and_nothing_is_written(
     assert Generation.objects.count() == before
 
     # Another user's share is their own.
-    assert len(queue(ready_model, model_admin, ["Hello"] * 16, max_tokens=10)) == 16
+    assert len(queue(ready_model, model_admin, ["Hello"] * 16, max_tokens=30)) == 16
     # Rows that end leave the count: the same request is admitted once the first ones are withdrawn.
     generations_withdraw([row.id for row in Generation.objects.filter(owner=writer)])
-    assert len(queue(ready_model, writer, ["Hello"] * 16, max_tokens=10)) == 16
+    assert len(queue(ready_model, writer, ["Hello"] * 16, max_tokens=30)) == 16
 
 
-def test_a_lone_request_larger_than_a_share_runs_but_not_beside_another(settings, ready_model, writer):
+def test_a_request_larger_than_a_share_is_400_too_large_and_writes_nothing(
+    settings, ready_model, writer, client_for
+):
+    """One request may not be larger than one user's share: admitted alone it would hold the
+    user's whole share and more (a lone 16 x 2,048 batch was 32k tokens in flight)."""
     settings.GENERATION_USER_MAX_TOKENS_IN_FLIGHT = 100
-    (big,) = queue(ready_model, writer, ["Hello"], max_tokens=500)
-    assert big.work_tokens == 502
+    body = {"model_id": ready_model.id, "prompt": "Hello", "max_tokens": 500}
+    response = client_for(writer).post("/api/generate", body, format="json")
+    assert response.status_code == 400, response.content
+    error = response.json()["error"]
+    assert error["code"] == "GENERATION_TOO_LARGE"
+    assert error["details"] == {"request": 502, "limit": 100, "unit": "tokens"}
+    assert not Generation.objects.exists()
+    (row,) = queue(ready_model, writer, ["Hello"], max_tokens=98)  # exactly a share: admitted
     with pytest.raises(ApplicationError) as refused:
         queue(ready_model, writer, ["Hello"], max_tokens=1)
-    assert refused.value.status == 429 and refused.value.details["in_flight"] == 502
+    assert refused.value.status == 429 and refused.value.details["in_flight"] == row.work_tokens == 100
 
 
 def test_a_full_worker_is_503_model_busy_for_everyone(settings, ready_model, writer, model_admin, client_for):
@@ -86,7 +110,8 @@ def test_a_full_worker_is_503_model_busy_for_everyone(settings, ready_model, wri
     error = assert_refused(
         client_for(model_admin).post("/api/generate", body, format="json"), status=503, code="MODEL_BUSY"
     )
-    assert error["details"]["limit"] == 2000 and "2,000" in error["message"]
+    # It says the worker is full, not what anyone else has in flight.
+    assert error["details"] == {"retry_after_seconds": 5} and not any(ch.isdigit() for ch in error["message"])
     # Rows of another worker's models do not count against this one.
     other = LanguageModel.objects.create(
         name="other", source="local", identifier="/x", model_type="gpt2", owner=model_admin,
@@ -133,3 +158,16 @@ def test_a_jobs_own_requests_count_as_its_owners_share(settings, ready_model, wr
     assert refused.status_code == 429 and refused.json()["error"]["code"] == "RATE_LIMITED"
     assert int(refused["Retry-After"]) >= 1
     assert Generation.objects.filter(owner=writer).count() == 1
+
+
+def test_the_rate_is_one_small_entry_however_many_requests(settings, ready_model, writer):
+    """The per-minute count is bucketed: a flood of small requests keeps one entry of at most
+    WORK_BUCKETS counts (a list of every request grew with the flood, read and written whole)."""
+    from rest_framework.throttling import SimpleRateThrottle
+
+    from mistudio.throttling import WORK_BUCKETS
+
+    for _ in range(40):
+        generations_withdraw([row.id for row in queue(ready_model, writer, ["Hi"], max_tokens=1)])
+    entry = SimpleRateThrottle.cache.get(f"throttle:work:generation:user:{writer.pk}")
+    assert sum(entry.values()) == 40 * MIN_ROW_WORK and len(entry) <= WORK_BUCKETS
