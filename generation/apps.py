@@ -12,5 +12,6 @@ class GenerationConfig(AppConfig):
 
         selectors.register_event_groups()
         register_database_metrics(metrics.database_metrics)
+        register_worker_hook("start", tasks.generations_on_worker_start)
         register_worker_hook("reconcile", tasks.generations_reconcile)
         register_worker_hook("interactive_owners", tasks.waiting_owners)

@@ -44,13 +44,16 @@ from mistudio.errors import ApplicationError
 from mistudio.events import BACKGROUND_PUBLISHER, rows_audience
 from mistudio.worker_clock import CLOCK
 from mistudio.workers import (
+    IDLE_WORKER_GRACE_SECONDS,
     Lender,
     call_owners,
     current_worker,
     enqueue,
     interactive_queue,
     lender,
+    loads_waiting,
     read_heartbeats,
+    shared_queue,
     worker_task,
 )
 from models_app.models import LanguageModel
@@ -195,8 +198,23 @@ def generations_reconcile() -> list[str]:
     alive = [beat["name"] for beat in read_heartbeats()]
     lost = Q(status=Generation.Status.RUNNING) & ~Q(host_worker="") & ~Q(host_worker__in=alive)
     unloaded = Q(status=Generation.Status.QUEUED) & ~Q(model__status=LanguageModel.Status.READY)
+    return settle(Generation.objects.filter(lost | unloaded))
+
+
+def generations_on_worker_start(identity) -> None:
+    """A starting worker runs none of its rows yet (the worker hook ``start``): rows still
+    ``running`` under its name were its previous process's, which died mid-batch. Its heartbeat
+    under the same name would hide them from :func:`generations_reconcile`."""
+    settled = settle(Generation.objects.filter(status=Generation.Status.RUNNING, host_worker=identity.name))
+    if settled:
+        logger.info("worker %s start: %d generation rows of its last run failed", identity.name, len(settled))
+
+
+def settle(rows) -> list[str]:
+    """Fail ``rows`` (running: ``WORKER_LOST``; queued: ``MODEL_NOT_LOADED``) and end their
+    streams; the ids of those it changed."""
     settled = []
-    for row in Generation.objects.filter(lost | unloaded).select_related("model"):
+    for row in rows.select_related("model"):
         code, message = (
             ("WORKER_LOST", "The worker stopped.")
             if row.status == Generation.Status.RUNNING
@@ -236,11 +254,12 @@ def claim_batch(model_id: str, *, lender: Lender | None = None) -> list[Generati
     if lender is not None:
         queued = [row for row in queued if served[row.owner_id] <= served[lender.owner]]
     chosen = fair_batch(queued, served, size=settings.GENERATION_MAX_BATCH)
+    worker_name = current_worker().name  # from the claim on: a crash here leaves no row unowned
     claimed = [
         row.pk
         for row in chosen
         if Generation.objects.filter(pk=row.pk, status=Generation.Status.QUEUED).update(
-            status=Generation.Status.RUNNING
+            status=Generation.Status.RUNNING, host_worker=worker_name
         )
     ]
     rows = Generation.objects.select_related("model").in_bulk(claimed)
@@ -465,16 +484,25 @@ def run_generation(generation_id: str) -> None:
         run_batch(rows, poll)
     except Exception as error:
         logger.exception("generation batch of %s failed", generation_id)
-        for row in rows:
-            # Rows that vanished meanwhile (deleted with their model) need nothing.
-            if Generation.objects.filter(pk=row.pk, status=Generation.Status.RUNNING).exists():
-                fail(row, "GENERATION_FAILED", f"Generation failed: {type(error).__name__}.")
+        fail_running(rows, "GENERATION_FAILED", f"Generation failed: {type(error).__name__}.")
+    except BaseException:  # the worker stops (a signal, a time limit): no row is left running
+        fail_running(rows, "WORKER_LOST", "The worker stopped.")
+        raise
     poll.charge()  # all of the worker's time the batch took, from its claim to its rows' saves
-    # A token runs one batch: while rows of the model still wait (more than a batch holds, or rows
-    # that yielded), one more token goes out, so the queue never holds more tokens than requests.
+    # A token runs one batch: while rows of the model still wait (more than a batch holds, rows
+    # that yielded, rows this lent turn could not take), one more token goes out, so the queue
+    # never holds more tokens than requests, and never none while a row waits.
     next_row = Generation.objects.filter(model_id=model_id, status=Generation.Status.QUEUED).first()
-    if rows and next_row is not None:
+    if next_row is not None:
         generation_enqueue(host=current_worker().name, generation_id=next_row.id)
+
+
+def fail_running(rows: list[Generation], code: str, message: str) -> None:
+    """Fail those of ``rows`` still ``running`` (rows that vanished meanwhile, deleted with their
+    model, need nothing)."""
+    for row in rows:
+        if Generation.objects.filter(pk=row.pk, status=Generation.Status.RUNNING).exists():
+            fail(row, code, message)
 
 
 @dataclass
@@ -532,10 +560,14 @@ class YieldPoll:
     * to an owner waiting for this worker (a queued row for a model it hosts, or a worker call) who
       had less of its time lately than every owner in the batch — a chat waits one poll, not the
       batch;
-    * to anyone else waiting, once it has run ``GENERATION_SLICE_SECONDS``;
+    * once it has decoded ``GENERATION_SLICE_SECONDS`` (counted from its first poll, after the
+      prefill: a prompt whose prefill takes longer than a slice still makes progress), to anyone
+      else waiting, to a model load waiting for this worker, and to an owner of its own rows who
+      had less of the worker than another owner in it (their other rows wait);
     * when it runs between a job's steps (``lender``: the job's owner), as soon as one of its owners
       has had more of the worker's time than the job's owner (it was claimed among owners who had
-      no more: :func:`claim_batch`), and after its slice in any case.
+      no more: :func:`claim_batch`), and after its slice unless every row is the job owner's (the
+      job would only wait for them).
 
     One owner alone, with nothing else waiting, runs to the end.
     """
@@ -543,7 +575,8 @@ class YieldPoll:
     def __init__(self, rows: list[Generation], *, lender: Lender | None, started: float | None = None):
         self.owners = [row.owner_id for row in rows]
         self.lender = lender
-        self.started = self.charged = time.monotonic() if started is None else started
+        self.charged = time.monotonic() if started is None else started
+        self.decoding_since: float | None = None  # the first poll: the prefill is done
         self.last_poll = 0.0
         self.answer = False
 
@@ -554,6 +587,8 @@ class YieldPoll:
 
     def __call__(self) -> bool:
         now = time.monotonic()
+        if self.decoding_since is None:
+            self.decoding_since = now
         if self.answer or now - self.last_poll < YIELD_POLL_SECONDS:
             return self.answer
         self.last_poll = now
@@ -561,20 +596,37 @@ class YieldPoll:
         slice_seconds = settings.GENERATION_SLICE_SECONDS
         if not slice_seconds:
             return False
-        sliced = now - self.started >= slice_seconds
+        sliced = now - self.decoding_since >= slice_seconds
+        owners = set(self.owners)
         if self.lender is not None:
-            served = CLOCK.snapshot({*self.owners, self.lender.owner})
-            overdrawn = served[self.lender.owner] < max(served[owner] for owner in self.owners)
-            if sliced or overdrawn:
-                self.answer = True
-                return True
-        waiting = waiting_owners(exclude=set(self.owners))
-        if waiting:
-            served = CLOCK.snapshot({*self.owners, *waiting})
-            self.answer = sliced or min(served[owner] for owner in waiting) < min(
-                served[owner] for owner in self.owners
-            )
+            served = CLOCK.snapshot({*owners, self.lender.owner})
+            overdrawn = served[self.lender.owner] < max(served[owner] for owner in owners)
+            self.answer = overdrawn or (sliced and owners != {self.lender.owner})
+            return self.answer
+        waiting = waiting_owners(exclude=owners)
+        served = CLOCK.snapshot(owners | waiting)
+        least_in_batch = min(served[owner] for owner in owners)
+        if waiting and min(served[owner] for owner in waiting) < least_in_batch:
+            self.answer = True
+        elif sliced:
+            self.answer = bool(waiting) or self.load_waiting() or self.owner_behind(served, owners)
         return self.answer
+
+    @staticmethod
+    def load_waiting() -> bool:
+        return loads_waiting(shared_queue(), grace_seconds=IDLE_WORKER_GRACE_SECONDS)
+
+    def owner_behind(self, served: dict[int | None, float], owners: set[int | None]) -> bool:
+        """Whether an owner in this batch with queued rows left out of it had less of the worker
+        than another owner in it (the batch was full: the next one takes turns anew)."""
+        if len(owners) < 2:
+            return False
+        queued = set(
+            Generation.objects.filter(
+                model_id__in=LOADED_MODELS.model_ids(), status=Generation.Status.QUEUED, owner_id__in=owners
+            ).values_list("owner_id", flat=True)
+        )
+        return any(served[owner] < max(served[other] for other in owners) for owner in queued)
 
 
 YIELD_POLL_SECONDS = 0.05

@@ -165,3 +165,73 @@ def test_the_list_of_generations_leaves_out_prompts_outputs_and_token_ids(writer
     assert not {"prompt", "output_text", "input_token_ids", "output_token_ids", "messages"} & set(row)
     whole = client_for(writer).get(f"/api/generations/{row['request_id']}").json()
     assert len(whole["prompt"]) == 5000 and len(whole["output_token_ids"]) == 3000
+
+
+def test_a_worker_that_died_mid_batch_fails_its_rows_when_it_starts_again(loaded_llama):
+    """A claimed row belongs to its worker from the claim on; rows still ``running`` under the name
+    of a worker that starts were its last process's (its heartbeat under the same name would hide
+    them from the reconcile): they fail ``WORKER_LOST`` with a final event, and count no more."""
+    from generation.tasks import claim_batch, generations_on_worker_start
+    from generation.tests.conftest import WORKER
+    from mistudio import workers
+
+    rows = request(loaded_llama, ["Crash", "Here"], max_tokens=4)
+    identity = workers.WorkerIdentity(name=WORKER, device="cpu")
+    workers.CURRENT_WORKER = identity
+    try:
+        claimed = claim_batch(loaded_llama.id)  # and the process dies here, before any token
+    finally:
+        workers.CURRENT_WORKER = None
+    assert {row.pk for row in claimed} == {row.pk for row in rows}
+    assert set(Generation.objects.values_list("host_worker", flat=True)) == {WORKER}
+    generations_on_worker_start(workers.WorkerIdentity(name="another-worker", device="cpu"))
+    assert set(Generation.objects.values_list("status", flat=True)) == {Generation.Status.RUNNING}
+    generations_on_worker_start(identity)
+    for row in Generation.objects.all():
+        assert (row.status, row.error_code) == (Generation.Status.FAILED, "WORKER_LOST")
+        assert list(iter_events(row.id))[-1]["type"] == "failed"
+
+
+def test_a_batch_stopped_by_its_worker_fails_its_rows_and_lets_the_stop_through(loaded_llama, monkeypatch):
+    """A signal or a time limit that stops the worker mid-batch (a BaseException) leaves no row
+    ``running`` behind it."""
+    from generation import tasks
+    from generation.tests.conftest import WORKER
+    from mistudio import workers
+
+    def stopped(rows, poll):
+        raise SystemExit("stopped")
+
+    (row,) = request(loaded_llama, ["Stop"], max_tokens=4)
+    monkeypatch.setattr(tasks, "run_batch", stopped)
+    monkeypatch.setattr(workers, "CURRENT_WORKER", workers.WorkerIdentity(name=WORKER, device="cpu"))
+    with pytest.raises(SystemExit):
+        tasks.run_generation(row.id)
+    row.refresh_from_db()
+    assert (row.status, row.error_code) == (Generation.Status.FAILED, "WORKER_LOST")
+
+
+def test_a_token_that_took_no_row_passes_on_while_rows_wait(loaded_llama, writer):
+    """Between a job's steps a token may claim nothing (its rows' owners had more of the worker
+    than the job's owner): it must not be lost while they wait, or they would wait for ever."""
+    from conftest import make_user
+    from generation import tasks
+    from mistudio import workers
+    from mistudio.worker_clock import CLOCK
+
+    (row,) = request(loaded_llama, ["Later"], owner=writer, max_tokens=4)
+    queue = workers.interactive_queue(loaded_llama.host_worker)
+    queue.empty()
+    CLOCK.charge(10.0, [writer.id])
+    workers.CURRENT_WORKER = workers.WorkerIdentity(name=loaded_llama.host_worker, device="cpu")
+    workers._LENDING.lender = workers.Lender(owner=make_user("jo-job-owner", "model:write").id)
+    try:
+        tasks.run_generation(row.id)
+    finally:
+        workers._LENDING.lender = None
+        workers.CURRENT_WORKER = None
+    row.refresh_from_db()
+    assert row.status == Generation.Status.QUEUED and queue.count == 1
+    burst()
+    row.refresh_from_db()
+    assert row.status == Generation.Status.COMPLETED
