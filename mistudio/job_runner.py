@@ -155,11 +155,12 @@ def others_waiting(row: JobRow, *, worker_name: str) -> bool:
 
 def job_yield(row: JobRow, *, reason: str, ran_seconds: float) -> None:
     """The body saved its state and gave its worker up (``reason``: ``model_load`` or
-    ``time_slice``): the row goes back to ``queued`` on its queue, its owner counting as served
-    now (so the fair claim runs the other owners' rows first), and resumes from what it saved, as
-    after a worker restart. ``ran_seconds`` counts against its time limit."""
+    ``time_slice``): the row goes back to ``queued`` on its queue (after a time slice its owner
+    counts as served now, so the fair claim runs the other owners' rows first), and resumes from
+    what it saved, as after a worker restart. ``ran_seconds`` counts against its time limit."""
     redis_client = get_redis()
-    redis_client.hset(served_key(), _owner_key(row.owner_id), time.time())
+    if reason == "time_slice":  # made room for a model load: its owner was not served more
+        redis_client.hset(served_key(), _owner_key(row.owner_id), time.time())
     key = _ran_key(row)
     redis_client.incrbyfloat(key, ran_seconds)
     redis_client.expire(key, 8 * DAY)

@@ -5,6 +5,7 @@ exactly where it stopped. A real (burst) worker in this process runs them.
 """
 
 import datetime
+import time
 
 import pytest
 
@@ -135,7 +136,6 @@ def test_between_a_jobs_steps_a_batch_gives_the_time_back_after_its_slice(settin
 def test_a_batch_yields_at_once_to_whoever_had_less_of_the_worker(settings, loaded_llama, writer):
     """A chat of a few tokens arriving while someone's long batch decodes waits one poll, not the
     batch's slice; between a job's steps the batch yields as soon as the job's owner had less time."""
-    import time
 
     from generation.tasks import YIELD_POLL_SECONDS, YieldPoll
 
@@ -203,3 +203,69 @@ def test_between_items_a_batch_job_goes_first_when_its_owner_had_less_of_the_wor
         workers.CURRENT_WORKER = None
         for queue in queues:
             queue.empty()
+
+
+def poll_after(poll, seconds: float) -> bool:
+    time.sleep(seconds)
+    return poll()
+
+
+def test_a_batch_slice_starts_after_its_prefill(settings, loaded_llama, writer):
+    """A slice counts decoding, from the batch's first poll: a prompt whose prefill takes longer
+    than a slice still makes progress before it yields (else it would prefill again, for ever)."""
+    from generation.tasks import YieldPoll
+
+    settings.GENERATION_SLICE_SECONDS = 0.2
+    heavy = make_user("hugo-heavy", "model:write")
+    batch = request(loaded_llama, ["Long"], owner=writer, max_tokens=5)
+    request(loaded_llama, ["Wait"], owner=heavy, max_tokens=5)  # waits; had more: only the slice decides
+    CLOCK.charge(100.0, [heavy.id])
+    workers.CURRENT_WORKER = workers.WorkerIdentity(name=WORKER, device="cpu")
+    try:
+        poll = YieldPoll(batch, lender=None, started=time.monotonic() - 10)  # a 10 s prefill
+        assert poll() is False
+        assert poll_after(poll, 0.25) is True
+    finally:
+        workers.CURRENT_WORKER = None
+
+
+def test_a_lent_batch_of_the_jobs_own_rows_is_not_sliced(settings, loaded_llama, writer):
+    """Between a job's steps, the job's own requests (an explainer's) run to their end: yielding
+    them back to the job would only make it wait for them."""
+    from generation.tasks import YieldPoll
+
+    settings.GENERATION_SLICE_SECONDS = 0.05
+    own = request(loaded_llama, ["Explain"], owner=writer, max_tokens=5)
+    workers.CURRENT_WORKER = workers.WorkerIdentity(name=WORKER, device="cpu")
+    try:
+        poll = YieldPoll(own, lender=workers.Lender(owner=writer.id))
+        poll()
+        assert poll_after(poll, 0.1) is False
+        other = request(loaded_llama, ["Other"], owner=make_user("olga", "model:write"), max_tokens=5)
+        poll = YieldPoll(other, lender=workers.Lender(owner=writer.id))
+        poll()
+        assert poll_after(poll, 0.1) is True  # someone else's rows: the job gets its time back
+    finally:
+        workers.CURRENT_WORKER = None
+
+
+def test_after_its_slice_a_batch_yields_to_a_waiting_model_load(settings, loaded_llama, writer, monkeypatch):
+    """A person waits on a model load: a batch that has had its slice makes room, as a job does."""
+    from generation import tasks
+    from mistudio.workers import LOAD_JOB_PREFIX, shared_queue
+
+    settings.GENERATION_SLICE_SECONDS = 0.05
+    monkeypatch.setattr(tasks, "IDLE_WORKER_GRACE_SECONDS", 0.01)
+    batch = request(loaded_llama, ["Alone"], owner=writer, max_tokens=5)
+    workers.CURRENT_WORKER = workers.WorkerIdentity(name=WORKER, device="cpu")
+    try:
+        poll = tasks.YieldPoll(batch, lender=None)
+        poll()
+        assert poll_after(poll, 0.1) is False  # nothing waits: it runs on
+        shared_queue().enqueue("builtins.print", job_id=f"{LOAD_JOB_PREFIX}test")
+        poll = tasks.YieldPoll(batch, lender=None)
+        poll()
+        assert poll_after(poll, 0.1) is True
+    finally:
+        workers.CURRENT_WORKER = None
+        shared_queue().empty()

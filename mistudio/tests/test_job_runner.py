@@ -141,3 +141,16 @@ def test_a_model_load_queued_behind_a_long_training_starts_at_once(model, writer
     training.refresh_from_db()
     assert model.status == "ready" and training.status == "cancelled"
     assert any(f"{training.id} yields (model_load)" in message for message in yields(caplog))
+
+
+def test_a_job_that_made_room_for_a_load_keeps_its_owners_turn(model, writer):
+    """Only a time slice counts as its owner's turn taken: a job that yielded to a model load was
+    not served more, so the fair claim does not put its owner behind the others for it."""
+    cache = write_planted_cache(model, writer, samples=64)
+    training = long_training(writer, cache)
+    redis_client, owner = get_redis(), f"user:{writer.pk}"
+    redis_client.hdel(job_runner.served_key(), owner)
+    job_runner.job_yield(training, reason="model_load", ran_seconds=0.1)
+    assert redis_client.hget(job_runner.served_key(), owner) is None
+    job_runner.job_yield(training, reason="time_slice", ran_seconds=0.1)
+    assert redis_client.hget(job_runner.served_key(), owner) is not None
