@@ -14,6 +14,7 @@ is gone (its request ended, however it ended) is withdrawn like a cancelled one.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
@@ -152,6 +153,42 @@ def iter_events(
             elif check is not None and cursor.check_due() and (final := check()) is not None:
                 yield final
                 return
+
+
+def follow_to_end(
+    generation_ids: list[str],
+    *,
+    timeout: float,
+    check: Callable[[str], dict[str, Any] | None] | None = None,
+    check_every: float = 5.0,
+) -> bool:
+    """Reader side for several generations at once (the CLI's sweep): read every stream, each
+    holding its row's lease (rows nobody reads are withdrawn), until each has its final event
+    (or ``check(generation_id)``, asked after ``check_every`` seconds of silence, returns one).
+    False when ``timeout`` passes first."""
+    deadline = time.monotonic() + timeout
+    with contextlib.ExitStack() as followed:
+        reading = {
+            generation_id: (
+                followed.enter_context(
+                    stream_hub().follow(stream_key(generation_id), lease=reader_key(generation_id))
+                ),
+                _Cursor(check_every),
+            )
+            for generation_id in generation_ids
+        }
+        while reading:
+            if time.monotonic() > deadline:
+                return False
+            for generation_id, (follower, cursor) in list(reading.items()):
+                entries = follower.get(0.05)
+                if entries:
+                    cursor.take(entries)
+                elif check is not None and cursor.check_due() and check(generation_id) is not None:
+                    cursor.finished = True
+                if cursor.finished:
+                    del reading[generation_id]
+    return True
 
 
 async def read_events(

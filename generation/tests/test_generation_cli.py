@@ -181,6 +181,27 @@ def test_generate_steer_changes_the_text_and_keeps_the_request(worker, tiny_gpt2
 
 
 @pytest.mark.slow
+def test_a_sweep_longer_than_a_lease_is_not_withdrawn(worker, tiny_llama_folder, monkeypatch):
+    """The sweep holds its rows' leases while it waits (it reads their streams): rows whose lease
+    lapses are withdrawn as nobody's, and a sweep runs longer than a lease."""
+    from generation import streams
+    from mistudio import stream_hub
+
+    llama = loaded(tiny_llama_folder, "tiny-llama")
+    monkeypatch.setattr(streams, "LEASE_SECONDS", 1)
+    monkeypatch.setattr(stream_hub, "LEASE_SECONDS", 1)
+    monkeypatch.setattr(stream_hub, "LEASE_REFRESH_SECONDS", 0.2)
+    steer = json.dumps({"type": "add", "hook": HOOK, "vector": [0.1] * llama.hidden_size})
+    base = [llama.name, "Keep going", "--greedy", "--max-tokens", "600", "--ignore-eos", "--steer", steer]
+    started = time.monotonic()
+    table, _ = generate(*base, "--sweep", "1,2")
+    assert time.monotonic() - started > 2  # well past a lease
+    rows = Generation.objects.filter(model=llama)
+    assert [row.status for row in rows] == ["completed"] * 3, table
+    assert all(len(row.output_token_ids) == 600 for row in rows)
+
+
+@pytest.mark.slow
 def test_generate_load_loads_a_model_that_is_not_loaded(worker, tiny_gpt2_folder):
     register(tiny_gpt2_folder, "cold-gpt2")
     with pytest.raises(

@@ -7,7 +7,6 @@ Ctrl-C stops the generation in the worker and exits with status 130.
 
 import json
 import sys
-import time
 from argparse import BooleanOptionalAction
 
 from django.core.management.base import BaseCommand, CommandError
@@ -28,7 +27,8 @@ from generation.cli import (
     terminal_safe,
 )
 from generation.models import Generation
-from generation.services import CAPTURE_DTYPES, result_body, sweep_header, sweep_request
+from generation.services import CAPTURE_DTYPES, generation_check, result_body, sweep_header, sweep_request
+from generation.streams import follow_to_end
 from mistudio.errors import ApplicationError
 from models_app.management.commandline import find_model, plain
 
@@ -184,11 +184,9 @@ class Command(BaseCommand):
         except ApplicationError as error:
             raise CommandError(f"{error.code}: {error.message}") from None
         ids = [row.id for row in rows]
-        deadline = time.monotonic() + SWEEP_WAIT_SECONDS
-        while Generation.objects.filter(pk__in=ids, status__in=Generation.ACTIVE).exists():
-            if time.monotonic() > deadline:
-                raise CommandError(f"The sweep did not finish in {SWEEP_WAIT_SECONDS} s.")
-            time.sleep(0.2)
+        # Reading the rows' streams holds their leases: rows nobody waits for are withdrawn.
+        if not follow_to_end(ids, timeout=SWEEP_WAIT_SECONDS, check=generation_check):
+            raise CommandError(f"The sweep did not finish in {SWEEP_WAIT_SECONDS} s.")
         finished = Generation.objects.in_bulk(ids)
         header = sweep_header(rows)
         unit = "x max activation" if header["unit"] == "max_activation" else "raw"
