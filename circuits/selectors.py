@@ -133,15 +133,18 @@ def graph_view(
             details={"max_node_threshold": widest, "fields": {"node_threshold": [f"At most {widest:.7g}."]}},
         )
     edge_threshold = graph.edge_threshold if edge_threshold is None else edge_threshold
-    # The same view asked again (a page reloaded, a viewer polling) is served as rendered: a loop
-    # of views costs bytes, not a prune each. Per viewer (labels are what the viewer may see); the
-    # row's pins and thresholds are in its updated_at, and every change of a label, explanation or
-    # transcoder's sharing changes the names version (``names_changed``).
+    # The row's own view asked again (a page reloaded, a viewer polling) is served as rendered: a
+    # loop of views costs bytes, not a prune each. Only at the row's thresholds: views at any other
+    # (a slider moved) would fill Redis with renders of every threshold a client can spell. Per
+    # viewer (labels are what the viewer may see); the row's pins and thresholds are in its
+    # updated_at, and every change of a label, explanation or transcoder's sharing changes the names
+    # version (``names_changed``).
+    own = node_threshold == min(graph.node_threshold, widest) and edge_threshold == graph.edge_threshold
     key = (
         f"graph-view:{graph.pk}:{graph.updated_at.timestamp()}:{getattr(user, 'pk', None)}:"
-        f"{node_threshold!r}:{edge_threshold!r}:{int(export)}:{cache.get(NAMES_VERSION_KEY)}"
+        f"{int(export)}:{cache.get(NAMES_VERSION_KEY)}"
     )
-    if (cached := cache.get(key)) is not None:
+    if own and (cached := cache.get(key)) is not None:
         return cached
     count = view.kept_count(node_threshold)
     what = f"This view of {count:,} nodes"
@@ -182,7 +185,8 @@ def graph_view(
                 "summary": graph.summary,
             }
         rendered = json.dumps(body).encode()
-    cache.set(key, rendered, GRAPH_VIEW_CACHE_SECONDS)
+    if own:
+        cache.set(key, rendered, GRAPH_VIEW_CACHE_SECONDS)
     return rendered
 
 

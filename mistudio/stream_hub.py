@@ -184,12 +184,14 @@ class StreamHub:
             return sum(len(followers) for followers in self._followers.values())
 
     def _redis(self) -> redis.Redis:
-        """The hub's own connection: no client-side read timeout (the XREAD waits server-side)."""
+        """The hub's own connection. Its read timeout outlasts an XREAD's server-side wait by a few
+        seconds: a connection that died without a word (a dropped network) is noticed and made
+        anew, rather than stalling every stream of the process for ever."""
         if self._connection is None:
             ensure_redis()
             self._connection = redis.Redis.from_url(
-                settings.REDIS_URL, socket_connect_timeout=2, socket_timeout=None, max_connections=1,
-                client_name=hub_client_name(),
+                settings.REDIS_URL, socket_connect_timeout=2, socket_timeout=BLOCK_MS / 1000 + 5,
+                health_check_interval=30, max_connections=1, client_name=hub_client_name(),
             )  # fmt: skip
         return self._connection
 

@@ -38,6 +38,13 @@ def test_a_view_over_the_budget_or_into_a_full_one_is_refused(graph, writer, cli
     # The same view again is served as rendered (nothing to reserve): any other is checked.
     settings.GRAPH_VIEW_MEMORY_MB = 16  # less than what torch takes on its first calls: every view is over it
     assert api.get(url).status_code == 200
+    # Only the row's own view is kept rendered: the same view at other thresholds is computed anew
+    # each time (a client spelling thresholds could otherwise fill Redis with renders).
+    settings.GRAPH_VIEW_MEMORY_MB = 512
+    other = {"edge_threshold": 0.9}
+    assert api.get(url, other).status_code == 200
+    settings.GRAPH_VIEW_MEMORY_MB = 16
+    assert api.get(url, other).status_code == 400
     too_large = api.get(url, {"edge_threshold": 0.97})
     assert too_large.status_code == 400, too_large.content
     error = too_large.json()["error"]
