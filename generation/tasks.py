@@ -232,8 +232,9 @@ def settle(rows) -> list[str]:
     return settled
 
 
-def claim_batch(model_id: str, *, lender: Lender | None = None) -> list[Generation]:
-    """Claim (``running``) the next batch of the model's queued rows (:func:`fair_batch`). A row
+def claim_batch(model_id: str, *, worker_name: str, lender: Lender | None = None) -> list[Generation]:
+    """Claim (``running`` on ``worker_name``, from here on: a crash leaves no row unowned) the next
+    batch of the model's queued rows (:func:`fair_batch`). A row
     another worker or a cancel took first is left out. Between a job's steps (``lender``), only the
     rows of owners who had no more of the worker's time than the job's owner: the job's time goes
     to whoever's turn it is, not to everyone who has rows waiting."""
@@ -254,7 +255,6 @@ def claim_batch(model_id: str, *, lender: Lender | None = None) -> list[Generati
     if lender is not None:
         queued = [row for row in queued if served[row.owner_id] <= served[lender.owner]]
     chosen = fair_batch(queued, served, size=settings.GENERATION_MAX_BATCH)
-    worker_name = current_worker().name  # from the claim on: a crash here leaves no row unowned
     claimed = [
         row.pk
         for row in chosen
@@ -478,7 +478,7 @@ def run_generation(generation_id: str) -> None:
         return
     started = time.monotonic()
     lending = lender()
-    rows = claim_batch(model_id, lender=lending)
+    rows = claim_batch(model_id, worker_name=current_worker().name, lender=lending)
     poll = YieldPoll(rows, lender=lending, started=started)
     try:
         run_batch(rows, poll)

@@ -56,7 +56,7 @@ def test_a_newcomer_gets_a_place_in_the_next_batch_however_many_rows_wait(settin
         request(loaded_llama, [f"Prompt {index}" for index in range(16)], owner=writer, max_tokens=4)
     other = make_user("olga-other", "model:write")
     (late,) = request(loaded_llama, ["Late"], owner=other, max_tokens=4)
-    batch = claim_batch(loaded_llama.id)
+    batch = claim_batch(loaded_llama.id, worker_name=WORKER)
     assert late in batch and len(batch) == 4
     assert all(
         row.status == Generation.Status.RUNNING
@@ -65,8 +65,10 @@ def test_a_newcomer_gets_a_place_in_the_next_batch_however_many_rows_wait(settin
 
 
 def test_a_batch_yields_to_another_user_and_every_row_ends_as_if_it_never_stopped(
-    settings, loaded_llama, writer
+    settings, loaded_llama, writer, monkeypatch
 ):
+    from generation import tasks
+
     prompts = ["The river runs", "Once upon a time", "import numpy as np"]
     alone = {}
     for prompt in prompts:
@@ -77,6 +79,7 @@ def test_a_batch_yields_to_another_user_and_every_row_ends_as_if_it_never_stoppe
 
     settings.GENERATION_MAX_BATCH = 2
     settings.GENERATION_SLICE_SECONDS = 0.0001  # yield as soon as someone else waits
+    monkeypatch.setattr(tasks, "YIELD_POLL_SECONDS", 0.001)  # (a slice starts at the first poll)
     other, third = make_user("olga-other", "model:write"), make_user("theo-third", "model:write")
     mine = request(loaded_llama, prompts, owner=writer, max_tokens=30)
     (theirs,) = request(loaded_llama, ["Once upon a time"], owner=other, max_tokens=30)

@@ -177,11 +177,7 @@ def test_a_worker_that_died_mid_batch_fails_its_rows_when_it_starts_again(loaded
 
     rows = request(loaded_llama, ["Crash", "Here"], max_tokens=4)
     identity = workers.WorkerIdentity(name=WORKER, device="cpu")
-    workers.CURRENT_WORKER = identity
-    try:
-        claimed = claim_batch(loaded_llama.id)  # and the process dies here, before any token
-    finally:
-        workers.CURRENT_WORKER = None
+    claimed = claim_batch(loaded_llama.id, worker_name=WORKER)  # and the process dies here
     assert {row.pk for row in claimed} == {row.pk for row in rows}
     assert set(Generation.objects.values_list("host_worker", flat=True)) == {WORKER}
     generations_on_worker_start(workers.WorkerIdentity(name="another-worker", device="cpu"))
