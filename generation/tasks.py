@@ -567,7 +567,7 @@ class YieldPoll:
     * when it runs between a job's steps (``lender``: the job's owner), as soon as one of its owners
       has had more of the worker's time than the job's owner (it was claimed among owners who had
       no more: :func:`claim_batch`), and after its slice unless every row is the job owner's (the
-      job would only wait for them).
+      job would only wait for them; someone waiting who had less still goes first, as above).
 
     One owner alone, with nothing else waiting, runs to the end.
     """
@@ -598,16 +598,15 @@ class YieldPoll:
             return False
         sliced = now - self.decoding_since >= slice_seconds
         owners = set(self.owners)
-        if self.lender is not None:
-            served = CLOCK.snapshot({*owners, self.lender.owner})
-            overdrawn = served[self.lender.owner] < max(served[owner] for owner in owners)
-            self.answer = overdrawn or (sliced and owners != {self.lender.owner})
-            return self.answer
         waiting = waiting_owners(exclude=owners)
-        served = CLOCK.snapshot(owners | waiting)
+        lending = {self.lender.owner} if self.lender is not None else set()
+        served = CLOCK.snapshot(owners | waiting | lending)
         least_in_batch = min(served[owner] for owner in owners)
         if waiting and min(served[owner] for owner in waiting) < least_in_batch:
             self.answer = True
+        elif self.lender is not None:
+            overdrawn = served[self.lender.owner] < max(served[owner] for owner in owners)
+            self.answer = overdrawn or (sliced and owners != lending)
         elif sliced:
             self.answer = bool(waiting) or self.load_waiting() or self.owner_behind(served, owners)
         return self.answer

@@ -272,3 +272,22 @@ def test_after_its_slice_a_batch_yields_to_a_waiting_model_load(settings, loaded
     finally:
         workers.CURRENT_WORKER = None
         shared_queue().empty()
+
+
+def test_a_lent_batch_of_the_jobs_own_rows_yields_to_whoever_had_less(settings, loaded_llama, writer):
+    """An explainer's own requests run to their end between its steps, but not in front of a chat
+    of someone who had less of the worker (a job at concurrency 32 made every chat wait)."""
+    from generation.tasks import YieldPoll
+
+    settings.GENERATION_SLICE_SECONDS = 60
+    own = request(loaded_llama, ["Explain"], owner=writer, max_tokens=5)
+    CLOCK.charge(10.0, [writer.id])
+    workers.CURRENT_WORKER = workers.WorkerIdentity(name=WORKER, device="cpu")
+    try:
+        poll = YieldPoll(own, lender=workers.Lender(owner=writer.id))
+        poll()
+        assert poll_after(poll, 0.06) is False
+        request(loaded_llama, ["Hi"], owner=make_user("bob-chat", "model:write"), max_tokens=4)
+        assert poll_after(poll, 0.06) is True
+    finally:
+        workers.CURRENT_WORKER = None
