@@ -20,21 +20,26 @@ a stream, a database row). A request of 16 prompts costs 16 rows; a sweep of 8 s
 * **Per minute, per user** (``RATE_LIMIT_GENERATION_TOKENS_PER_MINUTE``): the work admitted in the
   last minute (``mistudio.throttling.charge_work``); 429 ``RATE_LIMITED`` (scope ``generation``).
 
-Requests take turns here (advisory locks on PostgreSQL; SQLite's transactions are already
-``IMMEDIATE``), so concurrent requests cannot all take the last share: first a user's requests
-among themselves, then everyone's (one user's flood queues on its own lock, not in front of others).
+Requests take turns here, so concurrent requests cannot all take the last share: first a user's
+requests among themselves (:func:`admission_turn`: a Redis lock, waited for with no database
+connection held, so one user's flood neither queues in front of others nor holds the pool), then
+everyone's (an advisory lock on PostgreSQL; SQLite's transactions are already ``IMMEDIATE``).
 Admission runs before any row, stream or queue entry exists: a refusal leaves nothing behind.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 
 from django.conf import settings
 from django.db.models import Q, Sum
 
 from generation.models import Generation
 from mistudio.errors import ApplicationError, rate_limited
+from mistudio.redis_client import get_redis
+from mistudio.request_lifetime import release_database
 from mistudio.throttling import charge_work
 from mistudio.transaction_locks import take_turns
 
@@ -44,6 +49,8 @@ GENERATION_ADMISSION_LOCK = 0x6D69_7374_2D67_656E
 # When a share is likely to free: rows finish in seconds on a loaded model.
 USER_RETRY_AFTER_SECONDS = 2
 BUSY_RETRY_AFTER_SECONDS = 5
+# How long a request waits for its user's earlier requests to be admitted before a 429.
+USER_TURN_WAIT_SECONDS = 5.0
 
 
 # The least a row costs, however short: its forward pass, stream and row are not free.
@@ -63,9 +70,37 @@ def _in_flight(rows) -> int:
     return rows.filter(status__in=Generation.ACTIVE).aggregate(total=Sum("work_tokens"))["total"] or 0
 
 
+@contextmanager
+def admission_turn(owner) -> Iterator[None]:
+    """Hold ``owner``'s turn to be admitted (a user's requests one at a time), waited for in Redis
+    after giving the database connection back: a user's hundred concurrent requests wait here, not
+    on a lock inside a transaction, each holding a pooled connection. Past
+    ``USER_TURN_WAIT_SECONDS``, 429 ``RATE_LIMITED``. Enter it before the transaction."""
+    if not getattr(owner, "is_authenticated", False):
+        yield
+        return
+    release_database()
+    lock = get_redis().lock(
+        f"{settings.REDIS_KEY_PREFIX}:generation:admission:user:{owner.pk}",
+        timeout=30, sleep=0.005, blocking_timeout=USER_TURN_WAIT_SECONDS,
+    )  # fmt: skip
+    if not lock.acquire():
+        raise rate_limited(
+            "Your other generation requests are still being admitted: send this one again in a second.",
+            retry_after_seconds=1,
+            details={"scope": "generation_in_flight"},
+        )
+    try:
+        yield
+    finally:
+        with suppress(Exception):  # it expires on its own
+            lock.release()
+
+
 def generation_admit(*, owner, host: str, tokens: int) -> None:
     """Admit ``tokens`` of work for ``owner`` on the worker ``host`` (see the module docstring), or
-    raise 429 / 503. Call it inside the transaction that creates the rows, just before."""
+    raise 400 / 429 / 503. Call it inside the transaction that creates the rows, just before,
+    within the owner's :func:`admission_turn`."""
     user = owner if getattr(owner, "is_authenticated", False) else None
     per_user = settings.GENERATION_USER_MAX_TOKENS_IN_FLIGHT
     total = settings.GENERATION_MAX_TOKENS_IN_FLIGHT
@@ -78,8 +113,6 @@ def generation_admit(*, owner, host: str, tokens: int) -> None:
             status=400,
             details={"request": tokens, "limit": largest, "unit": "tokens"},
         )
-    if user is not None:
-        take_turns(GENERATION_ADMISSION_LOCK, user.pk)
     take_turns(GENERATION_ADMISSION_LOCK)
     if user is not None and per_user:
         mine = _in_flight(Generation.objects.filter(owner=user))

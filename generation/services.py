@@ -23,7 +23,7 @@ from activations.model_structure import skeleton
 from activations.services import hook_names_for
 from engine.generation.params import config_context_length
 from engine.hooks import MODULE_PREFIX, list_hook_points
-from generation.admission import generation_admit, row_work
+from generation.admission import admission_turn, generation_admit, row_work
 from generation.interventions import (
     MAX_MAGNITUDE,
     interventions_memory,
@@ -192,7 +192,7 @@ def generation_request(
         row_work(prompt if text is None else text, sampling.max_tokens, explicit=explicit, context=context)
         for prompt, _, _ in planned
     ]
-    with transaction.atomic():
+    with admission_turn(owner), transaction.atomic():
         generation_admit(owner=owner, host=host, tokens=sum(work))
         rows = [
             Generation.objects.create(

@@ -44,16 +44,13 @@ from mistudio.errors import ApplicationError
 from mistudio.events import BACKGROUND_PUBLISHER, rows_audience
 from mistudio.worker_clock import CLOCK
 from mistudio.workers import (
-    IDLE_WORKER_GRACE_SECONDS,
     Lender,
     call_owners,
     current_worker,
     enqueue,
     interactive_queue,
     lender,
-    loads_waiting,
     read_heartbeats,
-    shared_queue,
     worker_task,
 )
 from models_app.models import LanguageModel
@@ -255,14 +252,19 @@ def claim_batch(model_id: str, *, worker_name: str, lender: Lender | None = None
     if lender is not None:
         queued = [row for row in queued if served[row.owner_id] <= served[lender.owner]]
     chosen = fair_batch(queued, served, size=settings.GENERATION_MAX_BATCH)
-    claimed = [
-        row.pk
-        for row in chosen
-        if Generation.objects.filter(pk=row.pk, status=Generation.Status.QUEUED).update(
-            status=Generation.Status.RUNNING, host_worker=worker_name
+    claimed: list[str] = []
+    try:
+        for row in chosen:
+            if Generation.objects.filter(pk=row.pk, status=Generation.Status.QUEUED).update(
+                status=Generation.Status.RUNNING, host_worker=worker_name
+            ):
+                claimed.append(row.pk)
+        rows = Generation.objects.select_related("model").in_bulk(claimed)
+    except BaseException:  # claimed rows that no batch will run go back to the queue
+        Generation.objects.filter(pk__in=claimed, status=Generation.Status.RUNNING).update(
+            status=Generation.Status.QUEUED, host_worker=""
         )
-    ]
-    rows = Generation.objects.select_related("model").in_bulk(claimed)
+        raise
     return [rows[pk] for pk in claimed]
 
 
@@ -478,23 +480,35 @@ def run_generation(generation_id: str) -> None:
         return
     started = time.monotonic()
     lending = lender()
-    rows = claim_batch(model_id, worker_name=current_worker().name, lender=lending)
-    poll = YieldPoll(rows, lender=lending, started=started)
+    rows: list[Generation] = []
+    poll = None
     try:
+        rows = claim_batch(model_id, worker_name=current_worker().name, lender=lending)
+        poll = YieldPoll(rows, lender=lending, started=started)
         run_batch(rows, poll)
     except Exception as error:
         logger.exception("generation batch of %s failed", generation_id)
         fail_running(rows, "GENERATION_FAILED", f"Generation failed: {type(error).__name__}.")
-    except BaseException:  # the worker stops (a signal, a time limit): no row is left running
-        fail_running(rows, "WORKER_LOST", "The worker stopped.")
+    except BaseException:  # a signal, or the time limit of the job this batch ran between steps of
+        fail_running(rows, "WORKER_LOST", "The worker stopped while generating.")
         raise
-    poll.charge()  # all of the worker's time the batch took, from its claim to its rows' saves
-    # A token runs one batch: while rows of the model still wait (more than a batch holds, rows
-    # that yielded, rows this lent turn could not take), one more token goes out, so the queue
-    # never holds more tokens than requests, and never none while a row waits.
-    next_row = Generation.objects.filter(model_id=model_id, status=Generation.Status.QUEUED).first()
-    if next_row is not None:
-        generation_enqueue(host=current_worker().name, generation_id=next_row.id)
+    finally:
+        if poll is not None:
+            poll.charge()  # all of the worker's time the batch took, from its claim to its rows' saves
+        pass_token_on(model_id)
+
+
+def pass_token_on(model_id: str) -> None:
+    """A token runs one batch: while rows of the model still wait (more than a batch holds, rows
+    that yielded, rows a lent turn could not take, rows of a batch that failed to start), one more
+    token goes out, so the queue never holds more tokens than requests, and never none while a row
+    waits."""
+    try:
+        next_row = Generation.objects.filter(model_id=model_id, status=Generation.Status.QUEUED).first()
+        if next_row is not None:
+            generation_enqueue(host=current_worker().name, generation_id=next_row.id)
+    except Exception:  # never in place of what the batch raised; the reconcile settles the rest
+        logger.exception("generation token of %s not passed on", model_id)
 
 
 def fail_running(rows: list[Generation], code: str, message: str) -> None:
@@ -558,24 +572,26 @@ class YieldPoll:
     (``mistudio.worker_clock``). The batch yields:
 
     * to an owner waiting for this worker (a queued row for a model it hosts, or a worker call) who
-      had less of its time lately than every owner in the batch — a chat waits one poll, not the
-      batch;
+      had less of its time lately than every owner in the batch — a chat waits about a poll, not
+      the batch;
     * once it has decoded ``GENERATION_SLICE_SECONDS`` (counted from its first poll, after the
       prefill: a prompt whose prefill takes longer than a slice still makes progress), to anyone
-      else waiting, to a model load waiting for this worker, and to an owner of its own rows who
-      had less of the worker than another owner in it (their other rows wait);
+      else waiting;
     * when it runs between a job's steps (``lender``: the job's owner), as soon as one of its owners
       has had more of the worker's time than the job's owner (it was claimed among owners who had
       no more: :func:`claim_batch`), and after its slice unless every row is the job owner's (the
       job would only wait for them; someone waiting who had less still goes first, as above).
 
-    One owner alone, with nothing else waiting, runs to the end.
+    Every yield re-runs the rows' prefill in their next batch, so no batch yields before it has
+    decoded as long as its prefill took (and a poll): whoever makes it yield, at most half of the
+    worker's time goes to prefills made again. One owner alone, with nothing else waiting, runs to
+    the end.
     """
 
     def __init__(self, rows: list[Generation], *, lender: Lender | None, started: float | None = None):
         self.owners = [row.owner_id for row in rows]
         self.lender = lender
-        self.charged = time.monotonic() if started is None else started
+        self.claimed = self.charged = time.monotonic() if started is None else started
         self.decoding_since: float | None = None  # the first poll: the prefill is done
         self.last_poll = 0.0
         self.answer = False
@@ -594,38 +610,22 @@ class YieldPoll:
         self.last_poll = now
         self.charge()
         slice_seconds = settings.GENERATION_SLICE_SECONDS
-        if not slice_seconds:
+        decoded = now - self.decoding_since
+        if not slice_seconds or decoded < max(YIELD_POLL_SECONDS, self.decoding_since - self.claimed):
             return False
-        sliced = now - self.decoding_since >= slice_seconds
+        sliced = decoded >= slice_seconds
         owners = set(self.owners)
         waiting = waiting_owners(exclude=owners)
         lending = {self.lender.owner} if self.lender is not None else set()
         served = CLOCK.snapshot(owners | waiting | lending)
-        least_in_batch = min(served[owner] for owner in owners)
-        if waiting and min(served[owner] for owner in waiting) < least_in_batch:
+        if waiting and min(served[owner] for owner in waiting) < min(served[owner] for owner in owners):
             self.answer = True
         elif self.lender is not None:
             overdrawn = served[self.lender.owner] < max(served[owner] for owner in owners)
             self.answer = overdrawn or (sliced and owners != lending)
-        elif sliced:
-            self.answer = bool(waiting) or self.load_waiting() or self.owner_behind(served, owners)
+        else:
+            self.answer = sliced and bool(waiting)
         return self.answer
-
-    @staticmethod
-    def load_waiting() -> bool:
-        return loads_waiting(shared_queue(), grace_seconds=IDLE_WORKER_GRACE_SECONDS)
-
-    def owner_behind(self, served: dict[int | None, float], owners: set[int | None]) -> bool:
-        """Whether an owner in this batch with queued rows left out of it had less of the worker
-        than another owner in it (the batch was full: the next one takes turns anew)."""
-        if len(owners) < 2:
-            return False
-        queued = set(
-            Generation.objects.filter(
-                model_id__in=LOADED_MODELS.model_ids(), status=Generation.Status.QUEUED, owner_id__in=owners
-            ).values_list("owner_id", flat=True)
-        )
-        return any(served[owner] < max(served[other] for other in owners) for owner in queued)
 
 
 YIELD_POLL_SECONDS = 0.05

@@ -171,3 +171,21 @@ def test_the_rate_is_one_small_entry_however_many_requests(settings, ready_model
         generations_withdraw([row.id for row in queue(ready_model, writer, ["Hi"], max_tokens=1)])
     entry = SimpleRateThrottle.cache.get(f"throttle:work:generation:user:{writer.pk}")
     assert sum(entry.values()) == 40 * MIN_ROW_WORK and len(entry) <= WORK_BUCKETS
+
+
+def test_a_users_requests_wait_for_their_own_turn_not_in_front_of_others(
+    ready_model, writer, model_admin, client_for, monkeypatch
+):
+    """A user's requests are admitted one at a time, waited for in Redis (no pooled database
+    connection held while waiting): past the wait, 429; another user is admitted meanwhile."""
+    from generation import admission
+
+    monkeypatch.setattr(admission, "USER_TURN_WAIT_SECONDS", 0.2)
+    body = {"model_id": ready_model.id, "prompt": "Hello", "max_tokens": 40}
+    with admission.admission_turn(writer):  # the writer's earlier request is being admitted
+        refused = client_for(writer).post("/api/generate", body, format="json")
+        assert len(queue(ready_model, model_admin, ["Hello"], max_tokens=40)) == 1
+    assert_refused(refused, status=429, code="RATE_LIMITED")
+    assert refused.json()["error"]["details"]["scope"] == "generation_in_flight"
+    assert not Generation.objects.filter(owner=writer).exists()
+    assert len(queue(ready_model, writer, ["Hello"], max_tokens=40)) == 1  # its turn came

@@ -72,7 +72,7 @@ def test_a_batch_yields_to_another_user_and_every_row_ends_as_if_it_never_stoppe
     prompts = ["The river runs", "Once upon a time", "import numpy as np"]
     alone = {}
     for prompt in prompts:
-        (row,) = request(loaded_llama, [prompt], owner=writer, max_tokens=30)
+        (row,) = request(loaded_llama, [prompt], owner=writer, max_tokens=80)
         burst()
         row.refresh_from_db()
         alone[prompt] = (row.output_token_ids, row.output_text)
@@ -81,9 +81,9 @@ def test_a_batch_yields_to_another_user_and_every_row_ends_as_if_it_never_stoppe
     settings.GENERATION_SLICE_SECONDS = 0.0001  # yield as soon as someone else waits
     monkeypatch.setattr(tasks, "YIELD_POLL_SECONDS", 0.001)  # (a slice starts at the first poll)
     other, third = make_user("olga-other", "model:write"), make_user("theo-third", "model:write")
-    mine = request(loaded_llama, prompts, owner=writer, max_tokens=30)
-    (theirs,) = request(loaded_llama, ["Once upon a time"], owner=other, max_tokens=30)
-    (last,) = request(loaded_llama, ["The river runs"], owner=third, max_tokens=30)
+    mine = request(loaded_llama, prompts, owner=writer, max_tokens=80)
+    (theirs,) = request(loaded_llama, ["Once upon a time"], owner=other, max_tokens=80)
+    (last,) = request(loaded_llama, ["The river runs"], owner=third, max_tokens=80)
     burst()
 
     rows = {
@@ -95,7 +95,7 @@ def test_a_batch_yields_to_another_user_and_every_row_ends_as_if_it_never_stoppe
         assert done.status == Generation.Status.COMPLETED and done.finish_reason == "length"
         assert (done.output_token_ids, done.output_text) == alone[done.prompt]
     segments = [rows[row.pk].progress.get("segments", 1) for row in [*mine, theirs, last]]
-    assert max(segments) > 3  # batches of two among three owners: they took turns
+    assert max(segments) >= 2  # batches of two among three owners: they took turns
     # The third user's one row did not wait for the first user's three to end.
     assert rows[last.pk].completed_at < max(rows[row.pk].completed_at for row in mine)
 
@@ -163,8 +163,10 @@ def test_a_batch_yields_at_once_to_whoever_had_less_of_the_worker(settings, load
         assert poll() is False  # the job's owner had more: the batch goes on until its slice
         CLOCK.reset()
         CLOCK.charge(10.0, [heavy.id])
+        poll = YieldPoll(batch, lender=workers.Lender(owner=writer.id))
+        poll()
         time.sleep(YIELD_POLL_SECONDS)
-        assert YieldPoll(batch, lender=workers.Lender(owner=writer.id))() is True
+        assert poll() is True
     finally:
         workers.CURRENT_WORKER = None
 
@@ -225,9 +227,9 @@ def test_a_batch_slice_starts_after_its_prefill(settings, loaded_llama, writer):
     CLOCK.charge(100.0, [heavy.id])
     workers.CURRENT_WORKER = workers.WorkerIdentity(name=WORKER, device="cpu")
     try:
-        poll = YieldPoll(batch, lender=None, started=time.monotonic() - 10)  # a 10 s prefill
+        poll = YieldPoll(batch, lender=None, started=time.monotonic() - 0.3)  # a 0.3 s prefill
         assert poll() is False
-        assert poll_after(poll, 0.25) is True
+        assert poll_after(poll, 0.35) is True
     finally:
         workers.CURRENT_WORKER = None
 
@@ -252,28 +254,6 @@ def test_a_lent_batch_of_the_jobs_own_rows_is_not_sliced(settings, loaded_llama,
         workers.CURRENT_WORKER = None
 
 
-def test_after_its_slice_a_batch_yields_to_a_waiting_model_load(settings, loaded_llama, writer, monkeypatch):
-    """A person waits on a model load: a batch that has had its slice makes room, as a job does."""
-    from generation import tasks
-    from mistudio.workers import LOAD_JOB_PREFIX, shared_queue
-
-    settings.GENERATION_SLICE_SECONDS = 0.05
-    monkeypatch.setattr(tasks, "IDLE_WORKER_GRACE_SECONDS", 0.01)
-    batch = request(loaded_llama, ["Alone"], owner=writer, max_tokens=5)
-    workers.CURRENT_WORKER = workers.WorkerIdentity(name=WORKER, device="cpu")
-    try:
-        poll = tasks.YieldPoll(batch, lender=None)
-        poll()
-        assert poll_after(poll, 0.1) is False  # nothing waits: it runs on
-        shared_queue().enqueue("builtins.print", job_id=f"{LOAD_JOB_PREFIX}test")
-        poll = tasks.YieldPoll(batch, lender=None)
-        poll()
-        assert poll_after(poll, 0.1) is True
-    finally:
-        workers.CURRENT_WORKER = None
-        shared_queue().empty()
-
-
 def test_a_lent_batch_of_the_jobs_own_rows_yields_to_whoever_had_less(settings, loaded_llama, writer):
     """An explainer's own requests run to their end between its steps, but not in front of a chat
     of someone who had less of the worker (a job at concurrency 32 made every chat wait)."""
@@ -289,5 +269,25 @@ def test_a_lent_batch_of_the_jobs_own_rows_yields_to_whoever_had_less(settings, 
         assert poll_after(poll, 0.06) is False
         request(loaded_llama, ["Hi"], owner=make_user("bob-chat", "model:write"), max_tokens=4)
         assert poll_after(poll, 0.06) is True
+    finally:
+        workers.CURRENT_WORKER = None
+
+
+def test_no_batch_yields_before_it_has_decoded_as_long_as_its_prefill(settings, loaded_llama, writer):
+    """A yield costs the rows their prefill again: whoever waits (a worker call every few
+    milliseconds), a batch first decodes as long as its prefill took, so at most half of the
+    worker's time goes to prefills made again."""
+    from generation.tasks import YieldPoll
+
+    settings.GENERATION_SLICE_SECONDS = 60
+    batch = request(loaded_llama, ["Long prompt"], owner=writer, max_tokens=5)
+    CLOCK.charge(10.0, [writer.id])
+    request(loaded_llama, ["Hi"], owner=make_user("bob-chat", "model:write"), max_tokens=4)  # had less
+    workers.CURRENT_WORKER = workers.WorkerIdentity(name=WORKER, device="cpu")
+    try:
+        poll = YieldPoll(batch, lender=None, started=time.monotonic() - 0.4)  # a 0.4 s prefill
+        assert poll() is False
+        assert poll_after(poll, 0.1) is False
+        assert poll_after(poll, 0.35) is True
     finally:
         workers.CURRENT_WORKER = None

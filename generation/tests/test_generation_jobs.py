@@ -188,9 +188,12 @@ def test_a_worker_that_died_mid_batch_fails_its_rows_when_it_starts_again(loaded
         assert list(iter_events(row.id))[-1]["type"] == "failed"
 
 
-def test_a_batch_stopped_by_its_worker_fails_its_rows_and_lets_the_stop_through(loaded_llama, monkeypatch):
-    """A signal or a time limit that stops the worker mid-batch (a BaseException) leaves no row
-    ``running`` behind it."""
+def test_a_batch_stopped_by_its_worker_fails_its_rows_and_lets_the_stop_through(
+    loaded_llama, monkeypatch, settings
+):
+    """A signal or a time limit that stops the worker mid-batch (a BaseException: also the time
+    limit of a job the batch ran between the steps of) leaves no row ``running`` behind it, and
+    the rows still waiting keep a token."""
     from generation import tasks
     from generation.tests.conftest import WORKER
     from mistudio import workers
@@ -198,13 +201,22 @@ def test_a_batch_stopped_by_its_worker_fails_its_rows_and_lets_the_stop_through(
     def stopped(rows, poll):
         raise SystemExit("stopped")
 
-    (row,) = request(loaded_llama, ["Stop"], max_tokens=4)
+    settings.GENERATION_MAX_BATCH = 1
+    first, second = (request(loaded_llama, [prompt], max_tokens=4)[0] for prompt in ("Stop", "Wait"))
+    queue = workers.interactive_queue(WORKER)
+    queue.empty()
     monkeypatch.setattr(tasks, "run_batch", stopped)
     monkeypatch.setattr(workers, "CURRENT_WORKER", workers.WorkerIdentity(name=WORKER, device="cpu"))
     with pytest.raises(SystemExit):
-        tasks.run_generation(row.id)
-    row.refresh_from_db()
-    assert (row.status, row.error_code) == (Generation.Status.FAILED, "WORKER_LOST")
+        tasks.run_generation(first.id)
+    first.refresh_from_db()
+    second.refresh_from_db()
+    assert (first.status, first.error_code) == (Generation.Status.FAILED, "WORKER_LOST")
+    assert second.status == Generation.Status.QUEUED and queue.count == 1
+    monkeypatch.undo()
+    burst()
+    second.refresh_from_db()
+    assert second.status == Generation.Status.COMPLETED
 
 
 def test_a_token_that_took_no_row_passes_on_while_rows_wait(loaded_llama, writer):
