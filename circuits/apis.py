@@ -13,7 +13,7 @@ from generation.services import generation_model
 from mistudio.errors import ApplicationError
 from mistudio.permissions import CanRead, CanWrite
 from mistudio.serializers import StrictSerializer
-from mistudio.throttling import WorkerCallThrottle
+from mistudio.throttling import GraphViewThrottle, WorkerCallThrottle
 from saes.selectors import completed_sae, group_get
 
 
@@ -140,6 +140,7 @@ class GraphNodesApi(APIView):
     Neuronpedia graph JSON, feature nodes labelled with what you may see."""
 
     permission_classes = [CanRead]
+    throttle_classes = [GraphViewThrottle]
 
     @extend_schema(parameters=[ThresholdSerializer], responses={200: dict})
     def get(self, request, graph_id: str):
@@ -150,6 +151,7 @@ class GraphExportApi(APIView):
     """The graph as a file that Neuronpedia's graph viewer and circuit-tracer's local server load."""
 
     permission_classes = [CanRead]
+    throttle_classes = [GraphViewThrottle]
 
     @extend_schema(parameters=[ThresholdSerializer], responses={200: bytes})
     def get(self, request, graph_id: str):

@@ -482,6 +482,9 @@ RATE_LIMIT_GENERATION_TOKENS_PER_MINUTE = int(
 )
 # Worker calls (live encoding, patching, the logit lens) per user per minute.
 RATE_LIMIT_WORKER_CALLS_PER_MINUTE = int(env_number("RATE_LIMIT_WORKER_CALLS_PER_MINUTE", 60, integer=True))
+# Views of attribution graphs (/nodes, /export): cheap when served as rendered, but each one is
+# the web process's CPU; a person dragging a slider sends at most five a second.
+RATE_LIMIT_GRAPH_VIEWS_PER_MINUTE = int(env_number("RATE_LIMIT_GRAPH_VIEWS_PER_MINUTE", 600, integer=True))
 # Jobs of every kind (extractions, SAE trainings and imports, analyses, steering vectors,
 # evaluations) queued or running at once; a request over either cap gets 429 with Retry-After.
 MAX_ACTIVE_JOBS = int(env_number("MAX_ACTIVE_JOBS", 16, integer=True))
@@ -573,6 +576,9 @@ REST_FRAMEWORK = {
         else None,
         "worker_call": (
             f"{RATE_LIMIT_WORKER_CALLS_PER_MINUTE}/minute" if RATE_LIMIT_WORKER_CALLS_PER_MINUTE else None
+        ),
+        "graph_view": (
+            f"{RATE_LIMIT_GRAPH_VIEWS_PER_MINUTE}/minute" if RATE_LIMIT_GRAPH_VIEWS_PER_MINUTE else None
         ),
     },
     "NUM_PROXIES": NUM_PROXIES,

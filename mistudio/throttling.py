@@ -155,3 +155,11 @@ def charge_work(*, scope: str, user: Any, tokens: int, what: str) -> None:
         )
     buckets[current] = buckets.get(current, 0) + tokens
     cache.set(key, buckets, duration)
+
+
+class GraphViewThrottle(UserRateThrottle):
+    """``GET /api/graphs/{id}/nodes`` and ``/export``: each view is the web process's CPU, even
+    served as rendered (a loop of views on a few connections took a core)."""
+
+    scope = "graph_view"
+    what = "graph views"

@@ -106,3 +106,19 @@ def test_one_users_views_run_one_at_a_time_and_others_are_not_held_up(settings):
     with view_memory(2**20, what="a view", advice="", viewer="mallory"):  # hers again, now hers ended
         pass
     assert held_bytes() == 0
+
+
+def test_graph_views_share_one_rate_per_user(graph, writer, model_admin, client_for, settings):
+    """Views served as rendered still take the web process's CPU: /nodes and /export share one
+    rate per user (a loop of views on four connections took a core); another user goes on."""
+    rates = {**settings.REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"], "graph_view": "3/minute"}
+    settings.REST_FRAMEWORK = {**settings.REST_FRAMEWORK, "DEFAULT_THROTTLE_RATES": rates}
+    api = client_for(writer)
+    for path in ("nodes", "nodes", "export"):
+        assert api.get(f"/api/graphs/{graph.id}/{path}").status_code == 200
+    refused = api.get(f"/api/graphs/{graph.id}/nodes")
+    assert refused.status_code == 429, refused.content
+    error = refused.json()["error"]
+    assert error["code"] == "RATE_LIMITED" and error["details"]["scope"] == "graph_view"
+    assert refused["Retry-After"] == str(error["details"]["retry_after_seconds"])
+    assert client_for(model_admin).get(f"/api/graphs/{graph.id}/nodes").status_code != 429
