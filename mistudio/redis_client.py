@@ -8,7 +8,9 @@
   and a connection per waiter exhausted the pool.
 
 An RQ worker gets a connection of its own (:func:`worker_redis`): RQ sets its read timeout just
-above its own blocking dequeue.
+above its own blocking dequeue. The stream reader's short commands (waking it, its leases) use a
+pool of their own (:func:`hub_redis`): they run on the web's event loop, which must never wait for
+a connection of the shared pool.
 """
 
 import functools
@@ -63,6 +65,20 @@ def get_redis() -> redis.Redis:
         socket_timeout=settings.REDIS_SOCKET_TIMEOUT_SECONDS,
         max_connections=settings.REDIS_MAX_CONNECTIONS,
     )
+
+
+def hub_redis() -> redis.Redis:
+    """A pool of its own for the stream hub's quick commands (``mistudio.stream_hub``: its wake,
+    its leases), called on the event loop: when every connection of :func:`get_redis`'s pool is
+    taken, these must not wait for one (the whole process would wait with them). Unbounded, as
+    few connections as such calls run at once."""
+    ensure_redis()
+    return _hub_connection(settings.REDIS_URL, socket_timeout=settings.REDIS_SOCKET_TIMEOUT_SECONDS)
+
+
+@functools.cache
+def _hub_connection(url: str, *, socket_timeout: float | None) -> redis.Redis:
+    return redis.Redis.from_url(url, socket_timeout=socket_timeout, **_options(url))
 
 
 def worker_redis() -> redis.Redis:

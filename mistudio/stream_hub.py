@@ -34,7 +34,7 @@ from typing import Any
 import redis
 from django.conf import settings
 
-from mistudio.redis_client import ensure_redis, get_redis
+from mistudio.redis_client import ensure_redis, hub_redis
 
 logger = logging.getLogger(__name__)
 
@@ -161,7 +161,7 @@ class StreamHub:
             )
         if follower.lease is not None and not lease_held:
             with contextlib.suppress(redis.RedisError):
-                get_redis().delete(follower.lease)
+                hub_redis().delete(follower.lease)
 
     def _refresh_leases(self) -> None:
         """Keep alive the leases of the followers read lately (from the hub's thread)."""
@@ -174,7 +174,7 @@ class StreamHub:
                 if follower.lease is not None and now - follower.last_read < LEASE_SECONDS
             }
         if leases:
-            pipeline = get_redis().pipeline(transaction=False)
+            pipeline = hub_redis().pipeline(transaction=False)
             for lease in leases:
                 pipeline.set(lease, "1", ex=LEASE_SECONDS)
             pipeline.execute()
@@ -197,7 +197,7 @@ class StreamHub:
 
     def _wake(self) -> None:
         try:
-            pipeline = get_redis().pipeline(transaction=False)
+            pipeline = hub_redis().pipeline(transaction=False)
             pipeline.xadd(self._wake_key, {"w": "1"}, maxlen=16, approximate=True)
             pipeline.expire(self._wake_key, 3600)
             pipeline.execute()

@@ -175,3 +175,24 @@ def test_a_worker_call_is_its_callers_work_on_the_worker_clock(writer):
     assert answers == [{"ok": True}]
     served = CLOCK.snapshot([writer.id, None])
     assert served[writer.id] >= 0.15 and served[None] == 0
+
+
+def test_following_and_closing_never_wait_for_the_shared_pool():
+    """``follow`` and ``close`` run on the web's event loop: with every connection of the shared
+    pool taken (a flood of requests), they still return at once (the hub's wake and leases have a
+    pool of their own), instead of holding the whole process up to the pool's timeout."""
+    import time
+
+    from mistudio.redis_client import get_redis
+    from mistudio.stream_hub import stream_hub
+
+    pool = get_redis().connection_pool
+    taken = [pool.get_connection() for _ in range(pool.max_connections)]
+    try:
+        started = time.monotonic()
+        with stream_hub().follow("test:hub:pool-exhausted", lease="test:hub:pool-exhausted:lease"):
+            pass
+        assert time.monotonic() - started < 1.0
+    finally:
+        for connection in taken:
+            pool.release(connection)
