@@ -21,7 +21,7 @@ a stream, a database row). A request of 16 prompts costs 16 rows; a sweep of 8 s
   last minute (``mistudio.throttling.charge_work``); 429 ``RATE_LIMITED`` (scope ``generation``).
 
 Requests take turns here, so concurrent requests cannot all take the last share: first a user's
-requests among themselves (:func:`admission_turn`: a Redis lock, waited for with no database
+requests among themselves in each web process (:func:`admission_turn`, waited for with no database
 connection held, so one user's flood neither queues in front of others nor holds the pool), then
 everyone's (an advisory lock on PostgreSQL; SQLite's transactions are already ``IMMEDIATE``).
 Admission runs before any row, stream or queue entry exists: a refusal leaves nothing behind.
@@ -30,15 +30,15 @@ Admission runs before any row, stream or queue entry exists: a refusal leaves no
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 
 from django.conf import settings
 from django.db.models import Q, Sum
 
 from generation.models import Generation
 from mistudio.errors import ApplicationError, rate_limited
-from mistudio.redis_client import get_redis
 from mistudio.request_lifetime import release_database
 from mistudio.throttling import charge_work
 from mistudio.transaction_locks import take_turns
@@ -50,7 +50,7 @@ GENERATION_ADMISSION_LOCK = 0x6D69_7374_2D67_656E
 USER_RETRY_AFTER_SECONDS = 2
 BUSY_RETRY_AFTER_SECONDS = 5
 # How long a request waits for its user's earlier requests to be admitted before a 429.
-USER_TURN_WAIT_SECONDS = 5.0
+USER_TURN_WAIT_SECONDS = 30.0
 
 
 # The least a row costs, however short: its forward pass, stream and row are not free.
@@ -70,31 +70,34 @@ def _in_flight(rows) -> int:
     return rows.filter(status__in=Generation.ACTIVE).aggregate(total=Sum("work_tokens"))["total"] or 0
 
 
+_USER_TURNS: dict[int, threading.Lock] = {}
+_USER_TURNS_LOCK = threading.Lock()
+
+
 @contextmanager
 def admission_turn(owner) -> Iterator[None]:
-    """Hold ``owner``'s turn to be admitted (a user's requests one at a time), waited for in Redis
-    after giving the database connection back: a user's hundred concurrent requests wait here, not
-    on a lock inside a transaction, each holding a pooled connection. Past
+    """Hold ``owner``'s turn to be admitted in this process (a user's requests one at a time),
+    waited for with the database connection given back: a user's hundred concurrent requests wait
+    here, holding nothing, instead of on the advisory lock inside a transaction, each holding one
+    of the process's pooled connections (the pool is per process, so is this turn). Past
     ``USER_TURN_WAIT_SECONDS``, 429 ``RATE_LIMITED``. Enter it before the transaction."""
     if not getattr(owner, "is_authenticated", False):
         yield
         return
-    release_database()
-    lock = get_redis().lock(
-        f"{settings.REDIS_KEY_PREFIX}:generation:admission:user:{owner.pk}",
-        timeout=30, sleep=0.005, blocking_timeout=USER_TURN_WAIT_SECONDS,
-    )  # fmt: skip
-    if not lock.acquire():
-        raise rate_limited(
-            "Your other generation requests are still being admitted: send this one again in a second.",
-            retry_after_seconds=1,
-            details={"scope": "generation_in_flight"},
-        )
+    with _USER_TURNS_LOCK:
+        turn = _USER_TURNS.setdefault(owner.pk, threading.Lock())
+    if not turn.acquire(blocking=False):
+        release_database()
+        if not turn.acquire(timeout=USER_TURN_WAIT_SECONDS):
+            raise rate_limited(
+                "Your other generation requests are still being admitted: send this one again in a second.",
+                retry_after_seconds=1,
+                details={"scope": "generation_in_flight"},
+            )
     try:
         yield
     finally:
-        with suppress(Exception):  # it expires on its own
-            lock.release()
+        turn.release()
 
 
 def generation_admit(*, owner, host: str, tokens: int) -> None:
