@@ -69,6 +69,22 @@ def wait_for(condition, *, timeout: float, what: str, interval: float = 0.1):
     raise SystemExit(f"timed out waiting for {what}")
 
 
+def first_token_seconds(client, model_id: str, *, message: str, max_tokens: int) -> float | None:
+    """Seconds from sending a streamed chat completion (``client``: an OpenAI client on ``/v1``) to
+    its first content chunk; None when none came back."""
+    started = time.perf_counter()
+    stream = client.chat.completions.create(
+        model=model_id, messages=[{"role": "user", "content": message}], max_tokens=max_tokens,
+        temperature=0, stream=True, extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    first = None
+    for chunk in stream:
+        delta = chunk.choices[0].delta if chunk.choices else None
+        if first is None and delta is not None and delta.role is None and delta.content is not None:
+            first = time.perf_counter() - started
+    return first
+
+
 def user_with_token(username: str):
     from django.contrib.auth import get_user_model
     from django.contrib.auth.models import Group

@@ -32,6 +32,7 @@ import time
 os.environ.setdefault("MAX_ACTIVE_JOBS_PER_USER", "8")  # alice queues 5 trainings at once below
 
 from demo_stack import HOOK, demo_stack, wait_for  # after the environment: it configures Django
+from demo_stack import first_token_seconds as chat_first_token
 
 NEW_TOKENS = 8
 MESSAGE = "What does sorted() return?"
@@ -39,16 +40,7 @@ MESSAGE = "What does sorted() return?"
 
 def first_token_seconds(client, model_id: str) -> float:
     """Seconds from sending a streamed chat completion to its first content chunk."""
-    started = time.perf_counter()
-    stream = client.chat.completions.create(
-        model=model_id, messages=[{"role": "user", "content": MESSAGE}], max_tokens=NEW_TOKENS,
-        temperature=0, stream=True, extra_body={"ignore_eos": True},
-    )  # fmt: skip
-    first = None
-    for chunk in stream:
-        delta = chunk.choices[0].delta if chunk.choices else None
-        if first is None and delta is not None and delta.role is None and delta.content is not None:
-            first = time.perf_counter() - started
+    first = chat_first_token(client, model_id, message=MESSAGE, max_tokens=NEW_TOKENS)
     if first is None:
         raise SystemExit("no content chunk came back")
     return first

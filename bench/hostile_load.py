@@ -42,6 +42,7 @@ import time
 os.environ.setdefault("MAX_ACTIVE_JOBS_PER_USER", "8")
 
 from demo_stack import HOOK, demo_stack, user_with_token, wait_for  # configures Django first
+from demo_stack import first_token_seconds as chat_first_token
 
 PROMPT = "def sorted_items(mapping):\n    "
 GRAPH_PROMPT = (
@@ -49,6 +50,7 @@ GRAPH_PROMPT = (
     "def subtract(a, b):\n    return a -"
 )
 CHAT_TOKENS = 8
+CHAT_MESSAGE = "What does sorted() return?"
 EXPLAIN_OPTIONS = {"explain_max_tokens": 24, "score_max_tokens": 16, "explain_examples": 6,
                    "test_examples": 6, "non_activating": 6, "ignore_eos": True}  # fmt: skip
 
@@ -77,17 +79,10 @@ def first_token_seconds(client, model_id: str, tally: Tally) -> float | None:
     """Seconds from sending a streamed chat completion to its first content chunk (None: it failed)."""
     import openai
 
-    started = time.perf_counter()
     try:
-        stream = client.chat.completions.create(
-            model=model_id, messages=[{"role": "user", "content": "What does sorted() return?"}],
-            max_tokens=CHAT_TOKENS, temperature=0, stream=True, extra_body={"ignore_eos": True},
-        )  # fmt: skip
-        first = None
-        for chunk in stream:
-            delta = chunk.choices[0].delta if chunk.choices else None
-            if first is None and delta is not None and delta.role is None and delta.content is not None:
-                first = time.perf_counter() - started
+        first = chat_first_token(
+            client, model_id, message="What does sorted() return?", max_tokens=CHAT_TOKENS
+        )
     except openai.APIStatusError as error:
         tally.add("bob", error.status_code)
         return None
