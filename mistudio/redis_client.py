@@ -46,7 +46,9 @@ def _options(url: str) -> dict:
 
 
 @functools.cache
-def _connection(url: str, *, socket_timeout: float | None, max_connections: int) -> redis.Redis:
+def _connection(url: str, *, socket_timeout: float | None, max_connections: int | None) -> redis.Redis:
+    if max_connections is None:  # unbounded: never waits for a connection
+        return redis.Redis.from_url(url, socket_timeout=socket_timeout, **_options(url))
     # Bounded: a thread that finds every connection taken waits for one (commands are short)
     # instead of opening another; a web process under load keeps at most this many.
     pool = redis.BlockingConnectionPool.from_url(
@@ -73,12 +75,9 @@ def hub_redis() -> redis.Redis:
     taken, these must not wait for one (the whole process would wait with them). Unbounded, as
     few connections as such calls run at once."""
     ensure_redis()
-    return _hub_connection(settings.REDIS_URL, socket_timeout=settings.REDIS_SOCKET_TIMEOUT_SECONDS)
-
-
-@functools.cache
-def _hub_connection(url: str, *, socket_timeout: float | None) -> redis.Redis:
-    return redis.Redis.from_url(url, socket_timeout=socket_timeout, **_options(url))
+    return _connection(
+        settings.REDIS_URL, socket_timeout=settings.REDIS_SOCKET_TIMEOUT_SECONDS, max_connections=None
+    )
 
 
 def worker_redis() -> redis.Redis:
