@@ -11,8 +11,7 @@ class FeaturesConfig(AppConfig):
         from generation.interventions import register_feature_scale
         from mistudio.access import register_visibility
         from mistudio.jobs import register_job_kind
-        from saes.selectors import register_export_extra
-        from saes.tasks import register_import_extra
+        from saes.selectors import register_export_extra, register_import_extra
 
         selectors.register_event_groups()
         register_visibility(

@@ -1,4 +1,14 @@
+from typing import Any
+
 from django.apps import AppConfig
+
+
+def sae_module_by_id(sae_id: str) -> Any:
+    """The loaded SAE module of a row, for interventions: worker-side code (it imports torch), imported
+    when a worker first asks, so that the web process never imports torch."""
+    from saes.tasks import sae_module_by_id as load
+
+    return load(sae_id)
 
 
 class SaesConfig(AppConfig):
@@ -9,11 +19,11 @@ class SaesConfig(AppConfig):
         from generation.interventions import register_sae_source
         from mistudio.access import register_visibility
         from mistudio.jobs import register_job_kind
-        from saes import selectors, serializers, tasks
+        from saes import selectors, serializers
         from saes.models import SaeEvaluation, SaeGroup, SparseAutoencoder
 
         selectors.register_event_groups()
-        register_sae_source(selectors.sae_reference, tasks.sae_module_by_id)
+        register_sae_source(selectors.sae_reference, sae_module_by_id)
         register_visibility(
             SparseAutoencoder, lambda user: selectors.sae_list(user=user), code="SAE_NOT_FOUND", what="SAE"
         )

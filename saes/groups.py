@@ -20,9 +20,12 @@ from activations.selectors import hook_points
 from activations.services import hook_names_for
 from activations.services.extractions import default_max_length, storage_dtype_for
 from engine import budgets
-from engine.sae import default_live_k, default_live_tokens
-from engine.sae.training import DEFAULT_LIVE_EXPANSION
-from engine.sae_architectures import DEFAULT_ARCHITECTURE
+from engine.sae_architectures import (
+    DEFAULT_ARCHITECTURE,
+    DEFAULT_LIVE_EXPANSION,
+    default_live_k,
+    default_live_tokens,
+)
 from mistudio import jobs
 from mistudio.access import check_may_change
 from mistudio.budgets import memory_budget_check

@@ -77,6 +77,18 @@ def register_export_extra(extra: Callable[[Any, SparseAutoencoder], tuple[str, b
     _export_extras.append(extra)
 
 
+# (SAE row, its import folder) -> None: what other apps read from an import (features: labels).
+_import_extras: list[Callable[[SparseAutoencoder, Path], None]] = []
+
+
+def register_import_extra(imported: Callable[[SparseAutoencoder, Path], None]) -> None:
+    _import_extras.append(imported)
+
+
+def import_extras() -> tuple[Callable[[SparseAutoencoder, Path], None], ...]:
+    return tuple(_import_extras)
+
+
 def sae_export_files(sae: SparseAutoencoder, *, user) -> list[tuple[str, Path, bytes | None]]:
     """What an export holds: (file name, file, replacement bytes or None) for the SAELens folder,
     then the registered extras (``labels.json``: the labels ``user`` sees)."""

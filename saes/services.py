@@ -22,9 +22,15 @@ from engine.errors import EngineError
 from engine.hooks import MAX_HOOK_NAME_LENGTH, is_hook_name
 from engine.inspection import confined_folder_entries
 from engine.inspection.sae_folders import SaeFiles, inspect_circuit_tracer_folder, inspect_sae_folder
-from engine.sae import default_dead_after_steps, default_expansion, default_k, default_total_tokens
-from engine.sae.training import DEFAULT_EXPANSION
-from engine.sae_architectures import K_SPARSE, REGISTRY
+from engine.sae_architectures import (
+    DEFAULT_EXPANSION,
+    K_SPARSE,
+    REGISTRY,
+    default_dead_after_steps,
+    default_expansion,
+    default_k,
+    default_total_tokens,
+)
 from engine.sae_architectures import matryoshka_widths as matryoshka_default_widths
 from mistudio import jobs
 from mistudio.access import OPERATOR, check_may_change, reach

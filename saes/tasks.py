@@ -45,7 +45,7 @@ from saes.cache_data import (
     training_batches,
 )
 from saes.models import SaeEvaluation, SaeGroup, SparseAutoencoder
-from saes.selectors import CIRCUIT_TRACER_FOLDER
+from saes.selectors import CIRCUIT_TRACER_FOLDER, import_extras
 from saes.services import (
     HOLDOUT_FRACTION,
     folder_size,
@@ -262,21 +262,13 @@ def run_sae_import(sae: SparseAutoencoder, job: JobContext) -> None:
     job_publish(
         sae, "completed", sae.mark_completed(evaluation={}, file_size_bytes=size, scaling_factor=None)
     )
-    for imported in _import_extras:  # after the SAE is complete: what fails here fails nothing else
+    for imported in import_extras():  # after the SAE is complete: what fails here fails nothing else
         try:
             imported(sae, folder)
         except Exception:
             logger.exception("reading the extras of the imported SAE %s failed", sae.id)
     if sae.uploaded_folder is not None:  # its files are in the SAE's own folder now
         shutil.rmtree(sae.uploaded_folder, ignore_errors=True)
-
-
-# (SAE row, its import folder) -> None: what other apps read from an import (features: labels).
-_import_extras: list = []
-
-
-def register_import_extra(imported) -> None:
-    _import_extras.append(imported)
 
 
 def held_out_evaluation(

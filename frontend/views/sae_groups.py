@@ -22,9 +22,7 @@ from rest_framework.exceptions import ValidationError
 from activations import selectors as activation_selectors
 from activations.models import Dataset
 from activations.services.extractions import default_extraction_hook
-from engine.sae import default_live_k, default_live_tokens
-from engine.sae.training import DEFAULT_LIVE_EXPANSION
-from engine.sae_architectures import REGISTRY
+from engine.sae_architectures import DEFAULT_LIVE_EXPANSION, REGISTRY, default_live_k, default_live_tokens
 from frontend.access import reader_required, writer_refusal
 from frontend.charts import scatter_chart_svg
 from frontend.views.job_pages import cancel_form

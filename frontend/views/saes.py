@@ -23,8 +23,7 @@ from rest_framework.exceptions import ValidationError
 
 from activations import selectors as activation_selectors
 from activations.models import ActivationCache
-from engine.sae import default_expansion, default_total_tokens
-from engine.sae_architectures import K_SPARSE, REGISTRY
+from engine.sae_architectures import K_SPARSE, REGISTRY, default_expansion, default_total_tokens
 from features.selectors import analysed_sae_ids
 from frontend.access import reader_required, sae_or_404, writer_refusal
 from frontend.charts import line_chart_svg
