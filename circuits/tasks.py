@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import copy
 import time
-from dataclasses import fields
 from typing import Any
 
 from activations.selectors import token_strings
 from circuits.models import AttributionGraph
 from circuits.selectors import graph_files_missing
 from circuits.view_memory import stored_nodes_cap
+from engine.configs import config_from_dict
 from mistudio.errors import ApplicationError
 from mistudio.events import ProgressThrottle
 from mistudio.job_runner import JobContext, job_task
@@ -44,8 +44,7 @@ def run_attribution(graph: AttributionGraph, job: JobContext) -> None:
     loaded = model_in_this_worker(graph.model_id, graph, purpose="an attribution graph")
     job_publish(graph, "started", graph.mark_running(host_worker=job.worker.name))
     transcoders = graph_transcoders(graph, loaded.model)
-    names = {field.name for field in fields(AttributionConfig)}
-    config = AttributionConfig(**{key: value for key, value in graph.config.items() if key in names})
+    config = config_from_dict(AttributionConfig, graph.config)
     throttle = ProgressThrottle(min_step=2.0, min_interval=0.5)
 
     def progress(done: int, total: int) -> None:

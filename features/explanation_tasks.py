@@ -7,7 +7,6 @@ from __future__ import annotations
 import logging
 import os
 import time
-from dataclasses import fields
 from typing import Any
 
 import numpy as np
@@ -23,6 +22,7 @@ from engine.autointerp.pipeline import (
     interpret_many,
 )
 from engine.autointerp.prompts import PROMPT_VERSION, Example
+from engine.configs import config_from_dict
 from engine.features.analysis import TokenTable
 from engine.generation.prompts import render_prompt
 from features.explanations import LOCAL, explanation_summary
@@ -43,6 +43,8 @@ logger = logging.getLogger(__name__)
 
 NON_ACTIVATING_WINDOWS = 1024  # random contexts of the cache drawn once per job
 ENCODE_ROWS = 2048
+# What a job row's ``config`` holds beside InterpretationConfig's fields (the explainer's context).
+CONFIG_EXTRAS = ("context_tokens",)
 
 
 @job_task(ExplanationJob, timeout=2 * DAY)
@@ -50,13 +52,7 @@ def run_explanation_job(row: ExplanationJob, job: JobContext) -> None:
     """Explain and score the job's features that have no explanation from it yet (so a resumed job
     goes on where it stopped), writing each feature's :class:`Explanation` as it comes."""
     analysis = row.analysis
-    config = InterpretationConfig(
-        **{
-            field.name: row.config[field.name]
-            for field in fields(InterpretationConfig)
-            if field.name in row.config
-        }
-    )
+    config = config_from_dict(InterpretationConfig, row.config, retired=CONFIG_EXTRAS)
     done = set(Explanation.objects.filter(job=row).values_list("index", flat=True))
     todo = [index for index in row.indices if index not in done]
     started_fields = row.mark_running(host_worker=job.worker.name)

@@ -16,6 +16,7 @@ from activations.models import ActivationCache
 from activations.selectors import cache_store
 from activations.services import DatasetReader
 from activations.store import ActivationStore
+from engine.configs import config_from_dict
 from engine.prefetch import prefetched
 from engine.registry import LOADED_MODELS
 from engine.sae import TrainingCheckpoint, train
@@ -84,11 +85,16 @@ def sae_module_by_id(sae_id: str) -> Any:
     return sae_module(sae)
 
 
+# Keys of stored ``hyperparameters`` that TrainingConfig no longer has (rows written by older
+# versions): named here so that any other unknown key fails rather than being dropped.
+RETIRED_TRAINING_KEYS: tuple[str, ...] = ()
+
+
 def training_config(sae: SparseAutoencoder):
+    """The SAE's stored ``hyperparameters`` as the engine's TrainingConfig (unknown keys refused)."""
     from engine.sae import TrainingConfig
 
-    names = set(TrainingConfig.__dataclass_fields__)
-    return TrainingConfig(**{key: value for key, value in sae.hyperparameters.items() if key in names})
+    return config_from_dict(TrainingConfig, sae.hyperparameters, retired=RETIRED_TRAINING_KEYS)
 
 
 def curve_point(metrics: dict[str, Any]) -> dict[str, Any]:
