@@ -43,6 +43,7 @@ from engine.sae.training import SaeTrainer, StepMetrics, TrainedSae, TrainingCon
 
 __all__ = [
     "GroupMember",
+    "GroupRun",
     "Source",
     "group_hooks",
     "latest_checkpoint",
@@ -186,23 +187,11 @@ class _Distribution:
         return bool(value[0])
 
 
-def train_group(
-    members: Sequence[GroupMember],
-    *,
-    widths: dict[str, int],
-    open_source: Callable[[dict[str, Any] | None], Source] | None,
-    buffer_rows: int,
-    device: str = "cpu",
-    on_step: Callable[[int, StepMetrics], None] | None = None,
-    should_cancel: Callable[[], bool] | None = None,
-    checkpoint_folder: Path | None = None,
-    checkpoint_every_steps: int = 0,
-    checkpoint_due: Callable[[], bool] | None = None,
-    on_checkpoint: Callable[[int], None] | None = None,
-    rows_dtype: torch.dtype = torch.float32,
-) -> dict[int, TrainedSae]:
-    """Train ``members`` on the batches of one shuffled stream; returns ``{member index: result}``
-    for the members this process trains (all of them in a single process).
+class GroupRun:
+    """One group's training, shaped like SAELens' ``SAETrainer.fit``: :meth:`fit` validates,
+    resumes from the newest checkpoint, draws the initialisation sample, sets up one
+    :class:`~engine.sae.training.SaeTrainer` a member this process trains, then loops (next batch,
+    a step of every member, a checkpoint when one is due) and finishes each trainer.
 
     ``widths`` gives each hook's width; ``open_source(position)`` the rows (rank 0 only; the
     other ranks pass None). The shuffle buffer holds ``buffer_rows`` rows on ``device`` (in the
@@ -214,122 +203,224 @@ def train_group(
     says so, and the newest complete one there is continued from; ``on_checkpoint(step)`` follows
     each complete checkpoint (an exception it raises stops the training: a job yielding its worker).
     """
-    if not members:
-        raise ValueError("a group needs at least one member")
-    batch_size = members[0].config.batch_size
-    if any(member.config.batch_size != batch_size for member in members):
-        raise ValueError("the members of a group share one batch_size")
-    if (checkpoint_every_steps or checkpoint_due is not None) and checkpoint_folder is None:
-        raise ValueError("checkpoints need a checkpoint_folder")
-    hooks = group_hooks(members)
-    offsets, start = {}, 0
-    for name in hooks:
-        offsets[name] = slice(start, start + widths[name])
-        start += widths[name]
-    width = start
-    spread = _Distribution(len(members))
-    resume = latest_checkpoint(checkpoint_folder)
-    buffer = ShuffleBuffer(batch_size=batch_size, buffer_rows=buffer_rows, seed=members[0].config.seed)
-    description: dict[str, Any] = {}
-    sample: torch.Tensor | None = None
-    if resume is not None:
-        description = json.loads((resume / SOURCE_DESCRIPTION).read_text())
-        if description.get("format") != GROUP_CHECKPOINT_FORMAT or description.get("hooks") != hooks:
-            raise ValueError(f"{resume} was written by another group")
-        if spread.leader:
-            state = load_file(resume / SOURCE_STATE)
-            buffer.load_state_dict(state, device=device)
-            sample = state["sample"].to(device)
-    source = open_source(description.get("position")) if spread.leader else None
-    position = description.get("position")
-    ended = False
-    step = int(description.get("step", 0))
-    total_steps = max(member.config.total_steps for member in members)
 
-    def refill() -> torch.Tensor | None:
+    def __init__(
+        self,
+        members: Sequence[GroupMember],
+        *,
+        widths: dict[str, int],
+        open_source: Callable[[dict[str, Any] | None], Source] | None,
+        buffer_rows: int,
+        device: str = "cpu",
+        on_step: Callable[[int, StepMetrics], None] | None = None,
+        should_cancel: Callable[[], bool] | None = None,
+        checkpoint_folder: Path | None = None,
+        checkpoint_every_steps: int = 0,
+        checkpoint_due: Callable[[], bool] | None = None,
+        on_checkpoint: Callable[[int], None] | None = None,
+        rows_dtype: torch.dtype = torch.float32,
+    ) -> None:
+        self.members = list(members)
+        self.widths, self.open_source, self.device = widths, open_source, device
+        self.on_step, self.should_cancel = on_step, should_cancel
+        self.checkpoint_folder, self.checkpoint_every_steps = checkpoint_folder, checkpoint_every_steps
+        self.checkpoint_due, self.on_checkpoint, self.rows_dtype = checkpoint_due, on_checkpoint, rows_dtype
+        self.validate()
+        self.batch_size = self.members[0].config.batch_size
+        self.total_steps = max(member.config.total_steps for member in self.members)
+        self.hooks = group_hooks(self.members)
+        self.offsets, self.width = _columns(self.hooks, widths)
+        self.spread = _Distribution(len(self.members))
+        # What the run reads and where it stands; resume() and the loop move them on.
+        self.source: Source | None = None
+        self.position: dict[str, Any] | None = None
+        self.ended = False
+        self.step = 0
+        self.elapsed_before = 0.0
+        self.started = time.perf_counter()
+        self.sample: torch.Tensor | None = None
+        self.trainers: dict[int, SaeTrainer] = {}
+        self.buffer = ShuffleBuffer(
+            batch_size=self.batch_size, buffer_rows=buffer_rows, seed=self.members[0].config.seed
+        )
+
+    def validate(self) -> None:
+        """Refuse a group that cannot train as one stream before anything is read."""
+        if not self.members:
+            raise ValueError("a group needs at least one member")
+        batch_size = self.members[0].config.batch_size
+        if any(member.config.batch_size != batch_size for member in self.members):
+            raise ValueError("the members of a group share one batch_size")
+        checkpoints_wanted = self.checkpoint_every_steps or self.checkpoint_due is not None
+        if checkpoints_wanted and self.checkpoint_folder is None:
+            raise ValueError("checkpoints need a checkpoint_folder")
+
+    def fit(self) -> dict[int, TrainedSae]:
+        """Train to the end (or a cancel); ``{member index: result}`` for this process's members."""
+        resume = self.resume()
+        if self.spread.leader:
+            self.source = self.open_source(self.position)
+        pending = self.draw_sample()
+        self.set_up_trainers(resume)
+        self.loop(pending)
+        return self.finish()
+
+    def resume(self) -> Path | None:
+        """Continue from the newest complete checkpoint, if any: its step, position and clock,
+        and (rank 0) the buffer's rows and the initialisation sample."""
+        resume = latest_checkpoint(self.checkpoint_folder)
+        if resume is None:
+            return None
+        description = json.loads((resume / SOURCE_DESCRIPTION).read_text())
+        if description.get("format") != GROUP_CHECKPOINT_FORMAT or description.get("hooks") != self.hooks:
+            raise ValueError(f"{resume} was written by another group")
+        if self.spread.leader:
+            state = load_file(resume / SOURCE_STATE)
+            self.buffer.load_state_dict(state, device=self.device)
+            self.sample = state["sample"].to(self.device)
+        self.position = description.get("position")
+        self.step = int(description.get("step", 0))
+        self.elapsed_before = float(description.get("elapsed_seconds", 0.0))
+        return resume
+
+    def refill(self) -> torch.Tensor | None:
         """The next batch on rank 0, reading the source as needed (None: the source has ended).
 
         The buffer takes the stream's first ``total_steps x batch_size`` rows and no more: once
         it holds all the remaining steps need, the source is read no further and the buffer is
         drained, so a run ends without a buffer's worth of forward passes wasted (and which rows
         train depends on the stream alone, not on how it is chunked)."""
-        nonlocal ended, position
-        while (batch := buffer.next_batch()) is None:
-            if ended:
+        while (batch := self.buffer.next_batch()) is None:
+            if self.ended:
                 return None
-            room = (total_steps - step) * batch_size - buffer.held_rows
-            item = next(source, None) if room > 0 else None
+            room = (self.total_steps - self.step) * self.batch_size - self.buffer.held_rows
+            item = next(self.source, None) if room > 0 else None
             if item is None:
-                ended = True
-                buffer.end()
+                self.ended = True
+                self.buffer.end()
             else:
-                rows, position = item
-                buffer.add(rows[:room])
+                rows, self.position = item
+                self.buffer.add(rows[:room])
         return batch
 
-    pending: torch.Tensor | None = None
-    if spread.leader and sample is None:
-        pending = refill()  # the first buffer is shuffled: the sample is its first rows
-        queued = buffer.queued()
-        sample = torch.cat([pending, queued]) if queued is not None and pending is not None else pending
-        if sample is None:
-            raise ValueError("the source gave no rows")
-        sample = sample[:INIT_SAMPLE_ROWS].clone()
-    sample = spread.share(sample, width, like=sample if sample is not None else _like(rows_dtype, device))
-    cpu_sample = sample.float().cpu()
+    def draw_sample(self) -> torch.Tensor | None:
+        """The initialisation sample on every rank: rank 0 draws it (unless resumed) from the first
+        shuffled buffer. Returns the first batch drawn on the way, which the loop trains first."""
+        pending: torch.Tensor | None = None
+        sample = self.sample
+        if self.spread.leader and sample is None:
+            pending = self.refill()  # the first buffer is shuffled: the sample is its first rows
+            queued = self.buffer.queued()
+            sample = torch.cat([pending, queued]) if queued is not None and pending is not None else pending
+            if sample is None:
+                raise ValueError("the source gave no rows")
+            sample = sample[:INIT_SAMPLE_ROWS].clone()
+        like = sample if sample is not None else _like(self.rows_dtype, self.device)
+        self.sample = self.spread.share(sample, self.width, like=like)
+        return pending
 
-    trainers: dict[int, SaeTrainer] = {}
-    for index in spread.mine:
-        member = members[index]
-        checkpoint = TrainingCheckpoint.load(resume / f"member-{index}") if resume is not None else None
-        trainers[index] = SaeTrainer(
-            member.config,
-            d_in=widths[member.hook_in],
-            sample=cpu_sample[:, offsets[member.hook_in]],
-            d_out=widths[member.hook_out] if member.hook_out is not None else None,
-            sample_out=cpu_sample[:, offsets[member.hook_out]] if member.hook_out is not None else None,
-            resume=checkpoint,
-            device=device,
-        )
-    elapsed_before = float(description.get("elapsed_seconds", 0.0))
-    for trainer in trainers.values():  # the group's clock: every member's rate counts the forward passes
-        trainer.elapsed_before = elapsed_before
-    started = time.perf_counter()
-    while step < total_steps:
-        cancel = spread.leader and should_cancel is not None and should_cancel()
-        batch = None if cancel else (pending if pending is not None else refill()) if spread.leader else None
-        pending = None
-        batch = spread.share(batch, width, like=sample)
-        if batch is None:
-            break
-        for index, trainer in trainers.items():
+    def set_up_trainers(self, resume: Path | None) -> None:
+        """One trainer a member of this process, initialised from the sample or its checkpoint;
+        each counts the group's clock (the forward passes included) from the checkpoint's."""
+        cpu_sample = self.sample.float().cpu()
+        for index in self.spread.mine:
+            member = self.members[index]
+            checkpoint = TrainingCheckpoint.load(resume / f"member-{index}") if resume is not None else None
+            transcoder = member.hook_out is not None
+            self.trainers[index] = SaeTrainer(
+                member.config,
+                d_in=self.widths[member.hook_in],
+                sample=cpu_sample[:, self.offsets[member.hook_in]],
+                d_out=self.widths[member.hook_out] if transcoder else None,
+                sample_out=cpu_sample[:, self.offsets[member.hook_out]] if transcoder else None,
+                resume=checkpoint,
+                device=self.device,
+            )
+        for trainer in self.trainers.values():
+            trainer.elapsed_before = self.elapsed_before
+
+    def loop(self, pending: torch.Tensor | None) -> None:
+        """Batches until the longest member is done, the source ends or rank 0 cancels."""
+        self.started = time.perf_counter()
+        while self.step < self.total_steps:
+            batch = self.next_batch(pending)
+            pending = None
+            if batch is None:
+                break
+            self.train_step(batch)
+            self.step += 1
+            self.checkpoint_if_due()
+
+    def seconds(self) -> float:
+        """Seconds this process has trained (the loop's clock; a checkpoint's adds to it)."""
+        return time.perf_counter() - self.started
+
+    def next_batch(self, pending: torch.Tensor | None) -> torch.Tensor | None:
+        """Rank 0's next batch (``pending`` first) on every rank; None once cancelled or ended."""
+        batch = None
+        if self.spread.leader:
+            cancel = self.should_cancel is not None and self.should_cancel()
+            batch = None if cancel else pending if pending is not None else self.refill()
+        return self.spread.share(batch, self.width, like=self.sample)
+
+    def train_step(self, batch: torch.Tensor) -> None:
+        """One step of every member still training; ``on_step`` follows each."""
+        for index, trainer in self.trainers.items():
             if trainer.done:
                 continue
-            member = members[index]
-            trainer.seconds = time.perf_counter() - started
+            member = self.members[index]
+            trainer.seconds = self.seconds()
             metrics = trainer.step(
-                batch[:, offsets[member.hook_in]],
-                batch[:, offsets[member.hook_out]] if member.hook_out is not None else None,
+                batch[:, self.offsets[member.hook_in]],
+                batch[:, self.offsets[member.hook_out]] if member.hook_out is not None else None,
             )
-            if on_step is not None:
-                on_step(index, metrics)
-        step += 1
-        due = checkpoint_due is not None and spread.agree(spread.leader and checkpoint_due(), like=sample)
-        periodic = checkpoint_every_steps and step % checkpoint_every_steps == 0
-        if (periodic or due) and step < total_steps:
-            _save_checkpoint(
-                checkpoint_folder, step=step, trainers=trainers, spread=spread, buffer=buffer, sample=sample,
-                description={
-                    "format": GROUP_CHECKPOINT_FORMAT, "step": step, "hooks": hooks, "position": position,
-                    "elapsed_seconds": elapsed_before + time.perf_counter() - started,
-                },
-            )  # fmt: skip
-            if on_checkpoint is not None:
-                on_checkpoint(step)
-    return {
-        index: trainer.finish(cpu_sample[:, offsets[members[index].hook_in]])
-        for index, trainer in trainers.items()
-    }
+            if self.on_step is not None:
+                self.on_step(index, metrics)
+
+    def checkpoint_if_due(self) -> None:
+        """A checkpoint every ``checkpoint_every_steps`` steps and whenever rank 0's
+        ``checkpoint_due()`` asks (not after the last step: the results follow at once)."""
+        due = self.checkpoint_due is not None and self.spread.agree(
+            self.spread.leader and self.checkpoint_due(), like=self.sample
+        )
+        periodic = self.checkpoint_every_steps and self.step % self.checkpoint_every_steps == 0
+        if not (periodic or due) or self.step >= self.total_steps:
+            return
+        description = {
+            "format": GROUP_CHECKPOINT_FORMAT,
+            "step": self.step,
+            "hooks": self.hooks,
+            "position": self.position,
+            "elapsed_seconds": self.elapsed_before + self.seconds(),
+        }
+        _save_checkpoint(
+            self.checkpoint_folder, step=self.step, trainers=self.trainers, spread=self.spread,
+            buffer=self.buffer, sample=self.sample, description=description,
+        )  # fmt: skip
+        if self.on_checkpoint is not None:
+            self.on_checkpoint(self.step)
+
+    def finish(self) -> dict[int, TrainedSae]:
+        """Each trainer's SAE, its scaling measured on the initialisation sample."""
+        cpu_sample = self.sample.float().cpu()
+        return {
+            index: trainer.finish(cpu_sample[:, self.offsets[self.members[index].hook_in]])
+            for index, trainer in self.trainers.items()
+        }
+
+
+def train_group(members: Sequence[GroupMember], **options: Any) -> dict[int, TrainedSae]:
+    """``GroupRun(members, **options).fit()``: the group trained in one call."""
+    return GroupRun(members, **options).fit()
+
+
+def _columns(hooks: Sequence[str], widths: dict[str, int]) -> tuple[dict[str, slice], int]:
+    """Each hook's columns in a row of the hooks side by side, and the row's width."""
+    offsets, start = {}, 0
+    for name in hooks:
+        offsets[name] = slice(start, start + widths[name])
+        start += widths[name]
+    return offsets, start
 
 
 def _like(dtype: torch.dtype, device: str) -> torch.Tensor:
