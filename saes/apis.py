@@ -13,7 +13,13 @@ from mistudio.streaming import ChunkedStreamingResponse
 from models_app.selectors import model_get
 from saes import groups, selectors, services
 from saes.models import ARCHITECTURES, SparseAutoencoder
-from saes.serializers import TranscoderSerializer, VariantSerializer, sae_group_state, sae_state
+from saes.serializers import (
+    TranscoderSerializer,
+    VariantSerializer,
+    group_request,
+    sae_group_state,
+    sae_state,
+)
 
 
 def sae_body(sae: SparseAutoencoder, request, *, with_history: bool = True) -> dict:
@@ -282,7 +288,17 @@ class SaeGroupListApi(APIView):
         values = dict(data.validated_data)
         model = model_get(user=request.user, model_id=values.pop("model_id"))
         dataset = dataset_get(user=request.user, dataset_id=values.pop("dataset_id"))
-        group = groups.sae_group_train_request(owner=request.user, model=model, dataset=dataset, **values)
+        name, shared = values.pop("name"), values.pop("shared")
+        settings, members = group_request(values)
+        group = groups.sae_group_train_request(
+            owner=request.user,
+            model=model,
+            dataset=dataset,
+            settings=settings,
+            members=members,
+            name=name,
+            shared=shared,
+        )
         return Response(sae_group_state(group, viewer=request.user), status=status.HTTP_202_ACCEPTED)
 
 

@@ -9,11 +9,11 @@ and each member a :class:`~saes.models.SparseAutoencoder` row with its own curve
 
 from __future__ import annotations
 
-import re
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from django.db import transaction
-from rest_framework.exceptions import ValidationError
 
 from activations.models import Dataset
 from activations.selectors import hook_points
@@ -35,7 +35,6 @@ from models_app.models import LanguageModel
 from models_app.services import model_heads, model_job_queue, model_worker_name
 from saes.cache_data import SHUFFLE_BUFFER_BATCHES, evaluation_rows
 from saes.models import SaeGroup, SparseAutoencoder
-from saes.serializers import VariantSerializer
 from saes.services import check_sae_size, training_hyperparameters
 
 MAX_GROUP_MEMBERS = 32
@@ -44,62 +43,104 @@ HOLDOUT_FRACTION, MAX_HOLDOUT_SAMPLES = 0.05, 256
 DEFAULT_GROUP_MAX_LENGTH = 128  # tokens a sample (SAELens' usual context_size)
 FORWARD_TOKENS = 4096  # tokens a forward pass reads: samples per pass = this / max_length
 WINDOW_SAMPLES = 1024  # samples read from the dataset file, tokenized and planned at a time
+
+
+@dataclass(frozen=True)
+class Variant:
+    """What one variant of a group changes from the request's :class:`GroupSettings` (None: the
+    request's value). Each variant is trained once at every site."""
+
+    architecture: str | None = None
+    expansion_factor: int | None = None
+    d_sae: int | None = None
+    k: int | None = None
+    l1_coefficient: float | None = None
+    l0_coefficient: float | None = None
+    lr: float | None = None
+    matryoshka_widths: tuple[int, ...] | None = None
+    dead_after_steps: int | None = None
+
+
 # What a variant may change; everything else is the request's.
-VARIANT_FIELDS = (
-    "architecture",
-    "expansion_factor",
-    "d_sae",
-    "k",
-    "l1_coefficient",
-    "l0_coefficient",
-    "lr",
-    "matryoshka_widths",
-    "dead_after_steps",
-)
+VARIANT_FIELDS = tuple(field.name for field in fields(Variant))
 
 
-TRANSCODER_LINE = re.compile(r"^\s*(\S+)\s*(?:->|→)\s*(\S+)\s*(skip)?\s*$")
+@dataclass(frozen=True)
+class GroupSettings:
+    """A group request's training settings, every member's unless its variant changes them.
+    None: chosen for the model and the run (:func:`member_settings`, :func:`group_total_tokens`,
+    :func:`group_reading`)."""
+
+    architecture: str = DEFAULT_ARCHITECTURE
+    expansion_factor: int | None = None
+    d_sae: int | None = None
+    k: int | None = None
+    l1_coefficient: float | None = None
+    l0_coefficient: float | None = None
+    lr: float = 3e-4
+    matryoshka_widths: tuple[int, ...] | None = None
+    dead_after_steps: int | None = None
+    batch_size: int = 4096
+    total_tokens: int | None = None
+    b_dec_init: str = "geometric_median"
+    max_length: int | None = None
+
+    def with_variant(self, variant: Variant) -> GroupSettings:
+        """These settings with what ``variant`` sets in their place."""
+        changed = {name: getattr(variant, name) for name in VARIANT_FIELDS}
+        return replace(self, **{name: value for name, value in changed.items() if value is not None})
 
 
-def parse_transcoders(text: str) -> list[dict[str, Any]]:
-    """``in -> out`` (``skip`` after it for a skip transcoder), one a line."""
-    found = []
-    for number, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        match = TRANSCODER_LINE.match(line)
-        if match is None:
-            raise ValidationError(
-                {"transcoders": [f"Line {number}: write it as 'input hook -> output hook [skip]'."]}
-            )
-        found.append({"hook_in": match[1], "hook_out": match[2], "skip": bool(match[3])})
-    return found
+@dataclass(frozen=True)
+class GroupMember:
+    """One member of a group request: an SAE at ``hook``, or a transcoder from ``hook`` to
+    ``hook_out`` (``skip``: with a linear skip path), trained with its ``variant`` of the settings."""
+
+    hook: str
+    hook_out: str | None = None
+    skip: bool = False
+    variant: Variant = Variant()
+
+    @property
+    def label(self) -> str:
+        return f"{self.hook} → {self.hook_out}" if self.hook_out else self.hook
 
 
-def parse_variants(text: str) -> list[dict[str, Any]]:
-    """One variant a line, as ``name=value`` pairs (``k=32 expansion_factor=8``)."""
-    found = []
-    for number, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        variant: dict[str, Any] = {}
-        for pair in line.replace(",", " ").split():
-            name, _, value = pair.partition("=")
-            if not value:
-                raise ValidationError({"variants": [f"Line {number}: write each setting as name=value."]})
-            variant[name] = value.split("/") if name == "matryoshka_widths" else value
-        checked = VariantSerializer(data=variant)
-        if not checked.is_valid():
-            raise ValidationError({"variants": [f"Line {number}: {checked.errors}"]})
-        found.append(dict(checked.validated_data))
-    return found
+@dataclass(frozen=True)
+class GroupReading:
+    """How the worker reads the dataset through the model (the group row's ``settings``): tokens
+    per sample, samples per forward pass and per window read, the training and held-out split,
+    and the dtype the activations are kept in."""
+
+    max_length: int
+    forward_batch_size: int
+    window_samples: int
+    train_samples: int
+    holdout_samples: int
+    dtype: str
+
+
+@dataclass(frozen=True)
+class MemberPlan:
+    """A member sized to the model: its hooks' widths and its training configuration (the
+    ``hyperparameters`` of its row)."""
+
+    member: GroupMember
+    d_in: int
+    d_out: int
+    config: dict[str, Any]
+
+
+def group_members(*, sites: Sequence[GroupMember], variants: Sequence[Variant]) -> tuple[GroupMember, ...]:
+    """Every site (a hook's SAE or a transcoder) once per variant, sites first (none: one variant)."""
+    return tuple(replace(site, variant=variant) for site in sites for variant in (variants or [Variant()]))
 
 
 def holdout_samples(sample_count: int) -> int:
     return min(MAX_HOLDOUT_SAMPLES, max(1, round(sample_count * HOLDOUT_FRACTION)))
 
 
-def group_settings(model: LanguageModel, dataset: Dataset, *, max_length: int | None) -> dict[str, Any]:
+def group_reading(model: LanguageModel, dataset: Dataset, *, max_length: int | None) -> GroupReading:
     """How the model reads the dataset: tokens per sample, samples per forward pass, held-out split."""
     if dataset.sample_count < 2:
         raise ApplicationError(
@@ -107,74 +148,105 @@ def group_settings(model: LanguageModel, dataset: Dataset, *, max_length: int | 
         )
     max_length = default_max_length(model, max_length or DEFAULT_GROUP_MAX_LENGTH)
     held_out = holdout_samples(dataset.sample_count)
-    return {
-        "max_length": max_length,
-        "forward_batch_size": max(1, FORWARD_TOKENS // max_length),
-        "window_samples": WINDOW_SAMPLES,
-        "train_samples": dataset.sample_count - held_out,
-        "holdout_samples": held_out,
-        "dtype": storage_dtype_for(model),
-    }
+    return GroupReading(
+        max_length=max_length,
+        forward_batch_size=max(1, FORWARD_TOKENS // max_length),
+        window_samples=WINDOW_SAMPLES,
+        train_samples=dataset.sample_count - held_out,
+        holdout_samples=held_out,
+        dtype=storage_dtype_for(model),
+    )
 
 
-def group_members(
-    *, hooks: list[str], transcoders: list[dict[str, Any]], variants: list[dict[str, Any]]
-) -> list[dict[str, Any]]:
-    """Every (site, variant) pair: ``{"hook", "hook_out", "skip", **variant}``."""
-    sites = [{"hook": hook, "hook_out": None, "skip": False} for hook in hooks]
-    sites += [
-        {"hook": tc["hook_in"], "hook_out": tc["hook_out"], "skip": bool(tc.get("skip", False))}
-        for tc in transcoders
-    ]
-    if not sites:
+def check_group_members(members: Sequence[GroupMember]) -> None:
+    """At least one member and at most :data:`MAX_GROUP_MEMBERS`."""
+    if not members:
         raise ApplicationError("HOOK_REQUIRED", "Name at least one hook or transcoder to train.")
-    for variant in variants:
-        unknown = sorted(set(variant) - set(VARIANT_FIELDS))
-        if unknown:
-            raise ApplicationError(
-                "INVALID_PARAMETER",
-                f"A variant may set {', '.join(VARIANT_FIELDS)}; not {', '.join(unknown)}.",
-                details={"invalid": unknown},
-            )
-    members = [{**site, **variant} for site in sites for variant in (variants or [{}])]
     if len(members) > MAX_GROUP_MEMBERS:
         raise ApplicationError(
             "GROUP_TOO_LARGE",
             f"{len(members)} members (sites x variants); a group trains at most {MAX_GROUP_MEMBERS}.",
             details={"members": len(members), "limit": MAX_GROUP_MEMBERS},
         )
-    return members
+
+
+def member_settings(settings: GroupSettings, member: GroupMember) -> GroupSettings:
+    """The member's settings: the request's with its variant's, 16x wide unless a width is given."""
+    chosen = settings.with_variant(member.variant)
+    if chosen.d_sae is None and chosen.expansion_factor is None:
+        chosen = replace(chosen, expansion_factor=DEFAULT_LIVE_EXPANSION)
+    return chosen
+
+
+def group_total_tokens(
+    settings: GroupSettings, members: Sequence[GroupMember], widths: dict[str, int]
+) -> int:
+    """The request's tokens, else 4,000 a feature of the widest member (``default_live_tokens``)."""
+    if settings.total_tokens:
+        return settings.total_tokens
+    chosen = [(member_settings(settings, member), int(widths[member.hook])) for member in members]
+    return default_live_tokens(max(each.d_sae or each.expansion_factor * d_in for each, d_in in chosen))
+
+
+def member_plan(
+    member: GroupMember, settings: GroupSettings, *, widths: dict[str, int], total_tokens: int
+) -> MemberPlan:
+    """The member's widths and training configuration, validated (``training_hyperparameters``)."""
+    chosen = member_settings(settings, member)
+    d_in = int(widths[member.hook])
+    d_out = int(widths[member.hook_out]) if member.hook_out else d_in
+    config = training_hyperparameters(
+        architecture=chosen.architecture,
+        d_in=d_in,
+        d_sae=chosen.d_sae,
+        expansion_factor=chosen.expansion_factor,
+        k=chosen.k,
+        l1_coefficient=chosen.l1_coefficient,
+        l0_coefficient=chosen.l0_coefficient,
+        lr=chosen.lr,
+        batch_size=chosen.batch_size,
+        total_tokens=total_tokens,
+        b_dec_init=chosen.b_dec_init,
+        dead_after_steps=chosen.dead_after_steps,
+        matryoshka_widths=list(chosen.matryoshka_widths) if chosen.matryoshka_widths is not None else None,
+        skip=member.skip,
+        default_k_for=default_live_k,
+    )
+    if member.skip and not member.hook_out:
+        raise ApplicationError("INVALID_PARAMETER", "skip applies to transcoders.")
+    check_sae_size(max(d_in, d_out), config["d_sae"])
+    return MemberPlan(member=member, d_in=d_in, d_out=d_out, config=config)
 
 
 def group_memory(
-    model: LanguageModel, configs: list[tuple[dict[str, Any], int, int]], *, settings: dict
+    model: LanguageModel, plans: Sequence[MemberPlan], *, reading: GroupReading
 ) -> budgets.MemoryEstimate:
     """The group's estimated peak: each member's training (``engine.budgets.sae_training``, less
     its own read-ahead), one shuffle buffer of every hook's rows side by side, one forward pass."""
     parts: dict[str, int] = {}
-    batch_size = configs[0][0]["batch_size"]
-    for config, d_in, d_out in configs:
+    batch_size = plans[0].config["batch_size"]
+    for plan in plans:
         estimate = budgets.sae_training(
-            architecture=config["architecture"],
-            d_in=max(d_in, d_out),
-            d_sae=config["d_sae"],
+            architecture=plan.config["architecture"],
+            d_in=max(plan.d_in, plan.d_out),
+            d_sae=plan.config["d_sae"],
             batch_size=batch_size,
             buffered_rows=0,
             sample_rows=0,
-            evaluation_rows=evaluation_rows(config["d_sae"]),
+            evaluation_rows=evaluation_rows(plan.config["d_sae"]),
         )
         for name, size in estimate.parts.items():
             if name != "runtime":
                 parts[f"SAEs: {name}"] = parts.get(f"SAEs: {name}", 0) + size
-    widths = sum(d_in + (d_out if d_out != d_in else 0) for _, d_in, d_out in configs)
-    tokens = settings["forward_batch_size"] * settings["max_length"]
+    widths = sum(plan.d_in + (plan.d_out if plan.d_out != plan.d_in else 0) for plan in plans)
+    tokens = reading.forward_batch_size * reading.max_length
     parts["the shuffle buffer"] = SHUFFLE_BUFFER_BATCHES * batch_size * widths * budgets.FLOAT
     parts["one forward pass"] = budgets.forward_pass(
         tokens=tokens,
         hidden=model.hidden_size or 0,
         layers=model.num_layers or 0,
         heads=model_heads(model),
-        longest=settings["max_length"],
+        longest=reading.max_length,
     )
     parts["runtime"] = budgets.RUNTIME_BYTES
     return budgets.MemoryEstimate(parts)
@@ -185,124 +257,80 @@ def sae_group_train_request(
     owner,
     model: LanguageModel,
     dataset: Dataset,
-    hooks: list[str] | None = None,
-    transcoders: list[dict[str, Any]] | None = None,
-    variants: list[dict[str, Any]] | None = None,
-    architecture: str = DEFAULT_ARCHITECTURE,
-    expansion_factor: int | None = None,
-    d_sae: int | None = None,
-    k: int | None = None,
-    l1_coefficient: float | None = None,
-    l0_coefficient: float | None = None,
-    lr: float = 3e-4,
-    batch_size: int = 4096,
-    total_tokens: int | None = None,
-    b_dec_init: str = "geometric_median",
-    dead_after_steps: int | None = None,
-    matryoshka_widths: list[int] | None = None,
-    max_length: int | None = None,
+    settings: GroupSettings,
+    members: Sequence[GroupMember],
     name: str = "",
     shared: bool = False,
 ) -> SaeGroup:
     """Queue a group: ``model`` (any the caller may see; loaded by the worker that takes the job if
-    no worker has it) run over ``dataset`` (the caller's or shared), training an SAE at each of
-    ``hooks`` and a transcoder for each of ``transcoders`` (``{"hook_in", "hook_out", "skip"}``),
-    each once per entry of ``variants`` (dicts of :data:`VARIANT_FIELDS`; none: one variant).
+    no worker has it) run over ``dataset`` (the caller's or shared), training each of ``members``
+    (an SAE at a hook or a transcoder, each with its variant of ``settings``; build them with
+    :func:`group_members`: every site once per variant).
 
     Defaults are a researcher's at research scale: TopK, 16x, k = d_in / 12 (64 for GPT-2 small),
     4,096-token batches and 4,000 training tokens per feature of the widest member
-    (``engine.sae.default_live_tokens``)."""
+    (``engine.sae_architectures.default_live_tokens``)."""
     check_label_text(name, field="name")
-    members = group_members(hooks=hooks or [], transcoders=transcoders or [], variants=variants or [])
-    names = {member["hook"] for member in members} | {m["hook_out"] for m in members if m["hook_out"]}
+    check_group_members(members)
+    names = {member.hook for member in members} | {member.hook_out for member in members if member.hook_out}
     hook_names_for(model, hooks=sorted(names), layers=None)
     widths = {point["name"]: point["shape"][-1] for point in hook_points(model)["hook_points"]}
-    settings = group_settings(model, dataset, max_length=max_length)
-    common = {
-        "architecture": architecture, "expansion_factor": expansion_factor, "d_sae": d_sae, "k": k,
-        "l1_coefficient": l1_coefficient, "l0_coefficient": l0_coefficient, "lr": lr,
-        "matryoshka_widths": matryoshka_widths, "dead_after_steps": dead_after_steps,
-    }  # fmt: skip
-    sized = []
-    for member in members:
-        d_in = int(widths[member["hook"]])
-        d_out = int(widths[member["hook_out"]]) if member["hook_out"] else d_in
-        chosen = {**common, **{key: member[key] for key in VARIANT_FIELDS if key in member}}
-        if chosen["d_sae"] is None and chosen["expansion_factor"] is None:
-            chosen["expansion_factor"] = DEFAULT_LIVE_EXPANSION
-        sized.append((member, chosen, d_in, d_out))
-    widest = max(chosen["d_sae"] or chosen["expansion_factor"] * d_in for _, chosen, d_in, _ in sized)
-    total_tokens = total_tokens or default_live_tokens(widest)
-    configs = []
-    for member, chosen, d_in, d_out in sized:
-        config = training_hyperparameters(
-            architecture=chosen["architecture"],
-            d_in=d_in,
-            d_sae=chosen["d_sae"],
-            expansion_factor=chosen["expansion_factor"],
-            k=chosen["k"],
-            l1_coefficient=chosen["l1_coefficient"],
-            l0_coefficient=chosen["l0_coefficient"],
-            lr=chosen["lr"],
-            batch_size=batch_size,
-            total_tokens=total_tokens,
-            b_dec_init=b_dec_init,
-            dead_after_steps=chosen["dead_after_steps"],
-            matryoshka_widths=chosen["matryoshka_widths"],
-            skip=member["skip"],
-            default_k_for=default_live_k,
-        )
-        if member["skip"] and not member["hook_out"]:
-            raise ApplicationError("INVALID_PARAMETER", "skip applies to transcoders.")
-        check_sae_size(max(d_in, d_out), config["d_sae"])
-        configs.append((config, d_in, d_out))
+    reading = group_reading(model, dataset, max_length=settings.max_length)
+    total_tokens = group_total_tokens(settings, members, widths)
+    plans = [member_plan(member, settings, widths=widths, total_tokens=total_tokens) for member in members]
     with transaction.atomic():
         jobs.job_admit(owner=owner, tokens=total_tokens)
         estimate = memory_budget_check(
-            group_memory(model, configs, settings=settings),
+            group_memory(model, plans, reading=reading),
             what="this group's training",
             worker_name=model_worker_name(model),
         )
         user = owner if getattr(owner, "is_authenticated", False) else None
+        total_steps = -(-total_tokens // settings.batch_size)
         group = SaeGroup.objects.create(
             name=name,
             model=model,
             dataset=dataset,
-            settings=settings,
+            settings=asdict(reading),
             total_tokens=total_tokens,
-            total_steps=-(-total_tokens // batch_size),
+            total_steps=total_steps,
             memory_estimate_bytes=estimate,
             owner=user,
             shared=shared,
         )
         group.name = group.name or f"{len(members)} on {model.name} ({group.id})"
-        for index, ((member, _chosen, d_in, d_out), (config, _, _)) in enumerate(
-            zip(sized, configs, strict=True)
-        ):
-            sae = SparseAutoencoder.objects.create(
-                group=group,
-                group_index=index,
-                model=model,
-                model_name=model.display_identifier,
-                dataset=dataset,
-                hook_name=member["hook"],
-                hook_name_out=member["hook_out"] or "",
-                architecture=config["architecture"],
-                d_in=d_in,
-                d_sae=config["d_sae"],
-                d_out=d_out if member["hook_out"] else None,
-                k=config.get("k"),
-                hyperparameters=config,
-                total_tokens=total_tokens,
-                total_steps=-(-total_tokens // batch_size),
-                owner=user,
-                shared=shared,
-            )
-            label = f"{member['hook']} → {member['hook_out']}" if member["hook_out"] else member["hook"]
-            sae.name = f"{config['architecture']} {label} ({sae.id})"
-            sae.save(update_fields=["name"])
+        for index, plan in enumerate(plans):
+            member_row_create(group, index, plan, total_steps=total_steps)
         jobs.job_submit(group, queue=model_job_queue(model.id), fields=["name"])
     return group
+
+
+def member_row_create(
+    group: SaeGroup, index: int, plan: MemberPlan, *, total_steps: int
+) -> SparseAutoencoder:
+    """The member's SAE row, queued with its group (its owner, sharing and tokens the group's)."""
+    sae = SparseAutoencoder.objects.create(
+        group=group,
+        group_index=index,
+        model=group.model,
+        model_name=group.model.display_identifier,
+        dataset=group.dataset,
+        hook_name=plan.member.hook,
+        hook_name_out=plan.member.hook_out or "",
+        architecture=plan.config["architecture"],
+        d_in=plan.d_in,
+        d_sae=plan.config["d_sae"],
+        d_out=plan.d_out if plan.member.hook_out else None,
+        k=plan.config.get("k"),
+        hyperparameters=plan.config,
+        total_tokens=group.total_tokens,
+        total_steps=total_steps,
+        owner=group.owner,
+        shared=group.shared,
+    )
+    sae.name = f"{plan.config['architecture']} {plan.member.label} ({sae.id})"
+    sae.save(update_fields=["name"])
+    return sae
 
 
 def sae_group_cancel(*, group: SaeGroup, actor) -> SaeGroup:

@@ -1,13 +1,16 @@
 """The one JSON shape of an SAE row and of an evaluation: the API, events and snapshots use them."""
 
+import re
 from typing import Any
 
 from rest_framework import serializers
 
 from activations.models import ActivationCache, Dataset
+from engine.configs import config_from_dict
 from engine.sae_architectures import ARCHITECTURES
 from mistudio.access import AUDIENCE, linked_id
 from mistudio.serializers import StrictSerializer
+from saes.groups import GroupMember, GroupSettings, Variant, group_members
 from saes.models import SaeEvaluation, SaeGroup, SparseAutoencoder
 
 
@@ -168,3 +171,79 @@ class VariantSerializer(StrictSerializer):
         child=serializers.IntegerField(min_value=1, max_value=2**24), max_length=16, required=False
     )
     dead_after_steps = serializers.IntegerField(min_value=1, max_value=10**9, required=False)
+
+
+TRANSCODER_LINE = re.compile(r"^\s*(\S+)\s*(?:->|→)\s*(\S+)\s*(skip)?\s*$")
+
+
+def parse_transcoders(text: str) -> list[dict[str, Any]]:
+    """``in -> out`` (``skip`` after it for a skip transcoder), one a line: the page's and the
+    command's text as the API's ``transcoders``."""
+    found = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        match = TRANSCODER_LINE.match(line)
+        if match is None:
+            raise serializers.ValidationError(
+                {"transcoders": [f"Line {number}: write it as 'input hook -> output hook [skip]'."]}
+            )
+        found.append({"hook_in": match[1], "hook_out": match[2], "skip": bool(match[3])})
+    return found
+
+
+def parse_variants(text: str) -> list[dict[str, Any]]:
+    """One variant a line, as ``name=value`` pairs (``k=32 expansion_factor=8``): the page's and
+    the command's text as the API's ``variants``, each checked by :class:`VariantSerializer`."""
+    found = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        variant: dict[str, Any] = {}
+        for pair in line.replace(",", " ").split():
+            name, _, value = pair.partition("=")
+            if not value:
+                raise serializers.ValidationError(
+                    {"variants": [f"Line {number}: write each setting as name=value."]}
+                )
+            variant[name] = value.split("/") if name == "matryoshka_widths" else value
+        checked = VariantSerializer(data=variant)
+        if not checked.is_valid():
+            raise serializers.ValidationError({"variants": [f"Line {number}: {checked.errors}"]})
+        found.append(dict(checked.validated_data))
+    return found
+
+
+def group_variant(values: dict[str, Any]) -> Variant:
+    """A validated variant (:class:`VariantSerializer`) as the service's :class:`Variant`."""
+    return config_from_dict(Variant, frozen_widths(values))
+
+
+def group_request_members(
+    *, hooks: list[str], transcoders: list[dict[str, Any]], variants: list[dict[str, Any]]
+) -> tuple[GroupMember, ...]:
+    """Validated hooks, transcoders and variants as the group's members: every site once per variant."""
+    sites = [GroupMember(hook=hook) for hook in hooks]
+    sites += [
+        GroupMember(hook=each["hook_in"], hook_out=each["hook_out"], skip=bool(each.get("skip", False)))
+        for each in transcoders
+    ]
+    return group_members(sites=sites, variants=[group_variant(variant) for variant in variants])
+
+
+def group_request(values: dict[str, Any]) -> tuple[GroupSettings, tuple[GroupMember, ...]]:
+    """A validated group request (the API's body less ``model_id``, ``dataset_id``, ``name`` and
+    ``shared``) as the service's settings and members; a key the settings lack is an error."""
+    values = dict(values)
+    members = group_request_members(
+        hooks=values.pop("hooks", []),
+        transcoders=values.pop("transcoders", []),
+        variants=values.pop("variants", []),
+    )
+    return config_from_dict(GroupSettings, frozen_widths(values)), members
+
+
+def frozen_widths(values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` with ``matryoshka_widths`` as a tuple (the settings are frozen, hence hashable)."""
+    widths = values.get("matryoshka_widths")
+    return values if widths is None else {**values, "matryoshka_widths": tuple(widths)}

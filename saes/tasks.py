@@ -45,6 +45,7 @@ from saes.cache_data import (
     spread_sample,
     training_batches,
 )
+from saes.groups import GroupReading
 from saes.models import SaeEvaluation, SaeGroup, SparseAutoencoder
 from saes.selectors import CIRCUIT_TRACER_FOLDER, import_extras
 from saes.services import (
@@ -416,7 +417,7 @@ def run_sae_group_training(group: SaeGroup, job: JobContext) -> None:
     if group.dataset is None:
         raise ApplicationError("DATASET_NOT_FOUND", "The group's dataset is gone.")
     members, specs = group_member_configs(group)
-    reading = group.settings
+    reading = config_from_dict(GroupReading, group.settings)
     total_steps = max(spec.config.total_steps for spec in specs)
     fields = group.mark_running(
         host_worker=job.worker.name, total_steps=total_steps, total_tokens=group.total_tokens
@@ -455,12 +456,12 @@ def run_sae_group_training(group: SaeGroup, job: JobContext) -> None:
             loaded.tokenizer,
             reader,
             hooks=hooks,
-            train_samples=reading["train_samples"],
-            max_length=reading["max_length"],
-            batch_size=reading["forward_batch_size"],
-            window_samples=reading["window_samples"],
+            train_samples=reading.train_samples,
+            max_length=reading.max_length,
+            batch_size=reading.forward_batch_size,
+            window_samples=reading.window_samples,
             position=position,
-            dtype=reading["dtype"],
+            dtype=reading.dtype,
             device=device,
         )
 
@@ -477,10 +478,10 @@ def run_sae_group_training(group: SaeGroup, job: JobContext) -> None:
             checkpoint_every_steps=settings.SAE_CHECKPOINT_EVERY_STEPS,
             checkpoint_due=job.should_yield,
             on_checkpoint=lambda step: job.checkpoint_saved(),  # its time slice may end here
-            rows_dtype=getattr(torch, reading["dtype"]),
+            rows_dtype=getattr(torch, reading.dtype),
         )
         job.check_cancel()
-        held_out = reader(reading["train_samples"], group.dataset.sample_count)
+        held_out = reader(reading.train_samples, group.dataset.sample_count)
     evaluations = group_evaluation(loaded, members, results, held_out, hooks=hooks, reading=reading, job=job)
     for index, sae in enumerate(members):
         trained = results[index]
@@ -504,7 +505,7 @@ def prepends_bos(loaded) -> bool:
 
 
 def group_evaluation(
-    loaded, members, results, held_out: list[str], *, hooks, reading: dict, job
+    loaded, members, results, held_out: list[str], *, hooks, reading: GroupReading, job
 ) -> list[dict]:
     """Each member's metrics on the held-out samples (at most ``GROUP_EVALUATION_ROWS`` tokens of
     them, every hook read in one pass) and CE loss recovered with it spliced into the model."""
@@ -512,7 +513,7 @@ def group_evaluation(
 
     from engine.extraction import extract, plan_batches, tokenize_samples
 
-    tokenized = [ids for ids in tokenize_samples(loaded.tokenizer, held_out, reading["max_length"]) if ids]
+    tokenized = [ids for ids in tokenize_samples(loaded.tokenizer, held_out, reading.max_length) if ids]
     kept, rows = [], 0
     for ids in tokenized:
         if rows + len(ids) > GROUP_EVALUATION_ROWS and kept:
@@ -524,7 +525,7 @@ def group_evaluation(
     batches = extract(
         loaded.model,
         kept,
-        plan_batches([len(ids) for ids in kept], reading["forward_batch_size"]),
+        plan_batches([len(ids) for ids in kept], reading.forward_batch_size),
         hooks=hooks,
         dtype="float32",
         should_cancel=job.should_cancel,

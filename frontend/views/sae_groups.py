@@ -32,8 +32,8 @@ from mistudio.errors import ApplicationError
 from models_app.selectors import model_get, model_list
 from saes import groups, selectors
 from saes.apis import SaeGroupListApi
-from saes.groups import parse_transcoders, parse_variants
 from saes.models import ARCHITECTURES, SaeGroup
+from saes.serializers import group_request, parse_transcoders, parse_variants
 
 CHART_SIZE = (440, 280)
 FORM_DEFAULTS = {
@@ -115,7 +115,17 @@ def sae_group_new_page(request):
         validated = dict(data.validated_data)
         model = model_get(user=request.user, model_id=validated.pop("model_id"))
         dataset = activation_selectors.dataset_get(user=request.user, dataset_id=validated.pop("dataset_id"))
-        group = groups.sae_group_train_request(owner=request.user, model=model, dataset=dataset, **validated)
+        name, shared = validated.pop("name"), validated.pop("shared")
+        settings, members = group_request(validated)
+        group = groups.sae_group_train_request(
+            owner=request.user,
+            model=model,
+            dataset=dataset,
+            settings=settings,
+            members=members,
+            name=name,
+            shared=shared,
+        )
     except ValidationError as error:
         errors, status = _field_errors(error), 400
         errors.setdefault("form", "Check the values below.")

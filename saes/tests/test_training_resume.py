@@ -84,16 +84,17 @@ def test_sigkill_mid_group_training_from_the_model_resumes_to_the_uninterrupted_
     from activations.models import Dataset
     from activations.services import dataset_create_from_texts
     from engine.testing.corpus import local_corpus
-    from saes.groups import sae_group_train_request
+    from saes.groups import GroupMember, GroupSettings, sae_group_train_request
     from saes.models import SaeGroup
 
     texts = [text for text in local_corpus(max_chars=40_000) if len(text) > 40][:120]
     dataset = dataset_create_from_texts(name="docs", texts=texts, owner=writer, source=Dataset.Source.UPLOAD)
     config = {
-        "model": tiny_model, "dataset": dataset, "hooks": [HOOK],
-        "transcoders": [{"hook_in": "blocks.1.ln2.hook_normalized", "hook_out": "blocks.1.hook_mlp_out"}],
-        "expansion_factor": 2, "k": 4, "batch_size": 64, "lr": 1e-3, "total_tokens": 64 * 400,
-        "max_length": 32,
+        "model": tiny_model, "dataset": dataset,
+        "members": (GroupMember(HOOK), GroupMember("blocks.1.ln2.hook_normalized", "blocks.1.hook_mlp_out")),
+        "settings": GroupSettings(
+            expansion_factor=2, k=4, batch_size=64, lr=1e-3, total_tokens=64 * 400, max_length=32
+        ),
     }  # fmt: skip
     group = sae_group_train_request(owner=writer, **config)
     checkpoints = group.checkpoint_directory

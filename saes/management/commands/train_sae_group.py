@@ -8,8 +8,9 @@ from activations.models import Dataset
 from mistudio.errors import ApplicationError
 from models_app.management.commandline import find_model, follow_job
 from saes import groups
-from saes.groups import parse_transcoders, parse_variants
+from saes.groups import GroupSettings
 from saes.models import ARCHITECTURES, SaeGroup
+from saes.serializers import group_request_members, parse_transcoders, parse_variants
 
 
 class Command(BaseCommand):
@@ -44,15 +45,20 @@ class Command(BaseCommand):
         )
         if dataset is None:
             raise CommandError(f"No dataset with id or name {options['dataset']!r}.")
+        settings = GroupSettings(
+            architecture=options["architecture"], expansion_factor=options["expansion"], k=options["k"],
+            lr=options["lr"], batch_size=options["batch_size"], total_tokens=options["tokens"],
+            max_length=options["max_length"],
+        )  # fmt: skip
         try:
-            group = groups.sae_group_train_request(
-                owner=None, model=model, dataset=dataset,
+            members = group_request_members(
                 hooks=[hook.strip() for hook in options["hooks"].split(",") if hook.strip()],
                 transcoders=parse_transcoders("\n".join(options["transcoder"])),
                 variants=parse_variants("\n".join(options["variant"])),
-                architecture=options["architecture"], expansion_factor=options["expansion"], k=options["k"],
-                lr=options["lr"], batch_size=options["batch_size"], total_tokens=options["tokens"],
-                max_length=options["max_length"], name=options["name"],
+            )
+            group = groups.sae_group_train_request(
+                owner=None, model=model, dataset=dataset, settings=settings, members=members,
+                name=options["name"],
             )  # fmt: skip
         except ApplicationError as error:
             raise CommandError(f"{error.code}: {error.message}") from None
