@@ -2,8 +2,11 @@
 
 from typing import Any
 
+from rest_framework import serializers
+
 from circuits.models import AttributionGraph
 from mistudio.access import AUDIENCE, linked_id
+from mistudio.serializers import JobOutputSerializer
 from saes.models import SparseAutoencoder
 
 
@@ -46,3 +49,24 @@ def graph_state(graph: AttributionGraph, *, viewer=AUDIENCE) -> dict[str, Any]:
 
 def graph_event_state(graph: AttributionGraph) -> dict[str, Any]:
     return graph_state(graph)
+
+
+class GraphOutputSerializer(JobOutputSerializer):
+    """:func:`graph_state`."""
+
+    id = serializers.CharField()
+    name = serializers.CharField(allow_blank=True)
+    model_id = serializers.CharField(allow_null=True)
+    transcoder_ids = serializers.ListField(
+        child=serializers.CharField(allow_null=True), help_text="None where the caller may not see it"
+    )
+    prompt = serializers.CharField(allow_blank=True)
+    tokens = serializers.ListField(child=serializers.CharField(allow_blank=True))
+    config = serializers.DictField()
+    summary = serializers.DictField()
+    pinned = serializers.ListField(child=serializers.CharField())
+    supernodes = serializers.ListField(child=serializers.ListField(child=serializers.CharField()))
+    node_threshold = serializers.FloatField()
+    edge_threshold = serializers.FloatField()
+    eta_seconds = serializers.FloatField(allow_null=True)
+    memory_estimate_bytes = serializers.IntegerField()

@@ -2,9 +2,12 @@
 
 from typing import Any
 
+from rest_framework import serializers
+
 from activations.models import ActivationCache
 from features.models import Explanation, ExplanationJob, Feature, FeatureAnalysis, FeatureLabel
 from mistudio.access import AUDIENCE, linked_id
+from mistudio.serializers import JobOutputSerializer, OutputSerializer
 
 
 def iso(value) -> str | None:
@@ -107,8 +110,7 @@ def explanation_state(explanation: Explanation, *, prompt: bool = False) -> dict
         "index": explanation.index,
         "text": explanation.text,
         "score": explanation.score,
-        "detection": explanation.detection,
-        "fuzzing": explanation.fuzzing,
+        **{column: getattr(explanation, column) for column in Explanation.SCORE_COLUMNS.values()},
         "scoring": explanation.scoring,
         "explainer_model": explanation.explainer_model,
         "scorer_model": explanation.scorer_model,
@@ -120,3 +122,84 @@ def explanation_state(explanation: Explanation, *, prompt: bool = False) -> dict
     if prompt:
         state["prompt"] = explanation.prompt
     return state
+
+
+class AnalysisOutputSerializer(JobOutputSerializer):
+    """:func:`analysis_state`."""
+
+    id = serializers.CharField()
+    sae_id = serializers.CharField()
+    cache_id = serializers.CharField(allow_null=True)
+    config = serializers.DictField()
+    phase = serializers.IntegerField()
+    tokens = serializers.IntegerField()
+    tokens_per_second = serializers.FloatField(allow_null=True)
+    eta_seconds = serializers.FloatField(allow_null=True)
+    summary = serializers.DictField()
+    file_size_bytes = serializers.IntegerField()
+    memory_estimate_bytes = serializers.IntegerField()
+
+
+class LabelOutputSerializer(OutputSerializer):
+    """:func:`label_state`."""
+
+    label = serializers.CharField(allow_blank=True)
+    notes = serializers.CharField(allow_blank=True)
+    owner = serializers.CharField(allow_null=True)
+    shared = serializers.BooleanField()
+    updated_at = serializers.DateTimeField(allow_null=True)
+
+
+class FeatureSummaryOutputSerializer(OutputSerializer):
+    """:func:`feature_summary`."""
+
+    index = serializers.IntegerField()
+    density = serializers.FloatField()
+    max_activation = serializers.FloatField()
+    mean_activation = serializers.FloatField()
+    dead = serializers.BooleanField()
+    auto_label = serializers.CharField(allow_blank=True)
+    label = LabelOutputSerializer(allow_null=True)
+
+
+class ExplanationJobOutputSerializer(JobOutputSerializer):
+    """:func:`explanation_job_state`."""
+
+    id = serializers.CharField()
+    analysis_id = serializers.CharField()
+    sae_id = serializers.CharField()
+    endpoint = serializers.CharField(allow_blank=True)
+    explainer_model = serializers.CharField(allow_blank=True)
+    scorer_model = serializers.CharField(allow_blank=True)
+    selection = serializers.DictField()
+    features = serializers.IntegerField(help_text="How many features it explains")
+    config = serializers.DictField()
+    estimate = serializers.DictField()
+    eta_seconds = serializers.FloatField(allow_null=True)
+    features_done = serializers.IntegerField()
+    features_failed = serializers.IntegerField()
+    features_per_minute = serializers.FloatField(allow_null=True)
+    requests_sent = serializers.IntegerField()
+    prompt_tokens = serializers.IntegerField()
+    completion_tokens = serializers.IntegerField()
+    summary = serializers.DictField()
+
+
+class ExplanationOutputSerializer(OutputSerializer):
+    """:func:`explanation_state` (``prompt`` only where asked for)."""
+
+    id = serializers.IntegerField()
+    job_id = serializers.CharField()
+    index = serializers.IntegerField()
+    text = serializers.CharField(allow_blank=True)
+    score = serializers.FloatField(allow_null=True)
+    detection = serializers.FloatField(allow_null=True)
+    fuzzing = serializers.FloatField(allow_null=True)
+    scoring = serializers.DictField()
+    explainer_model = serializers.CharField(allow_blank=True)
+    scorer_model = serializers.CharField(allow_blank=True)
+    prompt_version = serializers.CharField(allow_blank=True)
+    error_code = serializers.CharField(allow_blank=True)
+    error_message = serializers.CharField(allow_blank=True)
+    created_at = serializers.DateTimeField(allow_null=True)
+    prompt = serializers.ListField(child=serializers.DictField(), required=False)

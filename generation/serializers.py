@@ -17,7 +17,7 @@ from generation.services import (
     MAX_TOKENS_LIMIT,
     SamplingRequest,
 )
-from mistudio.serializers import StrictSerializer
+from mistudio.serializers import OutputSerializer, StrictSerializer
 
 MAX_STOP_CHARACTERS = 200
 
@@ -142,3 +142,57 @@ class SweepInputSerializer(SamplingSerializer):
     )
     measure = serializers.JSONField(required=False)
     mistudio = None  # no capture or interventions beside the swept one
+
+
+class UsageOutputSerializer(OutputSerializer):
+    """Token counts in OpenAI's shape (``Generation.usage``)."""
+
+    prompt_tokens = serializers.IntegerField()
+    completion_tokens = serializers.IntegerField()
+    total_tokens = serializers.IntegerField()
+
+
+class TimingsOutputSerializer(OutputSerializer):
+    """``Generation.timings``: null until the generation has them."""
+
+    prefill_ms = serializers.FloatField(allow_null=True)
+    decode_tokens_per_second = serializers.FloatField(allow_null=True)
+    total_ms = serializers.FloatField(allow_null=True)
+
+
+class GenerationRowOutputSerializer(OutputSerializer):
+    """What :func:`generation.selectors.generation_state` shows of a generation, whole or listed."""
+
+    request_id = serializers.CharField()
+    model_id = serializers.CharField()
+    status = serializers.CharField()
+    interface = serializers.CharField()
+    parameters = serializers.DictField()
+    capture_hooks = serializers.ListField(child=serializers.CharField())
+    effect = serializers.DictField(allow_null=True)
+    sweep_coefficient = serializers.FloatField(allow_null=True)
+    finish_reason = serializers.CharField(allow_blank=True)
+    usage = UsageOutputSerializer()
+    timings = TimingsOutputSerializer()
+    cache_id = serializers.CharField(allow_null=True)
+    error_code = serializers.CharField(allow_blank=True)
+    error_message = serializers.CharField(allow_blank=True)
+    created_at = serializers.DateTimeField(allow_null=True)
+    completed_at = serializers.DateTimeField(allow_null=True)
+
+
+class GenerationOutputSerializer(GenerationRowOutputSerializer):
+    """A generation whole (``GET /api/generations/{id}``, events, snapshots)."""
+
+    prompt = serializers.CharField(allow_blank=True)
+    messages = serializers.ListField(child=serializers.DictField())
+    output_text = serializers.CharField(allow_blank=True)
+    output_token_ids = serializers.ListField(child=serializers.IntegerField())
+    input_token_ids = serializers.ListField(child=serializers.IntegerField())
+
+
+class GenerationSummaryOutputSerializer(GenerationRowOutputSerializer):
+    """A generation as the list shows it: the start of its prompt and output."""
+
+    prompt_preview = serializers.CharField(allow_blank=True)
+    output_preview = serializers.CharField(allow_blank=True)

@@ -21,3 +21,32 @@ class StrictSerializer(serializers.Serializer):
         if errors:
             raise serializers.ValidationError(errors)
         return value
+
+
+class OutputSerializer(serializers.Serializer):
+    """Describes a JSON body the API answers (a row's ``*_state()`` dict), for the schema.
+
+    Every field is read-only, hence required in the schema, except those declared
+    ``required=False``: keys a row's JSON leaves out in some views (a list's shorter rows).
+    """
+
+    def get_fields(self):
+        fields = super().get_fields()
+        for field in fields.values():
+            field.read_only = field.read_only or field.required
+        return fields
+
+
+class JobOutputSerializer(OutputSerializer):
+    """What every job row's JSON tells of its run, owner and times (``mistudio.jobs.JobRow``)."""
+
+    status = serializers.CharField(help_text="queued, running, completed, failed or cancelled")
+    progress = serializers.FloatField()
+    host_worker = serializers.CharField(allow_blank=True)
+    error_code = serializers.CharField(allow_blank=True)
+    error_message = serializers.CharField(allow_blank=True)
+    owner = serializers.CharField(allow_null=True, help_text="The owner's username")
+    shared = serializers.BooleanField()
+    created_at = serializers.DateTimeField(allow_null=True)
+    started_at = serializers.DateTimeField(allow_null=True)
+    finished_at = serializers.DateTimeField(allow_null=True)

@@ -9,7 +9,7 @@ from activations.models import ActivationCache, Dataset
 from engine.configs import config_from_dict
 from engine.sae_architectures import ARCHITECTURES
 from mistudio.access import AUDIENCE, linked_id
-from mistudio.serializers import StrictSerializer
+from mistudio.serializers import JobOutputSerializer, OutputSerializer, StrictSerializer
 from saes.groups import GroupMember, GroupSettings, Variant, group_members
 from saes.models import SaeEvaluation, SaeGroup, SparseAutoencoder
 
@@ -247,3 +247,95 @@ def frozen_widths(values: dict[str, Any]) -> dict[str, Any]:
     """``values`` with ``matryoshka_widths`` as a tuple (the settings are frozen, hence hashable)."""
     widths = values.get("matryoshka_widths")
     return values if widths is None else {**values, "matryoshka_widths": tuple(widths)}
+
+
+# --- output serializers: what the schema says the rows' JSON above is -----------------------------
+
+
+class SaeOutputSerializer(JobOutputSerializer):
+    """:func:`sae_state` (``history`` only on an SAE's own detail)."""
+
+    id = serializers.CharField()
+    name = serializers.CharField(allow_blank=True)
+    source = serializers.CharField()
+    model_id = serializers.CharField(allow_null=True)
+    model_name = serializers.CharField(allow_blank=True)
+    cache_id = serializers.CharField(allow_null=True)
+    dataset_id = serializers.CharField(allow_null=True)
+    group_id = serializers.CharField(allow_null=True)
+    hook_name = serializers.CharField()
+    hook_name_out = serializers.CharField(allow_null=True)
+    feature_hook = serializers.CharField()
+    architecture = serializers.CharField()
+    d_in = serializers.IntegerField()
+    d_out = serializers.IntegerField(allow_null=True)
+    d_sae = serializers.IntegerField()
+    k = serializers.IntegerField(allow_null=True)
+    hyperparameters = serializers.DictField()
+    scaling_factor = serializers.FloatField(allow_null=True)
+    step = serializers.IntegerField()
+    total_steps = serializers.IntegerField()
+    tokens_seen = serializers.IntegerField()
+    total_tokens = serializers.IntegerField()
+    tokens_per_second = serializers.FloatField(allow_null=True)
+    eta_seconds = serializers.FloatField(allow_null=True)
+    metrics = serializers.DictField()
+    evaluation = serializers.DictField()
+    evaluation_status = serializers.CharField(allow_blank=True)
+    warnings = serializers.ListField(child=serializers.CharField())
+    memory_estimate_bytes = serializers.IntegerField()
+    file_size_bytes = serializers.IntegerField()
+    training_time_seconds = serializers.FloatField(allow_null=True)
+    history = serializers.ListField(child=serializers.DictField(), required=False)
+
+
+class EvaluationOutputSerializer(OutputSerializer):
+    """:func:`evaluation_state`."""
+
+    evaluation_id = serializers.CharField()
+    sae_id = serializers.CharField()
+    cache_id = serializers.CharField(allow_null=True)
+    status = serializers.CharField()
+    progress = serializers.FloatField()
+    results = serializers.DictField()
+    memory_estimate_bytes = serializers.IntegerField()
+    host_worker = serializers.CharField(allow_blank=True)
+    error_code = serializers.CharField(allow_blank=True)
+    error_message = serializers.CharField(allow_blank=True)
+    created_at = serializers.DateTimeField(allow_null=True)
+    finished_at = serializers.DateTimeField(allow_null=True)
+
+
+class GroupMemberOutputSerializer(OutputSerializer):
+    """:func:`group_member_state`: the member's held-out metrics are null until it is evaluated."""
+
+    id = serializers.CharField()
+    name = serializers.CharField(allow_blank=True)
+    hook_name = serializers.CharField()
+    hook_name_out = serializers.CharField(allow_null=True)
+    architecture = serializers.CharField()
+    d_sae = serializers.IntegerField()
+    k = serializers.IntegerField(allow_null=True)
+    lr = serializers.FloatField(allow_null=True)
+    status = serializers.CharField()
+    step = serializers.IntegerField()
+    metrics = serializers.DictField()
+    evaluation = serializers.DictField(child=serializers.FloatField(allow_null=True))
+
+
+class SaeGroupOutputSerializer(JobOutputSerializer):
+    """:func:`sae_group_state`."""
+
+    id = serializers.CharField()
+    name = serializers.CharField(allow_blank=True)
+    model_id = serializers.CharField(allow_null=True)
+    dataset_id = serializers.CharField(allow_null=True)
+    settings = serializers.DictField()
+    step = serializers.IntegerField()
+    total_steps = serializers.IntegerField()
+    tokens_seen = serializers.IntegerField()
+    total_tokens = serializers.IntegerField()
+    tokens_per_second = serializers.FloatField(allow_null=True)
+    eta_seconds = serializers.FloatField(allow_null=True)
+    memory_estimate_bytes = serializers.IntegerField()
+    members = GroupMemberOutputSerializer(many=True)

@@ -2,8 +2,11 @@
 
 from typing import Any
 
+from rest_framework import serializers
+
 from activations.models import Dataset
 from mistudio.access import AUDIENCE, linked_id
+from mistudio.serializers import JobOutputSerializer
 from steering.models import SteeringVector
 
 
@@ -45,3 +48,21 @@ def vector_state(vector: SteeringVector, *, viewer=AUDIENCE, with_prompts: bool 
 
 def vector_event_state(vector: SteeringVector) -> dict[str, Any]:
     return vector_state(vector, with_prompts=False)
+
+
+class VectorOutputSerializer(JobOutputSerializer):
+    """:func:`vector_state` (the prompts only on a vector's own detail)."""
+
+    id = serializers.CharField()
+    name = serializers.CharField(allow_blank=True)
+    source = serializers.CharField()
+    model_id = serializers.CharField(allow_null=True)
+    hook_name = serializers.CharField()
+    width = serializers.IntegerField(allow_null=True)
+    norm = serializers.FloatField(allow_null=True)
+    reduction = serializers.CharField()
+    positive_dataset_id = serializers.CharField(allow_null=True)
+    negative_dataset_id = serializers.CharField(allow_null=True)
+    memory_estimate_bytes = serializers.IntegerField()
+    positive = serializers.ListField(child=serializers.CharField(allow_blank=True), required=False)
+    negative = serializers.ListField(child=serializers.CharField(allow_blank=True), required=False)
