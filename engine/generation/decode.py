@@ -262,150 +262,241 @@ def _run(
     cancelled_rows: Callable[[], Collection[int]] | None,
     should_yield: Callable[[], bool] | None,
 ) -> list[GenerationResult]:
-    import torch
-
     device = input_device(model)
-    batch_size = len(prompts)
     fed = _fed_tokens(prompts, progress)
-    lengths = [len(tokens) for tokens in fed]
-    prompt_length = max(lengths)
-    padded = min(lengths) != prompt_length
-    takes_position_ids, logits_to_keep_name = _forward_arguments(model)
+    prompt_length = max(len(tokens) for tokens in fed)
     eos_ids = eos_token_ids(model, tokenizer)
-
     rows = [
         _row(index, prompt, tokens, row_params, done, start=prompt_length - len(tokens), device=device,
              tokenizer=tokenizer)
         for index, (prompt, tokens, row_params, done)
         in enumerate(zip(prompts, fed, params, progress, strict=True))
     ]  # fmt: skip
-    steps = max(row.steps_left for row in rows)
+    layout = _layout(model, rows, [len(tokens) for tokens in fed], device)
+    run = _Run(rows, layout, _Forward.of(model, layout.mask), hooks, eos_ids, tokenizer, on_token)
+    run.prefill(keep_last=not _hooks_outside_base(model, hooks))
+    run.decode(cancelled_rows, should_yield)
+    activations = run.capture_last(device) if hooks is not None and hooks.recorder is not None else None
+    return run.results(activations)
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """The run's grid of columns: the left-padded prompts, then one column per decode step."""
 
     # Prompt + generated ids, left-padded: the repetition penalty reads each row's slice of it.
+    sequence: Any
+    # One mask for the whole run, sliced per step, rather than a cat per step; only with padding.
+    mask: Any | None
+    prompt_positions: Any
+    # decode_positions[t] is the [batch] position of the t-th token fed after the prompt.
+    decode_positions: Any
+    # Each row's position of each prompt column (negative: left padding).
+    prompt_absolute: Any
+    row_lengths: Any
+    prompt_length: int
+    track_sequence: bool
+
+
+def _layout(model: Any, rows: list[Row], lengths: list[int], device: Any) -> _Layout:
+    import torch
+
+    batch_size, prompt_length = len(rows), max(lengths)
+    steps = max(row.steps_left for row in rows)
     sequence = torch.full((batch_size, prompt_length + steps), pad_token_id(model), dtype=torch.long)
     for row in rows:
         sequence[row.index, row.start : prompt_length] = torch.tensor(row.prompt, dtype=torch.long)
     sequence = sequence.to(device)
-    track_sequence = any(row.params.repetition_penalty != 1 for row in rows)
-
-    # One mask for the whole run, sliced per step, rather than a cat per step; only with padding.
-    full_mask = None
-    if padded:
-        full_mask = torch.ones((batch_size, prompt_length + steps), dtype=torch.long)
+    mask = None
+    if min(lengths) != prompt_length:
+        mask = torch.ones((batch_size, prompt_length + steps), dtype=torch.long)
         for row in rows:
-            full_mask[row.index, : row.start] = 0
-        full_mask = full_mask.to(device)
+            mask[row.index, : row.start] = 0
+        mask = mask.to(device)
     prompt_positions = torch.arange(prompt_length, device=device).repeat(batch_size, 1)
-    if full_mask is not None:
-        prompt_positions = (full_mask[:, :prompt_length].cumsum(-1) - 1).clamp(min=0)
-    # decode_positions[t] is the [batch] position of the t-th token fed after the prompt. A row
-    # that has ended is still fed while the batch runs on (its tokens are dropped): where the
+    if mask is not None:
+        prompt_positions = (mask[:, :prompt_length].cumsum(-1) - 1).clamp(min=0)
+    # A row that has ended is still fed while the batch runs on (its tokens are dropped): where the
     # batch's longest answer would take it past the context, it stays at the last position.
     decode_positions = (prompt_positions[:, -1] + 1) + torch.arange(steps, device=device)[:, None]
     limit = context_length(model)
     if limit is not None:
         decode_positions = decode_positions.clamp(max=limit - 1)
+    starts = torch.tensor([row.start for row in rows], device=device)
+    return _Layout(
+        sequence=sequence,
+        mask=mask,
+        prompt_positions=prompt_positions,
+        decode_positions=decode_positions,
+        prompt_absolute=torch.arange(prompt_length, device=device)[None, :] - starts[:, None],
+        row_lengths=torch.tensor(lengths, device=device),
+        prompt_length=prompt_length,
+        track_sequence=any(row.params.repetition_penalty != 1 for row in rows),
+    )
 
-    def forward(input_ids: Any, length: int, positions: Any, past: Any, *, keep_last: bool) -> Any:
+
+@dataclass(frozen=True)
+class _Forward:
+    """One forward pass of the model over the KV cache, with the arguments its family takes."""
+
+    model: Any
+    mask: Any | None
+    takes_position_ids: bool
+    logits_to_keep_name: str | None
+
+    @classmethod
+    def of(cls, model: Any, mask: Any | None) -> _Forward:
+        takes_position_ids, logits_to_keep_name = _forward_arguments(model)
+        return cls(model, mask, takes_position_ids, logits_to_keep_name)
+
+    def __call__(self, input_ids: Any, length: int, positions: Any, past: Any, *, keep_last: bool) -> Any:
         arguments: dict[str, Any] = {"input_ids": input_ids, "use_cache": True}
         if past is not None:
             arguments["past_key_values"] = past
-        if full_mask is not None:
+        if self.mask is not None:
             # A view, not a copy: every family's mask code reads it by index (checked with
             # batches against single prompts in the tests).
-            arguments["attention_mask"] = full_mask[:, :length]
-        if takes_position_ids:
+            arguments["attention_mask"] = self.mask[:, :length]
+        if self.takes_position_ids:
             arguments["position_ids"] = positions
-        if keep_last and logits_to_keep_name is not None:
-            arguments[logits_to_keep_name] = 1
-        return model(**arguments)
+        if keep_last and self.logits_to_keep_name is not None:
+            arguments[self.logits_to_keep_name] = 1
+        return self.model(**arguments)
 
-    # A module: hook point outside the base model (the LM head) needs every prompt row, so the
-    # prefill then computes all logits.
+
+def _hooks_outside_base(model: Any, hooks: _Hooks | None) -> bool:
+    """Whether a module: hook point lies outside the base model (the LM head): it needs every
+    prompt row, so the prefill then computes all logits."""
+    if hooks is None:
+        return False
     base = base_model_path(model)
-    hooks_outside_base = hooks is not None and any(
-        not site.module_path.startswith(base + ".") for site in hooks.runtime.sites.values()
-    )
-    # Each row's position of each prompt column (negative: left padding), and of decode steps.
-    starts = torch.tensor([row.start for row in rows], device=device)
-    prompt_absolute = torch.arange(prompt_length, device=device)[None, :] - starts[:, None]
-    row_lengths = torch.tensor(lengths, device=device)
+    return any(not site.module_path.startswith(base + ".") for site in hooks.runtime.sites.values())
 
-    started = time.perf_counter()
-    prompt_ids = sequence[:, :prompt_length].contiguous()
-    if hooks is not None:
-        hooks.begin_pass(prompt_absolute)
-    output = forward(prompt_ids, prompt_length, prompt_positions, None, keep_last=not hooks_outside_base)
-    past = output.past_key_values
-    next_tokens = sample_step(rows, output.logits[:, -1, :], sequence, prompt_length, track_sequence)
-    token_list = next_tokens.tolist()
-    first_token_at = time.perf_counter()
-    _emit(rows, token_list, output.logits[:, -1, :], eos_ids, tokenizer, on_token, first_token_at)
-    del output
 
-    step = 1
-    while not all(row.done for row in rows):
-        if cancelled_rows is not None:
-            cancelled = cancelled_rows() or ()
-            for row in rows:
-                if not row.done and row.index in cancelled:
-                    row.finish_reason = FINISH_CANCELLED
-            if all(row.done for row in rows):
+@dataclass
+class _Run:
+    """The decode loop's state: the prefill, one step per token, and the results."""
+
+    rows: list[Row]
+    layout: _Layout
+    forward: _Forward
+    hooks: _Hooks | None
+    eos_ids: frozenset[int]
+    tokenizer: Any
+    on_token: Callable[[TokenEvent], None] | None
+    past: Any = None
+    next_tokens: Any = None
+    started: float = 0.0
+    first_token_at: float = 0.0
+
+    def prefill(self, *, keep_last: bool) -> None:
+        layout = self.layout
+        self.started = time.perf_counter()
+        prompt_ids = layout.sequence[:, : layout.prompt_length].contiguous()
+        if self.hooks is not None:
+            self.hooks.begin_pass(layout.prompt_absolute)
+        output = self.forward(
+            prompt_ids, layout.prompt_length, layout.prompt_positions, None, keep_last=keep_last
+        )
+        self.past = output.past_key_values
+        self.first_token_at = self._sample(output.logits[:, -1, :], layout.prompt_length)
+        del output
+
+    def decode(
+        self,
+        cancelled_rows: Callable[[], Collection[int]] | None,
+        should_yield: Callable[[], bool] | None,
+    ) -> None:
+        step = 1
+        while not all(row.done for row in self.rows):
+            if _stop_requested(self.rows, cancelled_rows, should_yield):
                 break
-        if should_yield is not None and should_yield():
-            for row in rows:
-                if not row.done:
-                    row.finish_reason = FINISH_YIELDED
-            break
-        if hooks is not None:
-            hooks.begin_pass((row_lengths + step - 1)[:, None])
-        output = forward(
-            next_tokens[:, None],
-            prompt_length + step,
-            decode_positions[step - 1][:, None],
-            past,
+            self._step(step)
+            step += 1
+
+    def _step(self, step: int) -> None:
+        layout = self.layout
+        if self.hooks is not None:
+            self.hooks.begin_pass((layout.row_lengths + step - 1)[:, None])
+        output = self.forward(
+            self.next_tokens[:, None],
+            layout.prompt_length + step,
+            layout.decode_positions[step - 1][:, None],
+            self.past,
             keep_last=False,
         )
-        past = output.past_key_values
+        self.past = output.past_key_values
         logits = output.logits[:, -1, :]
-        next_tokens = sample_step(rows, logits, sequence, prompt_length + step, track_sequence)
-        token_list = next_tokens.tolist()
-        _emit(rows, token_list, logits, eos_ids, tokenizer, on_token, time.perf_counter())
-        del output, logits
-        step += 1
+        del output
+        self._sample(logits, layout.prompt_length + step)
 
-    activations = None
-    if hooks is not None and hooks.recorder is not None:
-        (only_row,) = rows
+    def _sample(self, logits: Any, length: int) -> float:
+        """Sample and emit the step's tokens from ``logits``; returns when they were sampled."""
+        layout = self.layout
+        self.next_tokens = sample_step(self.rows, logits, layout.sequence, length, layout.track_sequence)
+        token_list = self.next_tokens.tolist()  # waits for the device: the token is there now
+        sampled_at = time.perf_counter()
+        _emit(self.rows, token_list, logits, self.eos_ids, self.tokenizer, self.on_token, sampled_at)
+        return sampled_at
+
+    def capture_last(self, device: Any) -> dict[str, Any]:
+        """The last token was sampled but never fed: one more pass captures its rows (its logits
+        are not needed, and the pass stops as soon as every hook point is in)."""
+        import torch
+
+        assert self.hooks is not None and self.hooks.recorder is not None
+        layout = self.layout
+        (only_row,) = self.rows
         generated = len(only_row.token_ids)
-        # The last token was sampled but never fed: one more pass captures its rows (its logits
-        # are not needed, and the pass stops as soon as every hook point is in).
-        hooks.begin_pass((row_lengths + generated - 1)[:, None], last=True)
-        hooks.runtime.run(
-            forward,
+        self.hooks.begin_pass((layout.row_lengths + generated - 1)[:, None], last=True)
+        self.hooks.runtime.run(
+            self.forward,
             input_ids=torch.tensor([[only_row.token_ids[-1]]], device=device),
-            length=prompt_length + generated,
-            positions=decode_positions[generated - 1][:, None],
-            past=past,
+            length=layout.prompt_length + generated,
+            positions=layout.decode_positions[generated - 1][:, None],
+            past=self.past,
             keep_last=True,
         )
-        activations = hooks.recorder.tensors(len(only_row.prompt) + generated)
+        return self.hooks.recorder.tensors(len(only_row.prompt) + generated)
 
-    prefill_seconds = first_token_at - started
-    return [
-        GenerationResult(
-            token_ids=row.token_ids,
-            text=row.stream.text,
-            finish_reason=row.finish_reason or FINISH_LENGTH,
-            logprobs=row.events,
-            prompt_tokens=row.prompt_tokens,
-            prefill_seconds=prefill_seconds,
-            decode_seconds=max(0.0, row.last_token_at - first_token_at),
-            activations=activations,
-            progress=_progress(row) if row.finish_reason == FINISH_YIELDED else None,
-        )
-        for row in rows
-    ]
+    def results(self, activations: dict[str, Any] | None) -> list[GenerationResult]:
+        prefill_seconds = self.first_token_at - self.started
+        return [
+            GenerationResult(
+                token_ids=row.token_ids,
+                text=row.stream.text,
+                finish_reason=row.finish_reason or FINISH_LENGTH,
+                logprobs=row.events,
+                prompt_tokens=row.prompt_tokens,
+                prefill_seconds=prefill_seconds,
+                decode_seconds=max(0.0, row.last_token_at - self.first_token_at),
+                activations=activations,
+                progress=_progress(row) if row.finish_reason == FINISH_YIELDED else None,
+            )
+            for row in self.rows
+        ]
+
+
+def _stop_requested(
+    rows: list[Row],
+    cancelled_rows: Callable[[], Collection[int]] | None,
+    should_yield: Callable[[], bool] | None,
+) -> bool:
+    """Finish the rows cancelled since the last step; whether the batch stops now (every row is
+    done, or it yields: its unfinished rows then finish as yielded)."""
+    if cancelled_rows is not None:
+        cancelled = cancelled_rows() or ()
+        for row in rows:
+            if not row.done and row.index in cancelled:
+                row.finish_reason = FINISH_CANCELLED
+        if all(row.done for row in rows):
+            return True
+    if should_yield is not None and should_yield():
+        for row in rows:
+            if not row.done:
+                row.finish_reason = FINISH_YIELDED
+        return True
+    return False
 
 
 def _fed_tokens(prompts: list[list[int]], progress: list[Progress | None]) -> list[list[int]]:
@@ -463,55 +554,72 @@ def _emit(
     sampled_at: float,
 ) -> None:
     """Record the step's tokens of the unfinished rows, finish rows, and stream the events."""
-    import torch
-
     active = [row for row in rows if not row.done]
-    logprob_rows = [row for row in active if row.wants_logprobs]
-    chosen_logprobs: dict[int, float] = {}
-    alternatives: dict[int, list[TopLogprob]] = {}
-    if logprob_rows:
-        indices = torch.tensor([row.index for row in logprob_rows], device=logits.device)
-        logprobs = torch.log_softmax(logits.index_select(0, indices).float(), -1)
-        picked = torch.tensor([token_list[row.index] for row in logprob_rows], device=logits.device)
-        chosen_values = logprobs.gather(1, picked[:, None])[:, 0].tolist()
-        most = max(row.params.top_logprobs for row in logprob_rows)
-        top_values: list[list[float]] = []
-        top_ids: list[list[int]] = []
-        if most:
-            values, ids = logprobs.topk(most, -1)
-            top_values, top_ids = values.tolist(), ids.tolist()
-        for position, row in enumerate(logprob_rows):
-            chosen_logprobs[row.index] = chosen_values[position]
-            count = row.params.top_logprobs
-            if count:
-                alternatives[row.index] = [
-                    TopLogprob(token_id=token_id, token=tokenizer.decode([token_id]), logprob=value)
-                    for token_id, value in zip(
-                        top_ids[position][:count], top_values[position][:count], strict=True
-                    )
-                ]
-
+    chosen, alternatives = _step_logprobs(
+        [row for row in active if row.wants_logprobs], token_list, logits, tokenizer
+    )
     for row in active:
         token_id = token_list[row.index]
-        row.token_ids.append(token_id)
-        row.last_token_at = sampled_at
-        is_eos = token_id in eos_ids and not row.params.ignore_eos
-        at_length = len(row.token_ids) >= row.params.max_new_tokens
-        # EOS adds no text (and is not decoded), but flushes what was held back before it.
-        text, stopped = row.stream.push(None if is_eos else token_id, final=is_eos or at_length)
-        if is_eos or stopped:
-            row.finish_reason = FINISH_STOP
-        elif at_length:
-            row.finish_reason = FINISH_LENGTH
+        text = _append(row, token_id, eos_ids, sampled_at)
         event = TokenEvent(
             row=row.index,
             index=len(row.token_ids) - 1,
             token_id=token_id,
             text=text,
-            logprob=chosen_logprobs.get(row.index),
+            logprob=chosen.get(row.index),
             top_logprobs=alternatives.get(row.index),
         )
         if row.events is not None:
             row.events.append(event)
         if on_token is not None:
             on_token(event)
+
+
+def _append(row: Row, token_id: int, eos_ids: frozenset[int], sampled_at: float) -> str:
+    """Add ``token_id`` to ``row``, finishing it at EOS, a stop string or its length; the text it
+    releases."""
+    row.token_ids.append(token_id)
+    row.last_token_at = sampled_at
+    is_eos = token_id in eos_ids and not row.params.ignore_eos
+    at_length = len(row.token_ids) >= row.params.max_new_tokens
+    # EOS adds no text (and is not decoded), but flushes what was held back before it.
+    text, stopped = row.stream.push(None if is_eos else token_id, final=is_eos or at_length)
+    if is_eos or stopped:
+        row.finish_reason = FINISH_STOP
+    elif at_length:
+        row.finish_reason = FINISH_LENGTH
+    return text
+
+
+def _step_logprobs(
+    rows: list[Row], token_list: list[int], logits: Any, tokenizer: Any
+) -> tuple[dict[int, float], dict[int, list[TopLogprob]]]:
+    """The chosen token's logprob of each of ``rows`` (those that want logprobs), and its
+    ``top_logprobs`` alternatives where it asks for some: one softmax and one topk for them all."""
+    import torch
+
+    if not rows:
+        return {}, {}
+    indices = torch.tensor([row.index for row in rows], device=logits.device)
+    logprobs = torch.log_softmax(logits.index_select(0, indices).float(), -1)
+    picked = torch.tensor([token_list[row.index] for row in rows], device=logits.device)
+    chosen_values = logprobs.gather(1, picked[:, None])[:, 0].tolist()
+    most = max(row.params.top_logprobs for row in rows)
+    top_values: list[list[float]] = []
+    top_ids: list[list[int]] = []
+    if most:
+        values, ids = logprobs.topk(most, -1)
+        top_values, top_ids = values.tolist(), ids.tolist()
+    chosen: dict[int, float] = {}
+    alternatives: dict[int, list[TopLogprob]] = {}
+    for position, row in enumerate(rows):
+        chosen[row.index] = chosen_values[position]
+        count = row.params.top_logprobs
+        if count:
+            alternatives[row.index] = [
+                TopLogprob(token_id=token_id, token=tokenizer.decode([token_id]), logprob=value)
+                for token_id, value in zip(
+                    top_ids[position][:count], top_values[position][:count], strict=True
+                )
+            ]
+    return chosen, alternatives
