@@ -10,6 +10,7 @@ from django.db import close_old_connections, transaction
 
 from activations.selectors import model_folder, tokenizer_for
 from activations.services import cache_touch
+from engine.configs import config_from_dict
 from engine.features.analysis import (
     AnalysisConfig,
     AnalysisState,
@@ -52,16 +53,16 @@ def run_feature_analysis(analysis: FeatureAnalysis, job: JobContext) -> None:
         loaded = model_in_this_worker(sae.model_id, analysis, purpose="a feature analysis")
     table = store.tokens()
     tokens = TokenTable(table["token_ids"], table["sample_index"], table["position"])
-    config = AnalysisConfig(**analysis.config) if analysis.config else AnalysisConfig()
+    config = config_from_dict(AnalysisConfig, analysis.config or {})
     module, _ = load_saelens(sae.directory)
     device = job.worker.compute_device
     module.to(device)
     resume = AnalysisState.load(analysis.state_directory)
     # Read now: the sweep carries the resumed state forward in place.
     resumed_from = None if resume is None else {"phase": resume.phase, "row": resume.next_row}
-    fields = analysis.mark_running(host_worker=job.worker.name, tokens=len(tokens))
+    analysis.tokens = len(tokens)
     analysis.config = config.__dict__ if not analysis.config else analysis.config
-    job_publish(analysis, "started", [*fields, "config"], resumed_from=resumed_from)
+    job_publish(analysis, "progress", ["tokens", "config"], resumed_from=resumed_from)
     throttle = ProgressThrottle(min_step=101.0, min_interval=0.5)
     cache_touch(analysis.cache, lease_seconds=LEASE_SECONDS)  # eviction leaves a cache being read
     last_lease = time.monotonic()
