@@ -4,7 +4,8 @@ Hand-written maps drift: the page once listed two modules over 500 lines where t
 its engine map missed a dozen modules. So the engine's module map (each module's docstring summary)
 and the list of long modules (their line counts) are written between marker comments by this
 script: ``--write`` brings the page up to date, ``--check`` (run by .ci/run) fails with a diff when
-it is stale. Everything outside the markers is prose and is left as it is.
+it is stale. Everything outside the markers is prose and is left as it is, but the repository paths
+it names in code spans must exist: a module split or renamed leaves a sentence pointing nowhere.
 
 A generated part is ``<!-- generated: NAME; ... -->`` then the text, then ``<!-- end generated -->``,
 where NAME is one of ``SECTIONS``.
@@ -53,6 +54,8 @@ MARKER = re.compile(
     r"(?P<close><!-- end generated -->)",
     re.DOTALL,
 )
+FENCED_BLOCK = re.compile(r"^```.*?^```", re.DOTALL | re.MULTILINE)
+CODE_SPAN = re.compile(r"`([^`]+)`")
 # The end of a docstring's first sentence: a full stop (or ! ?) before a capital, a quote or a bracket.
 SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z`(\"'])")
 
@@ -143,8 +146,35 @@ def regenerate(text: str, root: Path) -> str:
     return MARKER.sub(replace, text)
 
 
+def missing_paths(text: str, root: Path) -> list[str]:
+    """The repository paths the prose names in code spans (``engine/runtime.py: HookRuntime``,
+    ``frontend/tests/test_browser_*.py``) that match nothing: a module moved or renamed since."""
+    prose = FENCED_BLOCK.sub("", text)
+    top_level = {entry.name for entry in root.iterdir()}
+    named = (re.split(r"[\s:(]", span, maxsplit=1)[0] for span in CODE_SPAN.findall(prose))
+    return sorted(
+        {
+            path
+            for path in named
+            if "/" in path
+            and "<" not in path  # a placeholder: frontend/views/<page>.py
+            and path.split("/")[0] in top_level
+            and not any(root.glob(path.rstrip("/")))
+        }
+    )
+
+
+def _stale_diff(current: str, fresh: str) -> str:
+    """A unified diff from the page as it is to the page the tree makes, and what to run."""
+    diff = difflib.unified_diff(
+        current.splitlines(keepends=True), fresh.splitlines(keepends=True), f"{DOC} (now)", f"{DOC} (tree)"
+    )
+    return "".join(diff) + f"\n{DOC} is stale: run `.venv/bin/python scripts/architecture_docs.py --write`."
+
+
 def main(argv: list[str] | None = None) -> int:
-    """``--check``: exit 1 with a diff when the page is stale; ``--write``: update it."""
+    """``--check``: exit 1 with a diff when the page is stale; ``--write``: update it. Either exits
+    1 when the prose names a path that does not exist (that needs a person, not this script)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--check", action="store_true", help="fail with a diff if the page is stale")
@@ -154,20 +184,17 @@ def main(argv: list[str] | None = None) -> int:
     path = args.root / DOC
     current = path.read_text(encoding="utf-8")
     fresh = regenerate(current, args.root)
-    if args.write:
-        if fresh != current:
-            path.write_text(fresh, encoding="utf-8")
-        print(f"{DOC}: {'updated' if fresh != current else 'already current'}")
-        return 0
-    if fresh == current:
-        print(f"{DOC}: generated parts current")
-        return 0
-    diff = difflib.unified_diff(
-        current.splitlines(keepends=True), fresh.splitlines(keepends=True), f"{DOC} (now)", f"{DOC} (tree)"
-    )
-    sys.stdout.writelines(diff)
-    print(f"\n{DOC} is stale: run `.venv/bin/python scripts/architecture_docs.py --write` and commit it.")
-    return 1
+    if args.write and fresh != current:
+        path.write_text(fresh, encoding="utf-8")
+    stale = args.check and fresh != current
+    if stale:
+        print(_stale_diff(current, fresh))
+    else:
+        print(f"{DOC}: generated parts {'updated' if fresh != current else 'current'}")
+    missing = missing_paths(fresh, args.root)
+    for name in missing:
+        print(f"{DOC} names {name}, which does not exist: point it at the module that does this now")
+    return 1 if stale or missing else 0
 
 
 if __name__ == "__main__":

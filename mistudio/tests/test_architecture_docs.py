@@ -164,3 +164,25 @@ def test_dispatch_gate_allows_the_registries_and_loops(scripts, tmp_path):
         ("engine/sae/training.py", 5),
         ("engine/sae/training.py", 7),
     ]
+
+
+def test_prose_naming_a_moved_module_fails_the_check(scripts, tmp_path, capsys):
+    architecture_docs, _ = scripts
+    write(tmp_path, "engine/__init__.py", '"""The engine."""\n')
+    write(tmp_path, "activations/services/caches.py", '"""Caches."""\n')
+    page = """
+        Cleanup (`activations/services.py: cache_cleanup`), now `activations/services/caches.py`; the
+        pages `frontend/views/<page>.py`, tests `activations/services/*.py`, elsewhere `delphi/log/x.py`.
+
+        <!-- generated: module map -->
+        <!-- end generated -->
+        <!-- generated: long modules -->
+        <!-- end generated -->
+    """
+    write(tmp_path, "docs/architecture.md", page)
+
+    assert architecture_docs.main(["--write", "--root", str(tmp_path)]) == 1
+    assert architecture_docs.main(["--check", "--root", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert "generated parts updated" in out and "generated parts current" in out
+    assert out.count("names ") == 2 and "names activations/services.py, which does not exist" in out
