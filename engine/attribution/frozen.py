@@ -26,10 +26,14 @@ import contextlib
 import contextvars
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Protocol, TypeAlias
 
 from engine.hooks import READ_INPUT, READ_OUTPUT, HookError, HookSite, base_model_path, family_of
 from engine.runtime import HookRuntime
+
+if TYPE_CHECKING:
+    from torch import Tensor
+    from transformers import PreTrainedModel
 
 __all__ = ["FROZEN_ATTENTION", "FrozenRun", "ModelParts", "model_parts"]
 
@@ -74,7 +78,7 @@ class ModelParts:
     fused_qkv: tuple[str, ...] = ()
 
 
-def model_parts(model: Any) -> ModelParts:
+def model_parts(model: PreTrainedModel) -> ModelParts:
     """The :class:`ModelParts` of a loaded model; ``UNSUPPORTED_ARCHITECTURE`` for other families."""
     family = family_of(model)
     if family not in _FAMILIES:
@@ -106,8 +110,30 @@ def model_parts(model: Any) -> ModelParts:
 _CURRENT: contextvars.ContextVar[FrozenRun | None] = contextvars.ContextVar("frozen_run", default=None)
 
 
-def _frozen_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """Eager attention whose pattern is recorded detached on the first pass and replayed after."""
+class _AttentionModule(Protocol):
+    """What the attention function reads of the attention module transformers passes it (each
+    family's own class: they share no base but ``nn.Module``)."""
+
+    layer_idx: int
+
+
+def _frozen_attention(
+    module: _AttentionModule,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs: object,
+) -> tuple[Tensor, Tensor]:
+    """Eager attention whose pattern is recorded detached on the first pass and replayed after.
+
+    ``query`` [batch, heads, queries, head_dim]; ``key`` and ``value`` [batch, kv_heads, keys,
+    head_dim]; ``attention_mask`` additive, broadcast to [batch, heads, queries, keys]. Returns
+    the output [batch, queries, heads, head_dim] and the pattern [batch, heads, queries, keys], as
+    transformers' attention functions do (``dropout`` and the other keyword arguments are
+    ignored)."""
     import torch
 
     run = _CURRENT.get()
@@ -139,10 +165,11 @@ def _register_attention() -> None:
         AttentionMaskInterface.register(FROZEN_ATTENTION, eager_mask)
 
 
-# Called per MLP with (layer, mlp input, mlp output); returns the output to use.
-MlpVisitor = Callable[[int, Any, Any], Any]
+# Called per MLP with (layer, mlp input, mlp output), each [batch, tokens, d]; returns the output to
+# use, or None to keep it.
+MlpVisitor: TypeAlias = "Callable[[int, Tensor, Tensor], Tensor | None]"
 # Called with the token embeddings [batch, tokens, d]; returns the embeddings to use (or None).
-EmbeddingVisitor = Callable[[Any], Any]
+EmbeddingVisitor: TypeAlias = "Callable[[Tensor], Tensor | None]"
 
 
 class FrozenRun:
@@ -156,12 +183,14 @@ class FrozenRun:
     output.
     """
 
-    def __init__(self, model: Any, *, freeze_norms: bool = True) -> None:
+    def __init__(self, model: PreTrainedModel, *, freeze_norms: bool = True) -> None:
         self.model = model
         self.freeze_norms = freeze_norms
         self.parts = model_parts(model)
-        self.patterns: dict[int, Any] = {}
-        self.scales: dict[str, Any] = {}
+        # Per layer: the recorded pattern [1, heads, tokens, tokens].
+        self.patterns: dict[int, Tensor] = {}
+        # Per norm's path: the recorded scale [1, tokens, 1].
+        self.scales: dict[str, Tensor] = {}
         self.recording = True
 
     @contextlib.contextmanager
@@ -170,7 +199,7 @@ class FrozenRun:
         *,
         mlp: MlpVisitor,
         embedding: EmbeddingVisitor | None = None,
-        final: Callable[[Any], None] | None = None,
+        final: Callable[[Tensor], None] | None = None,
     ) -> Iterator[FrozenRun]:
         _register_attention()
         parts = self.parts
@@ -184,9 +213,9 @@ class FrozenRun:
         sites.update({f"{path}:in": HookSite(path, READ_INPUT) for path in parts.fused_qkv})
         sites.update({f"{path}:out": HookSite(path, READ_OUTPUT) for path in parts.fused_qkv})
         fused = set(parts.fused_qkv)
-        inputs: dict[str, Any] = {}
+        inputs: dict[str, Tensor] = {}
 
-        def visit(name: str, tensor: Any) -> Any:
+        def visit(name: str, tensor: Tensor) -> Tensor | None:
             path, _, side = name.rpartition(":")
             if side == "in":
                 inputs[path] = tensor
@@ -214,7 +243,7 @@ class FrozenRun:
             config._attn_implementation = previous
             _CURRENT.reset(token)
 
-    def forward(self, input_ids: Any) -> None:
+    def forward(self, input_ids: Tensor) -> None:
         """One pass over ``input_ids`` [batch, tokens] as far as the final norm (no LM head)."""
         import torch
 
@@ -226,10 +255,11 @@ class FrozenRun:
         )
         self.recording = False
 
-    def _values_only(self, path: str, x: Any, qkv: Any) -> Any:
-        """A fused projection's output with gradients through the values only: the queries and
-        keys meet only the frozen pattern, so their gradient is zero, and without this the backward
-        pass would multiply by the whole [d, 3d] weight (three times the work)."""
+    def _values_only(self, path: str, x: Tensor, qkv: Tensor) -> Tensor | None:
+        """A fused projection's output ``qkv`` [batch, tokens, 3d] (of ``x`` [batch, tokens, d])
+        with gradients through the values only (None, to keep it, when it needs none): the queries
+        and keys meet only the frozen pattern, so their gradient is zero, and without this the
+        backward pass would multiply by the whole [d, 3d] weight (three times the work)."""
         import torch
 
         if not qkv.requires_grad:
@@ -241,7 +271,8 @@ class FrozenRun:
         )
         return torch.cat([qkv[..., : 2 * width].detach(), values.view(*x.shape[:-1], width)], -1)
 
-    def _frozen_norm(self, path: str, x: Any) -> Any:
+    def _frozen_norm(self, path: str, x: Tensor) -> Tensor:
+        """The norm at ``path`` of ``x`` [batch, tokens, d], its scale recorded or replayed."""
         import torch
 
         module = self.model.get_submodule(path)
@@ -256,7 +287,9 @@ class FrozenRun:
         scale = self._scale(path, lambda: (as_float.pow(2).mean(-1, keepdim=True) + eps).sqrt())
         return weight * (as_float / scale).to(x.dtype)
 
-    def _scale(self, path: str, compute: Callable[[], Any]) -> Any:
+    def _scale(self, path: str, compute: Callable[[], Tensor]) -> Tensor:
+        """The scale [1, tokens, 1] of the norm at ``path``: ``compute()``'s first row, detached,
+        when recording, not freezing norms or not recorded yet; else the recorded one."""
         if self.recording or path not in self.scales or not self.freeze_norms:
             self.scales[path] = compute().detach()[:1]
         return self.scales[path]

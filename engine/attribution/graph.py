@@ -19,7 +19,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 TENSORS_FILENAME = "graph.safetensors"
 META_FILENAME = "graph.json"
@@ -43,8 +46,9 @@ class NodeOrder:
     n_features: int
     n_layers: int
     tokens: list[int]
-    logit_tokens: Any
-    logit_probabilities: Any
+    # [n_logits] token ids and their probabilities, most probable first.
+    logit_tokens: Tensor
+    logit_probabilities: Tensor
 
     @property
     def n_positions(self) -> int:
@@ -70,13 +74,16 @@ class NodeOrder:
     def n_nodes(self) -> int:
         return self.logit_start + self.n_logits
 
-    def describe(self, index: int, feature: Any = None, activation: float = 0.0) -> dict[str, Any]:
+    def describe(
+        self, index: int, feature: Tensor | None = None, activation: float | Tensor = 0.0
+    ) -> dict[str, Any]:
         """What node ``index`` is: kind ("feature", "error", "token", "logit"), layer, position,
-        and the feature or token id; a feature node's (layer, position, feature) row and activation
-        are given by the caller, who knows where its features are kept."""
+        and the feature or token id; a feature node's (layer, position, feature) row [3] and
+        activation (a number or a 0-d tensor) are given by the caller, who knows where its features
+        are kept. Plain ints, floats and strings, ready for JSON."""
         if index < self.error_start:
-            layer, position, feature = (int(v) for v in feature)
-            return {"kind": "feature", "layer": layer, "position": position, "feature": feature,
+            layer, position, feature_id = (int(v) for v in feature)
+            return {"kind": "feature", "layer": layer, "position": position, "feature": feature_id,
                     "activation": float(activation)}  # fmt: skip
         if index < self.token_start:
             layer, position = divmod(index - self.error_start, self.n_positions)
@@ -95,17 +102,22 @@ class AttributionGraph(NodeOrder):
 
     tokens: list[int]
     n_layers: int
-    # [n_active, 3] (layer, position, feature) of every active transcoder feature.
-    active_features: Any
-    activation_values: Any
-    # Indices into active_features of the feature nodes kept (all of them without a cap).
-    selected_features: Any
-    adjacency: Any
-    logit_tokens: Any
-    logit_probabilities: Any
-    # Per node (zero where a node has no incoming edges): the constant part, and the value.
-    bias: Any
-    values: Any
+    # [n_active, 3] int64 (layer, position, feature) of every active transcoder feature, and
+    # [n_active] float32 their activations.
+    active_features: Tensor
+    activation_values: Tensor
+    # [n_features] int64 indices into active_features of the feature nodes kept (all of them
+    # without a cap).
+    selected_features: Tensor
+    # [n_nodes, n_nodes] float32, (target, source).
+    adjacency: Tensor
+    # [n_logits] token ids and their probabilities (float32), most probable first.
+    logit_tokens: Tensor
+    logit_probabilities: Tensor
+    # [n_nodes] float32 per node (zero where a node has no incoming edges): the constant part, and
+    # the value.
+    bias: Tensor
+    values: Tensor
     info: dict[str, Any] = field(default_factory=dict)
 
     @property

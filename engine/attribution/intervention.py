@@ -14,10 +14,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from engine.attribution.frozen import FrozenRun
 from engine.attribution.tracing import Transcoders, check_transcoders
+
+if TYPE_CHECKING:
+    from torch import Tensor
+    from transformers import PreTrainedModel
 
 __all__ = ["FeatureIntervention", "InterventionResult", "intervene"]
 
@@ -34,16 +38,16 @@ class FeatureIntervention:
 
 @dataclass
 class InterventionResult:
-    """The last position's logits before and after (float32, CPU), and the activations the
-    intervened features had."""
+    """The last position's logits [vocab] before and after (float32, CPU), and the activations
+    the intervened features had (one per intervention, in their order)."""
 
-    logits_before: Any
-    logits_after: Any
+    logits_before: Tensor
+    logits_after: Tensor
     previous_values: list[float]
 
 
 def intervene(
-    model: Any,
+    model: PreTrainedModel,
     transcoders: Transcoders,
     tokens: Sequence[int],
     interventions: Sequence[FeatureIntervention],
@@ -62,13 +66,14 @@ def intervene(
     device = next(model.parameters()).device
     ids = torch.tensor([list(tokens)], device=device)
     run = FrozenRun(model, freeze_norms=freeze_norms)
-    recorded: list[tuple[Any, Any, Any]] = []  # per layer: MLP input, MLP output, features
-    finals: list[Any] = []
+    # Per layer: MLP input, MLP output [1, tokens, d], features [1, tokens, d_sae].
+    recorded: list[tuple[Tensor, Tensor, Tensor]] = []
+    finals: list[Tensor] = []  # the final norm's output [1, tokens, d], before and after
 
-    def record(layer: int, x_in: Any, out: Any) -> None:
+    def record(layer: int, x_in: Tensor, out: Tensor) -> None:
         recorded.append((x_in, out, transcoders[layer].encode(x_in)))
 
-    def replace(layer: int, x_in: Any, out: Any) -> Any:
+    def replace(layer: int, x_in: Tensor, out: Tensor) -> Tensor:
         # The recorded output plus what changed: the features (re-encoded, then set) through the
         # decoder, and the skip path. An MLP whose input and features did not change gives its
         # recorded output exactly, so only the intervention's effects move the logits.

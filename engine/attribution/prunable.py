@@ -26,7 +26,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.attribution.graph import AttributionGraph, NodeOrder
 from engine.attribution.pruning import (
@@ -37,6 +37,9 @@ from engine.attribution.pruning import (
     ranked,
     threshold_rank,
 )
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 __all__ = [
     "VIEW_FILENAME",
@@ -73,14 +76,15 @@ class ThresholdOutOfRange(ValueError):
 
 @dataclass
 class KeptNodes:
-    """What a prune of a view keeps: ``positions`` [p], the stored nodes its first stage kept, in
-    the graph's order; ``nodes`` [p], those its edge stage leaves; ``edges`` [p, p] (target,
-    source); ``adjacency`` [p, p] among them (the edges' weights)."""
+    """What a prune of a view keeps: ``positions`` [p] (int64), the stored nodes its first stage
+    kept, in the graph's order; ``nodes`` [p] (a boolean mask), those its edge stage leaves;
+    ``edges`` [p, p] (boolean, target x source); ``adjacency`` [p, p] among them (the edges'
+    weights)."""
 
-    positions: Any
-    nodes: Any
-    edges: Any
-    adjacency: Any
+    positions: Tensor
+    nodes: Tensor
+    edges: Tensor
+    adjacency: Tensor
 
 
 @dataclass
@@ -92,20 +96,23 @@ class PrunableGraph(NodeOrder):
     n_layers: int
     # The full graph's feature nodes (node indices below this are features).
     n_features: int
-    logit_tokens: Any
-    logit_probabilities: Any
-    nodes: Any
-    influence: Any
-    # Each node's cumulative influence share in the full graph (``Pruned.cumulative``).
-    cumulative: Any
-    # For feature nodes: (layer, position, feature) and the activation (zeros for the others).
-    features: Any
-    activations: Any
-    # The full graph's largest influences, largest first, and their cumulative shares.
-    ranking: Any
-    shares: Any
+    # [n_logits] token ids and their probabilities (float32), most probable first.
+    logit_tokens: Tensor
+    logit_probabilities: Tensor
+    # [m] int64: each stored node's index in the full graph; [m] its influence.
+    nodes: Tensor
+    influence: Tensor
+    # [m] each node's cumulative influence share in the full graph (``Pruned.cumulative``).
+    cumulative: Tensor
+    # For feature nodes: [m, 3] int64 (layer, position, feature) and [m] the activation (zeros for
+    # the others).
+    features: Tensor
+    activations: Tensor
+    # [r] the full graph's largest influences, largest first, and [r] their cumulative shares.
+    ranking: Tensor
+    shares: Tensor
     # [m, m], or None when opened from a file: read a kept prefix at a time (``kept_adjacency``).
-    adjacency: Any = None
+    adjacency: Tensor | None = None
     path: Path | None = None
     info: dict[str, Any] = field(default_factory=dict)
 
@@ -139,11 +146,11 @@ class PrunableGraph(NodeOrder):
         *,
         max_nodes: int | None = None,
         covering: float | None = None,
-        influence: Any = None,
+        influence: Tensor | None = None,
     ) -> PrunableGraph:
         """The view of ``graph`` holding at most ``max_nodes`` nodes besides the tokens and logits
         (all of them when None), or just those a prune at ``covering`` keeps. ``influence``: the
-        graph's :func:`node_influence`, when it is already known."""
+        graph's :func:`node_influence` [n_nodes], when it is already known."""
         import torch
 
         influence = node_influence(graph) if influence is None else influence
@@ -220,9 +227,9 @@ class PrunableGraph(NodeOrder):
         floor = self.ranking[threshold_rank(self.shares, node_threshold, self.n_nodes)]
         return self.n_fixed + int((self.influence[self.n_fixed :] >= floor).sum())
 
-    def kept_adjacency(self, count: int) -> Any:
-        """The matrix among the first ``count`` stored nodes, read from the file when it is not
-        held: only those rows and columns."""
+    def kept_adjacency(self, count: int) -> Tensor:
+        """The matrix [count, count] among the first ``count`` stored nodes, read from the file
+        when it is not held: only those rows and columns."""
         if self.adjacency is not None:
             return self.adjacency[:count, :count]
         from safetensors import safe_open

@@ -12,7 +12,12 @@ feature and error nodes left without an outgoing edge and feature nodes without 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from engine.attribution.graph import AttributionGraph, NodeOrder
 
 __all__ = [
     "Pruned",
@@ -25,12 +30,15 @@ __all__ = [
 ]
 
 
-def _normalised(matrix: Any, floor: float = 1e-10) -> Any:
+def _normalised(matrix: Tensor, floor: float = 1e-10) -> Tensor:
+    """``|matrix|`` [targets, sources] with each row divided by its sum (at least ``floor``)."""
     absolute = matrix.abs()
     return absolute.div_(absolute.sum(1, keepdim=True).clamp(min=floor))  # in place: one copy, not two
 
 
-def _influence(normalised: Any, weights: Any, max_iterations: int = 1000) -> Any:
+def _influence(normalised: Tensor, weights: Tensor, max_iterations: int = 1000) -> Tensor:
+    """``weights @ (A + A^2 + ...)`` [nodes] for ``A`` the ``normalised`` [nodes, nodes] matrix and
+    ``weights`` [nodes]; past ``max_iterations`` it fails, since only a cycle keeps it going."""
     current = weights @ normalised
     influence = current.clone()
     for _ in range(max_iterations):
@@ -41,8 +49,8 @@ def _influence(normalised: Any, weights: Any, max_iterations: int = 1000) -> Any
     raise RuntimeError("influence did not converge: the graph has a cycle")
 
 
-def _logit_weights(graph: Any) -> Any:
-    """Per node of ``graph``: its logit's probability (zero for every other node)."""
+def _logit_weights(graph: NodeOrder) -> Tensor:
+    """Per node of ``graph`` [nodes]: its logit's probability (zero for every other node)."""
     import torch
 
     weights = torch.zeros(graph.n_nodes)
@@ -50,32 +58,34 @@ def _logit_weights(graph: Any) -> Any:
     return weights
 
 
-def node_influence(graph: Any) -> Any:
-    """Each node's influence on the logits (see the module's docstring)."""
+def node_influence(graph: AttributionGraph) -> Tensor:
+    """Each node's influence on the logits [nodes] (see the module's docstring)."""
     return _influence(_normalised(graph.adjacency), _logit_weights(graph))
 
 
-def ranked(scores: Any) -> tuple[Any, Any, Any]:
-    """``scores`` largest first, where each was, and the cumulative share of the total that the
-    scores up to each one hold."""
+def ranked(scores: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """``scores`` [n] largest first, where each was (int64), and the cumulative share of the total
+    that the scores up to each one hold: three [n] tensors."""
     import torch
 
     ordered, order = torch.sort(scores, descending=True)
     return ordered, order, torch.cumsum(ordered, 0) / torch.sum(ordered)
 
 
-def threshold_rank(shares: Any, fraction: float, count: int) -> int:
-    """The rank of the smallest score kept at ``fraction``: the first whose cumulative share
-    reaches it (the last of ``count`` when rounding leaves the shares short of it)."""
+def threshold_rank(shares: Tensor, fraction: float, count: int) -> int:
+    """The rank of the smallest score kept at ``fraction``: the first whose cumulative share (of
+    the ascending ``shares`` [n]) reaches it (the last of ``count`` when rounding leaves the
+    shares short of it)."""
     import torch
 
     return min(int(torch.searchsorted(shares, fraction)), count - 1)
 
 
-def _threshold(scores: Any, fraction: float) -> Any:
-    """``ranked``'s threshold of ``scores`` (1-D) in two copies of them rather than five: the
-    values sorted in place (numpy; torch would keep the int64 order too), their shares divided in
-    place. The same numbers: a sort's values are unique, and so is each operation's result."""
+def _threshold(scores: Tensor, fraction: float) -> Tensor:
+    """``ranked``'s threshold (a 0-d tensor) of ``scores`` [n] (on the CPU: numpy sorts them) in
+    two copies of them rather than five: the values sorted in place (numpy; torch would keep the
+    int64 order too), their shares divided in place. The same numbers: a sort's values are
+    unique, and so is each operation's result."""
     import torch
 
     ordered = scores.neg()
@@ -89,11 +99,12 @@ def _threshold(scores: Any, fraction: float) -> Any:
 @dataclass
 class Pruned:
     """Which nodes and edges ``prune`` keeps, and each node's cumulative influence share (the
-    fraction of all influence held by nodes at least as influential as it)."""
+    fraction of all influence held by nodes at least as influential as it): ``nodes`` [n] and
+    ``edges`` [n, n] (target, source) boolean masks, ``cumulative`` [n]."""
 
-    nodes: Any
-    edges: Any
-    cumulative: Any
+    nodes: Tensor
+    edges: Tensor
+    cumulative: Tensor
 
 
 def check_thresholds(node_threshold: float, edge_threshold: float) -> None:
@@ -101,14 +112,17 @@ def check_thresholds(node_threshold: float, edge_threshold: float) -> None:
         raise ValueError("thresholds are fractions between 0 and 1")
 
 
-def prune_edges(adjacency: Any, weights: Any, edge_threshold: float, *, n_features: int, n_sources: int):
+def prune_edges(
+    adjacency: Tensor, weights: Tensor, edge_threshold: float, *, n_features: int, n_sources: int
+) -> tuple[Tensor, Tensor]:
     """The second stage of circuit-tracer's ``prune_graph``, on the adjacency among the nodes its
-    first stage kept (``adjacency[kept][:, kept]``, in the graph's order; ``weights`` their logit
-    weights): the edges that carry ``edge_threshold`` of the influence of that graph, then, until
-    nothing changes, the feature and error nodes (the first ``n_sources``) left without an
-    outgoing edge and the feature nodes (the first ``n_features``) without an incoming one
-    dropped. Returns (nodes, edges) masks over those nodes. Only the kept nodes' matrix is ever
-    made, so its memory is what a view of them needs, whatever the graph's size."""
+    first stage kept (``adjacency[kept][:, kept]`` [p, p], in the graph's order; ``weights`` [p]
+    their logit weights): the edges that carry ``edge_threshold`` of the influence of that graph,
+    then, until nothing changes, the feature and error nodes (the first ``n_sources``) left
+    without an outgoing edge and the feature nodes (the first ``n_features``) without an incoming
+    one dropped. Returns (nodes [p], edges [p, p]) boolean masks over those nodes. Only the kept
+    nodes' matrix is ever made, so its memory is what a view of them needs, whatever the graph's
+    size."""
     import torch
 
     edge_scores = _normalised(adjacency)
@@ -128,10 +142,14 @@ def prune_edges(adjacency: Any, weights: Any, edge_threshold: float, *, n_featur
     return nodes, edges
 
 
-def partial_influences(rows: Any, logit_probabilities: Any, row_nodes: Any, max_iterations: int = 128) -> Any:
-    """The influence of every column node estimated from the adjacency rows computed so far
-    (``rows[i]`` is node ``row_nodes[i]``'s row): what ranks the features still to visit when
-    attribution caps the feature nodes (circuit-tracer's ``compute_partial_influences``)."""
+def partial_influences(
+    rows: Tensor, logit_probabilities: Tensor, row_nodes: Tensor, max_iterations: int = 128
+) -> Tensor:
+    """The influence [nodes] of every column node estimated from the adjacency rows computed so
+    far (``rows`` [r, nodes]; ``rows[i]`` is node ``row_nodes[i]``'s row; the logits are the last
+    columns, ``logit_probabilities`` [logits] their weights): what ranks the features still to
+    visit when attribution caps the feature nodes (circuit-tracer's
+    ``compute_partial_influences``)."""
     import torch
 
     normalised = _normalised(rows, 1e-8)

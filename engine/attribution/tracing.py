@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, TypeAlias
 
 from engine.attribution.frozen import FrozenRun
 from engine.attribution.graph import AttributionGraph
@@ -33,10 +33,16 @@ from engine.attribution.pruning import partial_influences
 from engine.budgets import attribution_feature_rows
 from engine.errors import EngineError
 
+if TYPE_CHECKING:
+    from torch import Tensor
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    from engine.sae.model import SparseAutoencoder
+
 __all__ = ["AttributionConfig", "Transcoders", "attribute", "attribution_tokens", "check_transcoders"]
 
 # One transcoder per layer, layer 0 first: each reads the MLP's input and predicts its output.
-Transcoders = Sequence[Any]
+Transcoders: TypeAlias = "Sequence[SparseAutoencoder]"
 
 
 @dataclass(frozen=True)
@@ -53,7 +59,7 @@ class AttributionConfig:
     matrix_limit_bytes: int | None = None
 
 
-def attribution_tokens(tokenizer: Any, prompt: str) -> list[int]:
+def attribution_tokens(tokenizer: PreTrainedTokenizerBase, prompt: str) -> list[int]:
     """The prompt's ids without special tokens, behind a special token at position 0 (BOS, else
     pad, else EOS, else the first special id), unless it already starts with one: what
     circuit-tracer attributes, since position 0 is an attention sink whose features are dropped."""
@@ -66,7 +72,7 @@ def attribution_tokens(tokenizer: Any, prompt: str) -> list[int]:
     return ids if first is None else [int(first), *ids]
 
 
-def check_transcoders(model: Any, transcoders: Transcoders) -> None:
+def check_transcoders(model: PreTrainedModel, transcoders: Transcoders) -> None:
     """``INVALID_TRANSCODERS`` unless there is one transcoder per layer, each as wide as the model."""
     from engine.attribution.frozen import model_parts
 
@@ -89,19 +95,19 @@ def check_transcoders(model: Any, transcoders: Transcoders) -> None:
 class _Prompt:
     """What the recorded pass found: per layer, the sparse activations and the vectors."""
 
-    ids: Any
-    active: Any  # [n_active, 3]
-    values: Any
-    encoders: Any  # [n_active, d]
-    decoders: Any  # [n_active, d], activation times decoder row
-    errors: Any  # [layers, positions, d]
-    mlp_inputs: list[Any]
-    mlp_outputs: list[Any]
-    final: Any  # [positions, d]
+    ids: Tensor  # [1, positions]
+    active: Tensor  # [n_active, 3] int64 (layer, position, feature), by layer
+    values: Tensor  # [n_active]
+    encoders: Tensor  # [n_active, d]
+    decoders: Tensor  # [n_active, d], activation times decoder row
+    errors: Tensor  # [layers, positions, d]
+    mlp_inputs: list[Tensor]  # per layer, [positions, d]
+    mlp_outputs: list[Tensor]  # per layer, [positions, d]
+    final: Tensor  # [positions, d]
 
 
 def attribute(
-    model: Any,
+    model: PreTrainedModel,
     transcoders: Transcoders,
     tokens: Sequence[int],
     config: AttributionConfig = AttributionConfig(),
@@ -155,7 +161,7 @@ def attribute(
 
 
 @contextlib.contextmanager
-def _gradients_only_where_asked(model: Any, transcoders: Transcoders) -> Iterator[None]:
+def _gradients_only_where_asked(model: PreTrainedModel, transcoders: Transcoders) -> Iterator[None]:
     """Gradients on (also under an outer inference or no-grad mode), none for the parameters of
     the model and the transcoders, whose flags are restored after."""
     import torch
@@ -172,15 +178,16 @@ def _gradients_only_where_asked(model: Any, transcoders: Transcoders) -> Iterato
             parameter.requires_grad_(flag)
 
 
-def _record(run: FrozenRun, transcoders: Transcoders, ids: Any) -> _Prompt:
-    """The recorded pass: activations, errors, encoder and decoder vectors, final norm output."""
+def _record(run: FrozenRun, transcoders: Transcoders, ids: Tensor) -> _Prompt:
+    """The recorded pass over ``ids`` [1, positions]: activations, errors, encoder and decoder
+    vectors, final norm output."""
     import torch
 
-    mlp_inputs: list[Any] = []
-    mlp_outputs: list[Any] = []
-    final: list[Any] = []
+    mlp_inputs: list[Tensor] = []
+    mlp_outputs: list[Tensor] = []
+    final: list[Tensor] = []
 
-    def mlp(layer: int, x_in: Any, out: Any) -> None:
+    def mlp(layer: int, x_in: Tensor, out: Tensor) -> None:
         mlp_inputs.append(x_in[0].detach())
         mlp_outputs.append(out[0].detach())
 
@@ -240,9 +247,10 @@ class _SourcesByPosition:
         self.flat = positions * self.width + ranks
         self.start, self.end = start, end
 
-    def contract(self, gradient: Any, result: Any, *, error_offset: int) -> None:
+    def contract(self, gradient: Tensor, result: Tensor, *, error_offset: int) -> None:
         """Write each source's direct effect on each target (``gradient`` [targets, positions, d])
-        into ``result``: the features' columns and the layer's error columns."""
+        into ``result`` [targets, sources] (float32): the features' columns and the layer's error
+        columns."""
         import torch
 
         products = torch.bmm(
@@ -262,19 +270,22 @@ class _GradientGraph:
         import torch
 
         self.prompt = prompt
-        self.mlp_inputs: list[Any] = []
-        self.mlp_points: list[Any] = []
-        self.embedding: list[Any] = []
-        self.final: list[Any] = []
+        # Per layer [batch, positions, d]: the MLP inputs (where features' targets are injected)
+        # and the points their outputs pass through (where sources' gradients are read).
+        self.mlp_inputs: list[Tensor] = []
+        self.mlp_points: list[Tensor] = []
+        # One each: the token embeddings [batch, positions, d] (a leaf) and the final norm's output.
+        self.embedding: list[Tensor] = []
+        self.final: list[Tensor] = []
 
-        def mlp(layer: int, x_in: Any, out: Any) -> Any:
+        def mlp(layer: int, x_in: Tensor, out: Tensor) -> Tensor:
             skip = transcoders[layer].skip_path(x_in)
             point = out.detach().requires_grad_(True) if skip is None else skip + (out - skip).detach()
             self.mlp_inputs.append(x_in)
             self.mlp_points.append(point)
             return point
 
-        def embedding(tokens: Any) -> Any:
+        def embedding(tokens: Tensor) -> Tensor:
             leaf = tokens.detach().requires_grad_(True)
             self.embedding.append(leaf)
             return leaf
@@ -294,9 +305,9 @@ class _GradientGraph:
         ]
         self.n_sources = len(prompt.active) + (len(transcoders) + 1) * n_positions
 
-    def rows(self, injections: list[tuple[int | None, int, Any]]) -> Any:
-        """One adjacency row (over the sources) per ``(layer, position, vector)`` injection; layer
-        None injects at the final norm's output (a logit)."""
+    def rows(self, injections: list[tuple[int | None, int, Tensor]]) -> Tensor:
+        """One adjacency row (over the sources) per ``(layer, position, vector [d])`` injection,
+        [injections, sources] float32; layer None injects at the final norm's output (a logit)."""
         import torch
 
         outputs, gradients = [], []
@@ -333,12 +344,14 @@ def _edges(
     run: FrozenRun,
     transcoders: Transcoders,
     prompt: _Prompt,
-    logit_vectors: Any,
-    logit_probabilities: Any,
+    logit_vectors: Tensor,
+    logit_probabilities: Tensor,
     config: AttributionConfig,
     progress: Callable[[int, int], None] | None,
-) -> tuple[Any, Any]:
-    """The adjacency matrix (CPU, float32) and the selected features' indices."""
+) -> tuple[Tensor, Tensor]:
+    """The adjacency matrix [nodes, nodes] (CPU, float32) and the selected features' indices
+    [n_selected] (int64), from the logits' demeaned unembedding rows ``logit_vectors`` [n_logits,
+    d] and their probabilities [n_logits]."""
     import torch
 
     batch_size = config.batch_size
@@ -365,7 +378,7 @@ def _edges(
     row_nodes = torch.zeros(max_features + n_logits, dtype=torch.long)
     filled = 0
 
-    def store(nodes: Any, rows: Any) -> None:
+    def store(nodes: Tensor, rows: Tensor) -> None:
         nonlocal filled, done
         where = slice(filled, filled + len(nodes)) if capped else nodes
         matrix[where, :logit_offset] = rows.cpu()
@@ -420,20 +433,22 @@ def _edges(
 
 
 def _values_and_bias(
-    run: FrozenRun, transcoders: Transcoders, prompt: _Prompt, logit_vectors: Any, selected: Any
-) -> tuple[Any, Any]:
+    run: FrozenRun, transcoders: Transcoders, prompt: _Prompt, logit_vectors: Tensor, selected: Tensor
+) -> tuple[Tensor, Tensor]:
     """Each feature and logit node's value (pre-activation; logit minus the mean logit) and bias
     (its value with every source node at zero: token embeddings, the selected features' decodes
-    and errors; features left out by a cap stay, as constants like the biases)."""
+    and errors; features left out by a cap stay, as constants like the biases): two [nodes]
+    float32 tensors, zero for the other nodes. ``logit_vectors`` [n_logits, d], ``selected``
+    [n_selected] indices into ``prompt.active``."""
     import torch
 
     n_layers = len(transcoders)
-    inputs: list[Any] = []
-    final: list[Any] = []
+    inputs: list[Tensor] = []  # per layer, the MLP input [positions, d] with every source at zero
+    final: list[Tensor] = []
     is_node = torch.zeros(len(prompt.active), dtype=torch.bool, device=prompt.active.device)
     is_node[selected.to(prompt.active.device)] = True
 
-    def mlp(layer: int, x_in: Any, out: Any) -> Any:
+    def mlp(layer: int, x_in: Tensor, out: Tensor) -> Tensor:
         transcoder = transcoders[layer]
         real_in = prompt.mlp_inputs[layer]
         real_skip = transcoder.skip_path(real_in)
