@@ -15,12 +15,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from engine.extraction import extract
 from engine.interventions import Intervention, feature_values
 from engine.patching import run_with_interventions
 from engine.placement import input_device
+
+if TYPE_CHECKING:
+    from torch import Tensor
+    from transformers import PreTrainedModel
+
+    from engine.sae.model import SparseAutoencoder
 
 
 @dataclass(frozen=True)
@@ -34,7 +40,8 @@ class SteeringEffect:
     distinct_2: float | None
     generated_tokens: int
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, float | int | None]:
+        """The fields as JSON values, floats rounded to 6 places (stored with the generation)."""
         return {
             name: round(value, 6) if isinstance(value, float) else value
             for name, value in asdict(self).items()
@@ -46,7 +53,9 @@ def distinct_n(token_ids: Sequence[int], n: int = 2) -> float | None:
     return len(set(grams)) / len(grams) if grams else None
 
 
-def feature_on_text(model: Any, sae: Any, hook: str, feature: int, token_ids: Sequence[int]) -> Any:
+def feature_on_text(
+    model: PreTrainedModel, sae: SparseAutoencoder, hook: str, feature: int, token_ids: Sequence[int]
+) -> Tensor:
     """``feature``'s activation at each of ``token_ids`` [tokens] (float32, CPU), the unsteered
     model reading them at ``hook``."""
     (run,) = extract(model, [list(token_ids)], [[0]], hooks=[hook], dtype="float32")
@@ -55,7 +64,9 @@ def feature_on_text(model: Any, sae: Any, hook: str, feature: int, token_ids: Se
     return values[:, 0].detach().float().cpu()
 
 
-def first_token_kl(model: Any, prompt_ids: Sequence[int], interventions: Sequence[Intervention]) -> float:
+def first_token_kl(
+    model: PreTrainedModel, prompt_ids: Sequence[int], interventions: Sequence[Intervention]
+) -> float:
     """KL(steered || unsteered) in nats of the next-token distribution after ``prompt_ids``."""
     import torch
 
@@ -66,11 +77,11 @@ def first_token_kl(model: Any, prompt_ids: Sequence[int], interventions: Sequenc
 
 
 def steering_effect(
-    model: Any,
+    model: PreTrainedModel,
     prompt_ids: Sequence[int],
     output_ids: Sequence[int],
     *,
-    sae: Any,
+    sae: SparseAutoencoder,
     hook: str,
     feature: int,
     interventions: Sequence[Intervention] = (),
