@@ -135,7 +135,7 @@ def test_issue_reference_gate_reads_comments_and_strings_only(scripts, tmp_path)
     assert [str(finding) for finding in findings] == [line.replace("ISSUE", "issue") for line in expected]
 
 
-def test_dispatch_gate_allows_the_registries_and_loops(scripts, tmp_path):
+def test_dispatch_gate_allows_each_registry_its_own_names_and_loops(scripts, tmp_path):
     _, code_gates = scripts
     dispatching = """
         if sae.architecture == "topk":
@@ -146,23 +146,33 @@ def test_dispatch_gate_allows_the_registries_and_loops(scripts, tmp_path):
             pass
         if kind != "ablate":
             pass
+        match job.kind:
+            case "extraction":
+                pass
         for architecture in ("standard", "topk"):
             pass
         if kind == "top":  # explanation selections are not a registered kind
             pass
         # if architecture == "jumprelu": a comment is not dispatch
     """
-    write(tmp_path, "engine/sae/training.py", dispatching)
-    write(tmp_path, "engine/sae_architectures/base.py", dispatching)
+    for module in ("engine/sae/training.py", "engine/sae_architectures/base.py", "engine/interventions.py"):
+        write(tmp_path, module, dispatching)
     write(tmp_path, "engine/tests/test_training.py", dispatching)
 
     findings = code_gates.GATES[2].run(tmp_path)
 
-    assert [(finding.path, finding.line) for finding in findings] == [
-        ("engine/sae/training.py", 1),
-        ("engine/sae/training.py", 3),
-        ("engine/sae/training.py", 5),
-        ("engine/sae/training.py", 7),
+    assert [(finding.path, finding.line, finding.text.split(":")[0]) for finding in findings] == [
+        ("engine/interventions.py", 1, "branches on an SAE architecture"),
+        ("engine/interventions.py", 3, "branches on an SAE architecture"),
+        ("engine/interventions.py", 10, "branches on a job kind"),
+        ("engine/sae/training.py", 1, "branches on an SAE architecture"),
+        ("engine/sae/training.py", 3, "branches on an SAE architecture"),
+        ("engine/sae/training.py", 5, "branches on an intervention kind"),
+        ("engine/sae/training.py", 7, "branches on an intervention kind"),
+        ("engine/sae/training.py", 10, "branches on a job kind"),
+        ("engine/sae_architectures/base.py", 5, "branches on an intervention kind"),
+        ("engine/sae_architectures/base.py", 7, "branches on an intervention kind"),
+        ("engine/sae_architectures/base.py", 10, "branches on a job kind"),
     ]
 
 
