@@ -118,6 +118,7 @@ class AttributionGraph(NodeOrder):
     # the value.
     bias: Tensor
     values: Tensor
+    # Counts and flags about the run, stored as JSON in graph.json (any JSON value: Any).
     info: dict[str, Any] = field(default_factory=dict)
 
     @property

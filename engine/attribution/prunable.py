@@ -114,6 +114,7 @@ class PrunableGraph(NodeOrder):
     # [m, m], or None when opened from a file: read a kept prefix at a time (``kept_adjacency``).
     adjacency: Tensor | None = None
     path: Path | None = None
+    # What its maker notes about it, stored as JSON in the file's metadata (any JSON value: Any).
     info: dict[str, Any] = field(default_factory=dict)
 
     @property
