@@ -254,6 +254,41 @@ def describe(
     model's folder or repository. Raises :class:`InspectionError` for a model miStudio will
     not load.
     """
+    model_type, family = _checked_family(config, tokenizer_config)
+    _check_weight_files(file_names)
+    tensors = _validated_tensors(tensor_shapes)
+    weight_bytes = int(
+        sum(_element_count(shape) * SAFETENSORS_DTYPE_BYTES[dtype] for _, shape, dtype in tensors)
+    )
+    # BertModel (what AutoModel builds) has no pre-training heads; a BertForMaskedLM
+    # checkpoint's "cls." tensors are not loaded.
+    if family == "bert":
+        tensors = [tensor for tensor in tensors if not tensor[0].startswith("cls.")]
+    parameters = [(name, shape) for name, shape, _ in tensors if not _is_saved_buffer(name, shape)]
+    input_embedding = _input_embedding(parameters)
+    sizes = _sizes(config, family, input_embedding)
+    parameters = _loaded_parameters(config, family, parameters, input_embedding)
+    return ModelInfo(
+        model_type=model_type,
+        family=family,
+        architecture=_architecture(config, family),
+        hidden_size=sizes.hidden,
+        num_layers=sizes.layers,
+        vocab_size=sizes.vocab,
+        context_length=sizes.context,
+        parameter_count=sum(_element_count(shape) for _, shape in parameters),
+        weight_bytes=weight_bytes,
+        is_encoder=model_type in ENCODER_MODEL_TYPES,
+        config=config,
+        quantizable_parameter_count=sum(
+            _element_count(shape) for name, shape in parameters if is_quantizable_weight(name, shape)
+        ),
+        buffer_bytes=_buffer_bytes(family, config, sizes.hidden, sizes.layers, sizes.context),
+    )
+
+
+def _checked_family(config: Any, tokenizer_config: dict[str, Any] | None) -> tuple[str, str]:
+    """The config's model type and its family, refusing remote code and unsupported types first."""
     if not isinstance(config, dict):
         raise _invalid("config.json is not a JSON object.")
     remote_code = _find_remote_code(config, tokenizer_config)
@@ -273,27 +308,32 @@ def describe(
             f"Model type {model_type[:100]!r} is not supported.",
             {"model_type": model_type[:100], "supported": sorted(SUPPORTED_MODEL_TYPES)},
         )
-    _check_weight_files(file_names)
-    tensors = _validated_tensors(tensor_shapes)
-    weight_bytes = int(
-        sum(_element_count(shape) * SAFETENSORS_DTYPE_BYTES[dtype] for _, shape, dtype in tensors)
-    )
-    # BertModel (what AutoModel builds) has no pre-training heads; a BertForMaskedLM
-    # checkpoint's "cls." tensors are not loaded.
-    if family == "bert":
-        tensors = [tensor for tensor in tensors if not tensor[0].startswith("cls.")]
-    parameters = [(name, shape) for name, shape, _ in tensors if not _is_saved_buffer(name, shape)]
+    return model_type, family
 
-    # The token embedding: the one named so, else the embedding matrix with the most rows
-    # (position and token-type tables are smaller than any real vocabulary).
+
+def _input_embedding(parameters: list[tuple[str, list[int]]]) -> tuple[str, list[int]] | None:
+    """The token embedding: the one named so, else the embedding matrix with the most rows
+    (position and token-type tables are smaller than any real vocabulary)."""
     embeddings = [
         (name, shape)
         for name, shape in parameters
         if len(shape) == 2 and _is_embedding(name) and not _is_output_head(name)
     ]
     named = [item for item in embeddings if _module_name(item[0]) in _TOKEN_EMBEDDING_MODULES]
-    input_embedding = max(named or embeddings, key=lambda item: item[1][0], default=None)
+    return max(named or embeddings, key=lambda item: item[1][0], default=None)
 
+
+@dataclass(frozen=True)
+class _Sizes:
+    hidden: int
+    layers: int
+    vocab: int
+    context: int | None
+
+
+def _sizes(config: dict[str, Any], family: str, input_embedding: tuple[str, list[int]] | None) -> _Sizes:
+    """The model's sizes from its config, the embedding's shape filling in what the config lacks,
+    each within its sanity bound."""
     hidden = _config_int(config, _HIDDEN_KEYS.get(family, ("hidden_size",)))
     vocab = _config_int(config, ("vocab_size",))
     layers = _config_int(config, _LAYER_KEYS.get(family, ("num_hidden_layers",)))
@@ -309,36 +349,28 @@ def describe(
     context = _config_int(config, _CONTEXT_KEYS.get(family, ("max_position_embeddings",)))
     if context is not None:
         context = _check_bounds("context_length", context, MAX_CONTEXT_LENGTH)
+    return _Sizes(hidden=hidden, layers=layers, vocab=vocab, context=context)
 
-    if config.get("tie_word_embeddings", _TIED_BY_DEFAULT[family]) and input_embedding is not None:
-        # A checkpoint that stores the tied head anyway loads it into the same parameter.
-        parameters = [
-            (name, shape)
-            for name, shape in parameters
-            if not (_is_output_head(name) and shape == input_embedding[1])
-        ]
-    parameter_count = sum(_element_count(shape) for _, shape in parameters)
-    quantizable = sum(
-        _element_count(shape) for name, shape in parameters if is_quantizable_weight(name, shape)
-    )
+
+def _loaded_parameters(
+    config: dict[str, Any],
+    family: str,
+    parameters: list[tuple[str, list[int]]],
+    input_embedding: tuple[str, list[int]] | None,
+) -> list[tuple[str, list[int]]]:
+    """The parameters the model holds once loaded: a checkpoint that stores the tied head anyway
+    loads it into the embedding's parameter, so it is not counted twice."""
+    if not config.get("tie_word_embeddings", _TIED_BY_DEFAULT[family]) or input_embedding is None:
+        return parameters
+    return [
+        (name, shape)
+        for name, shape in parameters
+        if not (_is_output_head(name) and shape == input_embedding[1])
+    ]
+
+
+def _architecture(config: dict[str, Any], family: str) -> str:
     architectures = config.get("architectures")
-    architecture = (
-        str(architectures[0])[:100]
-        if isinstance(architectures, list) and architectures
-        else DEFAULT_ARCHITECTURES[family]
-    )
-    return ModelInfo(
-        model_type=model_type,
-        family=family,
-        architecture=architecture,
-        hidden_size=hidden,
-        num_layers=layers,
-        vocab_size=vocab,
-        context_length=context,
-        parameter_count=parameter_count,
-        weight_bytes=weight_bytes,
-        is_encoder=model_type in ENCODER_MODEL_TYPES,
-        config=config,
-        quantizable_parameter_count=quantizable,
-        buffer_bytes=_buffer_bytes(family, config, hidden, layers, context),
-    )
+    if isinstance(architectures, list) and architectures:
+        return str(architectures[0])[:100]
+    return DEFAULT_ARCHITECTURES[family]
