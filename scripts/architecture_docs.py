@@ -147,11 +147,16 @@ def regenerate(text: str, root: Path) -> str:
 
 
 def missing_paths(text: str, root: Path) -> list[str]:
-    """The repository paths the prose names in code spans (``engine/runtime.py: HookRuntime``,
-    ``frontend/tests/test_browser_*.py``) that match nothing: a module moved or renamed since."""
+    """The repository paths the prose names that match nothing (a module moved or renamed since):
+    in code spans (``engine/runtime.py: HookRuntime``, ``frontend/tests/test_browser_*.py``) and
+    first on a line of a fenced block (a hand-written map)."""
     prose = FENCED_BLOCK.sub("", text)
     top_level = {entry.name for entry in root.iterdir()}
-    named = (re.split(r"[\s:(]", span, maxsplit=1)[0] for span in CODE_SPAN.findall(prose))
+    spans = [re.split(r"[\s:(]", span, maxsplit=1)[0] for span in CODE_SPAN.findall(prose)]
+    # A hand-written map in a fenced block names its path first on a line.
+    lines = (line for block in FENCED_BLOCK.findall(text) for line in block.splitlines()[1:])
+    mapped = [line.split()[0] for line in lines if line.strip()]
+    named = spans + [name for name in mapped if not name.startswith("`")]
     return sorted(
         {
             path
