@@ -303,17 +303,17 @@ def hook_costs(saes: dict, vector: list[float], *, step_seconds: float) -> None:
     least of several timed loops, against a decode step of the run above."""
     import torch
 
-    from engine.interventions import Intervention, Interventions
+    from engine.interventions import Add, ClampFeature, Interventions
     from engine.sae.formats import load_saelens
 
     modules = {arch: load_saelens(row.directory)[0].eval() for arch, row in saes.items()}
     items = {
-        "add": Intervention(kind="add", hook=STEERING_HOOK, vector=torch.tensor(vector)),
-        "clamp_feature (topk)": Intervention(
-            kind="clamp_feature", hook=STEERING_HOOK, sae=modules["topk"], features=(7,), value=4.0
+        "add": Add(hook=STEERING_HOOK, vector=torch.tensor(vector)),
+        "clamp_feature (topk)": ClampFeature(
+            hook=STEERING_HOOK, sae=modules["topk"], features=(7,), value=4.0
         ),
-        "clamp_feature (standard)": Intervention(
-            kind="clamp_feature", hook=STEERING_HOOK, sae=modules["standard"], features=(7,), value=4.0
+        "clamp_feature (standard)": ClampFeature(
+            hook=STEERING_HOOK, sae=modules["standard"], features=(7,), value=4.0
         ),
     }
     x = torch.randn(1, 1, len(vector))

@@ -13,27 +13,21 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any
 
 from engine.errors import EngineError
 from engine.extraction import extract
 from engine.hooks import LN_FINAL, hook_site, hook_sites, num_layers
-from engine.interventions import Intervention, Interventions
+from engine.interventions import Intervention, Interventions, Replace
 from engine.placement import execution_device, input_device
 from engine.runtime import HookRuntime, grad_free_mode
-
-if TYPE_CHECKING:
-    from torch import Tensor
-    from transformers import PreTrainedModel
 
 
 class PatchingError(EngineError):
     pass
 
 
-def run_with_interventions(
-    model: PreTrainedModel, input_ids: Tensor, per_row: Sequence[Sequence[Intervention]]
-) -> Tensor:
+def run_with_interventions(model: Any, input_ids: Any, per_row: Sequence[Sequence[Intervention]]) -> Any:
     """Logits [batch, tokens, vocab] of one forward pass over ``input_ids`` [batch, tokens] (no
     padding) with row ``r``'s interventions applied to row ``r``."""
     import torch
@@ -60,7 +54,7 @@ class PatchingResult:
 
 
 def patching_grid(
-    model: PreTrainedModel,
+    model: Any,
     clean_ids: Sequence[int],
     corrupted_ids: Sequence[int],
     *,
@@ -83,13 +77,11 @@ def patching_grid(
     (clean_run,) = extract(model, [list(clean_ids)], [[0]], hooks=hooks, dtype="float32")
     clean = {name: clean_run.activations[name] for name in hooks}
 
-    def metric(logits: Tensor) -> list[float]:
-        """Per row of ``logits`` [rows, tokens, vocab]: the answer's logit minus the wrong one's."""
+    def metric(logits: Any) -> list[float]:
         last = logits[:, -1].float()
         return (last[:, answer_id] - last[:, wrong_id]).tolist()
 
-    def batch_of(ids: Sequence[int], rows: int) -> Tensor:
-        """``rows`` copies of ``ids``: [rows, tokens] on the model's input device."""
+    def batch_of(ids: Sequence[int], rows: int) -> Any:
         return torch.tensor([list(ids)] * rows, device=device)
 
     (clean_metric,) = metric(run_with_interventions(model, batch_of(clean_ids, 1), [[]]))
@@ -98,13 +90,11 @@ def patching_grid(
     for name in hooks:
         values = clean[name].reshape(tokens, -1)
         per_row = [
-            [Intervention("replace", name, positions=(position,), vector=values[position])]
-            for position in range(tokens)
+            [Replace(name, positions=(position,), vector=values[position])] for position in range(tokens)
         ]
         grid.append(metric(run_with_interventions(model, batch_of(corrupted_ids, tokens), per_row)))
         everywhere = [
-            Intervention("replace", name, positions=(position,), vector=values[position])
-            for position in range(tokens)
+            Replace(name, positions=(position,), vector=values[position]) for position in range(tokens)
         ]
         all_positions.extend(metric(run_with_interventions(model, batch_of(corrupted_ids, 1), [everywhere])))
     return PatchingResult(hooks, clean_metric, corrupted_metric, grid, all_positions)
@@ -117,7 +107,7 @@ class LensResult:
     top: list[list[list[tuple[int, float]]]]
 
 
-def logit_lens(model: PreTrainedModel, token_ids: Sequence[int], *, top: int = 5) -> LensResult:
+def logit_lens(model: Any, token_ids: Sequence[int], *, top: int = 5) -> LensResult:
     import torch
 
     layers = list(range(num_layers(model)))

@@ -29,6 +29,7 @@ from generation.interventions import (
     interventions_memory,
     interventions_request,
     measure_request,
+    swept_amount,
 )
 from generation.models import Generation
 from generation.selectors import generation_get
@@ -256,11 +257,11 @@ def sweep_request(
             details={"fields": {"coefficients": ["Distinct numbers."]}},
             status=400,
         )
-    if not isinstance(intervention, dict) or intervention.get("type") not in ("add", "clamp_feature"):
+    amount = swept_amount(intervention)
+    if amount is None:
         raise ApplicationError(
             "INVALID_SWEEP", "A sweep varies one add or clamp_feature intervention.", status=400
         )
-    amount = "coefficient" if intervention["type"] == "add" else "value"
     (template,) = interventions_request(
         [{**intervention, amount: 1.0}],
         widths=hook_widths(model, [intervention]),

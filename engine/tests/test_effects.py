@@ -7,7 +7,7 @@ import torch
 
 from engine.effects import distinct_n, feature_on_text, first_token_kl, steering_effect
 from engine.generation import SamplingParams, generate
-from engine.interventions import Intervention
+from engine.interventions import Add
 from engine.testing.tiny_saes import random_sae
 
 LAYER = 1
@@ -51,7 +51,7 @@ def test_effect_equals_a_hand_written_forward(load_tiny, family):
     feature = 3
     prompt = tokenizer("The module provides functions for", add_special_tokens=True).input_ids
     direction = sae.W_dec[feature].detach()
-    add = Intervention("add", HOOK, vector=direction, coefficient=6.0)
+    add = Add(HOOK, vector=direction, coefficient=6.0)
     (steered,) = generate(
         model, tokenizer, [prompt], [SamplingParams(max_new_tokens=8, temperature=0)], interventions=[[add]]
     )
@@ -86,7 +86,7 @@ def test_no_intervention_no_kl_and_generated_positions_move_nothing_at_the_first
     prompt = tokenizer("Return the value", add_special_tokens=True).input_ids
     effect = steering_effect(model, prompt, [11, 12], sae=sae, hook=HOOK, feature=0)
     assert effect.first_token_kl is None
-    later = Intervention("add", HOOK, positions="generated", vector=sae.W_dec[0].detach(), coefficient=9.0)
+    later = Add(HOOK, positions="generated", vector=sae.W_dec[0].detach(), coefficient=9.0)
     assert first_token_kl(model, prompt, [later]) == 0.0
     nothing = steering_effect(model, prompt, [], sae=sae, hook=HOOK, feature=0)
     assert nothing.activation_mean is None and nothing.distinct_2 is None

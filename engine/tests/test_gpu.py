@@ -29,7 +29,7 @@ from engine.extraction import extract, plan_batches, tokenize_samples
 from engine.generation import SamplingParams, generate
 from engine.hooks import list_hook_points
 from engine.inspection import inspect_folder, memory_estimates
-from engine.interventions import Intervention
+from engine.interventions import Add, ClampFeature, Intervention
 from engine.loading import load_weights, release
 from engine.placement import DISK, Placement
 from engine.sae import TrainingConfig, shuffled_batches, train
@@ -408,9 +408,9 @@ def _steering(kind: str, width: int, device: str) -> Intervention:
     stays on the CPU (the engine moves it), an SAE is moved to the model's device."""
     hook = f"blocks.{STEERED_LAYER}.hook_resid_post"
     if kind == "add":
-        return Intervention("add", hook, vector=_random_vector(width, seed=0), coefficient=0.75)
+        return Add(hook, vector=_random_vector(width, seed=0), coefficient=0.75)
     sae = random_sae(width).to(device)
-    return Intervention("clamp_feature", hook, sae=sae, features=(3,), value=25.0)
+    return ClampFeature(hook, sae=sae, features=(3,), value=25.0)
 
 
 @pytest.mark.parametrize("family", FAMILIES)

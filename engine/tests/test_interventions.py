@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from engine.generation import SamplingParams, generate
-from engine.interventions import Intervention, InterventionError
+from engine.interventions import Ablate, Add, ClampFeature, InterventionError, Replace
 from engine.testing.tiny_saes import random_sae
 
 ATOL = 1e-5
@@ -67,7 +67,7 @@ def test_add_equals_a_forward_hook_adding_the_vector(load_tiny, family):
     model, tokenizer = weights.model, weights.tokenizer
     ids = _ids(tokenizer)
     vector = _random_vector(model.config.hidden_size)
-    add = Intervention("add", f"blocks.{LAYER}.hook_resid_post", vector=vector, coefficient=0.75)
+    add = Add(f"blocks.{LAYER}.hook_resid_post", vector=vector, coefficient=0.75)
 
     (plain,) = generate(model, tokenizer, [ids], [GREEDY])
     (steered,) = generate(model, tokenizer, [ids], [GREEDY], interventions=[[add]])
@@ -89,7 +89,7 @@ def test_positions_prompt_generated_and_listed(load_tiny):
         (2, len(ids) + 3): lambda position: position in (2, len(ids) + 3),
     }
     for positions, applies in choices.items():
-        add = Intervention("add", hook, positions=positions, vector=vector)
+        add = Add(hook, positions=positions, vector=vector)
         (steered,) = generate(model, tokenizer, [ids], [GREEDY], interventions=[[add]])
         full = ids + steered.token_ids
         mask = torch.tensor([applies(position) for position in range(len(full))])[None, :, None]
@@ -102,9 +102,7 @@ def test_normalized_add_scales_with_each_tokens_norm(load_tiny):
     model, tokenizer = weights.model, weights.tokenizer
     ids = _ids(tokenizer)
     vector = _random_vector(model.config.hidden_size, seed=2)
-    add = Intervention(
-        "add", f"blocks.{LAYER}.hook_resid_post", vector=vector, coefficient=0.5, normalize=True
-    )
+    add = Add(f"blocks.{LAYER}.hook_resid_post", vector=vector, coefficient=0.5, normalize=True)
 
     (steered,) = generate(model, tokenizer, [ids], [GREEDY], interventions=[[add]])
 
@@ -140,9 +138,9 @@ def test_ablate_and_replace_equal_forward_hooks(load_tiny):
         return h
 
     cases = [
-        (Intervention("ablate", hook, neurons=(0, 3, 5)), zeroed),
-        (Intervention("ablate", hook, neurons=(1, 2), means=means), to_means),
-        (Intervention("replace", hook, positions=(1, 4), vector=patch), lambda h: replaced(h, (1, 4))),
+        (Ablate(hook, neurons=(0, 3, 5)), zeroed),
+        (Ablate(hook, neurons=(1, 2), means=means), to_means),
+        (Replace(hook, positions=(1, 4), vector=patch), lambda h: replaced(h, (1, 4))),
     ]
     for intervention, change in cases:
         (result,) = generate(model, tokenizer, [ids], [GREEDY], interventions=[[intervention]])
@@ -164,7 +162,7 @@ def test_clamp_feature_keeps_the_reconstruction_error(load_tiny, architecture, k
     own = float(features[position, feature])
 
     # Clamped to its own value: nothing changes (the error term keeps what the SAE misses).
-    same = Intervention("clamp_feature", hook, positions=(position,), sae=sae, features=(feature,), value=own)
+    same = ClampFeature(hook, positions=(position,), sae=sae, features=(feature,), value=own)
     (unchanged,) = generate(model, tokenizer, [ids], [GREEDY], interventions=[[same]])
     assert unchanged.token_ids == plain.token_ids
     for a, b in zip(unchanged.logprobs, plain.logprobs, strict=True):
@@ -172,7 +170,7 @@ def test_clamp_feature_keeps_the_reconstruction_error(load_tiny, architecture, k
 
     # Clamped high everywhere: the residual moves by (value - f) along the feature's decoder row.
     value = own + 25.0
-    clamp = Intervention("clamp_feature", hook, sae=sae, features=(feature,), value=value)
+    clamp = ClampFeature(hook, sae=sae, features=(feature,), value=value)
     (clamped,) = generate(model, tokenizer, [ids], [GREEDY], interventions=[[clamp]], capture=[hook])
     direction = sae.W_dec[feature].detach()
 
@@ -198,7 +196,7 @@ def test_interventions_stay_in_their_row_of_a_batch(load_tiny):
     model, tokenizer = weights.model, weights.tokenizer
     prompts = [_ids(tokenizer), _ids(tokenizer, "A queue is a list"), _ids(tokenizer, "Return")]
     vector = _random_vector(model.config.hidden_size, seed=5)
-    add = Intervention("add", f"blocks.{LAYER}.hook_resid_post", vector=vector)
+    add = Add(f"blocks.{LAYER}.hook_resid_post", vector=vector)
     per_row = [[add], [], [dataclasses.replace(add, coefficient=-1.0, positions="generated")]]
     params = [GREEDY] * 3
 
@@ -219,15 +217,15 @@ def test_bad_interventions_are_refused_by_index(load_tiny):
     ids = _ids(tokenizer)
     width = model.config.hidden_size
     hook = f"blocks.{LAYER}.hook_resid_post"
-    good = Intervention("add", hook, vector=torch.ones(width))
+    good = Add(hook, vector=torch.ones(width))
     cases = [
-        Intervention("add", hook, vector=torch.ones(width + 1), index=1),
-        Intervention("add", hook, vector=torch.full((width,), float("nan")), index=1),
-        Intervention("add", hook, vector=torch.ones(width), coefficient=float("inf"), index=1),
-        Intervention("ablate", hook, neurons=(width,), index=1),
-        Intervention("clamp_feature", hook, sae=random_sae(width), features=(4 * width,), index=1),
-        Intervention("clamp_feature", hook, sae=random_sae(width + 2), features=(0,), index=1),
-        Intervention("add", hook, positions="later", vector=torch.ones(width), index=1),
+        Add(hook, vector=torch.ones(width + 1), index=1),
+        Add(hook, vector=torch.full((width,), float("nan")), index=1),
+        Add(hook, vector=torch.ones(width), coefficient=float("inf"), index=1),
+        Ablate(hook, neurons=(width,), index=1),
+        ClampFeature(hook, sae=random_sae(width), features=(4 * width,), index=1),
+        ClampFeature(hook, sae=random_sae(width + 2), features=(0,), index=1),
+        Add(hook, positions="later", vector=torch.ones(width), index=1),
     ]
     for bad in cases:
         with pytest.raises(InterventionError) as raised:
@@ -245,11 +243,11 @@ def test_a_module_hook_whose_width_shows_only_when_it_runs_refuses_a_misfit_by_i
     width = model.config.hidden_size
     hook = f"module:transformer.h.{LAYER}.mlp.c_fc"  # 4 x width wide
     cases = [
-        Intervention("add", hook, vector=torch.ones(width), index=0),
-        Intervention("replace", hook, vector=torch.ones(width), index=0),
-        Intervention("clamp_feature", hook, sae=random_sae(width), features=(0,), value=1.0, index=0),
-        Intervention("ablate", hook, neurons=(4 * width,), index=0),
-        Intervention("ablate", hook, neurons=(0,), means=torch.zeros(width), index=0),
+        Add(hook, vector=torch.ones(width), index=0),
+        Replace(hook, vector=torch.ones(width), index=0),
+        ClampFeature(hook, sae=random_sae(width), features=(0,), value=1.0, index=0),
+        Ablate(hook, neurons=(4 * width,), index=0),
+        Ablate(hook, neurons=(0,), means=torch.zeros(width), index=0),
     ]
     for bad in cases:
         with pytest.raises(InterventionError) as raised:
@@ -260,5 +258,5 @@ def test_a_module_hook_whose_width_shows_only_when_it_runs_refuses_a_misfit_by_i
             "width": 4 * width,
             "needs": raised.value.details["needs"],
         }
-    fitting = Intervention("add", hook, vector=torch.ones(4 * width), index=0)
+    fitting = Add(hook, vector=torch.ones(4 * width), index=0)
     generate(model, tokenizer, [_ids(tokenizer)], [GREEDY], interventions=[[fitting]])

@@ -9,7 +9,7 @@ import torch
 
 from engine.extraction import extract
 from engine.generation import SamplingParams, generate
-from engine.interventions import Intervention
+from engine.interventions import Add
 from engine.loading import LoadError, load_weights, release, warm_up
 from engine.placement import (
     DISK,
@@ -145,7 +145,7 @@ def test_generation_with_capture_and_steering_on_the_split_model_equals_the_whol
     prompt = _tokenized(1, seed=3)[0]
     width = whole.model.config.hidden_size
     vector = torch.randn(width, generator=torch.Generator().manual_seed(1))
-    steer = [[Intervention("add", "blocks.1.hook_resid_post", vector=vector, coefficient=2.0)]]
+    steer = [[Add("blocks.1.hook_resid_post", vector=vector, coefficient=2.0)]]
     for interventions in (None, steer):
         (reference,) = generate(
             whole.model, whole.tokenizer, [prompt], [GREEDY], capture=HOOKS, interventions=interventions
