@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from engine.errors import EngineError
 from engine.extraction import extract
@@ -22,12 +22,18 @@ from engine.interventions import Intervention, Interventions, Replace
 from engine.placement import execution_device, input_device
 from engine.runtime import HookRuntime, grad_free_mode
 
+if TYPE_CHECKING:
+    from torch import Tensor
+    from transformers import PreTrainedModel
+
 
 class PatchingError(EngineError):
     pass
 
 
-def run_with_interventions(model: Any, input_ids: Any, per_row: Sequence[Sequence[Intervention]]) -> Any:
+def run_with_interventions(
+    model: PreTrainedModel, input_ids: Tensor, per_row: Sequence[Sequence[Intervention]]
+) -> Tensor:
     """Logits [batch, tokens, vocab] of one forward pass over ``input_ids`` [batch, tokens] (no
     padding) with row ``r``'s interventions applied to row ``r``."""
     import torch
@@ -54,7 +60,7 @@ class PatchingResult:
 
 
 def patching_grid(
-    model: Any,
+    model: PreTrainedModel,
     clean_ids: Sequence[int],
     corrupted_ids: Sequence[int],
     *,
@@ -77,11 +83,13 @@ def patching_grid(
     (clean_run,) = extract(model, [list(clean_ids)], [[0]], hooks=hooks, dtype="float32")
     clean = {name: clean_run.activations[name] for name in hooks}
 
-    def metric(logits: Any) -> list[float]:
+    def metric(logits: Tensor) -> list[float]:
+        """Per row of ``logits`` [rows, tokens, vocab]: the answer's logit minus the wrong one's."""
         last = logits[:, -1].float()
         return (last[:, answer_id] - last[:, wrong_id]).tolist()
 
-    def batch_of(ids: Sequence[int], rows: int) -> Any:
+    def batch_of(ids: Sequence[int], rows: int) -> Tensor:
+        """``rows`` copies of ``ids``: [rows, tokens] on the model's input device."""
         return torch.tensor([list(ids)] * rows, device=device)
 
     (clean_metric,) = metric(run_with_interventions(model, batch_of(clean_ids, 1), [[]]))
@@ -107,7 +115,7 @@ class LensResult:
     top: list[list[list[tuple[int, float]]]]
 
 
-def logit_lens(model: Any, token_ids: Sequence[int], *, top: int = 5) -> LensResult:
+def logit_lens(model: PreTrainedModel, token_ids: Sequence[int], *, top: int = 5) -> LensResult:
     import torch
 
     layers = list(range(num_layers(model)))
