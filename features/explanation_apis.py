@@ -6,8 +6,9 @@ from rest_framework import serializers, status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from engine.autointerp.pipeline import OPTION_BOUNDS, SCORERS
-from engine.autointerp.prompts import PROMPT_VERSION, TEMPLATES
+from engine.autointerp.pipeline import OPTION_BOUNDS
+from engine.autointerp.prompts import PROMPT_VERSION
+from engine.autointerp.scoring import prompt_templates, scorer_names
 from features import explanation_selectors, explanations, selectors
 from features.serializers import explanation_job_state, explanation_state, label_state
 from mistudio.permissions import CanRead, CanWrite
@@ -28,7 +29,7 @@ class ExplainerListApi(APIView):
             {
                 "endpoints": explanations.explainer_endpoints(),
                 "prompt_version": PROMPT_VERSION,
-                "templates": TEMPLATES,
+                "templates": prompt_templates(),
             }
         )
 
@@ -56,7 +57,7 @@ class OptionsSerializer(StrictSerializer):
     non_activating = bounded("non_activating")
     per_prompt = bounded("per_prompt")
     scorers = serializers.ListField(
-        child=serializers.ChoiceField(choices=SCORERS), max_length=2, required=False
+        child=serializers.ChoiceField(choices=scorer_names()), max_length=len(scorer_names()), required=False
     )
     explain_max_tokens = bounded("explain_max_tokens")
     score_max_tokens = bounded("score_max_tokens")

@@ -321,8 +321,10 @@ def store_result(row: ExplanationJob, result: FeatureResult) -> Explanation:
         "scorer_model": row.scorer_model,
         "prompt_version": PROMPT_VERSION,
         "prompt": result.prompt,
-        "detection": result.scores["detection"].balanced_accuracy if "detection" in result.scores else None,
-        "fuzzing": result.scores["fuzzing"].balanced_accuracy if "fuzzing" in result.scores else None,
+        **{
+            column: result.scores[name].balanced_accuracy if name in result.scores else None
+            for name, column in Explanation.SCORE_COLUMNS.items()
+        },
         "score": result.score,
         "scoring": scores,
         "error_code": result.error_code,
@@ -333,7 +335,8 @@ def store_result(row: ExplanationJob, result: FeatureResult) -> Explanation:
 
 
 def job_summary(row: ExplanationJob, notes: list[str]) -> dict[str, Any]:
-    rows = list(Explanation.objects.filter(job=row).values("detection", "fuzzing", "score", "error_code"))
+    columns = (*Explanation.SCORE_COLUMNS.values(), "score")
+    rows = list(Explanation.objects.filter(job=row).values(*columns, "error_code"))
     failures: dict[str, int] = {}
     for entry in rows:
         if entry["error_code"]:
@@ -341,10 +344,7 @@ def job_summary(row: ExplanationJob, notes: list[str]) -> dict[str, Any]:
     return {
         "explained": sum(1 for entry in rows if not entry["error_code"]),
         "failures": failures,
-        "scores": {
-            name: explanation_summary([entry[name] for entry in rows])
-            for name in ("detection", "fuzzing", "score")
-        },
+        "scores": {name: explanation_summary([entry[name] for entry in rows]) for name in columns},
         "notes": notes,
     }
 

@@ -14,8 +14,9 @@ from typing import Any
 from django.conf import settings
 from django.db import transaction
 
-from engine.autointerp.pipeline import OPTION_BOUNDS, SCORERS, InterpretationConfig
-from engine.autointerp.prompts import PROMPT_VERSION, TEMPLATES
+from engine.autointerp.pipeline import OPTION_BOUNDS, InterpretationConfig
+from engine.autointerp.prompts import PROMPT_VERSION
+from engine.autointerp.scoring import prompt_templates, scorer_names
 from engine.generation.params import config_context_length
 from features.models import Explanation, ExplanationJob, Feature, FeatureAnalysis, FeatureLabel
 from features.services import feature_label_set
@@ -166,8 +167,8 @@ def interpretation_config(analysis: FeatureAnalysis, options: dict[str, Any]) ->
     if "concurrency" not in options:  # the default, within what this deployment allows
         values["concurrency"] = min(values["concurrency"], settings.EXPLAINER_MAX_CONCURRENCY)
     values["scorers"] = tuple(values["scorers"])
-    if not set(values["scorers"]) <= set(SCORERS):
-        raise ApplicationError("INVALID_REQUEST", f"Scorers are {', '.join(SCORERS)}.", status=400)
+    if not set(values["scorers"]) <= set(scorer_names()):
+        raise ApplicationError("INVALID_REQUEST", f"Scorers are {', '.join(scorer_names())}.", status=400)
     top_k = analysis.config.get("top_k", 20)
     interval_examples = analysis.config.get("intervals", 5) * analysis.config.get("per_interval", 4)
     values["explain_examples"] = max(1, min(values["explain_examples"], top_k))
@@ -185,8 +186,10 @@ def explanation_estimate(
     window = analysis.config.get("context_before", 8) + 1 + analysis.config.get("context_after", 3)
     example_tokens = window + 6  # "Example i: " and the marks
 
+    templates = prompt_templates()
+
     def prompt(template: str, examples: int) -> int:
-        return min(context, len(TEMPLATES[template]) // CHARACTERS_PER_TOKEN + examples * example_tokens)
+        return min(context, len(templates[template]) // CHARACTERS_PER_TOKEN + examples * example_tokens)
 
     scoring_requests = config.requests_per_feature() - 1
     scoring = max((prompt(kind, config.per_prompt) for kind in config.scorers), default=0)

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from activations.models import ActivationCache
-from features.models import FeatureAnalysis
+from features.models import Explanation, FeatureAnalysis
 from features.selectors import Dashboards
 from mistudio.access import linked_id
 from saes.models import SparseAutoencoder
@@ -60,7 +60,7 @@ def _neuronpedia_feature(detail: dict[str, Any], prompts: int) -> dict[str, Any]
             {
                 "description": explanation["text"],
                 "score": explanation["score"],
-                "scores": {"detection": explanation["detection"], "fuzzing": explanation["fuzzing"]},
+                "scores": {name: explanation[column] for name, column in Explanation.SCORE_COLUMNS.items()},
                 "explanationModelName": explanation["explainer_model"],
                 "typeName": explanation["prompt_version"],
             }

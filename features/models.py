@@ -1,5 +1,7 @@
 """Feature analyses of SAEs over activation caches, the features they found, and researchers' labels."""
 
+from typing import ClassVar
+
 from django.conf import settings
 from django.db import models
 
@@ -217,6 +219,10 @@ class Explanation(models.Model):
     error_code = models.CharField(max_length=100, blank=True)
     error_message = models.TextField(blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
+
+    # The scorers (engine.autointerp.scoring) with a column of their own, and that column; every
+    # scorer's counts are in ``scoring`` and its balanced accuracy counts in ``score``.
+    SCORE_COLUMNS: ClassVar[dict[str, str]] = {"detection": "detection", "fuzzing": "fuzzing"}
 
     class Meta:
         ordering = ["analysis", "index", "-created_at"]

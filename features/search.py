@@ -478,7 +478,7 @@ def _visible_rows(
             .order_by()
         )
         for row in explanations.exclude(text="").only(
-            "id", "index", "text", "score", "detection", "fuzzing", "explainer_model"
+            "id", "index", "text", "score", *Explanation.SCORE_COLUMNS.values(), "explainer_model"
         ):
             rows[_key(EXPLANATION, row.id)] = row
     if label_ids:
@@ -622,8 +622,10 @@ def feature_search(*, user, sae, analysis, query: str, k: int) -> dict[str, Any]
                 "text": explanation.text if explanation else row.label,
                 "explanation_id": explanation.id if explanation else None,
                 "score": explanation.score if explanation else None,
-                "detection": explanation.detection if explanation else None,
-                "fuzzing": explanation.fuzzing if explanation else None,
+                **{
+                    column: getattr(explanation, column) if explanation else None
+                    for column in Explanation.SCORE_COLUMNS.values()
+                },
                 "explainer_model": explanation.explainer_model if explanation else None,
                 "auto_label": feature.auto_label if feature else "",
                 "density": feature.density if feature else None,

@@ -23,15 +23,12 @@ from engine.autointerp.prompts import Example, PromptTooLong, explanation_messag
 from engine.autointerp.scoring import (
     Sample,
     Score,
+    Scorer,
     balanced_accuracy,
-    detection_samples,
-    fuzzing_samples,
-    parse_predictions,
+    scorer_named,
+    scorer_names,
     scoring_batches,
-    scoring_messages,
 )
-
-SCORERS = ("detection", "fuzzing")
 
 
 @dataclass(frozen=True)
@@ -42,7 +39,7 @@ class InterpretationConfig:
     test_examples: int = 10  # held-out activating examples, over the activation range
     non_activating: int = 10  # contexts of the same cache where the feature is zero
     per_prompt: int = 5  # samples in one scoring request (delphi's n_examples_shown)
-    scorers: tuple[str, ...] = SCORERS
+    scorers: tuple[str, ...] = field(default_factory=scorer_names)
     explain_max_tokens: int = 60
     score_max_tokens: int = 24
     temperature: float = 0.0
@@ -52,6 +49,10 @@ class InterpretationConfig:
     include_logits: bool = True
     concurrency: int = 16
     seed: int = 42
+
+    def __post_init__(self) -> None:
+        for name in self.scorers:
+            scorer_named(name)  # UnknownScorer now, not when the first feature is scored
 
     def requests_per_feature(self) -> int:
         samples = self.test_examples + self.non_activating
@@ -163,64 +164,60 @@ def score_explanation(
     feature's explanation for a baseline) on the feature's held-out and non-activating examples; a
     scorer without an activating sample to show is left out."""
     scores: dict[str, Score] = {}
-    for kind in config.scorers:
-        samples = (
-            detection_samples(feature.test, feature.non_activating)
-            if kind == "detection"
-            else fuzzing_samples(feature.test, feature.non_activating)
-        )
+    for name in config.scorers:
+        scorer = scorer_named(name)
+        samples = scorer.samples(feature.test, feature.non_activating)
         if not samples or not any(sample.activating for sample in samples):
             continue
         outcomes: list[tuple[bool, bool | None]] = []
         for batch in scoring_batches(samples, per_prompt=config.per_prompt, seed=config.seed):
-            for part, fits in _fitting(kind, explanation, batch, endpoints.scorer_fits):
+            for part, fits in _fitting(scorer, explanation, batch, endpoints.scorer_fits):
                 if not fits:  # not even one sample fits the context: no request, no prediction
                     outcomes.extend((sample.activating, None) for sample in part)
                     continue
                 _check(stop)
-                outcomes.extend(_predict(kind, explanation, part, endpoints.scorer, config, stop))
-        scores[kind] = balanced_accuracy(outcomes)
+                outcomes.extend(_predict(scorer, explanation, part, endpoints.scorer, config, stop))
+        scores[name] = balanced_accuracy(outcomes)
     return scores
 
 
-def _fitting(kind: str, explanation: str, batch: list[Sample], fits) -> Iterator[tuple[list[Sample], bool]]:
+def _fitting(
+    scorer: Scorer, explanation: str, batch: list[Sample], fits
+) -> Iterator[tuple[list[Sample], bool]]:
     """``batch``, halved until each part's prompt fits the scorer's context, with whether it does
     (a single sample whose prompt is still too long does not)."""
-    if fits is None or fits(scoring_messages(kind, explanation, batch)):
+    if fits is None or fits(scorer.messages(explanation, batch)):
         yield batch, True
         return
     if len(batch) == 1:
         yield batch, False
         return
     middle = len(batch) // 2
-    yield from _fitting(kind, explanation, batch[:middle], fits)
-    yield from _fitting(kind, explanation, batch[middle:], fits)
+    yield from _fitting(scorer, explanation, batch[:middle], fits)
+    yield from _fitting(scorer, explanation, batch[middle:], fits)
 
 
 def _predict(
-    kind: str,
+    scorer: Scorer,
     explanation: str,
     batch: list[Sample],
-    scorer: ChatClient,
+    client: ChatClient,
     config: InterpretationConfig,
     stop: threading.Event | None = None,
 ) -> list[tuple[bool, bool | None]]:
-    """(truth, prediction) of each sample; the whole batch's predictions are None when the request
-    fails or its answer does not parse, as delphi records them."""
+    """(truth, prediction) of each sample; a failed request counts as an answer that does not
+    parse."""
     try:
-        reply = scorer.complete(
-            scoring_messages(kind, explanation, batch),
+        answer = client.complete(
+            scorer.messages(explanation, batch),
             max_tokens=config.score_max_tokens,
             temperature=config.temperature,
             stop=stop,
             **_extra(config),
-        )
-        predictions = parse_predictions(reply.text, len(batch))
+        ).text
     except ChatError:
-        predictions = None
-    if predictions is None:
-        return [(sample.activating, None) for sample in batch]
-    return [(sample.activating, prediction) for sample, prediction in zip(batch, predictions, strict=True)]
+        answer = None
+    return scorer.outcomes(batch, answer)
 
 
 def _extra(config: InterpretationConfig) -> dict[str, Any]:

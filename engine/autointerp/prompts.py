@@ -4,8 +4,9 @@ the explainer's answer.
 The explainer's prompt is modeled on EleutherAI's delphi default explainer (``eai-delphi`` 0.1.3,
 ``delphi/explainers/default``): guidelines, worked examples, then the feature's examples with the
 tokens where it fires most between ``<<`` and ``>>`` and how strongly it fires on each (1 to 10).
-The scorers' prompts (detection and fuzzing, built by :mod:`engine.autointerp.scoring`) are ours:
-delphi's questions, without its long worked examples, so that they suit small scorers too.
+The scorers' prompts (their questions here, each scorer's class in :mod:`engine.autointerp.scoring`
+picks its own) are ours: delphi's questions, without its long worked examples, so that they suit
+small scorers too.
 
 Every template's text is here. :data:`PROMPT_VERSION` is stored beside every explanation and
 score: bump it when any template changes, so that results from different prompts never mix.
@@ -81,7 +82,6 @@ FUZZING_SYSTEM = (
     "Given an explanation of a feature of text, answer 1 for each example in which every token marked "
     "<<like this>> fits the explanation, else 0 (some examples are marked at random)."
 )
-SCORER_SYSTEMS = {"detection": DETECTION_SYSTEM, "fuzzing": FUZZING_SYSTEM}
 
 
 class PromptTooLong(EngineError):
@@ -238,31 +238,30 @@ def parse_explanation(text: str) -> str | None:
     return None
 
 
-def scorer_messages(kind: str, explanation: str, texts: list[str]) -> list[dict]:
-    """A scorer's chat messages: ``kind`` is "detection" or "fuzzing"; ``texts`` are the samples'
-    texts (those of fuzzing with their marks), shown as ``Example i: text`` from 0 as in delphi."""
-    if kind not in SCORER_SYSTEMS:
-        raise ValueError(f"unknown scorer {kind!r}; expected one of {sorted(SCORER_SYSTEMS)}")
+def scorer_messages(system: str, explanation: str, texts: list[str]) -> list[dict]:
+    """A scorer's chat messages: ``system`` is its question (such as :data:`DETECTION_SYSTEM`);
+    ``texts`` are the samples' texts (those of fuzzing with their marks), shown as ``Example i:
+    text`` from 0 as in delphi."""
     examples = "\n".join(f"Example {index}: {text}" for index, text in enumerate(texts))
     count = f"{len(texts)} number" + ("" if len(texts) == 1 else "s")
     question = (
         f"Explanation: {explanation}\n\n{examples}\n\n"
         f"Reply with only a Python list of {count} (0 or 1), one per example, in order."
     )
-    return [{"role": "system", "content": SCORER_SYSTEMS[kind]}, {"role": "user", "content": question}]
+    return [{"role": "system", "content": system}, {"role": "user", "content": question}]
 
 
-def _as_text(messages: list[dict]) -> str:
+def messages_as_text(messages: list[dict]) -> str:
+    """Chat messages as one text, for showing a prompt on a page."""
     return "\n\n".join(f"[{message['role']}]\n{message['content']}" for message in messages)
 
 
 _PLACEHOLDER = Example(tokens=("{text}", "{activating tokens}", "{text}"), values=(0.0, 1.0, 0.0))
 
-# What each prompt looks like, for showing on a page (rendered by the same code that builds them).
-TEMPLATES: dict[str, str] = {
-    "explain": _as_text(_full_messages([_PLACEHOLDER], 1.0, ["{promoted tokens}"]))
+# What the explainer's prompt looks like, for showing on a page (rendered by the code that builds
+# it); the scorers' templates are beside it in :func:`engine.autointerp.scoring.prompt_templates`.
+EXPLAIN_TEMPLATE = (
+    messages_as_text(_full_messages([_PLACEHOLDER], 1.0, ["{promoted tokens}"]))
     + "\n\n(When the prompt does not fit the explainer's context: fewer examples, then)\n\n"
-    + _as_text(_compact_messages([_PLACEHOLDER], 1.0, ["{promoted tokens}"])),
-    "detection": _as_text(scorer_messages("detection", "{explanation}", ["{text}"])),
-    "fuzzing": _as_text(scorer_messages("fuzzing", "{explanation}", ["{text with <<marked tokens>>}"])),
-}
+    + messages_as_text(_compact_messages([_PLACEHOLDER], 1.0, ["{promoted tokens}"]))
+)

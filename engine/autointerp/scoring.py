@@ -13,6 +13,10 @@ Samples are shuffled once (``random.Random(seed)``), cut into prompts of ``per_p
 prompt whose answer does not parse counts all its samples as failed; the balanced accuracy is then
 computed over the samples that got a prediction. ``engine/tests/test_autointerp_delphi.py`` checks
 all of it against delphi itself.
+
+Each scorer is one class registered by name (:func:`register_scorer`): its question, its samples,
+its messages and how it reads an answer. Every other layer takes the scorers' names from
+:func:`scorer_names` and a scorer from :func:`scorer_named`, so adding a scorer is adding a class.
 """
 
 from __future__ import annotations
@@ -24,8 +28,18 @@ import re
 import struct
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
+from typing import ClassVar, TypeVar
 
-from engine.autointerp.prompts import Example, highlight, scorer_messages
+from engine.autointerp.prompts import (
+    DETECTION_SYSTEM,
+    EXPLAIN_TEMPLATE,
+    FUZZING_SYSTEM,
+    Example,
+    highlight,
+    messages_as_text,
+    scorer_messages,
+)
+from engine.errors import EngineError
 
 FUZZ_THRESHOLD = 0.3
 FUZZ_SEED = 22
@@ -127,8 +141,8 @@ def scoring_batches(
 
 
 def scoring_messages(kind: str, explanation: str, batch: list[Sample]) -> list[dict]:
-    """The chat messages asking a ``kind`` ("detection" or "fuzzing") scorer about ``batch``."""
-    return scorer_messages(kind, explanation, [sample.text for sample in batch])
+    """The chat messages asking the scorer named ``kind`` about ``batch``."""
+    return scorer_named(kind).messages(explanation, batch)
 
 
 _FIRST_LIST = re.compile(r"\[.*?\]")
@@ -198,3 +212,104 @@ def balanced_accuracy(outcomes: Iterable[tuple[bool, bool | None]]) -> Score:
         failed=failed,
         total=total,
     )
+
+
+class UnknownScorer(EngineError, ValueError):
+    """A scorer name that no class is registered under."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(
+            "UNKNOWN_SCORER",
+            f"Unknown scorer {name!r}; the scorers are {', '.join(scorer_names())}.",
+            {"scorer": name, "scorers": list(scorer_names())},
+        )
+
+
+class Scorer:
+    """One way of checking an explanation on a feature's held-out and non-activating examples.
+
+    A subclass names itself (``name``), asks its question (``system``, a text of
+    :mod:`engine.autointerp.prompts`, versioned with the others) and builds its samples; the
+    messages and the reading of an answer are delphi's for every classifier scorer, so they are
+    shared here. ``placeholder`` is how one sample looks on the page that shows the template.
+    """
+
+    name: ClassVar[str]
+    system: ClassVar[str]
+    placeholder: ClassVar[str] = "{text}"
+
+    def samples(self, test: list[Example], non_activating: list[Example]) -> list[Sample]:
+        raise NotImplementedError
+
+    def messages(self, explanation: str, batch: list[Sample]) -> list[dict]:
+        return scorer_messages(self.system, explanation, [sample.text for sample in batch])
+
+    def outcomes(self, batch: list[Sample], answer: str | None) -> list[tuple[bool, bool | None]]:
+        """(truth, prediction) of each sample of ``batch`` from the scorer's ``answer`` (None: the
+        request failed); every prediction is None when there is no answer or it does not parse,
+        as delphi records them."""
+        predictions = None if answer is None else parse_predictions(answer, len(batch))
+        if predictions is None:
+            return [(sample.activating, None) for sample in batch]
+        return [
+            (sample.activating, prediction) for sample, prediction in zip(batch, predictions, strict=True)
+        ]
+
+    def template(self) -> str:
+        return messages_as_text(scorer_messages(self.system, "{explanation}", [self.placeholder]))
+
+
+_SCORERS: dict[str, type[Scorer]] = {}
+ScorerClass = TypeVar("ScorerClass", bound=type[Scorer])
+
+
+def register_scorer(scorer_class: ScorerClass) -> ScorerClass:
+    """Register ``scorer_class`` under its ``name`` (a class decorator); a name is taken once."""
+    if scorer_class.name in _SCORERS:
+        raise ValueError(f"a scorer named {scorer_class.name!r} is already registered")
+    _SCORERS[scorer_class.name] = scorer_class
+    return scorer_class
+
+
+def scorer_names() -> tuple[str, ...]:
+    """The registered scorers' names, in the order they were registered."""
+    return tuple(_SCORERS)
+
+
+def scorer_named(name: str) -> Scorer:
+    """The scorer registered as ``name``; :class:`UnknownScorer` for any other name."""
+    scorer_class = _SCORERS.get(name)
+    if scorer_class is None:
+        raise UnknownScorer(name)
+    return scorer_class()
+
+
+@register_scorer
+class DetectionScorer(Scorer):
+    """Is this text one where the feature fires? (delphi's ``DetectionScorer``)"""
+
+    name = "detection"
+    system = DETECTION_SYSTEM
+
+    def samples(self, test: list[Example], non_activating: list[Example]) -> list[Sample]:
+        return detection_samples(test, non_activating)
+
+
+@register_scorer
+@dataclass(frozen=True)
+class FuzzingScorer(Scorer):
+    """Are the marked tokens those the explanation describes? (delphi's ``FuzzingScorer``)"""
+
+    name: ClassVar[str] = "fuzzing"
+    system: ClassVar[str] = FUZZING_SYSTEM
+    placeholder: ClassVar[str] = "{text with <<marked tokens>>}"
+    threshold: float = FUZZ_THRESHOLD
+    seed: int = FUZZ_SEED
+
+    def samples(self, test: list[Example], non_activating: list[Example]) -> list[Sample]:
+        return fuzzing_samples(test, non_activating, threshold=self.threshold, seed=self.seed)
+
+
+def prompt_templates() -> dict[str, str]:
+    """What each prompt looks like, for showing on a page: the explainer's, then each scorer's."""
+    return {"explain": EXPLAIN_TEMPLATE, **{name: scorer_named(name).template() for name in scorer_names()}}

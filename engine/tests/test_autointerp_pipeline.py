@@ -3,7 +3,7 @@ served by the workbench in features/tests/test_explanation_job.py): how a scorin
 fit a context, how many requests a feature takes, and what a feature's score is."""
 
 from engine.autointerp.pipeline import FeatureResult, InterpretationConfig, _fitting
-from engine.autointerp.scoring import Sample, Score, scoring_messages
+from engine.autointerp.scoring import Sample, Score, scorer_named, scoring_messages
 
 
 def samples(count: int) -> list[Sample]:
@@ -22,13 +22,16 @@ def test_a_batch_is_halved_until_its_prompt_fits_and_a_sample_that_cannot_fit_is
     limit = length(batch[:2])  # two short samples fit; the longest one alone does not
     parts = list(
         _fitting(
-            "detection", "digits", batch, lambda messages: sum(len(m["content"]) for m in messages) <= limit
+            scorer_named("detection"),
+            "digits",
+            batch,
+            lambda messages: sum(len(m["content"]) for m in messages) <= limit,
         )
     )
     assert [sample for part, _ in parts for sample in part] == batch  # every sample, in order, once
     assert all(fits == (length(part) <= limit) for part, fits in parts)
     assert any(not fits and len(part) == 1 for part, fits in parts)
-    assert list(_fitting("detection", "digits", batch, None)) == [(batch, True)]
+    assert list(_fitting(scorer_named("detection"), "digits", batch, None)) == [(batch, True)]
 
 
 def test_requests_per_feature_and_the_mean_score():

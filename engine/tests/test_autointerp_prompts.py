@@ -8,13 +8,13 @@ from engine.autointerp.prompts import (
     EXPLAIN_SYSTEM,
     MAX_EXPLANATION_CHARS,
     PROMPT_VERSION,
-    TEMPLATES,
     Example,
     PromptTooLong,
     explanation_messages,
     highlight,
     parse_explanation,
 )
+from engine.autointerp.scoring import prompt_templates
 from engine.errors import EngineError
 
 TWO_MARKED = "Example 1:  the<< ship sailed>> into the<< harbor>>\nExample 2:  a<< storm>> hit the port"
@@ -166,6 +166,7 @@ def test_parse_explanation_is_at_most_500_characters():
 
 
 def test_templates_show_every_prompt():
+    TEMPLATES = prompt_templates()
     assert PROMPT_VERSION == "mistudio-autointerp/1"
     assert set(TEMPLATES) == {"explain", "detection", "fuzzing"}
     assert EXPLAIN_SYSTEM in TEMPLATES["explain"] and EXPLAIN_COMPACT_SYSTEM in TEMPLATES["explain"]

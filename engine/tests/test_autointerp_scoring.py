@@ -5,14 +5,21 @@ import random
 
 import pytest
 
+from engine.autointerp.pipeline import InterpretationConfig
 from engine.autointerp.prompts import Example
 from engine.autointerp.scoring import (
+    DetectionScorer,
+    FuzzingScorer,
     Sample,
     Score,
+    UnknownScorer,
     balanced_accuracy,
     detection_samples,
     fuzzing_samples,
     parse_predictions,
+    register_scorer,
+    scorer_named,
+    scorer_names,
     scoring_batches,
     scoring_messages,
 )
@@ -190,3 +197,25 @@ def test_balanced_accuracy_without_any_prediction_is_none():
     score = balanced_accuracy([(True, None), (False, None)])
     assert score.balanced_accuracy is None and score.failed == score.total == 2
     assert balanced_accuracy([]).balanced_accuracy is None
+
+
+def test_scorers_are_registered_classes_and_an_unknown_name_is_refused():
+    assert scorer_names() == ("detection", "fuzzing")
+    assert isinstance(scorer_named("detection"), DetectionScorer)
+    assert scorer_named("fuzzing") == FuzzingScorer()
+    with pytest.raises(UnknownScorer) as refused:
+        scorer_named("intruder")
+    assert refused.value.code == "UNKNOWN_SCORER"
+    assert refused.value.details["scorers"] == ["detection", "fuzzing"]
+    with pytest.raises(ValueError, match="already registered"):
+        register_scorer(DetectionScorer)
+    with pytest.raises(UnknownScorer):
+        InterpretationConfig(scorers=("detection", "intruder"))
+
+
+def test_a_scorer_reads_an_answer_into_outcomes_and_a_missing_or_bad_answer_fails_the_batch():
+    batch = [Sample("a", True, 0), Sample("b", False, 1)]
+    scorer = scorer_named("detection")
+    assert scorer.outcomes(batch, "[1, 1]") == [(True, True), (False, True)]
+    assert scorer.outcomes(batch, "[1]") == [(True, None), (False, None)]
+    assert scorer.outcomes(batch, None) == [(True, None), (False, None)]

@@ -25,7 +25,8 @@ from django.views.decorators.http import require_http_methods, require_POST
 from rest_framework.exceptions import ValidationError
 
 from engine.autointerp.pipeline import InterpretationConfig
-from engine.autointerp.prompts import PROMPT_VERSION, TEMPLATES
+from engine.autointerp.prompts import PROMPT_VERSION
+from engine.autointerp.scoring import prompt_templates, scorer_names
 from features import explanation_selectors, explanations, selectors
 from features.explanation_apis import ExplanationJobListApi
 from features.models import ExplanationJob
@@ -81,8 +82,9 @@ def explanation_new_page(request, sae_id: str):
         "endpoints": explanations.explainer_endpoints(),
         "models": list(model_list(user=request.user).filter(status=LanguageModel.Status.READY)),
         "prompt_version": PROMPT_VERSION,
-        "templates": TEMPLATES,
-        "values": {"kind": "top", "count": "50", "scorers": ["detection", "fuzzing"], "endpoint": "local"},
+        "templates": prompt_templates(),
+        "scorers": scorer_names(),
+        "values": {"kind": "top", "count": "50", "scorers": list(scorer_names()), "endpoint": "local"},
         "concurrency_max": explanations.option_bounds()["concurrency"][1],
         "concurrency_default": InterpretationConfig().concurrency,
     }

@@ -4,8 +4,9 @@ it with a progress bar and prints the scores' distribution)."""
 
 from django.core.management.base import BaseCommand, CommandError
 
+from engine.autointerp.scoring import scorer_names
 from features import explanations, selectors
-from features.models import ExplanationJob
+from features.models import Explanation, ExplanationJob
 from mistudio.access import OPERATOR
 from mistudio.errors import ApplicationError
 from models_app.management.commandline import find_owner, follow_job
@@ -30,7 +31,7 @@ class Command(BaseCommand):
         which.add_argument("--indices", type=int, nargs="+", help="these features")
         which.add_argument("--all", action="store_true", help="every live feature")
         parser.add_argument("--concurrency", type=int, help="requests at once (default 16)")
-        parser.add_argument("--scorers", nargs="+", choices=["detection", "fuzzing"])
+        parser.add_argument("--scorers", nargs="+", choices=scorer_names())
         parser.add_argument("--estimate", action="store_true", help="print the estimate only")
         parser.add_argument("--no-wait", action="store_true")
         parser.add_argument("--timeout", type=float, default=2 * 24 * 3600)
@@ -77,7 +78,7 @@ class Command(BaseCommand):
             f"Explanation job {job.id} completed: {job.summary.get('explained', 0)} explained, "
             f"failures {job.summary.get('failures') or 'none'}."
         )
-        for name in ("detection", "fuzzing", "score"):
+        for name in (*Explanation.SCORE_COLUMNS.values(), "score"):
             entry = scores.get(name) or {}
             if entry.get("count"):
                 deciles = " ".join(f"{value:.2f}" for value in entry["deciles"])
