@@ -106,14 +106,14 @@ def test_complexity_gate_names_functions_over_the_limit(scripts, tmp_path):
 
 def test_issue_reference_gate_reads_comments_and_strings_only(scripts, tmp_path):
     _, code_gates = scripts
-    # Written as ISSUE here, so that this file does not cite one itself.
+    # Written as TRACKER here, so that this file does not cite one itself.
     cited = """
-        \"\"\"What the bench measures (ISSUE 17, part 4).\"\"\"
+        \"\"\"What the bench measures (TRACKER 17, part 4).\"\"\"
         # as trackers link it: see #123
-        GOAL = 1.1  # ISSUEs 12 and 14 asked for this
-        help_text = "only the steering comparison (ISSUE 16)"
+        GOAL = 1.1  # TRACKERs 12 and 14 asked for this
+        help_text = "only the steering comparison (TRACKER 16)"
     """
-    write(tmp_path, "bench/cited.py", cited.replace("ISSUE", "issue"))
+    write(tmp_path, "bench/cited.py", cited.replace("TRACKER", "issue"))
     write(
         tmp_path,
         "features/tests/test_clean.py",
@@ -127,12 +127,12 @@ def test_issue_reference_gate_reads_comments_and_strings_only(scripts, tmp_path)
     findings = code_gates.GATES[1].run(tmp_path)
 
     expected = [
-        "bench/cited.py:1: cites 'ISSUE 17'",
+        "bench/cited.py:1: cites 'TRACKER 17'",
         "bench/cited.py:2: cites '#123'",
-        "bench/cited.py:3: cites 'ISSUEs 12'",
-        "bench/cited.py:4: cites 'ISSUE 16'",
+        "bench/cited.py:3: cites 'TRACKERs 12'",
+        "bench/cited.py:4: cites 'TRACKER 16'",
     ]
-    assert [str(finding) for finding in findings] == [line.replace("ISSUE", "issue") for line in expected]
+    assert [str(finding) for finding in findings] == [line.replace("TRACKER", "issue") for line in expected]
 
 
 def test_dispatch_gate_allows_each_registry_its_own_names_and_loops(scripts, tmp_path):
