@@ -1,7 +1,7 @@
 """The parts of docs/architecture.md that are facts about the tree, generated from the tree.
 
-Hand-written maps drift: the page once listed two modules over 500 lines where there were nine, and
-its engine map missed a dozen modules. So the engine's module map (each module's docstring summary)
+Hand-written maps drift: the page once said two modules were over 500 lines where a dozen were, and
+its engine map missed nine modules. So the engine's module map (each module's docstring summary)
 and the list of long modules (their line counts) are written between marker comments by this
 script: ``--write`` brings the page up to date, ``--check`` (run by .ci/run) fails with a diff when
 it is stale. Everything outside the markers is prose and is left as it is, but the repository paths
