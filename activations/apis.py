@@ -14,6 +14,7 @@ from activations.models import ActivationCache, Dataset, ExtractionJob
 from engine.datasets import FORMATS as DATASET_FORMATS
 from mistudio.api_inputs import ARRAY_INDEX_MAX, DATABASE_INT_MAX
 from mistudio.errors import ApplicationError
+from mistudio.job_apis import JobApi
 from mistudio.json_input import JSONParser
 from mistudio.permissions import CanRead, CanWrite
 from mistudio.serializers import StrictSerializer
@@ -294,15 +295,6 @@ class ExtractActivationsApi(APIView):
         return Response(body, status=status.HTTP_200_OK if job.cached else status.HTTP_202_ACCEPTED)
 
 
-class ExtractionDetailApi(APIView):
-    permission_classes = [CanRead]
-
-    @extend_schema(responses=ExtractionOutputSerializer)
-    def get(self, request, extraction_id: str, model_id: str | None = None):
-        job = selectors.extraction_get(user=request.user, extraction_id=extraction_id, model_id=model_id)
-        return Response(ExtractionOutputSerializer(job).data)
-
-
 class ExtractionListApi(APIView):
     permission_classes = [CanRead]
 
@@ -315,14 +307,18 @@ class ExtractionListApi(APIView):
         return Response({"extractions": ExtractionOutputSerializer(jobs, many=True).data})
 
 
-class ExtractionCancelApi(APIView):
-    permission_classes = [CanWrite]
-
-    @extend_schema(request=None, responses={202: ExtractionOutputSerializer})
-    def post(self, request, extraction_id: str):
-        job = selectors.extraction_get(user=request.user, extraction_id=extraction_id)
-        job = services.extraction_cancel(job=job, actor=request.user)
-        return Response(ExtractionOutputSerializer(job).data, status=status.HTTP_202_ACCEPTED)
+EXTRACTION_API = JobApi(
+    route="extractions/<str:extraction_id>",
+    name="extraction",
+    component="Extraction",
+    row="job",
+    find=selectors.extraction_get,
+    body=lambda job, request: ExtractionOutputSerializer(job).data,
+    cancel=services.extraction_cancel,
+    permission=CanRead,
+    also=(("models/<str:model_id>/activations/<str:extraction_id>", "model-extraction-detail"),),
+    response=ExtractionOutputSerializer,
+)
 
 
 # --- Caches -----------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ class ActivationsConfig(AppConfig):
         from django.db.models.signals import pre_delete
 
         from activations import metrics, selectors, services
+        from activations.apis import EXTRACTION_API
         from activations.models import ActivationCache, Dataset, ExtractionJob
         from mistudio.access import register_visibility
         from mistudio.jobs import register_job_kind
@@ -17,7 +18,7 @@ class ActivationsConfig(AppConfig):
 
         selectors.register_event_groups()
         register_database_metrics(metrics.database_metrics)
-        register_job_kind(ExtractionJob, state=services.job_state)
+        register_job_kind(ExtractionJob, state=services.job_state, api=EXTRACTION_API)
         register_visibility(
             ActivationCache,
             lambda user: selectors.cache_list(user=user),

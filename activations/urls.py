@@ -1,6 +1,8 @@
 from django.urls import path
 
 from activations import apis
+from activations.models import ExtractionJob
+from mistudio.job_apis import job_routes
 
 urlpatterns = [
     path("datasets", apis.DatasetListApi.as_view(), name="dataset-list"),
@@ -13,16 +15,8 @@ urlpatterns = [
         apis.ExtractActivationsApi.as_view(),
         name="model-extract",
     ),
-    path(
-        "models/<str:model_id>/activations/<str:extraction_id>",
-        apis.ExtractionDetailApi.as_view(),
-        name="model-extraction-detail",
-    ),
     path("extractions", apis.ExtractionListApi.as_view(), name="extraction-list"),
-    path("extractions/<str:extraction_id>", apis.ExtractionDetailApi.as_view(), name="extraction-detail"),
-    path(
-        "extractions/<str:extraction_id>/cancel", apis.ExtractionCancelApi.as_view(), name="extraction-cancel"
-    ),
+    *job_routes(ExtractionJob),
     path("activation-caches", apis.CacheListApi.as_view(), name="cache-list"),
     path("activation-caches/<str:cache_id>", apis.CacheDetailApi.as_view(), name="cache-detail"),
     path("activation-caches/<str:cache_id>/download", apis.CacheDownloadApi.as_view(), name="cache-download"),

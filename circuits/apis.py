@@ -11,6 +11,7 @@ from circuits.models import AttributionGraph
 from circuits.serializers import graph_state
 from generation.services import generation_model
 from mistudio.errors import ApplicationError
+from mistudio.job_apis import JobApi
 from mistudio.permissions import CanRead, CanWrite
 from mistudio.serializers import StrictSerializer
 from mistudio.throttling import GraphViewThrottle, WorkerCallThrottle
@@ -82,48 +83,26 @@ def graph_transcoders(user, transcoder_ids: list[str] | None, group_id: str | No
     return [completed_sae(user=user, sae_id=sae_id) for sae_id in transcoder_ids]
 
 
-class GraphDetailApi(APIView):
-    permission_classes = [CanWrite]
-
-    class UpdateSerializer(StrictSerializer):
-        name = serializers.CharField(max_length=500, required=False, allow_blank=True)
-        shared = serializers.BooleanField(required=False)
-        pinned = serializers.JSONField(required=False)
-        supernodes = serializers.JSONField(required=False)
-        node_threshold = serializers.FloatField(min_value=0.0, max_value=1.0, required=False)
-        edge_threshold = serializers.FloatField(min_value=0.0, max_value=1.0, required=False)
-
-    @extend_schema(responses={200: dict})
-    def get(self, request, graph_id: str):
-        return Response(
-            graph_state(selectors.graph_get(user=request.user, graph_id=graph_id), viewer=request.user)
-        )
-
-    @extend_schema(request=UpdateSerializer, responses={200: dict})
-    def patch(self, request, graph_id: str):
-        graph = selectors.graph_get(user=request.user, graph_id=graph_id)
-        data = self.UpdateSerializer(data=request.data)
-        data.is_valid(raise_exception=True)
-        graph = services.graph_update(graph=graph, actor=request.user, **data.validated_data)
-        return Response(graph_state(graph, viewer=request.user))
-
-    @extend_schema(responses={204: None})
-    def delete(self, request, graph_id: str):
-        graph = selectors.graph_get(user=request.user, graph_id=graph_id)
-        services.graph_delete(graph=graph, actor=request.user)
-        return Response(status=status.HTTP_204_NO_CONTENT)
-
-
-class GraphCancelApi(APIView):
-    """Cancel a graph being computed (its owner or an admin)."""
-
-    permission_classes = [CanWrite]
-
-    @extend_schema(request=None, responses={202: dict})
-    def post(self, request, graph_id: str):
-        graph = selectors.graph_get(user=request.user, graph_id=graph_id)
-        graph = services.graph_cancel(graph=graph, actor=request.user)
-        return Response(graph_state(graph, viewer=request.user), status=status.HTTP_202_ACCEPTED)
+GRAPH_API = JobApi(
+    route="graphs/<str:graph_id>",
+    name="graph",
+    component="Graph",
+    row="graph",
+    find=selectors.graph_get,
+    body=lambda graph, request: graph_state(graph, viewer=request.user),
+    update=services.graph_update,
+    update_fields={
+        "name": serializers.CharField(max_length=500, required=False, allow_blank=True),
+        "shared": serializers.BooleanField(required=False),
+        "pinned": serializers.JSONField(required=False),
+        "supernodes": serializers.JSONField(required=False),
+        "node_threshold": serializers.FloatField(min_value=0.0, max_value=1.0, required=False),
+        "edge_threshold": serializers.FloatField(min_value=0.0, max_value=1.0, required=False),
+    },
+    delete=services.graph_delete,
+    cancel=services.graph_cancel,
+    cancel_doc="Cancel a graph being computed (its owner or an admin).",
+)
 
 
 def _graph_view(request, graph_id: str, *, export: bool) -> tuple[AttributionGraph, HttpResponse]:

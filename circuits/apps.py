@@ -9,6 +9,7 @@ class CircuitsConfig(AppConfig):
         from django.db.models.signals import post_delete, post_save
 
         from circuits import selectors, serializers
+        from circuits.apis import GRAPH_API
         from circuits.models import AttributionGraph
         from features.models import Explanation, ExplanationJob, FeatureAnalysis, FeatureLabel
         from mistudio.access import register_visibility
@@ -28,4 +29,4 @@ class CircuitsConfig(AppConfig):
             code="GRAPH_NOT_FOUND",
             what="attribution graph",
         )
-        register_job_kind(AttributionGraph, state=serializers.graph_event_state)
+        register_job_kind(AttributionGraph, state=serializers.graph_event_state, api=GRAPH_API)

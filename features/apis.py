@@ -9,6 +9,7 @@ from activations.selectors import completed_cache
 from features import exports, selectors, services
 from features.search import feature_search
 from features.serializers import analysis_state, label_state
+from mistudio.job_apis import JobApi
 from mistudio.permissions import CanRead, CanWrite
 from mistudio.serializers import StrictSerializer
 from mistudio.streaming import ChunkedStreamingResponse
@@ -49,48 +50,23 @@ class AnalysisListApi(APIView):
         return Response(analysis_state(analysis, viewer=request.user), status=status.HTTP_202_ACCEPTED)
 
 
-class AnalysisDetailApi(APIView):
-    permission_classes = [CanWrite]
-
-    class UpdateSerializer(StrictSerializer):
-        shared = serializers.BooleanField()
-
-    @extend_schema(responses={200: dict})
-    def get(self, request, sae_id: str, analysis_id: str):
-        sae = sae_get(user=request.user, sae_id=sae_id)
-        return Response(
-            analysis_state(
-                selectors.analysis_get(user=request.user, sae=sae, analysis_id=analysis_id),
-                viewer=request.user,
-            )
-        )
-
-    @extend_schema(request=UpdateSerializer, responses={200: dict})
-    def patch(self, request, sae_id: str, analysis_id: str):
-        sae = sae_get(user=request.user, sae_id=sae_id)
-        analysis = selectors.analysis_get(user=request.user, sae=sae, analysis_id=analysis_id)
-        data = self.UpdateSerializer(data=request.data)
-        data.is_valid(raise_exception=True)
-        analysis = services.analysis_update(analysis=analysis, actor=request.user, **data.validated_data)
-        return Response(analysis_state(analysis, viewer=request.user))
-
-    @extend_schema(responses={204: None})
-    def delete(self, request, sae_id: str, analysis_id: str):
-        sae = sae_get(user=request.user, sae_id=sae_id)
-        analysis = selectors.analysis_get(user=request.user, sae=sae, analysis_id=analysis_id)
-        services.analysis_delete(analysis=analysis, actor=request.user)
-        return Response(status=status.HTTP_204_NO_CONTENT)
+def analysis_find(*, user, sae_id: str, analysis_id: str):
+    """An analysis the caller may see, reached through an SAE they may see."""
+    return selectors.analysis_get(user=user, sae=sae_get(user=user, sae_id=sae_id), analysis_id=analysis_id)
 
 
-class AnalysisCancelApi(APIView):
-    permission_classes = [CanWrite]
-
-    @extend_schema(request=None, responses={202: dict})
-    def post(self, request, sae_id: str, analysis_id: str):
-        sae = sae_get(user=request.user, sae_id=sae_id)
-        analysis = selectors.analysis_get(user=request.user, sae=sae, analysis_id=analysis_id)
-        analysis = services.analysis_cancel(analysis=analysis, actor=request.user)
-        return Response(analysis_state(analysis, viewer=request.user), status=status.HTTP_202_ACCEPTED)
+ANALYSIS_API = JobApi(
+    route="saes/<str:sae_id>/analyses/<str:analysis_id>",
+    name="analysis",
+    component="Analysis",
+    row="analysis",
+    find=analysis_find,
+    body=lambda analysis, request: analysis_state(analysis, viewer=request.user),
+    update=services.analysis_update,
+    update_fields={"shared": serializers.BooleanField()},
+    delete=services.analysis_delete,
+    cancel=services.analysis_cancel,
+)
 
 
 class FeatureListApi(APIView):

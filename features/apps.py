@@ -7,6 +7,8 @@ class FeaturesConfig(AppConfig):
 
     def ready(self) -> None:
         from features import explanation_selectors, selectors, serializers, services
+        from features.apis import ANALYSIS_API
+        from features.explanation_apis import EXPLANATION_JOB_API
         from features.models import ExplanationJob, FeatureAnalysis
         from generation.interventions import register_feature_scale
         from mistudio.access import register_visibility
@@ -20,7 +22,7 @@ class FeaturesConfig(AppConfig):
             code="ANALYSIS_NOT_FOUND",
             what="feature analysis",
         )
-        register_job_kind(FeatureAnalysis, state=serializers.analysis_state)
+        register_job_kind(FeatureAnalysis, state=serializers.analysis_state, api=ANALYSIS_API)
         explanation_selectors.register_event_groups()
         register_visibility(
             ExplanationJob,
@@ -28,7 +30,7 @@ class FeaturesConfig(AppConfig):
             code="EXPLANATION_JOB_NOT_FOUND",
             what="explanation job",
         )
-        register_job_kind(ExplanationJob, state=serializers.explanation_job_state)
+        register_job_kind(ExplanationJob, state=serializers.explanation_job_state, api=EXPLANATION_JOB_API)
         register_feature_scale(selectors.feature_max_activation)
         register_export_extra(services.labels_export)
         register_import_extra(services.labels_import)

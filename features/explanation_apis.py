@@ -11,6 +11,7 @@ from engine.autointerp.prompts import PROMPT_VERSION
 from engine.autointerp.scoring import prompt_templates, scorer_names
 from features import explanation_selectors, explanations, selectors
 from features.serializers import explanation_job_state, explanation_state, label_state
+from mistudio.job_apis import JobApi
 from mistudio.permissions import CanRead, CanWrite
 from mistudio.serializers import StrictSerializer
 from saes.selectors import sae_get
@@ -119,39 +120,25 @@ class ExplanationJobListApi(APIView):
         return Response(explanation_job_state(result, viewer=request.user), status=status.HTTP_202_ACCEPTED)
 
 
-class ExplanationJobDetailApi(APIView):
-    permission_classes = [CanWrite]
-
-    class UpdateSerializer(StrictSerializer):
-        shared = serializers.BooleanField()
-
-    @extend_schema(responses={200: dict})
-    def get(self, request, sae_id: str, job_id: str):
-        job = self._job(request, sae_id, job_id)
-        return Response(explanation_job_state(job, viewer=request.user))
-
-    @extend_schema(request=UpdateSerializer, responses={200: dict})
-    def patch(self, request, sae_id: str, job_id: str):
-        job = self._job(request, sae_id, job_id)
-        data = self.UpdateSerializer(data=request.data)
-        data.is_valid(raise_exception=True)
-        explanations.explanation_job_update(job=job, actor=request.user, shared=data.validated_data["shared"])
-        return Response(explanation_job_state(job, viewer=request.user))
-
-    @staticmethod
-    def _job(request, sae_id: str, job_id: str):
-        sae = sae_get(user=request.user, sae_id=sae_id)
-        return explanation_selectors.explanation_job_get(user=request.user, sae=sae, job_id=job_id)
+def explanation_job_find(*, user, sae_id: str, job_id: str):
+    """An explanation job the caller may see, reached through an SAE they may see."""
+    return explanation_selectors.explanation_job_get(
+        user=user, sae=sae_get(user=user, sae_id=sae_id), job_id=job_id
+    )
 
 
-class ExplanationJobCancelApi(APIView):
-    permission_classes = [CanWrite]
-
-    @extend_schema(request=None, responses={200: dict})
-    def post(self, request, sae_id: str, job_id: str):
-        job = ExplanationJobDetailApi._job(request, sae_id, job_id)
-        job = explanations.explanation_cancel(job=job, actor=request.user)
-        return Response(explanation_job_state(job, viewer=request.user))
+EXPLANATION_JOB_API = JobApi(
+    route="saes/<str:sae_id>/explanations/<str:job_id>",
+    name="explanation",
+    component="ExplanationJob",
+    row="job",
+    find=explanation_job_find,
+    body=lambda job, request: explanation_job_state(job, viewer=request.user),
+    update=explanations.explanation_job_update,
+    update_fields={"shared": serializers.BooleanField()},
+    cancel=explanations.explanation_cancel,
+    cancel_status=status.HTTP_200_OK,
+)
 
 
 class ExplanationResultsApi(APIView):
@@ -166,7 +153,7 @@ class ExplanationResultsApi(APIView):
 
     @extend_schema(parameters=[QuerySerializer], responses={200: dict})
     def get(self, request, sae_id: str, job_id: str):
-        job = ExplanationJobDetailApi._job(request, sae_id, job_id)
+        job = explanation_job_find(user=request.user, sae_id=sae_id, job_id=job_id)
         query = self.QuerySerializer(data=request.query_params)
         query.is_valid(raise_exception=True)
         page, size = query.validated_data["page"], query.validated_data["page_size"]

@@ -1,19 +1,12 @@
 from django.urls import path
 
 from features import apis, explanation_apis
+from features.models import ExplanationJob, FeatureAnalysis
+from mistudio.job_apis import job_routes
 
 urlpatterns = [
     path("saes/<str:sae_id>/analyses", apis.AnalysisListApi.as_view(), name="analysis-list"),
-    path(
-        "saes/<str:sae_id>/analyses/<str:analysis_id>",
-        apis.AnalysisDetailApi.as_view(),
-        name="analysis-detail",
-    ),
-    path(
-        "saes/<str:sae_id>/analyses/<str:analysis_id>/cancel",
-        apis.AnalysisCancelApi.as_view(),
-        name="analysis-cancel",
-    ),
+    *job_routes(FeatureAnalysis),
     path("saes/<str:sae_id>/features", apis.FeatureListApi.as_view(), name="feature-list"),
     path("saes/<str:sae_id>/features/export", apis.FeatureExportApi.as_view(), name="feature-export"),
     path("saes/<str:sae_id>/features/search", apis.FeatureSearchApi.as_view(), name="feature-search"),
@@ -28,16 +21,7 @@ urlpatterns = [
         explanation_apis.ExplanationJobListApi.as_view(),
         name="explanation-list",
     ),
-    path(
-        "saes/<str:sae_id>/explanations/<str:job_id>",
-        explanation_apis.ExplanationJobDetailApi.as_view(),
-        name="explanation-detail",
-    ),
-    path(
-        "saes/<str:sae_id>/explanations/<str:job_id>/cancel",
-        explanation_apis.ExplanationJobCancelApi.as_view(),
-        name="explanation-cancel",
-    ),
+    *job_routes(ExplanationJob),
     path(
         "saes/<str:sae_id>/explanations/<str:job_id>/results",
         explanation_apis.ExplanationResultsApi.as_view(),

@@ -39,7 +39,8 @@ from generation.streams import FINAL_EVENTS, read_events
 from mistudio import roles
 from mistudio.async_api import authenticated_user, json_body, validated
 from mistudio.errors import ApplicationError, error_body, error_response
-from mistudio.permissions import CanRead, CanWrite
+from mistudio.job_apis import JobApi
+from mistudio.permissions import CanRead
 from mistudio.request_lifetime import release_database
 
 
@@ -364,22 +365,21 @@ class GenerationListApi(APIView):
         return Response({"results": [generation_state(row, whole=False) for row in rows]})
 
 
-class GenerationDetailApi(APIView):
-    """``GET /api/generations/{id}``: one generation's request and result."""
-
-    permission_classes = [CanRead]
-
-    @extend_schema(responses={200: dict})
-    def get(self, request, generation_id: str):
-        return Response(generation_state(generation_get(user=request.user, generation_id=generation_id)))
+def _generation_cancel(*, generation: Generation, actor) -> Generation:
+    return generation_cancel(user=actor, generation_id=generation.id)
 
 
-class GenerationCancelApi(APIView):
-    """``POST /api/generate/{request_id}/cancel``: stop a queued or running generation."""
-
-    permission_classes = [CanWrite]
-
-    @extend_schema(request=None, responses={202: dict})
-    def post(self, request, generation_id: str):
-        generation = generation_cancel(user=request.user, generation_id=generation_id)
-        return Response(generation_state(generation), status=202)
+# A generation is not a job row (its worker batches rows itself), but its edge is a job's.
+GENERATION_API = JobApi(
+    route="generations/<str:generation_id>",
+    cancel_route="generate/<str:generation_id>/cancel",
+    name="generation",
+    component="Generation",
+    row="generation",
+    find=generation_get,
+    body=lambda generation, request: generation_state(generation),
+    cancel=_generation_cancel,
+    permission=CanRead,
+    doc="``GET /api/generations/{id}``: one generation's request and result.",
+    cancel_doc="``POST /api/generate/{request_id}/cancel``: stop a queued or running generation.",
+)

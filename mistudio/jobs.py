@@ -31,7 +31,7 @@ import shutil
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from django.conf import settings
 from django.db import models, transaction
@@ -52,6 +52,9 @@ from mistudio.workers import (
     read_heartbeats,
     worker_queue,
 )
+
+if TYPE_CHECKING:
+    from mistudio.job_apis import JobApi
 
 logger = logging.getLogger(__name__)
 
@@ -183,22 +186,38 @@ class JobRow(models.Model):
 class JobKind:
     model: type[JobRow]
     state: Callable[[Any], dict[str, Any]]  # the row's one JSON shape (API, events, snapshots)
+    serializer: Any = None  # its output serializer: what the schema says its detail answers
+    api: JobApi | None = None  # its HTTP edge (``mistudio.job_apis``)
 
 
 _KINDS: dict[type[JobRow], JobKind] = {}
 
 
-def register_job_kind(model: type[JobRow], *, state: Callable[[Any], dict[str, Any]]) -> None:
+def register_job_kind(
+    model: type[JobRow],
+    *,
+    state: Callable[[Any], dict[str, Any]],
+    serializer: Any = None,
+    api: JobApi | None = None,
+) -> None:
     """Declare a kind of job (in its app's ``ready``): its rows are scheduled, resumed, counted
-    against the caps and their files follow them from then on."""
+    against the caps and their files follow them from then on; with ``api``, its ``urls.py``
+    routes its detail and cancel (``mistudio.job_apis.job_routes``)."""
     from django.db.models.signals import pre_delete
 
-    _KINDS[model] = JobKind(model=model, state=state)
+    _KINDS[model] = JobKind(model=model, state=state, serializer=serializer, api=api)
     pre_delete.connect(_files_follow_row, sender=model, dispatch_uid=f"job-files-{model._meta.label}")
 
 
 def job_kinds() -> list[JobKind]:
     return list(_KINDS.values())
+
+
+def job_kind(model: type[JobRow]) -> JobKind:
+    """The registration of ``model``'s kind (LookupError when its app registered none)."""
+    if model not in _KINDS:
+        raise LookupError(f"{model.__name__} is not a registered kind of job.")
+    return _KINDS[model]
 
 
 def _files_follow_row(sender, instance: JobRow, **kwargs) -> None:

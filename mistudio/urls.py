@@ -12,6 +12,7 @@ from rest_framework.reverse import reverse
 from mistudio import __version__
 from mistudio.errors import json_error_response
 from mistudio.health import healthz
+from mistudio.job_apis import job_kinds_index
 from mistudio.metrics import metrics
 from mistudio.permissions import CanRead
 
@@ -23,8 +24,8 @@ API_VERSION = 1
 @api_view(["GET"])
 @permission_classes([CanRead])
 def api_root(request, format=None):
-    """The API's entry point: the server's version, the API's version (a client checks it first) and
-    links to each collection."""
+    """The API's entry point: the server's version, the API's version (a client checks it first),
+    links to each collection, and the kinds of job (their id prefixes and paths)."""
     return Response(
         {
             "version": __version__,
@@ -41,6 +42,7 @@ def api_root(request, format=None):
                     "schema",
                 ]
             },
+            "jobs": job_kinds_index(),
         }
     )
 

@@ -7,6 +7,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from activations.selectors import completed_cache, dataset_get
+from mistudio.job_apis import JobApi
 from mistudio.permissions import CanRead, CanWrite
 from mistudio.serializers import StrictSerializer
 from mistudio.streaming import ChunkedStreamingResponse
@@ -82,42 +83,23 @@ class SaeListApi(APIView):
         return Response(sae_body(sae, request), status=status.HTTP_202_ACCEPTED)
 
 
-class SaeDetailApi(APIView):
-    """One SAE with its metrics and training curves; its owner may rename, share or delete it."""
-
-    permission_classes = [CanWrite]
-
-    class UpdateSerializer(StrictSerializer):
-        name = serializers.CharField(required=False, max_length=500)
-        shared = serializers.BooleanField(required=False)
-
-    @extend_schema(responses={200: dict})
-    def get(self, request, sae_id: str):
-        return Response(sae_body(selectors.sae_get(user=request.user, sae_id=sae_id), request))
-
-    @extend_schema(request=UpdateSerializer, responses={200: dict})
-    def patch(self, request, sae_id: str):
-        sae = selectors.sae_get_to_change(user=request.user, sae_id=sae_id)
-        data = self.UpdateSerializer(data=request.data)
-        data.is_valid(raise_exception=True)
-        sae = services.sae_update(sae=sae, actor=request.user, **data.validated_data)
-        return Response(sae_body(sae, request))
-
-    @extend_schema(responses={204: None})
-    def delete(self, request, sae_id: str):
-        sae = selectors.sae_get_to_change(user=request.user, sae_id=sae_id)
-        services.sae_delete(sae=sae, actor=request.user)
-        return Response(status=status.HTTP_204_NO_CONTENT)
-
-
-class SaeCancelApi(APIView):
-    permission_classes = [CanWrite]
-
-    @extend_schema(request=None, responses={202: dict})
-    def post(self, request, sae_id: str):
-        sae = selectors.sae_get(user=request.user, sae_id=sae_id)
-        sae = services.sae_cancel(sae=sae, actor=request.user)
-        return Response(sae_body(sae, request), status=status.HTTP_202_ACCEPTED)
+SAE_API = JobApi(
+    route="saes/<str:sae_id>",
+    name="sae",
+    component="Sae",
+    row="sae",
+    find=selectors.sae_get,
+    find_to_change=selectors.sae_get_to_change,
+    body=sae_body,
+    update=services.sae_update,
+    update_fields={
+        "name": serializers.CharField(required=False, max_length=500),
+        "shared": serializers.BooleanField(required=False),
+    },
+    delete=services.sae_delete,
+    cancel=services.sae_cancel,
+    doc="One SAE with its metrics and training curves; its owner may rename, share or delete it.",
+)
 
 
 class SaeEvaluateApi(APIView):
@@ -302,41 +284,20 @@ class SaeGroupListApi(APIView):
         return Response(sae_group_state(group, viewer=request.user), status=status.HTTP_202_ACCEPTED)
 
 
-class SaeGroupDetailApi(APIView):
-    """One group with its members' results; its owner may rename or share it (members follow) or
-    delete it once it has ended (its members stay SAEs of their own)."""
-
-    permission_classes = [CanWrite]
-
-    class UpdateSerializer(StrictSerializer):
-        name = serializers.CharField(required=False, max_length=500)
-        shared = serializers.BooleanField(required=False)
-
-    @extend_schema(responses={200: dict})
-    def get(self, request, group_id: str):
-        group = selectors.group_get(user=request.user, group_id=group_id)
-        return Response(sae_group_state(group, viewer=request.user))
-
-    @extend_schema(request=UpdateSerializer, responses={200: dict})
-    def patch(self, request, group_id: str):
-        group = selectors.group_get(user=request.user, group_id=group_id)
-        data = self.UpdateSerializer(data=request.data)
-        data.is_valid(raise_exception=True)
-        group = groups.sae_group_update(group=group, actor=request.user, **data.validated_data)
-        return Response(sae_group_state(group, viewer=request.user))
-
-    @extend_schema(responses={204: None})
-    def delete(self, request, group_id: str):
-        group = selectors.group_get(user=request.user, group_id=group_id)
-        groups.sae_group_delete(group=group, actor=request.user)
-        return Response(status=status.HTTP_204_NO_CONTENT)
-
-
-class SaeGroupCancelApi(APIView):
-    permission_classes = [CanWrite]
-
-    @extend_schema(request=None, responses={202: dict})
-    def post(self, request, group_id: str):
-        group = selectors.group_get(user=request.user, group_id=group_id)
-        group = groups.sae_group_cancel(group=group, actor=request.user)
-        return Response(sae_group_state(group, viewer=request.user), status=status.HTTP_202_ACCEPTED)
+SAE_GROUP_API = JobApi(
+    route="saes/groups/<str:group_id>",
+    name="sae-group",
+    component="SaeGroup",
+    row="group",
+    find=selectors.group_get,
+    body=lambda group, request: sae_group_state(group, viewer=request.user),
+    update=groups.sae_group_update,
+    update_fields={
+        "name": serializers.CharField(required=False, max_length=500),
+        "shared": serializers.BooleanField(required=False),
+    },
+    delete=groups.sae_group_delete,
+    cancel=groups.sae_group_cancel,
+    doc="One group with its members' results; its owner may rename or share it (members follow) or\n"
+    "delete it once it has ended (its members stay SAEs of their own).",
+)

@@ -20,6 +20,7 @@ class SaesConfig(AppConfig):
         from mistudio.access import register_visibility
         from mistudio.jobs import register_job_kind
         from saes import selectors, serializers
+        from saes.apis import SAE_API, SAE_GROUP_API
         from saes.models import SaeEvaluation, SaeGroup, SparseAutoencoder
 
         selectors.register_event_groups()
@@ -27,7 +28,7 @@ class SaesConfig(AppConfig):
         register_visibility(
             SparseAutoencoder, lambda user: selectors.sae_list(user=user), code="SAE_NOT_FOUND", what="SAE"
         )
-        register_job_kind(SparseAutoencoder, state=serializers.sae_event_state)
+        register_job_kind(SparseAutoencoder, state=serializers.sae_event_state, api=SAE_API)
         register_job_kind(SaeEvaluation, state=serializers.evaluation_state)
         register_visibility(
             SaeGroup,
@@ -35,4 +36,4 @@ class SaesConfig(AppConfig):
             code="SAE_GROUP_NOT_FOUND",
             what="SAE group",
         )
-        register_job_kind(SaeGroup, state=serializers.sae_group_state)
+        register_job_kind(SaeGroup, state=serializers.sae_group_state, api=SAE_GROUP_API)

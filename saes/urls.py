@@ -1,6 +1,8 @@
 from django.urls import path
 
+from mistudio.job_apis import job_routes
 from saes import apis
+from saes.models import SaeGroup, SparseAutoencoder
 
 urlpatterns = [
     path("saes", apis.SaeListApi.as_view(), name="sae-list"),
@@ -8,10 +10,8 @@ urlpatterns = [
     path("saes/upload", apis.SaeUploadApi.as_view(), name="sae-upload"),
     path("saes/import-transcoders", apis.TranscoderSetImportApi.as_view(), name="sae-import-transcoders"),
     path("saes/groups", apis.SaeGroupListApi.as_view(), name="sae-group-list"),
-    path("saes/groups/<str:group_id>", apis.SaeGroupDetailApi.as_view(), name="sae-group-detail"),
-    path("saes/groups/<str:group_id>/cancel", apis.SaeGroupCancelApi.as_view(), name="sae-group-cancel"),
-    path("saes/<str:sae_id>", apis.SaeDetailApi.as_view(), name="sae-detail"),
-    path("saes/<str:sae_id>/cancel", apis.SaeCancelApi.as_view(), name="sae-cancel"),
+    *job_routes(SaeGroup),
+    *job_routes(SparseAutoencoder),
     path("saes/<str:sae_id>/evaluate", apis.SaeEvaluateApi.as_view(), name="sae-evaluate"),
     path("saes/<str:sae_id>/export", apis.SaeExportApi.as_view(), name="sae-export"),
 ]

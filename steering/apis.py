@@ -9,6 +9,7 @@ from rest_framework.views import APIView
 
 from activations.selectors import dataset_get
 from generation.services import generation_model
+from mistudio.job_apis import JobApi
 from mistudio.json_input import JSONParser as MistudioJSONParser
 from mistudio.permissions import CanRead, CanWrite
 from mistudio.serializers import StrictSerializer
@@ -92,44 +93,22 @@ class VectorImportApi(APIView):
         return Response(vector_state(vector, viewer=request.user), status=status.HTTP_201_CREATED)
 
 
-class VectorDetailApi(APIView):
-    permission_classes = [CanWrite]
-
-    class UpdateSerializer(StrictSerializer):
-        name = serializers.CharField(max_length=500, required=False, allow_blank=True)
-        shared = serializers.BooleanField(required=False)
-
-    @extend_schema(responses={200: dict})
-    def get(self, request, vector_id: str):
-        return Response(
-            vector_state(selectors.vector_get(user=request.user, vector_id=vector_id), viewer=request.user)
-        )
-
-    @extend_schema(request=UpdateSerializer, responses={200: dict})
-    def patch(self, request, vector_id: str):
-        vector = selectors.vector_get(user=request.user, vector_id=vector_id)
-        data = self.UpdateSerializer(data=request.data)
-        data.is_valid(raise_exception=True)
-        vector = services.vector_update(vector=vector, actor=request.user, **data.validated_data)
-        return Response(vector_state(vector, viewer=request.user))
-
-    @extend_schema(responses={204: None})
-    def delete(self, request, vector_id: str):
-        vector = selectors.vector_get(user=request.user, vector_id=vector_id)
-        services.vector_delete(vector=vector, actor=request.user)
-        return Response(status=status.HTTP_204_NO_CONTENT)
-
-
-class VectorCancelApi(APIView):
-    """Cancel a vector being computed (its owner or an admin)."""
-
-    permission_classes = [CanWrite]
-
-    @extend_schema(request=None, responses={202: dict})
-    def post(self, request, vector_id: str):
-        vector = selectors.vector_get(user=request.user, vector_id=vector_id)
-        vector = services.vector_cancel(vector=vector, actor=request.user)
-        return Response(vector_state(vector, viewer=request.user), status=status.HTTP_202_ACCEPTED)
+VECTOR_API = JobApi(
+    route="steering-vectors/<str:vector_id>",
+    name="steering-vector",
+    component="Vector",
+    row="vector",
+    find=selectors.vector_get,
+    body=lambda vector, request: vector_state(vector, viewer=request.user),
+    update=services.vector_update,
+    update_fields={
+        "name": serializers.CharField(max_length=500, required=False, allow_blank=True),
+        "shared": serializers.BooleanField(required=False),
+    },
+    delete=services.vector_delete,
+    cancel=services.vector_cancel,
+    cancel_doc="Cancel a vector being computed (its owner or an admin).",
+)
 
 
 class VectorExportApi(APIView):

@@ -10,6 +10,7 @@ class SteeringConfig(AppConfig):
         from mistudio.access import register_visibility
         from mistudio.jobs import register_job_kind
         from steering import selectors, serializers, services
+        from steering.apis import VECTOR_API
         from steering.models import SteeringVector
 
         selectors.register_event_groups()
@@ -20,4 +21,4 @@ class SteeringConfig(AppConfig):
             code="STEERING_VECTOR_NOT_FOUND",
             what="steering vector",
         )
-        register_job_kind(SteeringVector, state=serializers.vector_event_state)
+        register_job_kind(SteeringVector, state=serializers.vector_event_state, api=VECTOR_API)

@@ -1,16 +1,13 @@
 from django.urls import path
 
+from mistudio.job_apis import job_routes
 from steering import apis
+from steering.models import SteeringVector
 
 urlpatterns = [
     path("steering-vectors", apis.VectorListApi.as_view(), name="steering-vector-list"),
     path("steering-vectors/import", apis.VectorImportApi.as_view(), name="steering-vector-import"),
-    path("steering-vectors/<str:vector_id>", apis.VectorDetailApi.as_view(), name="steering-vector-detail"),
-    path(
-        "steering-vectors/<str:vector_id>/cancel",
-        apis.VectorCancelApi.as_view(),
-        name="steering-vector-cancel",
-    ),
+    *job_routes(SteeringVector),
     path(
         "steering-vectors/<str:vector_id>/export",
         apis.VectorExportApi.as_view(),

@@ -59,6 +59,7 @@ class Client:
         self.graphs = Graphs(self)
         self.steering_vectors = SteeringVectors(self)
         self.generations = Generations(self)
+        self._job_kinds: dict[str, dict[str, str]] | None = None
         self.server: dict[str, Any] = self.handshake() if check_version else {}
 
     def close(self) -> None:
@@ -93,6 +94,7 @@ class Client:
     def handshake(self) -> dict[str, Any]:
         """The server's ``version`` and ``api_version``; a different API version is refused."""
         root = self.request("GET", "")
+        self._job_kinds = root.get("jobs")
         version = root.get("api_version")
         if version != API_VERSION:
             raise VersionMismatch(
@@ -100,6 +102,13 @@ class Client:
                 "install the client that matches the server (pip install <server checkout>/client)."
             )
         return {"version": root.get("version"), "api_version": version}
+
+    def job_kinds(self) -> dict[str, dict[str, str]]:
+        """The server's kinds of job: kind -> its ``id_prefix``, ``path`` and ``cancel_path`` under
+        ``/api/`` (parameters in braces) and its ``id_parameter``; read from ``GET /api/`` once."""
+        if self._job_kinds is None:
+            self._job_kinds = self.request("GET", "").get("jobs") or {}
+        return self._job_kinds
 
     def job(self, job_id: str, *, sae: Any = None) -> Job:
         """Reattach to a job by its id (``ext_…``, ``sae_…``, ``grp_…``, ``ag_…``, ``sv_…``; an analysis

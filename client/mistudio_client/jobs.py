@@ -19,26 +19,9 @@ if TYPE_CHECKING:
     from mistudio_client.arrays import Cache
     from mistudio_client.client import Client
 
-# kind -> (the row's API path, its cancel path); an id's prefix names its kind. An analysis's and an
-# explanation job's paths go through their SAE (``sae``).
-_KINDS = {
-    "extraction": ("extractions/{id}", "extractions/{id}/cancel"),
-    "sae": ("saes/{id}", "saes/{id}/cancel"),
-    "graph": ("graphs/{id}", "graphs/{id}/cancel"),
-    "vector": ("steering-vectors/{id}", "steering-vectors/{id}/cancel"),
-    "sae_group": ("saes/groups/{id}", "saes/groups/{id}/cancel"),
-    "analysis": ("saes/{sae}/analyses/{id}", "saes/{sae}/analyses/{id}/cancel"),
-    "explanation": ("saes/{sae}/explanations/{id}", "saes/{sae}/explanations/{id}/cancel"),
-}
-_PREFIXES = {
-    "ext": "extraction",
-    "sae": "sae",
-    "ag": "graph",
-    "sv": "vector",
-    "grp": "sae_group",
-    "fa": "analysis",
-    "xj": "explanation",
-}
+# The kinds of job, their id prefixes and paths come from the server (``Client.job_kinds``). An
+# analysis's and an explanation job's paths go through their SAE (``sae``: the ``sae_id`` parameter).
+SAE_PARAMETER = "sae_id"
 ACTIVE = ("queued", "running")
 # Seconds without an event after which the row is read over REST (an event lost on the way).
 EVENT_SILENCE = 15.0
@@ -56,24 +39,26 @@ class Job:
         *,
         sae: str | None = None,
     ) -> None:
-        if kind not in _KINDS:
-            raise MistudioError(f"Unknown kind of job {kind!r}.")
-        if "{sae}" in _KINDS[kind][0] and not sae:
+        kinds = client.job_kinds()
+        if kind not in kinds:
+            raise MistudioError(f"Unknown kind of job {kind!r} (the server has {', '.join(kinds)}).")
+        if f"{{{SAE_PARAMETER}}}" in kinds[kind]["path"] and not sae:
             raise MistudioError(f"A {kind} job is reached through its SAE: pass sae=.")
         self.client, self.kind, self.id, self.sae = client, kind, job_id, sae
         self.state: dict[str, Any] = state or {}
 
     @classmethod
     def for_id(cls, client: Client, job_id: str, *, sae: str | None = None) -> Job:
-        kind = _PREFIXES.get(job_id.split("_", 1)[0])
+        prefixes = {entry["id_prefix"]: kind for kind, entry in client.job_kinds().items()}
+        kind = prefixes.get(job_id.split("_", 1)[0])
         if kind is None:
-            raise MistudioError(
-                f"{job_id!r} is not the id of a job this client follows ({', '.join(_PREFIXES)}_…)."
-            )
+            raise MistudioError(f"{job_id!r} is not the id of a job ({', '.join(prefixes)}_…).")
         return cls(client, kind, job_id, sae=sae)
 
-    def _path(self, which: int) -> str:
-        return _KINDS[self.kind][which].format(id=self.id, sae=self.sae)
+    def _path(self, which: str) -> str:
+        """The row's ``path`` or ``cancel_path`` under ``/api/``."""
+        entry = self.client.job_kinds()[self.kind]
+        return entry[which].format(**{entry["id_parameter"]: self.id, SAE_PARAMETER: self.sae})
 
     @classmethod
     def done(cls, client: Client, kind: str, job_id: str | None, answer: dict[str, Any]) -> Job:
@@ -93,11 +78,11 @@ class Job:
 
     def refresh(self) -> dict[str, Any]:
         if not self._finished:
-            self.state = self.client.request("GET", self._path(0))
+            self.state = self.client.request("GET", self._path("path"))
         return self.state
 
     def cancel(self) -> dict[str, Any]:
-        self.state = self.client.request("POST", self._path(1), json={})
+        self.state = self.client.request("POST", self._path("cancel_path"), json={})
         return self.state
 
     def wait(
