@@ -41,7 +41,8 @@ def run_extraction(job: ExtractionJob, context: JobContext) -> None:
     samples = dataset_samples(job.dataset, limit=job.sample_count)
     tokenized = tokenize_samples(loaded.tokenizer, samples, job.max_length)
     plan = plan_batches([len(ids) for ids in tokenized], job.batch_size)
-    job_publish(job, "started", job.mark_running(host_worker=context.worker.name, total_samples=len(samples)))
+    job.total_samples = len(samples)
+    job_publish(job, "progress", ["total_samples"])
     widths = hook_widths(loaded.model, job.hooks, tokenized)
     writer = cache_store_open(
         cache,

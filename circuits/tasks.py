@@ -42,7 +42,6 @@ def run_attribution(graph: AttributionGraph, job: JobContext) -> None:
     if graph.model_id is None:
         raise ApplicationError("MODEL_NOT_FOUND", "The graph's model is gone.")
     loaded = model_in_this_worker(graph.model_id, graph, purpose="an attribution graph")
-    job_publish(graph, "started", graph.mark_running(host_worker=job.worker.name))
     transcoders = graph_transcoders(graph, loaded.model)
     config = config_from_dict(AttributionConfig, graph.config)
     throttle = ProgressThrottle(min_step=2.0, min_interval=0.5)

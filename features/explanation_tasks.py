@@ -55,8 +55,8 @@ def run_explanation_job(row: ExplanationJob, job: JobContext) -> None:
     config = config_from_dict(InterpretationConfig, row.config, retired=CONFIG_EXTRAS)
     done = set(Explanation.objects.filter(job=row).values_list("index", flat=True))
     todo = [index for index in row.indices if index not in done]
-    started_fields = row.mark_running(host_worker=job.worker.name)
-    job_publish(row, "started", started_fields, resumed_from=len(done) or None)
+    if done:
+        job_publish(row, "progress", [], resumed_from=len(done))
     notes: list[str] = []
     tokenizer = analysis_tokenizer(analysis.sae)
     data = FeatureFile(analysis)

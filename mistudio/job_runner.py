@@ -37,7 +37,17 @@ from django.utils import timezone
 from django.utils.module_loading import import_string
 
 from mistudio.errors import ApplicationError
-from mistudio.jobs import DAY, JobRow, JobStatus, add_token, job_discard, job_fail, job_kinds, job_submit
+from mistudio.jobs import (
+    DAY,
+    JobRow,
+    JobStatus,
+    add_token,
+    job_discard,
+    job_fail,
+    job_kinds,
+    job_publish,
+    job_submit,
+)
 from mistudio.redis_client import get_redis
 from mistudio.structured_logging import job_context
 from mistudio.worker_clock import CLOCK
@@ -305,6 +315,14 @@ def check_worker_memory(row: JobRow) -> None:
         )
 
 
+def job_start(row: JobRow, *, worker_name: str) -> None:
+    """``running`` on ``worker_name``, saved and announced as ``<kind>:started`` before the body runs
+    (each time it runs: a resumed row starts again). The claim already wrote the status; this adds
+    its start time and tells the row's watchers. What a kind learns only once it runs (its totals,
+    where it resumed from) its body saves and announces as progress."""
+    job_publish(row, "started", JobRow.mark_running(row, host_worker=worker_name))
+
+
 def job_task(
     model: type[JobRow], *, timeout: int, failure_code: str | None = None
 ) -> Callable[[Callable[[Any, JobContext], None]], Any]:
@@ -330,6 +348,7 @@ def job_task(
                 if get_redis().exists(row.cancel_key):
                     raise JobCancelled
                 check_worker_memory(row)
+                job_start(row, worker_name=job.worker.name)
                 ran_before = float(get_redis().get(_ran_key(row)) or 0)
                 with time_limit(limit - ran_before):
                     body(row, job)

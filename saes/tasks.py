@@ -169,13 +169,12 @@ def run_sae_training(sae: SparseAutoencoder, job: JobContext) -> None:
     config = training_config(sae)
     epochs = -(-config.total_tokens // split.train_stop)
     checkpoint = TrainingCheckpoint.load(sae.checkpoint_directory)
-    fields = sae.mark_running(
-        host_worker=job.worker.name, total_steps=config.total_steps, total_tokens=config.total_tokens
-    )
+    sae.total_steps, sae.total_tokens = config.total_steps, config.total_tokens
+    fields = ["total_steps", "total_tokens"]
     if checkpoint is not None:  # the curves as far as the checkpoint; the steps after it run again
         sae.history = curves_until(checkpoint, config.total_steps)
         fields.append("history")
-    job_publish(sae, "started", fields, resumed_from_step=checkpoint.step if checkpoint else None)
+    job_publish(sae, "progress", fields, resumed_from_step=checkpoint.step if checkpoint else None)
     sae_training_lease(sae)
     publish = ProgressPublisher(sae)
     last_lease = time.monotonic()
@@ -239,7 +238,6 @@ def run_sae_training(sae: SparseAutoencoder, job: JobContext) -> None:
 def run_sae_import(sae: SparseAutoencoder, job: JobContext) -> None:
     """Read an imported SAE's arrays (its folder checked again: it may have changed since the
     request), refuse non-finite weights, and store it as a SAELens folder."""
-    job_publish(sae, "started", sae.mark_running(host_worker=job.worker.name))
     if sae.source == sae.Source.CIRCUIT_TRACER:  # one layer's file of a transcoder set
         path = Path(sae.import_path)
         folder = path.parent
@@ -364,7 +362,6 @@ def run_sae_evaluation(evaluation: SaeEvaluation, job: JobContext) -> None:
     results are merged into the SAE's ``evaluation``."""
     sae = evaluation.sae
     loaded = model_in_this_worker(sae.model_id, evaluation, purpose="an SAE evaluation")
-    job_publish(evaluation, "started", evaluation.mark_running(host_worker=job.worker.name))
     store = open_cache(evaluation.cache, sae.hook_name)
     split = cache_split(store, HOLDOUT_FRACTION)
     module, _ = load_saelens(sae.directory)
@@ -419,9 +416,7 @@ def run_sae_group_training(group: SaeGroup, job: JobContext) -> None:
     members, specs = group_member_configs(group)
     reading = config_from_dict(GroupReading, group.settings)
     total_steps = max(spec.config.total_steps for spec in specs)
-    fields = group.mark_running(
-        host_worker=job.worker.name, total_steps=total_steps, total_tokens=group.total_tokens
-    )
+    group.total_steps = total_steps
     newest = latest_checkpoint(group.checkpoint_directory)
     for index, sae in enumerate(members):
         member_fields = sae.mark_running(
@@ -434,7 +429,7 @@ def run_sae_group_training(group: SaeGroup, job: JobContext) -> None:
             sae.history = curves_until(checkpoint, sae.total_steps)
             member_fields.append("history")
         job_publish(sae, "started", member_fields)
-    job_publish(group, "started", fields, resumed=newest is not None)
+    job_publish(group, "progress", ["total_steps", "total_tokens"], resumed=newest is not None)
 
     hooks = group_hooks(specs)
     widths = {info.name: info.width for info in list_hook_points(loaded.model)}

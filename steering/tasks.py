@@ -11,7 +11,6 @@ from engine.hooks import num_layers
 from engine.patching import logit_lens, patching_grid
 from mistudio.errors import ApplicationError
 from mistudio.job_runner import JobContext, job_task
-from mistudio.jobs import job_publish
 from mistudio.workers import answer_call, worker_task
 from models_app.tasks import model_in_this_worker, model_loaded_here
 from steering.models import SteeringVector
@@ -55,7 +54,6 @@ def run_steering_vector(vector: SteeringVector, job: JobContext) -> None:
     if vector.model_id is None:
         raise ApplicationError("MODEL_NOT_FOUND", "The vector's model is gone.")
     loaded = model_in_this_worker(vector.model_id, vector, purpose="a steering vector")
-    job_publish(vector, "started", vector.mark_running(host_worker=job.worker.name))
     last_only = vector.reduction == SteeringVector.Reduction.LAST
     means = [
         mean_activation(
