@@ -37,6 +37,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
+from engine.hooks import MLP_IN, MLP_OUT
 from engine.inspection.sae_folders import (
     CFG_FILENAME,
     GEMMA_SCOPE_FILENAME,
@@ -47,7 +48,14 @@ from engine.inspection.sae_folders import (
     transformer_lens_hook_name,
 )
 from engine.sae.model import SaeShape, SparseAutoencoder
-from engine.sae_architectures import REGISTRY
+from engine.sae_architectures import (
+    Architecture,
+    MemberKind,
+    architecture_named,
+    circuit_tracer_form,
+    saelens_architecture_name,
+    saelens_member,
+)
 
 SPARSITY_FILENAME = "sparsity.safetensors"
 _TENSORS = ("W_enc", "W_dec", "b_enc", "b_dec")
@@ -108,9 +116,7 @@ def save_saelens(
     if shape.is_transcoder:
         cfg["d_out"] = shape.d_out
         cfg["metadata"]["hook_name_out"] = transformer_lens_hook_name(hook_name_out or "")
-    if architecture == "topk":
-        cfg["k"] = shape.k
-        cfg["rescale_acts_by_decoder_norm"] = False
+    cfg.update(architecture_named(shape.kind.saved_as).saelens_cfg(shape))
     save_file({name: tensor.cpu() for name, tensor in sae.tensors().items()}, folder / WEIGHTS_FILENAME)
     if log_feature_density is not None:
         save_file({"sparsity": log_feature_density.detach().cpu().contiguous()}, folder / SPARSITY_FILENAME)
@@ -118,29 +124,17 @@ def save_saelens(
     return folder
 
 
-# SAELens' transcoder architectures: (inference form, skip path) -> name.
-TRANSCODER_ARCHITECTURES = {
-    ("standard", False): "transcoder",
-    ("standard", True): "skip_transcoder",
-    ("jumprelu", False): "jumprelu_transcoder",
-    ("jumprelu", True): "jumprelu_skip_transcoder",
-}
-
-
 def saved_architecture(shape: SaeShape) -> str:
     """The architecture SAELens loads ``shape`` as (BatchTopK and Matryoshka: the JumpReLU they
     are at inference; a transcoder: SAELens' transcoder class of that form)."""
-    saved = REGISTRY[shape.architecture].saved_as
-    if shape.is_transcoder:
-        return TRANSCODER_ARCHITECTURES.get((saved, shape.skip), saved)
-    return saved
+    return shape.member.saelens_name(architecture_named(shape.kind.saved_as))
 
 
 def save_circuit_tracer(sae: SparseAutoencoder, folder: Path | str, *, layer: int) -> Path:
     """Write transcoder ``sae`` as circuit-tracer's ``layer_{layer}.safetensors`` in ``folder``."""
     shape = sae.shape
-    saved = REGISTRY[shape.architecture].saved_as
-    if not shape.is_transcoder or saved not in ("standard", "jumprelu"):
+    form = architecture_named(shape.kind.saved_as)
+    if not shape.is_transcoder or not form.circuit_tracer_form:
         raise SaeFormatError(
             "UNSUPPORTED_SAE", "circuit-tracer reads ReLU and JumpReLU transcoders (BatchTopK ones included)."
         )
@@ -152,7 +146,7 @@ def save_circuit_tracer(sae: SparseAutoencoder, folder: Path | str, *, layer: in
     }
     if sae.W_skip is not None:
         tensors["W_skip"] = sae.W_skip
-    if saved == "jumprelu":
+    if form.thresholded:
         tensors["activation_function.threshold"] = sae.threshold
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -163,8 +157,8 @@ def save_circuit_tracer(sae: SparseAutoencoder, folder: Path | str, *, layer: in
 
 CIRCUIT_TRACER_CONFIG = "config.yaml"
 # circuit-tracer's names of a per-layer transcoder's input and output (TransformerLens' and its own).
-_CIRCUIT_TRACER_INPUTS = ("mlp.hook_in", "ln2.hook_normalized")
-_CIRCUIT_TRACER_OUTPUTS = ("mlp.hook_out", "hook_mlp_out")
+_CIRCUIT_TRACER_INPUTS = ("mlp.hook_in", MLP_IN)
+_CIRCUIT_TRACER_OUTPUTS = ("mlp.hook_out", MLP_OUT)
 
 
 def save_circuit_tracer_set(
@@ -268,7 +262,7 @@ def load_circuit_tracer_layer(path: Path | str) -> SparseAutoencoder:
         tensors["threshold"] = threshold
     return _from_tensors(
         tensors,
-        architecture="jumprelu" if threshold is not None else "standard",
+        architecture=circuit_tracer_form(thresholded=threshold is not None).name,
         k=None,
         apply_b_dec_to_input=False,
         expected=(None, None),
@@ -290,43 +284,18 @@ def load_saelens(folder: Path | str) -> tuple[SparseAutoencoder, dict[str, Any]]
             f"Not a SAELens folder: {type(error).__name__}.",
             {"expects": [CFG_FILENAME, WEIGHTS_FILENAME]},
         ) from None
-    architecture = cfg.get("architecture", "standard")
-    activation = cfg.get("activation_fn_str") or "relu"
-    k = cfg.get("k") or (cfg.get("activation_fn_kwargs") or {}).get("k")
-    if architecture == "standard" and activation == "topk":  # SAELens 5's TopK
-        architecture = "topk"
-    for key, supported in (("normalize_activations", "none"), ("reshape_activations", "none")):
-        if cfg.get(key, "none") not in (supported, None):
-            raise SaeFormatError(
-                "UNSUPPORTED_SAE",
-                f"{key} = {cfg[key]!r} is not supported (only {supported!r}).",
-                {key: cfg[key]},
-            )
-    rescale = bool(cfg.get("rescale_acts_by_decoder_norm"))
-    transcoder = {name: form for form, name in TRANSCODER_ARCHITECTURES.items()}.get(architecture)
-    if transcoder is not None:
-        architecture = transcoder[0]
-    elif architecture == "topk" and cfg.get("d_out") is not None:  # miStudio's own TopK transcoder
-        transcoder = ("topk", "W_skip" in tensors)
-    if architecture not in ("standard", "topk", "jumprelu") or (rescale and architecture != "topk"):
-        raise SaeFormatError("UNSUPPORTED_SAE", f"Architecture {architecture!r} is not supported.")
+    member, form = _saelens_member(cfg, tensors)
     sae = _from_tensors(
         tensors,
-        architecture=architecture,
-        k=int(k) if architecture == "topk" and k else None,
-        apply_b_dec_to_input=bool(cfg.get("apply_b_dec_to_input", True)) and transcoder is None,
+        architecture=form.name,
+        k=form.k_from_saelens(cfg),
+        apply_b_dec_to_input=bool(cfg.get("apply_b_dec_to_input", True)) and not member.transcoder,
         expected=(cfg.get("d_in"), cfg.get("d_sae")),
-        transcoder=transcoder is not None,
-        skip=bool(transcoder and transcoder[1]),
+        transcoder=member.transcoder,
+        skip=member.skip,
     )
-    if rescale:
-        # SAELens' TopK scales h by the decoder rows' norms and the features by their inverse, as
-        # if the decoder were unit-norm (its inference save folds them already): fold them here.
-        with torch.no_grad():
-            norms = sae.W_dec.norm(dim=1)
-            sae.W_enc.mul_(norms)
-            sae.b_enc.mul_(norms)
-            sae.W_dec.div_(norms[:, None])
+    if cfg.get("rescale_acts_by_decoder_norm"):
+        _fold_decoder_norms(sae)
     metadata = cfg.get("metadata") or {}
     hook_name = metadata.get("hook_name") or cfg.get("hook_name")
     hook_name_out = metadata.get("hook_name_out")
@@ -336,6 +305,35 @@ def load_saelens(folder: Path | str) -> tuple[SparseAutoencoder, dict[str, Any]]
         "model_name": metadata.get("model_name") or cfg.get("model_name"),
         "cfg": cfg,
     }
+
+
+def _saelens_member(cfg: dict[str, Any], tensors: dict[str, torch.Tensor]) -> tuple[MemberKind, Architecture]:
+    """The kind and inference form a SAELens ``cfg.json`` describes, or ``UNSUPPORTED_SAE`` for
+    settings and architectures miStudio does not read."""
+    architecture = saelens_architecture_name(cfg)
+    for key, supported in (("normalize_activations", "none"), ("reshape_activations", "none")):
+        if cfg.get(key, "none") not in (supported, None):
+            raise SaeFormatError(
+                "UNSUPPORTED_SAE",
+                f"{key} = {cfg[key]!r} is not supported (only {supported!r}).",
+                {key: cfg[key]},
+            )
+    found = saelens_member(architecture, has_d_out=cfg.get("d_out") is not None, has_skip="W_skip" in tensors)
+    if found is None:
+        raise SaeFormatError("UNSUPPORTED_SAE", f"Architecture {architecture!r} is not supported.")
+    if cfg.get("rescale_acts_by_decoder_norm") and not found[1].reads_decoder_norm_rescale:
+        raise SaeFormatError("UNSUPPORTED_SAE", f"Architecture {found[1].name!r} is not supported.")
+    return found
+
+
+def _fold_decoder_norms(sae: SparseAutoencoder) -> None:
+    """SAELens' TopK scales h by the decoder rows' norms and the features by their inverse, as if
+    the decoder were unit-norm (its inference save folds them already): fold them here."""
+    with torch.no_grad():
+        norms = sae.W_dec.norm(dim=1)
+        sae.W_enc.mul_(norms)
+        sae.b_enc.mul_(norms)
+        sae.W_dec.div_(norms[:, None])
 
 
 def load_gemma_scope(folder: Path | str) -> SparseAutoencoder:
@@ -367,7 +365,7 @@ def _from_tensors(
 ) -> SparseAutoencoder:
     needed = [
         *_TENSORS,
-        *(["threshold"] if architecture == "jumprelu" else []),
+        *(["threshold"] if architecture_named(architecture).thresholded else []),
         *(["W_skip"] if skip else []),
     ]
     missing = [name for name in needed if name not in tensors]

@@ -2,17 +2,10 @@
 
 Parameters and shapes are SAELens': ``W_enc`` [d_in, d_sae], ``W_dec`` [d_sae, d_in], ``b_enc``
 [d_sae], ``b_dec`` [d_in], and ``threshold`` [d_sae] for JumpReLU. Encoding subtracts ``b_dec``
-from the input first (SAELens' ``apply_b_dec_to_input``, on by default; off for Gemma Scope):
-
-* ``standard``: ``relu(h)``;
-* ``topk``: the ``k`` largest pre-activations of each row, rectified, the rest zero;
-* ``batchtopk``: in training, the ``k * rows`` largest over the whole batch; for inference it is
-  a JumpReLU with one threshold learnt in training (what SAELens saves it as);
-* ``jumprelu``: ``relu(h) * (h > threshold)``, strictly greater;
-* ``matryoshka_batchtopk``: BatchTopK whose nested prefixes of the dictionary (the first
-  ``matryoshka_widths[i]`` features) are each trained to reconstruct on their own (Bussmann et
-  al. 2025, Nabeshima 2024); at inference a JumpReLU like ``batchtopk``;
-
+from the input first (SAELens' ``apply_b_dec_to_input``, on by default; off for Gemma Scope).
+The activation function of ``h`` is the registered architecture's (:mod:`engine.sae_architectures`:
+``standard`` ReLU, ``topk``, ``batchtopk`` and ``matryoshka_batchtopk`` in training and their
+JumpReLU at inference, ``jumprelu``),
 where ``h = (x - b_dec) @ W_enc + b_enc``. Decoding is ``f @ W_dec + b_dec``.
 
 A **transcoder** reads one hook point and predicts another (``d_out`` wide, typically the MLP's
@@ -28,7 +21,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from engine.sae_architectures import ARCHITECTURES, BATCH_WIDE, K_SPARSE, THRESHOLDED
+from engine.sae_architectures import ARCHITECTURES, Architecture, MemberKind, architecture_named, member_kind
+
+__all__ = ["ARCHITECTURES", "SaeShape", "SparseAutoencoder"]
 
 
 @dataclass(frozen=True)
@@ -46,12 +41,18 @@ class SaeShape:
     skip: bool = False
 
     def __post_init__(self) -> None:
-        if self.architecture not in ARCHITECTURES:
-            raise ValueError(f"architecture must be one of {', '.join(ARCHITECTURES)}")
-        if self.architecture in K_SPARSE and not (self.k and 0 < self.k <= self.d_sae):
-            raise ValueError(f"{self.architecture} needs 0 < k <= d_sae")
-        if self.skip and self.d_out is None:
-            raise ValueError("a skip connection needs a transcoder (d_out)")
+        self.kind.check_shape(k=self.k, d_sae=self.d_sae)
+        _ = self.member
+
+    @property
+    def kind(self) -> Architecture:
+        """The registered architecture (ValueError for an unknown name)."""
+        return architecture_named(self.architecture)
+
+    @property
+    def member(self) -> MemberKind:
+        """SAE, transcoder or skip transcoder."""
+        return member_kind(transcoder=self.d_out is not None, skip=self.skip)
 
     @property
     def is_transcoder(self) -> bool:
@@ -73,13 +74,19 @@ class SparseAutoencoder(nn.Module):
         self.W_dec = nn.Parameter(torch.zeros(d_sae, d_out))
         self.b_enc = nn.Parameter(torch.zeros(d_sae))
         self.b_dec = nn.Parameter(torch.zeros(d_out))
-        self.W_skip = nn.Parameter(torch.zeros(d_out, d_in)) if shape.skip else None
+        self.W_skip = (
+            nn.Parameter(torch.zeros(d_out, d_in)) if "W_skip" in shape.member.extra_parameters else None
+        )
         # JumpReLU's threshold; for batchtopk the inference threshold (one value, repeated).
         self.threshold = nn.Parameter(torch.zeros(d_sae), requires_grad=False)
 
     @property
     def architecture(self) -> str:
         return self.shape.architecture
+
+    @property
+    def kind(self) -> Architecture:
+        return self.shape.kind
 
     def pre_activations(self, x: torch.Tensor) -> torch.Tensor:
         sae_in = x.to(self.W_enc.dtype)
@@ -90,17 +97,12 @@ class SparseAutoencoder(nn.Module):
     def activate(self, hidden_pre: torch.Tensor, *, training: bool = False) -> torch.Tensor:
         """The feature activations of pre-activations ``hidden_pre`` [..., d_sae].
 
-        ``training`` matters for batchtopk only: the batch-wide top ``k * rows`` instead of the
-        learnt threshold.
+        ``training``: the training form where it differs (BatchTopK's batch-wide top ``k * rows``
+        instead of the learnt threshold).
         """
-        architecture = self.architecture
-        if architecture == "standard":
-            return hidden_pre.relu()
-        if architecture == "topk":
-            return topk_activations(hidden_pre, self.shape.k)
-        if architecture in BATCH_WIDE and training:
-            return batch_topk_activations(hidden_pre, self.shape.k)
-        return jumprelu(hidden_pre, self.threshold)
+        if training:
+            return self.kind.activate_training(self, hidden_pre)
+        return self.kind.activate(self, hidden_pre)
 
     def encode(self, x: torch.Tensor) -> torch.Tensor:
         return self.activate(self.pre_activations(x))
@@ -129,28 +131,9 @@ class SparseAutoencoder(nn.Module):
 
     def tensors(self) -> dict[str, torch.Tensor]:
         """The parameters as SAELens stores them (``threshold`` only where it means something)."""
-        names = ["W_enc", "W_dec", "b_enc", "b_dec"]
-        if self.architecture in THRESHOLDED:
-            names.append("threshold")
-        if self.W_skip is not None:
-            names.append("W_skip")
+        names = [
+            "W_enc", "W_dec", "b_enc", "b_dec",
+            *(["threshold"] if self.kind.thresholded else []),
+            *self.shape.member.extra_parameters,
+        ]  # fmt: skip
         return {name: getattr(self, name).detach().contiguous() for name in names}
-
-
-def topk_activations(hidden_pre: torch.Tensor, k: int) -> torch.Tensor:
-    """Each row's ``k`` largest pre-activations, rectified; zeros elsewhere (SAELens' TopK)."""
-    values, indices = hidden_pre.topk(k, dim=-1, sorted=False)
-    return torch.zeros_like(hidden_pre).scatter(-1, indices, values.relu())
-
-
-def batch_topk_activations(hidden_pre: torch.Tensor, k: int) -> torch.Tensor:
-    """The ``k * rows`` largest rectified pre-activations over the whole batch; zeros elsewhere."""
-    flat = hidden_pre.relu().reshape(-1)
-    rows = hidden_pre.numel() // hidden_pre.shape[-1]
-    values, indices = flat.topk(min(k * rows, flat.numel()), sorted=False)
-    return torch.zeros_like(flat).scatter(0, indices, values).reshape(hidden_pre.shape)
-
-
-def jumprelu(hidden_pre: torch.Tensor, threshold: torch.Tensor) -> torch.Tensor:
-    """``relu(h) * (h > threshold)``: a feature fires only strictly above its threshold."""
-    return hidden_pre.relu() * (hidden_pre > threshold)

@@ -37,22 +37,17 @@ import torch
 
 from engine.sae.checkpoint import SAE_PARAMETERS, TrainingCheckpoint
 from engine.sae.data import StreamPosition
-from engine.sae.losses import JumpReLUFunction, StepFunction, aux_k_loss
 from engine.sae.model import SaeShape, SparseAutoencoder
 from engine.sae_architectures import (
-    BATCH_WIDE,
     DEFAULT_EXPANSION,
     DEFAULT_LIVE_EXPANSION,
-    K_SPARSE,
     MIN_TOKENS_PER_FEATURE,
-    REGISTRY,
     default_dead_after_steps,
     default_expansion,
     default_k,
     default_live_k,
     default_live_tokens,
     default_total_tokens,
-    matryoshka_widths,
 )
 
 B_DEC_INITS: tuple[str, ...] = ("geometric_median", "mean", "zeros")
@@ -140,7 +135,7 @@ def initialised_sae(shape: SaeShape, config: TrainingConfig, sample: torch.Tenso
         decoder = (torch.rand(shape.d_sae, shape.d_in, generator=generator) * 2 - 1) * bound
         norm = config.decoder_init_norm
         if norm is None:
-            norm = REGISTRY[shape.architecture].decoder_init_norm
+            norm = shape.kind.decoder_init_norm
         if shape.is_transcoder:  # W_dec [d_sae, d_out]: its own draw, the encoder as in SAELens
             decoder = (torch.rand(shape.d_sae, shape.d_out, generator=generator) * 2 - 1) * bound
             encoder = (torch.rand(shape.d_sae, shape.d_in, generator=generator) * 2 - 1) * bound
@@ -154,7 +149,7 @@ def initialised_sae(shape: SaeShape, config: TrainingConfig, sample: torch.Tenso
             sae.b_dec.copy_(sample.float().mean(0))
         elif config.b_dec_init != "zeros":
             raise ValueError(f"b_dec_init must be one of {', '.join(B_DEC_INITS)}")
-        if shape.architecture == "jumprelu":
+        if shape.kind.learns_threshold:
             sae.threshold.fill_(config.jumprelu_init_threshold)
     return sae
 
@@ -197,11 +192,8 @@ class SaeTrainer:
             architecture, d_in, config.d_sae, config.k, apply_b_dec_to_input=d_out is None,
             d_out=d_out, skip=config.skip,
         )  # fmt: skip
-        self.widths = (
-            matryoshka_widths(config.d_sae, config.matryoshka_widths)
-            if architecture == "matryoshka_batchtopk"
-            else ()
-        )
+        self.kind = shape.kind
+        self.widths = self.kind.training_widths(config)
         if resume is None:
             sample = sample.float()
             self.scaling = _scaling(config, sample)
@@ -222,7 +214,7 @@ class SaeTrainer:
         self.sae = sae = sae.to(device)
         self.log_threshold = None
         self.parameters = {name: getattr(sae, name) for name in _trained_parameters(sae)}
-        if architecture == "jumprelu":
+        if self.kind.learns_threshold:
             initial = resume.log_threshold if resume is not None else sae.threshold.detach().log()
             self.log_threshold = torch.nn.Parameter(initial.clone().to(device))
             self.parameters["log_threshold"] = self.log_threshold
@@ -249,58 +241,29 @@ class SaeTrainer:
         """One optimisation step on ``batch`` [rows, d_in] (a transcoder's ``target`` [rows, d_out]
         beside it); returns its metrics (also appended to ``history``)."""
         started = time.perf_counter()
-        config, sae, architecture = self.config, self.sae, self.architecture
+        config, sae, kind = self.config, self.sae, self.kind
         x = batch.to(self.device, non_blocking=True).float() * self.scaling
         y = x if target is None else target.to(self.device, non_blocking=True).float() * self.output_scaling
         for group in self.optimizer.param_groups:
             group["lr"] = lr = _learning_rate(config, self.step_count)
         hidden_pre = sae.pre_activations(x)
         skip = sae.skip_path(x)
-        sparsity = aux = x.new_zeros(())
-        if architecture == "jumprelu":
-            threshold = self.log_threshold.exp()
-            features = JumpReLUFunction.apply(hidden_pre, threshold, config.jumprelu_bandwidth)
-            l0 = StepFunction.apply(hidden_pre, threshold, config.jumprelu_bandwidth).sum(-1)
-            sparsity = config.l0_coefficient * l0.mean()
-        if architecture == "topk":  # k per row: decoded sparsely, never made dense
-            values, indices = hidden_pre.topk(config.k, dim=-1, sorted=False)
-            values = values.relu()
-            recon = sae.decode_sparse(values, indices)
-            active_per_row = (values > 0).sum(-1)
-        else:
-            if architecture != "jumprelu":
-                features = sae.activate(hidden_pre, training=True)
-            recon = sae.decode(features)
-            active_per_row = (features > 0).sum(-1)
-        if skip is not None:
-            recon = recon + skip
+        forward = kind.training_forward(self, hidden_pre)
+        recon = forward.recon if skip is None else forward.recon + skip
         mse = (recon - y).pow(2).sum(-1).mean()
-        reconstruction_loss = mse
-        if self.widths:  # every smaller prefix of the dictionary reconstructs on its own too
-            for width in self.widths[:-1]:
-                prefix = features[:, :width] @ sae.W_dec[:width] + sae.b_dec
-                if skip is not None:
-                    prefix = prefix + skip
-                reconstruction_loss = reconstruction_loss + (prefix - y).pow(2).sum(-1).mean()
+        reconstruction_loss = kind.reconstruction_loss(self, forward, y, skip, mse)
         dead = self.steps_since_fired >= config.dead_after_steps
-        if architecture == "standard":
-            sparsity = config.l1_coefficient * (features * sae.W_dec.norm(dim=1)).sum(-1).mean()
-        elif architecture in K_SPARSE:
-            aux = config.aux_coefficient * aux_k_loss(sae, y, recon, hidden_pre, dead)
+        sparsity = _or_zero(kind.sparsity_loss(self, forward), x)
+        aux = _or_zero(kind.auxiliary_loss(self, y, recon, hidden_pre, dead), x)
         loss = reconstruction_loss + sparsity + aux
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         self.optimizer.step()
 
         with torch.no_grad():
-            if architecture != "standard":
+            if kind.renormalises_decoder:
                 sae.W_dec.div_(sae.W_dec.norm(dim=1, keepdim=True).clamp(min=1e-8))
-            if architecture == "topk":
-                fired = torch.zeros_like(self.steps_since_fired, dtype=torch.bool).index_fill_(
-                    0, indices[values > 0], True
-                )
-            else:
-                fired = (features > 0).any(0)
+            fired = kind.fired(forward, self.steps_since_fired)
             self.steps_since_fired = torch.where(fired, 0, self.steps_since_fired + 1)
             total_variance = float((y - y.mean(0)).pow(2).sum())
             residual = float((y - recon).pow(2).sum())
@@ -313,7 +276,7 @@ class SaeTrainer:
             mse=float(mse.detach()),
             sparsity_loss=float(sparsity.detach()),
             aux_loss=float(aux.detach()),
-            l0=float(active_per_row.float().mean()),
+            l0=float(forward.active_per_row.float().mean()),
             explained_variance=1 - residual / total_variance if total_variance > 0 else 0.0,
             dead=int((self.steps_since_fired >= config.dead_after_steps).sum()),
             lr=lr,
@@ -361,11 +324,7 @@ class SaeTrainer:
         scaling folded in."""
         sae = self.sae
         with torch.no_grad():
-            if self.log_threshold is not None:
-                sae.threshold.copy_(self.log_threshold.exp())
-            if self.architecture in BATCH_WIDE:
-                scaled = sample.to(self.device).float() * self.scaling
-                sae.threshold.fill_(batch_topk_threshold(sae, scaled, self.config.k))
+            self.kind.finish_training(self, sample)
             fold_scaling(sae, self.scaling, self.output_scaling)
         return TrainedSae(
             sae=sae.cpu(),
@@ -375,6 +334,11 @@ class SaeTrainer:
             history=self.history,
             output_scaling_factor=self.output_scaling,
         )
+
+
+def _or_zero(loss: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
+    """``loss``, or a zero scalar for an architecture without one (kept in the sum and metrics)."""
+    return like.new_zeros(()) if loss is None else loss
 
 
 def _scaling(config: TrainingConfig, sample: torch.Tensor) -> float:

@@ -1,64 +1,9 @@
-"""SAE architectures, named once: what each is called, what sparsity parameter it takes, how it
-is saved for inference, and the training defaults a researcher would pick.
-
-Torch-free, so that the web process validates a request and the pages describe an architecture
-without importing torch; ``engine.sae`` holds the maths.
-"""
+"""The training defaults a researcher would pick when a request does not say: sizes, k, tokens,
+the dead-feature window and Matryoshka's nested widths. Torch-free (the web fills requests in)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-
-@dataclass(frozen=True)
-class Architecture:
-    name: str
-    label: str
-    # Keeps k features per row (topk) or per row on average over a batch (the batch-wide ones).
-    k_sparse: bool = False
-    batch_wide: bool = False
-    # Its inference form has a per-feature threshold (a JumpReLU).
-    thresholded: bool = False
-    # The training config key of its sparsity penalty and the default coefficient (None: k).
-    penalty: str | None = None
-    default_penalty: float | None = None
-    # Decoder rows' norm at initialisation (SAELens': 0.1 for the k-sparse ones, see TrainingConfig).
-    decoder_init_norm: float = 1.0
-    # [batch, d_sae] float32 tensors alive at once in one training step, measured on the CPU.
-    step_tensors: int = 6
-    # The architecture SAELens loads it as (inference form).
-    saved_as: str = ""
-
-
-REGISTRY: dict[str, Architecture] = {
-    architecture.name: architecture
-    for architecture in (
-        Architecture("topk", "TopK", k_sparse=True, decoder_init_norm=0.1, step_tensors=4, saved_as="topk"),
-        Architecture(
-            "batchtopk", "BatchTopK", k_sparse=True, batch_wide=True, thresholded=True,
-            decoder_init_norm=0.1, step_tensors=9, saved_as="jumprelu",
-        ),
-        Architecture(
-            "matryoshka_batchtopk", "Matryoshka BatchTopK", k_sparse=True, batch_wide=True,
-            thresholded=True, decoder_init_norm=0.1, step_tensors=10, saved_as="jumprelu",
-        ),
-        Architecture(
-            "jumprelu", "JumpReLU", thresholded=True, penalty="l0_coefficient", default_penalty=1.0,
-            step_tensors=9, saved_as="jumprelu",
-        ),
-        Architecture(
-            "standard", "Standard (ReLU + L1)", penalty="l1_coefficient", default_penalty=5.0,
-            step_tensors=6, saved_as="standard",
-        ),
-    )
-}  # fmt: skip
-ARCHITECTURES: tuple[str, ...] = tuple(REGISTRY)
-K_SPARSE: tuple[str, ...] = tuple(name for name, arch in REGISTRY.items() if arch.k_sparse)
-BATCH_WIDE: tuple[str, ...] = tuple(name for name, arch in REGISTRY.items() if arch.batch_wide)
-THRESHOLDED: tuple[str, ...] = tuple(name for name, arch in REGISTRY.items() if arch.thresholded)
-PENALIZED: dict[str, str] = {name: arch.penalty for name, arch in REGISTRY.items() if arch.penalty}
-
-# What a researcher picks today (issue 27): TopK, 16x, k 64 on a research-scale model.
+# What a researcher picks today: TopK, 16x, k 64 on a research-scale model.
 DEFAULT_ARCHITECTURE = "topk"
 
 
@@ -90,7 +35,7 @@ def default_expansion(d_in: int, training_tokens: int) -> int:
     return expansion
 
 
-# Training from the model (issue 27): what a researcher picks at research scale. 16x and k = d_in/12
+# Training from the model: what a researcher picks at research scale. 16x and k = d_in/12
 # (64 for GPT-2 small's 768, 128 at most; 16 at least); enough tokens that each feature sees
 # LIVE_TOKENS_PER_FEATURE of them (GPT-2 small 16x: 49M tokens), within the bounds below.
 DEFAULT_LIVE_EXPANSION = 16
