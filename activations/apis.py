@@ -11,6 +11,14 @@ from rest_framework.views import APIView
 
 from activations import selectors, services
 from activations.models import ActivationCache, Dataset, ExtractionJob
+from activations.serializers import (
+    CacheSliceOutputSerializer,
+    CacheStatsOutputSerializer,
+    CacheTopKOutputSerializer,
+    DatasetSamplesOutputSerializer,
+    HookPointsOutputSerializer,
+    TokenizeOutputSerializer,
+)
 from engine.datasets import FORMATS as DATASET_FORMATS
 from mistudio.api_inputs import ARRAY_INDEX_MAX, DATABASE_INT_MAX
 from mistudio.errors import ApplicationError
@@ -158,7 +166,7 @@ class DatasetSamplesApi(APIView):
         offset = serializers.IntegerField(min_value=0, max_value=DATABASE_INT_MAX, default=0)
         limit = serializers.IntegerField(min_value=1, max_value=100, default=20)
 
-    @extend_schema(parameters=[FilterSerializer], responses={200: dict})
+    @extend_schema(parameters=[FilterSerializer], responses={200: DatasetSamplesOutputSerializer})
     def get(self, request, dataset_id: str):
         dataset = selectors.dataset_get(user=request.user, dataset_id=dataset_id)
         page = self.FilterSerializer(data=request.query_params)
@@ -175,7 +183,7 @@ class HookPointsApi(APIView):
 
     permission_classes = [CanRead]
 
-    @extend_schema(responses={200: dict})
+    @extend_schema(responses={200: HookPointsOutputSerializer})
     def get(self, request, model_id: str):
         model = model_get(user=request.user, model_id=model_id)
         return Response(selectors.hook_points(model))
@@ -199,7 +207,7 @@ class TokenizeApi(APIView):
             default=True, help_text="Add them as a prompt gets them (false: as an answer token is read)"
         )
 
-    @extend_schema(request=InputSerializer, responses={200: dict})
+    @extend_schema(request=InputSerializer, responses={200: TokenizeOutputSerializer})
     def post(self, request, model_id: str):
         model = model_get(user=request.user, model_id=model_id)
         data = self.InputSerializer(data=request.data)
@@ -430,7 +438,13 @@ class CacheSliceApi(APIView):
         # Not "format": DRF reserves that query parameter for choosing a renderer.
         output = serializers.ChoiceField(choices=selectors.SLICE_OUTPUTS, default="json")
 
-    @extend_schema(parameters=[QuerySerializer], responses={200: dict})
+    @extend_schema(
+        parameters=[QuerySerializer],
+        responses={
+            (200, "application/json"): CacheSliceOutputSerializer,
+            (200, "application/octet-stream"): bytes,
+        },
+    )
     def get(self, request, cache_id: str):
         cache = selectors.completed_cache(user=request.user, cache_id=cache_id)
         query = self.QuerySerializer(data=request.query_params)
@@ -464,7 +478,7 @@ class CacheStatsApi(APIView):
 
     permission_classes = [CanRead]
 
-    @extend_schema(responses={200: dict})
+    @extend_schema(responses={200: CacheStatsOutputSerializer})
     def get(self, request, cache_id: str):
         cache = selectors.completed_cache(user=request.user, cache_id=cache_id)
         services.cache_touch(cache)
@@ -482,7 +496,7 @@ class CacheTopKApi(APIView):
         k = serializers.IntegerField(min_value=1, max_value=200, default=20)
         context = serializers.IntegerField(min_value=0, max_value=64, default=8)
 
-    @extend_schema(parameters=[QuerySerializer], responses={200: dict})
+    @extend_schema(parameters=[QuerySerializer], responses={200: CacheTopKOutputSerializer})
     def get(self, request, cache_id: str):
         cache = selectors.completed_cache(user=request.user, cache_id=cache_id)
         query = self.QuerySerializer(data=request.query_params)

@@ -8,7 +8,13 @@ from rest_framework.views import APIView
 
 from circuits import selectors, services
 from circuits.models import AttributionGraph
-from circuits.serializers import graph_state
+from circuits.serializers import (
+    GraphListOutputSerializer,
+    GraphOutputSerializer,
+    GraphViewOutputSerializer,
+    InterventionResultOutputSerializer,
+    graph_state,
+)
 from generation.services import generation_model
 from mistudio.errors import ApplicationError
 from mistudio.job_apis import JobApi
@@ -45,7 +51,11 @@ class GraphListApi(APIView):
         name = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")
         shared = serializers.BooleanField(default=False)
 
-    @extend_schema(operation_id="api_graphs_list", parameters=[FilterSerializer], responses={200: dict})
+    @extend_schema(
+        operation_id="api_graphs_list",
+        parameters=[FilterSerializer],
+        responses={200: GraphListOutputSerializer},
+    )
     def get(self, request):
         filters = self.FilterSerializer(data=request.query_params)
         filters.is_valid(raise_exception=True)
@@ -53,7 +63,7 @@ class GraphListApi(APIView):
         rows = [graph_state(row, viewer=request.user) for row in graphs[:500]]
         return Response({"graphs": rows, "total": graphs.count()})
 
-    @extend_schema(request=InputSerializer, responses={202: dict})
+    @extend_schema(request=InputSerializer, responses={202: GraphOutputSerializer})
     def post(self, request):
         graph = graph_from_body(request.user, request.data)
         return Response(graph_state(graph, viewer=request.user), status=status.HTTP_202_ACCEPTED)
@@ -121,7 +131,7 @@ class GraphNodesApi(APIView):
     permission_classes = [CanRead]
     throttle_classes = [GraphViewThrottle]
 
-    @extend_schema(parameters=[ThresholdSerializer], responses={200: dict})
+    @extend_schema(parameters=[ThresholdSerializer], responses={200: GraphViewOutputSerializer})
     def get(self, request, graph_id: str):
         return _graph_view(request, graph_id, export=False)[1]
 
@@ -132,7 +142,7 @@ class GraphExportApi(APIView):
     permission_classes = [CanRead]
     throttle_classes = [GraphViewThrottle]
 
-    @extend_schema(parameters=[ThresholdSerializer], responses={200: bytes})
+    @extend_schema(parameters=[ThresholdSerializer], responses={200: GraphViewOutputSerializer})
     def get(self, request, graph_id: str):
         graph, response = _graph_view(request, graph_id, export=True)
         response["Content-Disposition"] = f'attachment; filename="{graph.id}.json"'
@@ -151,7 +161,7 @@ class GraphInterveneApi(APIView):
         )
         top = serializers.IntegerField(min_value=1, max_value=50, default=10)
 
-    @extend_schema(request=InputSerializer, responses={200: dict})
+    @extend_schema(request=InputSerializer, responses={200: InterventionResultOutputSerializer})
     def post(self, request, graph_id: str):
         graph = selectors.graph_get(user=request.user, graph_id=graph_id)
         data = self.InputSerializer(data=request.data)

@@ -6,7 +6,7 @@ from rest_framework import serializers
 
 from circuits.models import AttributionGraph
 from mistudio.access import AUDIENCE, linked_id
-from mistudio.serializers import JobOutputSerializer
+from mistudio.serializers import JobOutputSerializer, OutputSerializer
 from saes.models import SparseAutoencoder
 
 
@@ -70,3 +70,37 @@ class GraphOutputSerializer(JobOutputSerializer):
     edge_threshold = serializers.FloatField()
     eta_seconds = serializers.FloatField(allow_null=True)
     memory_estimate_bytes = serializers.IntegerField()
+
+
+class GraphListOutputSerializer(OutputSerializer):
+    """``GET /api/graphs``: the newest 500 and how many there are."""
+
+    graphs = GraphOutputSerializer(many=True)
+    total = serializers.IntegerField()
+
+
+class GraphViewOutputSerializer(OutputSerializer):
+    """A graph pruned at thresholds, in Neuronpedia's graph JSON (``engine.attribution.neuronpedia``);
+    ``mistudio`` (not in an export) adds the viewer's transcoder ids and the view's thresholds."""
+
+    metadata = serializers.DictField()
+    qParams = serializers.DictField()  # Neuronpedia's name
+    nodes = serializers.ListField(child=serializers.DictField())
+    links = serializers.ListField(child=serializers.DictField())
+    mistudio = serializers.DictField(required=False)
+
+
+class LogitOutputSerializer(OutputSerializer):
+    token_id = serializers.IntegerField()
+    token = serializers.CharField(allow_blank=True)
+    probability = serializers.FloatField()
+    logit = serializers.FloatField()
+
+
+class InterventionResultOutputSerializer(OutputSerializer):
+    """``POST /api/graphs/{id}/intervene``: the interventions with the values they replaced, and the
+    top next-token logits before and after."""
+
+    interventions = serializers.ListField(child=serializers.DictField())
+    before = LogitOutputSerializer(many=True)
+    after = LogitOutputSerializer(many=True)

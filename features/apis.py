@@ -8,7 +8,18 @@ from rest_framework.views import APIView
 from activations.selectors import completed_cache
 from features import exports, selectors, services
 from features.search import feature_search
-from features.serializers import analysis_state, label_state
+from features.serializers import (
+    AnalysisListOutputSerializer,
+    AnalysisOutputSerializer,
+    EncodeOutputSerializer,
+    FeatureDetailOutputSerializer,
+    FeatureExportOutputSerializer,
+    FeaturePageOutputSerializer,
+    LabelChangeOutputSerializer,
+    SearchOutputSerializer,
+    analysis_state,
+    label_state,
+)
 from mistudio.job_apis import JobApi
 from mistudio.permissions import CanRead, CanWrite
 from mistudio.serializers import StrictSerializer
@@ -26,7 +37,7 @@ class AnalysisListApi(APIView):
         cache_id = serializers.CharField(max_length=64, required=False)
         shared = serializers.BooleanField(required=False)
 
-    @extend_schema(operation_id="api_saes_analyses_list", responses={200: dict})
+    @extend_schema(operation_id="api_saes_analyses_list", responses={200: AnalysisListOutputSerializer})
     def get(self, request, sae_id: str):
         sae = sae_get(user=request.user, sae_id=sae_id)
         analyses = selectors.analysis_list(user=request.user, sae=sae)
@@ -37,7 +48,7 @@ class AnalysisListApi(APIView):
             }
         )
 
-    @extend_schema(request=InputSerializer, responses={202: dict})
+    @extend_schema(request=InputSerializer, responses={202: AnalysisOutputSerializer})
     def post(self, request, sae_id: str):
         sae = completed_sae(user=request.user, sae_id=sae_id)
         data = self.InputSerializer(data=request.data)
@@ -89,7 +100,9 @@ class FeatureListApi(APIView):
         page_size = serializers.IntegerField(min_value=1, max_value=500, default=50)
 
     @extend_schema(
-        operation_id="api_saes_features_list", parameters=[FilterSerializer], responses={200: dict}
+        operation_id="api_saes_features_list",
+        parameters=[FilterSerializer],
+        responses={200: FeaturePageOutputSerializer},
     )
     def get(self, request, sae_id: str):
         sae = sae_get(user=request.user, sae_id=sae_id)
@@ -120,7 +133,7 @@ class FeatureDetailApi(APIView):
         notes = serializers.CharField(max_length=10_000, required=False, allow_blank=True)
         shared = serializers.BooleanField(required=False)
 
-    @extend_schema(parameters=[QuerySerializer], responses={200: dict})
+    @extend_schema(parameters=[QuerySerializer], responses={200: FeatureDetailOutputSerializer})
     def get(self, request, sae_id: str, index: int):
         sae = sae_get(user=request.user, sae_id=sae_id)
         query = self.QuerySerializer(data=request.query_params)
@@ -130,7 +143,7 @@ class FeatureDetailApi(APIView):
         )
         return Response(selectors.feature_detail(user=request.user, sae=sae, analysis=analysis, index=index))
 
-    @extend_schema(request=LabelSerializer, responses={200: dict})
+    @extend_schema(request=LabelSerializer, responses={200: LabelChangeOutputSerializer})
     def patch(self, request, sae_id: str, index: int):
         sae = sae_get(user=request.user, sae_id=sae_id)
         data = self.LabelSerializer(data=request.data)
@@ -149,7 +162,7 @@ class FeatureEncodeApi(APIView):
         text = serializers.CharField(max_length=services.MAX_ENCODE_CHARS, trim_whitespace=False)
         top = serializers.IntegerField(min_value=1, max_value=100, default=10)
 
-    @extend_schema(request=InputSerializer, responses={200: dict})
+    @extend_schema(request=InputSerializer, responses={200: EncodeOutputSerializer})
     def post(self, request, sae_id: str):
         sae = sae_get(user=request.user, sae_id=sae_id)
         data = self.InputSerializer(data=request.data)
@@ -163,7 +176,10 @@ class FeatureExportApi(APIView):
 
     permission_classes = [CanRead]
 
-    @extend_schema(parameters=[FeatureDetailApi.QuerySerializer], responses={(200, "application/json"): dict})
+    @extend_schema(
+        parameters=[FeatureDetailApi.QuerySerializer],
+        responses={(200, "application/json"): FeatureExportOutputSerializer},
+    )
     def get(self, request, sae_id: str):
         sae = sae_get(user=request.user, sae_id=sae_id)
         query = FeatureDetailApi.QuerySerializer(data=request.query_params)
@@ -191,7 +207,9 @@ class FeatureSearchApi(APIView):
         k = serializers.IntegerField(min_value=1, max_value=200, default=20)
 
     @extend_schema(
-        operation_id="api_saes_features_search", parameters=[QuerySerializer], responses={200: dict}
+        operation_id="api_saes_features_search",
+        parameters=[QuerySerializer],
+        responses={200: SearchOutputSerializer},
     )
     def get(self, request, sae_id: str):
         sae = sae_get(user=request.user, sae_id=sae_id)

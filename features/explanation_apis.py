@@ -10,7 +10,17 @@ from engine.autointerp.pipeline import OPTION_BOUNDS
 from engine.autointerp.prompts import PROMPT_VERSION
 from engine.autointerp.scoring import prompt_templates, scorer_names
 from features import explanation_selectors, explanations, selectors
-from features.serializers import explanation_job_state, explanation_state, label_state
+from features.serializers import (
+    ExplainersOutputSerializer,
+    ExplanationDryRunOutputSerializer,
+    ExplanationJobListOutputSerializer,
+    ExplanationJobOutputSerializer,
+    ExplanationPageOutputSerializer,
+    LabelChangeOutputSerializer,
+    explanation_job_state,
+    explanation_state,
+    label_state,
+)
 from mistudio.job_apis import JobApi
 from mistudio.permissions import CanRead, CanWrite
 from mistudio.serializers import StrictSerializer
@@ -24,7 +34,7 @@ class ExplainerListApi(APIView):
 
     permission_classes = [CanRead]
 
-    @extend_schema(responses={200: dict})
+    @extend_schema(responses={200: ExplainersOutputSerializer})
     def get(self, request):
         return Response(
             {
@@ -84,7 +94,9 @@ class ExplanationJobListApi(APIView):
         shared = serializers.BooleanField(default=False)
         dry_run = serializers.BooleanField(default=False)
 
-    @extend_schema(operation_id="api_saes_explanations_list", responses={200: dict})
+    @extend_schema(
+        operation_id="api_saes_explanations_list", responses={200: ExplanationJobListOutputSerializer}
+    )
     def get(self, request, sae_id: str):
         sae = sae_get(user=request.user, sae_id=sae_id)
         rows = explanation_selectors.explanation_job_list(user=request.user).filter(analysis__sae=sae)
@@ -95,7 +107,10 @@ class ExplanationJobListApi(APIView):
             }
         )
 
-    @extend_schema(request=InputSerializer, responses={202: dict, 200: dict})
+    @extend_schema(
+        request=InputSerializer,
+        responses={202: ExplanationJobOutputSerializer, 200: ExplanationDryRunOutputSerializer},
+    )
     def post(self, request, sae_id: str):
         sae = sae_get(user=request.user, sae_id=sae_id)
         data = self.InputSerializer(data=request.data)
@@ -151,7 +166,7 @@ class ExplanationResultsApi(APIView):
         page_size = serializers.IntegerField(min_value=1, max_value=MAX_PAGE_SIZE, default=100)
         prompt = serializers.BooleanField(default=False)
 
-    @extend_schema(parameters=[QuerySerializer], responses={200: dict})
+    @extend_schema(parameters=[QuerySerializer], responses={200: ExplanationPageOutputSerializer})
     def get(self, request, sae_id: str, job_id: str):
         job = explanation_job_find(user=request.user, sae_id=sae_id, job_id=job_id)
         query = self.QuerySerializer(data=request.query_params)
@@ -180,7 +195,7 @@ class ExplanationAcceptApi(APIView):
     class InputSerializer(StrictSerializer):
         text = serializers.CharField(max_length=200, required=False, allow_blank=True)
 
-    @extend_schema(request=InputSerializer, responses={200: dict})
+    @extend_schema(request=InputSerializer, responses={200: LabelChangeOutputSerializer})
     def post(self, request, sae_id: str, index: int, explanation_id: int):
         sae = sae_get(user=request.user, sae_id=sae_id)
         explanation = explanation_selectors.explanation_get(

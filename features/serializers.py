@@ -203,3 +203,169 @@ class ExplanationOutputSerializer(OutputSerializer):
     error_message = serializers.CharField(allow_blank=True)
     created_at = serializers.DateTimeField(allow_null=True)
     prompt = serializers.ListField(child=serializers.DictField(), required=False)
+
+
+class AnalysisListOutputSerializer(OutputSerializer):
+    """``GET /api/saes/{id}/analyses``: the newest 200 and how many there are."""
+
+    analyses = AnalysisOutputSerializer(many=True)
+    total = serializers.IntegerField()
+
+
+class BestExplanationOutputSerializer(OutputSerializer):
+    """A feature's best-scored explanation the caller may see, as the feature list shows it."""
+
+    id = serializers.IntegerField()
+    text = serializers.CharField(allow_blank=True)
+    score = serializers.FloatField(allow_null=True)
+    explainer_model = serializers.CharField(allow_blank=True)
+
+
+class FeatureRowOutputSerializer(FeatureSummaryOutputSerializer):
+    explanation = BestExplanationOutputSerializer(allow_null=True)
+
+
+class FeaturePageOutputSerializer(OutputSerializer):
+    """``features.selectors.feature_page``."""
+
+    analysis_id = serializers.CharField()
+    total = serializers.IntegerField()
+    page = serializers.IntegerField()
+    page_size = serializers.IntegerField()
+    features = FeatureRowOutputSerializer(many=True)
+
+
+class HistogramOutputSerializer(OutputSerializer):
+    counts = serializers.ListField(child=serializers.IntegerField())
+    edges = serializers.ListField(child=serializers.FloatField())
+
+
+class FeatureLabelOutputSerializer(LabelOutputSerializer):
+    mine = serializers.BooleanField()
+
+
+class FeatureDetailOutputSerializer(FeatureSummaryOutputSerializer):
+    """A feature's dashboard (``features.selectors.Dashboards.detail``)."""
+
+    sae_id = serializers.CharField()
+    analysis_id = serializers.CharField()
+    nonzero_count = serializers.IntegerField()
+    tokens = serializers.IntegerField(help_text="The tokens the analysis read")
+    histogram = HistogramOutputSerializer()
+    top_examples = serializers.ListField(child=serializers.DictField())
+    interval_examples = serializers.ListField(child=serializers.DictField())
+    logit_effects = serializers.DictField(allow_null=True)
+    similar = serializers.ListField(child=serializers.DictField())
+    labels = FeatureLabelOutputSerializer(many=True)
+    explanations = ExplanationOutputSerializer(many=True)
+
+
+class LabelChangeOutputSerializer(OutputSerializer):
+    """A feature's label after a change (null once cleared)."""
+
+    index = serializers.IntegerField()
+    label = LabelOutputSerializer(allow_null=True)
+
+
+class EncodedFeatureOutputSerializer(OutputSerializer):
+    index = serializers.IntegerField()
+    value = serializers.FloatField()
+
+
+class FeatureNamesOutputSerializer(OutputSerializer):
+    auto_label = serializers.CharField(allow_blank=True)
+    label = serializers.CharField(allow_blank=True)
+
+
+class EncodeOutputSerializer(OutputSerializer):
+    """A text's features (``features.selectors.with_feature_names``)."""
+
+    token_ids = serializers.ListField(child=serializers.IntegerField())
+    tokens = serializers.ListField(child=serializers.CharField(allow_blank=True))
+    per_token = serializers.ListField(child=EncodedFeatureOutputSerializer(many=True))
+    overall = serializers.ListField(child=serializers.DictField())
+    analysis_id = serializers.CharField(allow_null=True)
+    features = serializers.DictField(child=FeatureNamesOutputSerializer())
+
+
+class SearchResultOutputSerializer(OutputSerializer):
+    index = serializers.IntegerField()
+    cosine = serializers.FloatField()
+    source = serializers.CharField(help_text="explanation or label")
+    text = serializers.CharField(allow_blank=True)
+    explanation_id = serializers.IntegerField(allow_null=True)
+    score = serializers.FloatField(allow_null=True)
+    explainer_model = serializers.CharField(allow_null=True)
+    auto_label = serializers.CharField(allow_blank=True)
+    density = serializers.FloatField(allow_null=True)
+
+
+class SearchOutputSerializer(OutputSerializer):
+    """``features.search.feature_search``."""
+
+    analysis_id = serializers.CharField()
+    query = serializers.CharField(allow_blank=True)
+    results = SearchResultOutputSerializer(many=True)
+
+
+class ExplainerEndpointOutputSerializer(OutputSerializer):
+    name = serializers.CharField()
+    url = serializers.CharField()
+    kind = serializers.CharField(help_text="local or external")
+    has_key = serializers.BooleanField()
+    context_tokens = serializers.IntegerField(required=False)
+
+
+class ExplainersOutputSerializer(OutputSerializer):
+    """``GET /api/explainers``: the endpoints a job may use and the prompts it sends."""
+
+    endpoints = ExplainerEndpointOutputSerializer(many=True)
+    prompt_version = serializers.CharField()
+    templates = serializers.DictField(child=serializers.CharField())
+
+
+class ExplanationJobListOutputSerializer(OutputSerializer):
+    jobs = ExplanationJobOutputSerializer(many=True)
+    total = serializers.IntegerField()
+
+
+class RefusalOutputSerializer(OutputSerializer):
+    status = serializers.IntegerField()
+    code = serializers.CharField()
+    message = serializers.CharField()
+    details = serializers.JSONField(allow_null=True)
+
+
+class ExplanationDryRunOutputSerializer(OutputSerializer):
+    """A dry run's answer: what the job would cost, and whether it would be refused."""
+
+    estimate = serializers.DictField()
+    limits = serializers.DictField()
+    refusal = RefusalOutputSerializer(allow_null=True)
+    indices = serializers.ListField(child=serializers.IntegerField())
+    config = serializers.DictField()
+    prompt_version = serializers.CharField()
+
+
+class ExplanationPageOutputSerializer(OutputSerializer):
+    """``GET /api/saes/{id}/explanations/{job}/results``: a page of a job's explanations."""
+
+    job_id = serializers.CharField()
+    total = serializers.IntegerField()
+    page = serializers.IntegerField()
+    page_size = serializers.IntegerField()
+    explanations = ExplanationOutputSerializer(many=True)
+
+
+class FeatureExportOutputSerializer(OutputSerializer):
+    """``features.exports.analysis_export_stream``: every feature in Neuronpedia-like fields."""
+
+    schema = serializers.CharField()
+    model_id = serializers.CharField(allow_blank=True, help_text="The model as the SAE's config names it")
+    sae_id = serializers.CharField()
+    hook_name = serializers.CharField()
+    d_sae = serializers.IntegerField()
+    analysis_id = serializers.CharField()
+    cache_id = serializers.CharField(allow_null=True)
+    tokens = serializers.IntegerField()
+    features = serializers.ListField(child=serializers.DictField())

@@ -23,7 +23,12 @@ from rest_framework.views import APIView
 
 from generation.models import Generation
 from generation.selectors import generation_get, generation_list, generation_state
-from generation.serializers import GenerateInputSerializer, SweepInputSerializer
+from generation.serializers import (
+    GenerateInputSerializer,
+    GenerationListOutputSerializer,
+    GenerationOutputSerializer,
+    SweepInputSerializer,
+)
 from generation.services import (
     generation_cancel,
     generation_check,
@@ -359,7 +364,7 @@ class GenerationListApi(APIView):
 
     permission_classes = [CanRead]
 
-    @extend_schema(responses={200: dict}, operation_id="api_generations_list")
+    @extend_schema(responses={200: GenerationListOutputSerializer}, operation_id="api_generations_list")
     def get(self, request):
         rows = generation_list(user=request.user)[:200]
         return Response({"results": [generation_state(row, whole=False) for row in rows]})

@@ -196,3 +196,9 @@ class GenerationSummaryOutputSerializer(GenerationRowOutputSerializer):
 
     prompt_preview = serializers.CharField(allow_blank=True)
     output_preview = serializers.CharField(allow_blank=True)
+
+
+class GenerationListOutputSerializer(OutputSerializer):
+    """``GET /api/generations``: the caller's newest 200, as the list shows them."""
+
+    results = GenerationSummaryOutputSerializer(many=True)

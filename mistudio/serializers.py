@@ -50,3 +50,32 @@ class JobOutputSerializer(OutputSerializer):
     created_at = serializers.DateTimeField(allow_null=True)
     started_at = serializers.DateTimeField(allow_null=True)
     finished_at = serializers.DateTimeField(allow_null=True)
+
+
+# The collections ``GET /api/`` links to, by URL name (``mistudio.urls.api_root``).
+API_ROOT_LINKS = (
+    "model-list",
+    "dataset-list",
+    "extraction-list",
+    "cache-list",
+    "sae-list",
+    "worker-list",
+    "schema",
+)
+
+
+class ApiRootOutputSerializer(OutputSerializer):
+    """``GET /api/``: the versions, a link to each collection (keyed by URL name) and the kinds of job."""
+
+    version = serializers.CharField()
+    api_version = serializers.IntegerField()
+    jobs = serializers.DictField(
+        child=serializers.DictField(child=serializers.CharField()),
+        required=False,
+        help_text="Per kind of job: its id prefix, detail and cancel paths, and the id's parameter",
+    )
+
+    def get_fields(self):
+        fields = super().get_fields()
+        fields.update({name: serializers.URLField(read_only=True) for name in API_ROOT_LINKS})
+        return fields

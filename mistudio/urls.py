@@ -15,12 +15,13 @@ from mistudio.health import healthz
 from mistudio.job_apis import job_kinds_index
 from mistudio.metrics import metrics
 from mistudio.permissions import CanRead
+from mistudio.serializers import ApiRootOutputSerializer
 
 # The REST API's version: a client refuses a server of another one (mistudio-client checks it first).
 API_VERSION = 1
 
 
-@extend_schema(responses={200: dict})
+@extend_schema(responses={200: ApiRootOutputSerializer})
 @api_view(["GET"])
 @permission_classes([CanRead])
 def api_root(request, format=None):

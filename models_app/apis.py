@@ -11,6 +11,7 @@ from mistudio.serializers import StrictSerializer
 from mistudio.throttling import ModelLoadThrottle, ModelRegisterThrottle
 from models_app import selectors, services
 from models_app.models import LanguageModel
+from models_app.serializers import MemoryReportOutputSerializer, WorkerOverviewOutputSerializer
 
 MAX_KEEP_ALIVE_SECONDS = 30 * 24 * 3600
 
@@ -189,7 +190,7 @@ class ModelCancelLoadApi(APIView):
 class ModelMemoryEstimateApi(APIView):
     permission_classes = [CanRead]
 
-    @extend_schema(responses={200: dict})
+    @extend_schema(responses={200: MemoryReportOutputSerializer})
     def get(self, request, model_id: str):
         model = selectors.model_get(user=request.user, model_id=model_id)
         return Response(selectors.model_memory_report(model))
@@ -201,6 +202,6 @@ class WorkerListApi(APIView):
 
     permission_classes = [CanRead]
 
-    @extend_schema(responses={200: dict})
+    @extend_schema(responses={200: WorkerOverviewOutputSerializer})
     def get(self, request):
         return Response(selectors.worker_overview(user=request.user))

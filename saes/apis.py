@@ -1,6 +1,6 @@
 """REST API for sparse autoencoders: thin views over selectors and services."""
 
-from drf_spectacular.utils import extend_schema, inline_serializer
+from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
 from rest_framework.parsers import MultiPartParser
 from rest_framework.response import Response
@@ -15,7 +15,13 @@ from models_app.selectors import model_get
 from saes import groups, selectors, services
 from saes.models import ARCHITECTURES, SparseAutoencoder
 from saes.serializers import (
+    SaeEvaluationStartedOutputSerializer,
+    SaeGroupListOutputSerializer,
+    SaeGroupOutputSerializer,
+    SaeListOutputSerializer,
+    SaeOutputSerializer,
     TranscoderSerializer,
+    TranscoderSetOutputSerializer,
     VariantSerializer,
     group_request,
     sae_group_state,
@@ -58,9 +64,7 @@ class SaeListApi(APIView):
     @extend_schema(
         operation_id="api_saes_list",
         parameters=[FilterSerializer],
-        responses=inline_serializer(
-            "SaeList", {"saes": serializers.ListField(), "total": serializers.IntegerField()}
-        ),
+        responses=SaeListOutputSerializer,
     )
     def get(self, request):
         filters = self.FilterSerializer(data=request.query_params)
@@ -73,7 +77,7 @@ class SaeListApi(APIView):
             }
         )
 
-    @extend_schema(request=TrainSerializer, responses={202: dict})
+    @extend_schema(request=TrainSerializer, responses={202: SaeOutputSerializer})
     def post(self, request):
         data = self.TrainSerializer(data=request.data)
         data.is_valid(raise_exception=True)
@@ -110,7 +114,7 @@ class SaeEvaluateApi(APIView):
     class InputSerializer(StrictSerializer):
         cache_id = serializers.CharField(max_length=64, required=False)
 
-    @extend_schema(request=InputSerializer, responses={202: dict})
+    @extend_schema(request=InputSerializer, responses={202: SaeEvaluationStartedOutputSerializer})
     def post(self, request, sae_id: str):
         sae = selectors.sae_get_to_change(user=request.user, sae_id=sae_id)
         data = self.InputSerializer(data=request.data)
@@ -139,7 +143,7 @@ class SaeImportApi(APIView):
         name = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")
         shared = serializers.BooleanField(default=False)
 
-    @extend_schema(request=InputSerializer, responses={202: dict, 200: dict})
+    @extend_schema(request=InputSerializer, responses={202: SaeOutputSerializer, 200: SaeOutputSerializer})
     def post(self, request):
         data = self.InputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
@@ -168,7 +172,10 @@ class SaeUploadApi(APIView):
         name = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")
         shared = serializers.BooleanField(default=False)
 
-    @extend_schema(request={"multipart/form-data": InputSerializer}, responses={202: dict, 200: dict})
+    @extend_schema(
+        request={"multipart/form-data": InputSerializer},
+        responses={202: SaeOutputSerializer, 200: SaeOutputSerializer},
+    )
     def post(self, request):
         data = self.InputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
@@ -194,7 +201,10 @@ class TranscoderSetImportApi(APIView):
         name = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")
         shared = serializers.BooleanField(default=False)
 
-    @extend_schema(request=InputSerializer, responses={202: dict, 200: dict})
+    @extend_schema(
+        request=InputSerializer,
+        responses={202: TranscoderSetOutputSerializer, 200: TranscoderSetOutputSerializer},
+    )
     def post(self, request):
         data = self.InputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
@@ -250,9 +260,7 @@ class SaeGroupListApi(APIView):
 
     @extend_schema(
         operation_id="api_sae_groups_list",
-        responses=inline_serializer(
-            "SaeGroupList", {"groups": serializers.ListField(), "total": serializers.IntegerField()}
-        ),
+        responses=SaeGroupListOutputSerializer,
     )
     def get(self, request):
         found = selectors.group_list(user=request.user)
@@ -263,7 +271,7 @@ class SaeGroupListApi(APIView):
             }
         )
 
-    @extend_schema(request=TrainSerializer, responses={202: dict})
+    @extend_schema(request=TrainSerializer, responses={202: SaeGroupOutputSerializer})
     def post(self, request):
         data = self.TrainSerializer(data=request.data)
         data.is_valid(raise_exception=True)

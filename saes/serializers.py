@@ -339,3 +339,29 @@ class SaeGroupOutputSerializer(JobOutputSerializer):
     eta_seconds = serializers.FloatField(allow_null=True)
     memory_estimate_bytes = serializers.IntegerField()
     members = GroupMemberOutputSerializer(many=True)
+
+
+class SaeListOutputSerializer(OutputSerializer):
+    """``GET /api/saes``: the newest 500 (without their curves) and how many there are."""
+
+    saes = SaeOutputSerializer(many=True)
+    total = serializers.IntegerField()
+
+
+class SaeEvaluationStartedOutputSerializer(SaeOutputSerializer):
+    """The SAE as an evaluation of it is queued, with that evaluation's id."""
+
+    evaluation_id = serializers.CharField()
+
+
+class TranscoderSetOutputSerializer(OutputSerializer):
+    """The SAEs a transcoder set's import made (or found already imported)."""
+
+    saes = SaeOutputSerializer(many=True)
+
+
+class SaeGroupListOutputSerializer(OutputSerializer):
+    """``GET /api/saes/groups``: the newest 200 and how many there are."""
+
+    groups = SaeGroupOutputSerializer(many=True)
+    total = serializers.IntegerField()

@@ -16,7 +16,13 @@ from mistudio.serializers import StrictSerializer
 from mistudio.throttling import WorkerCallThrottle
 from steering import selectors, services
 from steering.models import SteeringVector
-from steering.serializers import vector_state
+from steering.serializers import (
+    LogitLensOutputSerializer,
+    PatchingOutputSerializer,
+    VectorListOutputSerializer,
+    VectorOutputSerializer,
+    vector_state,
+)
 
 MAX_IMPORT_BYTES = 64 * 1024 * 1024
 
@@ -41,7 +47,9 @@ class VectorListApi(APIView):
         shared = serializers.BooleanField(default=False)
 
     @extend_schema(
-        operation_id="api_steering_vectors_list", parameters=[FilterSerializer], responses={200: dict}
+        operation_id="api_steering_vectors_list",
+        parameters=[FilterSerializer],
+        responses={200: VectorListOutputSerializer},
     )
     def get(self, request):
         filters = self.FilterSerializer(data=request.query_params)
@@ -50,7 +58,7 @@ class VectorListApi(APIView):
         rows = [vector_state(row, viewer=request.user, with_prompts=False) for row in vectors[:500]]
         return Response({"vectors": rows, "total": vectors.count()})
 
-    @extend_schema(request=InputSerializer, responses={202: dict})
+    @extend_schema(request=InputSerializer, responses={202: VectorOutputSerializer})
     def post(self, request):
         data = self.InputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
@@ -78,7 +86,7 @@ class VectorImportApi(APIView):
         name = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")
         shared = serializers.BooleanField(default=False)
 
-    @extend_schema(request=InputSerializer, responses={201: dict})
+    @extend_schema(request=InputSerializer, responses={201: VectorOutputSerializer})
     def post(self, request):
         data = self.InputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
@@ -116,7 +124,7 @@ class VectorExportApi(APIView):
 
     permission_classes = [CanRead]
 
-    @extend_schema(responses={200: bytes})
+    @extend_schema(responses={(200, "application/octet-stream"): bytes})
     def get(self, request, vector_id: str):
         vector = selectors.completed_vector(user=request.user, vector_id=vector_id)
         response = HttpResponse(vector.path.read_bytes(), content_type="application/octet-stream")
@@ -139,7 +147,7 @@ class PatchingApi(APIView):
             child=serializers.CharField(max_length=300), required=False, max_length=128
         )
 
-    @extend_schema(request=InputSerializer, responses={200: dict})
+    @extend_schema(request=InputSerializer, responses={200: PatchingOutputSerializer})
     def post(self, request, model_id: str):
         model = generation_model(user=request.user, model_ref=model_id)
         data = self.InputSerializer(data=request.data)
@@ -157,7 +165,7 @@ class LogitLensApi(APIView):
         prompt = serializers.CharField(max_length=4000, trim_whitespace=False)
         top = serializers.IntegerField(min_value=1, max_value=20, default=5)
 
-    @extend_schema(request=InputSerializer, responses={200: dict})
+    @extend_schema(request=InputSerializer, responses={200: LogitLensOutputSerializer})
     def post(self, request, model_id: str):
         model = generation_model(user=request.user, model_ref=model_id)
         data = self.InputSerializer(data=request.data)

@@ -6,7 +6,7 @@ from rest_framework import serializers
 
 from activations.models import Dataset
 from mistudio.access import AUDIENCE, linked_id
-from mistudio.serializers import JobOutputSerializer
+from mistudio.serializers import JobOutputSerializer, OutputSerializer
 from steering.models import SteeringVector
 
 
@@ -66,3 +66,42 @@ class VectorOutputSerializer(JobOutputSerializer):
     memory_estimate_bytes = serializers.IntegerField()
     positive = serializers.ListField(child=serializers.CharField(allow_blank=True), required=False)
     negative = serializers.ListField(child=serializers.CharField(allow_blank=True), required=False)
+
+
+class VectorListOutputSerializer(OutputSerializer):
+    """``GET /api/steering-vectors``: without their prompts, and how many there are."""
+
+    vectors = VectorOutputSerializer(many=True)
+    total = serializers.IntegerField()
+
+
+class PatchingOutputSerializer(OutputSerializer):
+    """Activation patching's answer: per hook and position, the logit difference patched in (and
+    normalized: 0 corrupted, 1 clean; null when both runs agree)."""
+
+    tokens = serializers.ListField(child=serializers.CharField(allow_blank=True))
+    corrupted_tokens = serializers.ListField(child=serializers.CharField(allow_blank=True))
+    answer_id = serializers.IntegerField()
+    wrong_id = serializers.IntegerField()
+    hooks = serializers.ListField(child=serializers.CharField())
+    clean_metric = serializers.FloatField()
+    corrupted_metric = serializers.FloatField()
+    grid = serializers.ListField(child=serializers.ListField(child=serializers.FloatField()))
+    normalized = serializers.ListField(
+        child=serializers.ListField(child=serializers.FloatField(allow_null=True))
+    )
+    all_positions = serializers.ListField(child=serializers.FloatField())
+
+
+class LensTokenOutputSerializer(OutputSerializer):
+    token_id = serializers.IntegerField()
+    token = serializers.CharField(allow_blank=True)
+    probability = serializers.FloatField()
+
+
+class LogitLensOutputSerializer(OutputSerializer):
+    """The logit lens: per layer and position, the top next tokens read off the residual stream."""
+
+    tokens = serializers.ListField(child=serializers.CharField(allow_blank=True))
+    layers = serializers.ListField(child=serializers.IntegerField())
+    top = serializers.ListField(child=serializers.ListField(child=LensTokenOutputSerializer(many=True)))
