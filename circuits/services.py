@@ -19,6 +19,7 @@ from engine.attribution import AttributionConfig, attribution_tokens
 from engine.attribution.graph import TENSORS_FILENAME
 from engine.attribution.prunable import VIEW_FILENAME
 from engine.generation.params import config_context_length
+from engine.hooks import layer_of_transcoder_hooks
 from mistudio import jobs
 from mistudio.access import OPERATOR, check_may_change, reach
 from mistudio.budgets import memory_budget, memory_budget_check
@@ -44,10 +45,7 @@ _NODE_ID = re.compile(r"^(E|\d+)_\d+_\d+$")
 def transcoder_layer(sae: SparseAutoencoder) -> int | None:
     """The layer whose MLP ``sae`` stands in for (it reads that MLP's input and predicts its
     output), or None when it is no such transcoder."""
-    match = re.fullmatch(r"blocks\.(\d+)\.ln2\.hook_normalized", sae.hook_name or "")
-    if match is None or sae.hook_name_out != f"blocks.{match.group(1)}.hook_mlp_out":
-        return None
-    return int(match.group(1))
+    return layer_of_transcoder_hooks(sae.hook_name, sae.hook_name_out)
 
 
 def check_transcoder_set(model: LanguageModel, transcoders: list[SparseAutoencoder]) -> None:

@@ -13,15 +13,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.sae_architectures import BATCH_WIDE, REGISTRY
+from engine.sae_architectures import architecture_named
 
 FLOAT = 4  # bytes of a float32
 GiB = 2**30
 # Torch's own allocations and thread stacks the first time work of a kind runs in a process.
 RUNTIME_BYTES = 256 * 2**20
-# [batch, d_sae] float32 tensors alive at once in one training step (activations, their
-# gradients, the top-k or threshold masks), per architecture: measured on the CPU.
-TRAINING_STEP_TENSORS = {name: architecture.step_tensors for name, architecture in REGISTRY.items()}
 # Parameters, gradients and Adam's two moments (4 copies), plus a checkpoint's copy of
 # parameters and moments (3 more) while it is written.
 TRAINING_PARAMETER_COPIES = 7
@@ -78,7 +75,10 @@ def sae_training(
     """An SAE's training job: its optimizer state, one step's [batch, d_sae] tensors (or, later,
     the held-out evaluation's, whichever is larger), the rows read ahead and shuffled, and for
     BatchTopK the threshold computed on ``sample_rows`` at the end."""
-    step = TRAINING_STEP_TENSORS[architecture] * batch_size * d_sae * FLOAT
+    kind = architecture_named(architecture)
+    # [batch, d_sae] float32 tensors alive at once in one step (activations, their gradients, the
+    # top-k or threshold masks): each architecture's, measured on the CPU.
+    step = kind.step_tensors * batch_size * d_sae * FLOAT
     evaluation = ENCODING_TENSORS * evaluation_rows * d_sae * FLOAT
     parts = {
         "parameters, gradients, Adam state and a checkpoint": (
@@ -88,7 +88,7 @@ def sae_training(
         "rows read ahead and shuffled": buffered_rows * d_in * FLOAT,
         "runtime": RUNTIME_BYTES,
     }
-    if architecture in BATCH_WIDE:
+    if kind.batch_wide:  # its inference threshold is taken on the sample at the end
         parts["the threshold's sample, encoded"] = ENCODING_TENSORS * sample_rows * d_sae * FLOAT
     return MemoryEstimate(parts)
 

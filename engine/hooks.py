@@ -42,9 +42,11 @@ __all__ = [
     "hook_depth",
     "hook_site",
     "hook_sites",
+    "layer_of_transcoder_hooks",
     "list_hook_points",
     "num_layers",
     "resolve_hook_names",
+    "transcoder_hooks",
 ]
 
 HOOK_EMBED = "hook_embed"
@@ -292,6 +294,21 @@ def is_hook_name(name: Any) -> bool:
     if name.startswith(MODULE_PREFIX):
         return bool(_MODULE_PATH.fullmatch(name[len(MODULE_PREFIX) :]))
     return name in (HOOK_EMBED, LN_FINAL) or _BLOCK_HOOK_NAME.fullmatch(name) is not None
+
+
+def transcoder_hooks(layer: int) -> tuple[str, str]:
+    """The hook pair a layer's MLP transcoder reads and writes: the MLP's input after the block's
+    second norm, and the MLP's output (what circuit-tracer's per-layer transcoders stand in for)."""
+    return f"blocks.{layer}.{MLP_IN}", f"blocks.{layer}.{MLP_OUT}"
+
+
+def layer_of_transcoder_hooks(hook_in: Any, hook_out: Any) -> int | None:
+    """The layer whose MLP a transcoder reading ``hook_in`` and writing ``hook_out`` stands in
+    for; None when the pair is not :func:`transcoder_hooks` of any layer."""
+    parsed = _parse_block_name(hook_in) if isinstance(hook_in, str) else None
+    if parsed is None or parsed[1] != MLP_IN or hook_out != transcoder_hooks(parsed[0])[1]:
+        return None
+    return parsed[0]
 
 
 def _parse_block_name(name: str) -> tuple[int, str] | None:

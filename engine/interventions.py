@@ -441,18 +441,9 @@ def position_mask(positions: str | tuple[int, ...], absolute: Any, prompt_length
 
 def feature_values(sae: Any, x: Any, features: tuple[int, ...]) -> Any:
     """``encode(x)[..., features]`` [tokens, n]; one encoder column each where the activation of a
-    feature depends on its own pre-activation only (not TopK's choice among all)."""
-    if sae.architecture == "topk":
-        return sae.encode(x)[..., list(features)]
-    columns = list(features)
-    sae_in = x.to(sae.W_enc.dtype)
-    if sae.shape.apply_b_dec_to_input:
-        sae_in = sae_in - sae.b_dec
-    hidden_pre = sae_in @ sae.W_enc[:, columns] + sae.b_enc[columns]
-    if sae.architecture == "standard":
-        return hidden_pre.relu()
-    threshold = sae.threshold[columns]
-    return hidden_pre * (hidden_pre > threshold)
+    feature depends on its own pre-activation only (not TopK's choice among all): the SAE's
+    architecture decides."""
+    return sae.kind.feature_values(sae, x, features)
 
 
 class Interventions:

@@ -186,8 +186,8 @@ class SparseAutoencoder(TrainingProgress, JobRow):
         found = []
         l0 = self.evaluation.get("l0", self.metrics.get("l0"))
         dense = isinstance(l0, int | float) and self.d_in and l0 > self.d_in / 4
-        if dense and self.architecture in PENALIZED:
-            coefficient = PENALIZED[self.architecture]
+        coefficient = PENALIZED.get(self.architecture)
+        if dense and coefficient:
             found.append(
                 f"L0 is {l0:,.0f}, over a quarter of d_in ({self.d_in}): the sparsity penalty is too weak "
                 f"for this model; train again with a larger {coefficient} "

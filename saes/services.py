@@ -19,13 +19,13 @@ from activations.selectors import hook_points
 from activations.services import cache_touch, hook_names_for
 from engine import budgets
 from engine.errors import EngineError
-from engine.hooks import MAX_HOOK_NAME_LENGTH, is_hook_name
+from engine.hooks import MAX_HOOK_NAME_LENGTH, is_hook_name, transcoder_hooks
 from engine.inspection import confined_folder_entries
 from engine.inspection.sae_folders import SaeFiles, inspect_circuit_tracer_folder, inspect_sae_folder
 from engine.sae_architectures import (
     DEFAULT_EXPANSION,
     K_SPARSE,
-    REGISTRY,
+    architecture_named,
     default_dead_after_steps,
     default_expansion,
     default_k,
@@ -78,12 +78,14 @@ def training_hyperparameters(
     """The training configuration, validated, with the defaults a researcher expects filled in:
     sized to the model (``default_k_for(d_in)``) and to the run (:func:`default_dead_after_steps`).
     ``skip``: a skip transcoder's linear path."""
-    if architecture not in ARCHITECTURES:
+    try:
+        kind = architecture_named(architecture)
+    except ValueError:
         raise ApplicationError(
             "INVALID_ARCHITECTURE",
             f"architecture must be one of {', '.join(ARCHITECTURES)}.",
             details={"valid": list(ARCHITECTURES)},
-        )
+        ) from None
     if b_dec_init not in B_DEC_INITS:
         raise ApplicationError("INVALID_PARAMETER", f"b_dec_init must be one of {', '.join(B_DEC_INITS)}.")
     if d_sae is not None and expansion_factor is not None and d_sae != expansion_factor * d_in:
@@ -100,7 +102,7 @@ def training_hyperparameters(
         "warmup_steps": min(1000, max(1, -(-total_tokens // batch_size) // 20)),
         "dead_after_steps": dead_after_steps or default_dead_after_steps(-(-total_tokens // batch_size)),
     }
-    if architecture in K_SPARSE:
+    if kind.k_sparse:
         k = k or default_k_for(d_in)
         if k > d_sae:
             raise ApplicationError("INVALID_PARAMETER", f"k ({k}) must not exceed d_sae ({d_sae}).")
@@ -109,11 +111,11 @@ def training_hyperparameters(
         raise ApplicationError(
             "INVALID_PARAMETER", f"k applies to {', '.join(K_SPARSE)}, not {architecture}."
         )
-    penalty = REGISTRY[architecture].penalty
+    penalty = kind.penalty
     if penalty is not None:
         given = {"l1_coefficient": l1_coefficient, "l0_coefficient": l0_coefficient}[penalty]
-        config[penalty] = REGISTRY[architecture].default_penalty if given is None else given
-    if architecture == "matryoshka_batchtopk":
+        config[penalty] = kind.default_penalty if given is None else given
+    if kind.nested:
         try:
             config["matryoshka_widths"] = list(matryoshka_default_widths(d_sae, matryoshka_widths))
         except ValueError as error:
@@ -465,8 +467,9 @@ def transcoder_set_import(
         )
     for files in layers:
         check_sae_size(files.d_in, files.d_sae)
-        check_hook_width(model, f"blocks.{files.layer}.ln2.hook_normalized", files.d_in)
-        check_hook_width(model, f"blocks.{files.layer}.hook_mlp_out", files.d_out)
+        hook_in, hook_out = transcoder_hooks(files.layer)
+        check_hook_width(model, hook_in, files.d_in)
+        check_hook_width(model, hook_out, files.d_out)
     owner = owner if getattr(owner, "is_authenticated", False) else None
     digests = [files_digest(files.files) for files in layers]
     rows = []
@@ -476,7 +479,7 @@ def transcoder_set_import(
         earlier = [
             SparseAutoencoder.objects.filter(
                 owner=owner, content_hash=digest, model=model, source=SparseAutoencoder.Source.CIRCUIT_TRACER,
-                hook_name=f"blocks.{files.layer}.ln2.hook_normalized",
+                hook_name=transcoder_hooks(files.layer)[0],
                 status__in=[*SparseAutoencoder.ACTIVE, SparseAutoencoder.Status.COMPLETED],
             ).first()
             for files, digest in zip(layers, digests, strict=True)
@@ -491,8 +494,8 @@ def transcoder_set_import(
             sae = SparseAutoencoder.objects.create(
                 name=f"{name or folder.name} · layer {files.layer}",
                 source=SparseAutoencoder.Source.CIRCUIT_TRACER, model=model,
-                model_name=model.display_identifier, hook_name=f"blocks.{files.layer}.ln2.hook_normalized",
-                hook_name_out=f"blocks.{files.layer}.hook_mlp_out", architecture=files.architecture,
+                model_name=model.display_identifier, hook_name=transcoder_hooks(files.layer)[0],
+                hook_name_out=transcoder_hooks(files.layer)[1], architecture=files.architecture,
                 d_in=files.d_in, d_sae=files.d_sae, d_out=files.d_out, import_path=str(files.files[0]),
                 content_hash=digest, memory_estimate_bytes=estimate, owner=owner, shared=shared,
             )  # fmt: skip

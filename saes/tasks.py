@@ -351,7 +351,7 @@ def save_circuit_tracer_file(sae: SparseAutoencoder, module) -> None:
     """A transcoder's file in circuit-tracer's layout beside its SAELens folder (exported with it),
     for the architectures circuit-tracer reads."""
     layer = re.match(r"blocks\.(\d+)\.", sae.hook_name_out or "")
-    if layer is not None and REGISTRY[sae.architecture].saved_as in ("standard", "jumprelu"):
+    if layer is not None and REGISTRY[sae.architecture].circuit_tracer_form:
         save_circuit_tracer(module, sae.directory / CIRCUIT_TRACER_FOLDER, layer=int(layer[1]))
 
 

@@ -30,6 +30,7 @@ import numpy as np
 
 from engine.errors import EngineError
 from engine.hooks import HOOK_EMBED
+from engine.sae_architectures import circuit_tracer_form, saelens_architecture_name, saelens_form
 
 CFG_FILENAME = "cfg.json"
 WEIGHTS_FILENAME = "sae_weights.safetensors"
@@ -237,10 +238,9 @@ def inspect_sae_folder(entries: dict[str, Path], format: str) -> SaeFiles:
         )
     cfg = read_cfg(cfg_path)
     tensors = safetensors_shapes(weights)
-    architecture = cfg.get("architecture", "standard")
-    if architecture == "standard" and cfg.get("activation_fn_str") == "topk":
-        architecture = "topk"
-    d_in, d_sae, tensor_bytes = _sizes(tensors, thresholded=architecture == "jumprelu")
+    architecture = saelens_architecture_name(cfg)
+    form = saelens_form(architecture)
+    d_in, d_sae, tensor_bytes = _sizes(tensors, thresholded=form is not None and form.thresholded)
     if any(cfg.get(key) not in (None, value) for key, value in (("d_in", d_in), ("d_sae", d_sae))):
         raise _invalid("The tensors' shapes do not agree with cfg.json.")
     if SPARSITY_FILENAME in entries:
@@ -284,6 +284,16 @@ def inspect_circuit_tracer_folder(entries: dict[str, Path]) -> list[SaeFiles]:
     missing; or the files its ``config.yaml`` lists, which must be top-level entries of the folder),
     each described from its header: a JumpReLU when it has a threshold, a ReLU otherwise. A
     ``config.yaml`` that names another kind (cross-layer transcoders) is ``UNSUPPORTED_SAE``."""
+    config = _circuit_tracer_config(entries)
+    names = _circuit_tracer_files(config, entries)
+    return [
+        _circuit_tracer_layer(name, entries[name], layer, config.get("model_name"))
+        for layer, name in enumerate(names)
+    ]
+
+
+def _circuit_tracer_config(entries: dict[str, Path]) -> dict[str, Any]:
+    """The folder's ``config.yaml`` (empty without one), refused unless a per-layer set's."""
     import yaml
 
     config: dict[str, Any] = {}
@@ -302,6 +312,11 @@ def inspect_circuit_tracer_folder(entries: dict[str, Path]) -> list[SaeFiles]:
             "UNSUPPORTED_SAE",
             f"circuit-tracer {config['model_kind']!r} folders are not supported (per-layer sets are).",
         )
+    return config
+
+
+def _circuit_tracer_files(config: dict[str, Any], entries: dict[str, Path]) -> list[str]:
+    """The transcoder files, layer 0 first: those the config lists, or ``layer_{i}.safetensors``."""
     names = config.get("transcoders")
     if names is None:
         names = [
@@ -315,37 +330,32 @@ def inspect_circuit_tracer_folder(entries: dict[str, Path]) -> list[SaeFiles]:
         raise _invalid(
             "The folder lacks transcoder files (they must be in it, not elsewhere).", {"missing": missing[:8]}
         )
-    layers = []
-    for layer, name in enumerate(names):
-        path = entries[name]
-        tensors = safetensors_shapes(path)
-        if "W_enc" not in tensors or len(tensors["W_enc"][0]) != 2:
-            raise _invalid(f"{name}: W_enc must be [d_sae, d_model].")
-        d_sae, d_model = tensors["W_enc"][0]
-        expected = {
-            "W_enc": (d_sae, d_model), "W_dec": (d_sae, d_model), "b_enc": (d_sae,), "b_dec": (d_model,),
-            "W_skip": (d_model, d_model), CIRCUIT_TRACER_THRESHOLD: (d_sae,),
-        }  # fmt: skip
-        needed = [*NEEDED, *(tensor for tensor in ("W_skip", CIRCUIT_TRACER_THRESHOLD) if tensor in tensors)]
-        wrong = [
-            tensor for tensor in needed if tensor not in tensors or tensors[tensor][0] != expected[tensor]
-        ]
-        if wrong or not d_sae or not d_model:
-            raise _invalid(f"{name}: the tensors' shapes do not agree with each other.", {"tensors": wrong})
-        architecture = "jumprelu" if CIRCUIT_TRACER_THRESHOLD in tensors else "standard"
-        tensor_bytes = sum(4 * math.prod(tensors[tensor][0]) for tensor in needed)
-        layers.append(
-            SaeFiles(
-                "circuit_tracer",
-                architecture,
-                d_model,
-                d_sae,
-                None,
-                config.get("model_name"),
-                (path,),
-                tensor_bytes,
-                d_out=d_model,
-                layer=layer,
-            )
-        )
-    return layers
+    return names
+
+
+def _circuit_tracer_layer(name: str, path: Path, layer: int, model_name: Any) -> SaeFiles:
+    """One layer's transcoder, described from its file's header, its shapes checked."""
+    tensors = safetensors_shapes(path)
+    if "W_enc" not in tensors or len(tensors["W_enc"][0]) != 2:
+        raise _invalid(f"{name}: W_enc must be [d_sae, d_model].")
+    d_sae, d_model = tensors["W_enc"][0]
+    expected = {
+        "W_enc": (d_sae, d_model), "W_dec": (d_sae, d_model), "b_enc": (d_sae,), "b_dec": (d_model,),
+        "W_skip": (d_model, d_model), CIRCUIT_TRACER_THRESHOLD: (d_sae,),
+    }  # fmt: skip
+    needed = [*NEEDED, *(tensor for tensor in ("W_skip", CIRCUIT_TRACER_THRESHOLD) if tensor in tensors)]
+    wrong = [tensor for tensor in needed if tensor not in tensors or tensors[tensor][0] != expected[tensor]]
+    if wrong or not d_sae or not d_model:
+        raise _invalid(f"{name}: the tensors' shapes do not agree with each other.", {"tensors": wrong})
+    return SaeFiles(
+        "circuit_tracer",
+        circuit_tracer_form(thresholded=CIRCUIT_TRACER_THRESHOLD in tensors).name,
+        d_model,
+        d_sae,
+        None,
+        model_name,
+        (path,),
+        sum(4 * math.prod(tensors[tensor][0]) for tensor in needed),
+        d_out=d_model,
+        layer=layer,
+    )

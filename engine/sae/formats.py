@@ -133,8 +133,7 @@ def saved_architecture(shape: SaeShape) -> str:
 def save_circuit_tracer(sae: SparseAutoencoder, folder: Path | str, *, layer: int) -> Path:
     """Write transcoder ``sae`` as circuit-tracer's ``layer_{layer}.safetensors`` in ``folder``."""
     shape = sae.shape
-    form = architecture_named(shape.kind.saved_as)
-    if not shape.is_transcoder or not form.circuit_tracer_form:
+    if not shape.is_transcoder or not shape.kind.circuit_tracer_form:
         raise SaeFormatError(
             "UNSUPPORTED_SAE", "circuit-tracer reads ReLU and JumpReLU transcoders (BatchTopK ones included)."
         )
@@ -146,7 +145,7 @@ def save_circuit_tracer(sae: SparseAutoencoder, folder: Path | str, *, layer: in
     }
     if sae.W_skip is not None:
         tensors["W_skip"] = sae.W_skip
-    if form.thresholded:
+    if shape.kind.thresholded:
         tensors["activation_function.threshold"] = sae.threshold
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)

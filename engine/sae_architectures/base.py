@@ -59,6 +59,8 @@ class Architecture:
     label: ClassVar[str]
     # Where lists of choices put it (the registry's order): the default first.
     position: ClassVar[int] = 100
+    # Trains nested prefixes of its dictionary, sized by ``matryoshka_widths`` (Matryoshka).
+    nested: ClassVar[bool] = False
     # Keeps k features per row (topk) or per row on average over a batch (the batch-wide ones).
     k_sparse: ClassVar[bool] = False
     batch_wide: ClassVar[bool] = False
@@ -84,7 +86,7 @@ class Architecture:
     reads_decoder_norm_rescale: ClassVar[bool] = False
     # (``architecture``, ``activation_fn_str``) pairs of older SAELens configs read as this one.
     saelens_legacy_names: ClassVar[tuple[tuple[str, str], ...]] = ()
-    # circuit-tracer reads transcoders of this inference form (its ReLU and JumpReLU ones).
+    # circuit-tracer reads transcoders of its inference form (ReLU and JumpReLU ones; not TopK).
     circuit_tracer_form: ClassVar[bool] = False
 
     def __repr__(self) -> str:

@@ -24,6 +24,7 @@ class MatryoshkaBatchTopK(BatchTopK):
     label = "Matryoshka BatchTopK"
     position = 2
     step_tensors = 10
+    nested = True
 
     def training_widths(self, config: TrainingConfig) -> tuple[int, ...]:
         return matryoshka_widths(config.d_sae, config.matryoshka_widths)

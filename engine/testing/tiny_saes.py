@@ -69,13 +69,12 @@ def trained_transcoders(
     k-sparse architectures (a BatchTopK one is a JumpReLU at inference, which circuit-tracer reads)."""
     import torch
 
-    from engine.hooks import hook_sites
+    from engine.hooks import hook_sites, transcoder_hooks
     from engine.runtime import HookRuntime
     from engine.sae.training import SaeTrainer, TrainingConfig
 
     n_layers = int(model.config.num_hidden_layers)
-    names = [name for layer in range(n_layers)
-             for name in (f"blocks.{layer}.ln2.hook_normalized", f"blocks.{layer}.hook_mlp_out")]  # fmt: skip
+    names = [name for layer in range(n_layers) for name in transcoder_hooks(layer)]
     rows: dict[str, list] = {name: [] for name in names}
 
     def keep(name, tensor):
@@ -89,8 +88,9 @@ def trained_transcoders(
     width = int(model.config.hidden_size)
     transcoders = []
     for layer in range(n_layers):
-        inputs = torch.cat(rows[f"blocks.{layer}.ln2.hook_normalized"]).float()
-        outputs = torch.cat(rows[f"blocks.{layer}.hook_mlp_out"]).float()
+        hook_in, hook_out = transcoder_hooks(layer)
+        inputs = torch.cat(rows[hook_in]).float()
+        outputs = torch.cat(rows[hook_out]).float()
         config = TrainingConfig(architecture=architecture, d_sae=expansion * width, k=k, batch_size=256,
                                 total_tokens=256 * steps, warmup_steps=10, lr=3e-3, skip=skip)  # fmt: skip
         trainer = SaeTrainer(config, d_in=width, sample=inputs, d_out=width, sample_out=outputs)
