@@ -54,6 +54,7 @@ __all__ = [
     "invalid_intervention",
     "normalized_json",
     "position_mask",
+    "summary",
 ]
 
 REGISTRY: dict[str, type[Intervention]] = {}
@@ -97,6 +98,11 @@ class Intervention:
     def from_json(cls, spec: dict[str, Any], index: int, resolver: Resolver) -> Intervention:
         """The engine's intervention for a normalised spec, what it names loaded by ``resolver``."""
         raise NotImplementedError
+
+    @classmethod
+    def summary(cls, spec: dict[str, Any]) -> str:
+        """What a normalised spec of this kind does, in a few words (``add sae_1#812 x 8``)."""
+        return cls.kind
 
     def check(self, widths: dict[str, int | None]) -> None:
         """Shapes and values against the hook points' widths (None: a ``module:`` path, whose
@@ -228,6 +234,16 @@ class Add(Intervention):
             coefficient=_raw(spec, "coefficient"), normalize=spec.get("normalize", False),
         )  # fmt: skip
 
+    @classmethod
+    def summary(cls, spec: dict[str, Any]) -> str:
+        if "feature" in spec:
+            what = f"{spec['sae']}#{spec['feature']}"
+        elif "steering_vector" in spec:
+            what = f"steering vector {spec['steering_vector']}"
+        else:
+            what = f"a vector of {len(spec['vector'])}"
+        return f"add {what} x {spec['coefficient']:g}{' (normalised)' if spec.get('normalize') else ''}"
+
     def check_values(self, width: int | None) -> None:
         _finite_amount(self.coefficient, self)
         _finite_vector(self, width)
@@ -275,6 +291,10 @@ class ClampFeature(Intervention):
             spec["hook"], json_shape.positions_of(spec), index=index, sae=resolver.sae(spec["sae"]),
             features=(spec["feature"],), value=_raw(spec, "value"),
         )  # fmt: skip
+
+    @classmethod
+    def summary(cls, spec: dict[str, Any]) -> str:
+        return f"clamp {spec['sae']}#{spec['feature']} = {spec['value']:g}"
 
     def check_values(self, width: int | None) -> None:
         _finite_amount(self.value, self)
@@ -328,6 +348,11 @@ class Ablate(Intervention):
             spec["hook"], json_shape.positions_of(spec), index=index, sae=sae,
             features=tuple(spec.get("features", ())), neurons=tuple(spec.get("neurons", ())), means=means,
         )  # fmt: skip
+
+    @classmethod
+    def summary(cls, spec: dict[str, Any]) -> str:
+        which = "features" if "features" in spec else "neurons"
+        return f"ablate {which} {spec[which]}"
 
     def check_values(self, width: int | None) -> None:
         import torch
@@ -415,6 +440,11 @@ def normalized_json(index: int, item: Any, refs: References) -> dict[str, Any]:
 def from_json(spec: dict[str, Any], index: int, resolver: Resolver) -> Intervention:
     """The engine's intervention for a normalised spec (see :func:`normalized_json`)."""
     return REGISTRY[spec["type"]].from_json(spec, index, resolver)
+
+
+def summary(spec: dict[str, Any]) -> str:
+    """What a normalised spec does, in a few words, as its kind says it."""
+    return REGISTRY[spec["type"]].summary(spec)
 
 
 def check_interventions(interventions: Sequence[Intervention], widths: dict[str, int | None]) -> None:

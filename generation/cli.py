@@ -24,6 +24,7 @@ from typing import Any
 from django.core.management.base import CommandError
 
 from activations.services import hook_names_for
+from engine.interventions import summary as intervention_summary
 from generation.interventions import interventions_request
 from generation.models import Generation
 from generation.serializers import SamplingSerializer
@@ -143,17 +144,7 @@ def checked_steering(model: LanguageModel, items: list[dict[str, Any]]) -> list[
 def steering_text(item: dict[str, Any]) -> str:
     """One line for an intervention: ``add sae_…#812 x 8 at blocks.2.hook_resid_post (all)``, the
     unit named when it is the feature's max activation."""
-    what = f"{item['sae']}#{item['feature']}" if "sae" in item and "feature" in item else ""
-    if item["type"] == "add":
-        what = what or f"a vector of {len(item['vector'])}"
-        detail = f"add {what} x {item['coefficient']:g}{' (normalised)' if item.get('normalize') else ''}"
-    elif item["type"] == "clamp_feature":
-        detail = f"clamp {what} = {item['value']:g}"
-    elif item["type"] == "ablate":
-        indices = item.get("features") or item.get("neurons")
-        detail = f"ablate {'features' if 'features' in item else 'neurons'} {indices}"
-    else:
-        detail = "replace"
+    detail = intervention_summary(item)
     if item.get("unit") == "max_activation":
         detail += f" x max activation {item['unit_scale']:.3g}"
     positions = item["positions"] if isinstance(item["positions"], str) else f"positions {item['positions']}"

@@ -8,6 +8,7 @@ from typing import Any
 
 from rest_framework import serializers
 
+from generation.intervention_schema import InterventionField, InterventionsField
 from generation.services import (
     CAPTURE_DTYPES,
     MAX_BATCH_PROMPTS,
@@ -34,7 +35,7 @@ class CaptureSerializer(StrictSerializer):
     capture = serializers.ListField(child=serializers.CharField(max_length=300), max_length=64, default=list)
     store = serializers.BooleanField(default=True)
     dtype = serializers.ChoiceField(choices=CAPTURE_DTYPES, default="float32")
-    interventions = serializers.JSONField(required=False)
+    interventions = InterventionsField(required=False)
     measure = serializers.JSONField(required=False)
 
 
@@ -136,7 +137,7 @@ class SweepInputSerializer(SamplingSerializer):
 
     model_id = serializers.CharField(max_length=500)
     prompt = serializers.CharField(trim_whitespace=False, max_length=MAX_PROMPT_CHARACTERS)
-    intervention = serializers.JSONField()
+    intervention = InterventionField()
     coefficients = serializers.ListField(
         child=serializers.FloatField(), required=False, allow_empty=False, max_length=MAX_SWEEP_COEFFICIENTS
     )

@@ -16,7 +16,7 @@ from mistudio_client.errors import (
     VersionMismatch,
 )
 from mistudio_client.generation import Generation, GenerationStream
-from mistudio_client.interventions import Ablate, Add, AddFeature, ClampFeature, Replace
+from mistudio_client.interventions import Ablate, Add, AddFeature, AddSteeringVector, ClampFeature, Replace
 from mistudio_client.jobs import Job
 
 __version__ = "0.1.0"
@@ -25,6 +25,7 @@ __all__ = [
     "Ablate",
     "Add",
     "AddFeature",
+    "AddSteeringVector",
     "ApiError",
     "BadRequest",
     "Cache",

@@ -23,6 +23,7 @@ OPERATIONS: dict[str, str] = {
     "GET /api/extractions": "Client.extractions.list",
     "GET /api/extractions/{extraction_id}": "Job.refresh (Client.job)",
     "POST /api/extractions/{extraction_id}/cancel": "Job.cancel",
+    "POST /api/generate": "Client.generate / Client.stream",
     "POST /api/generate/{generation_id}/cancel": "Client.generations.cancel",
     "GET /api/generations": "Client.generations.list",
     "GET /api/generations/{generation_id}": "Client.generations.get",

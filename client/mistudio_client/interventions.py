@@ -2,9 +2,13 @@
 
 Add("blocks.2.hook_resid_post", vector, coefficient=4.0)
 AddFeature(sae, 812, coefficient=2.0)          # in units of the feature's max activation
+AddSteeringVector(vector_row, coefficient=4.0)  # a stored steering vector, at its own hook
 ClampFeature(sae, 812, value=0.0)
 Ablate(sae=sae, features=[3, 9])  or  Ablate(hook="blocks.1.hook_mlp_out", neurons=[17])
 Replace("blocks.0.hook_resid_post", vector)
+
+Each builds the server's ``Intervention`` object of its ``type`` (the OpenAPI component at
+``/api/schema/``; the client's tests check every builder against it).
 """
 
 from __future__ import annotations
@@ -59,6 +63,30 @@ class AddFeature:
             "coefficient": self.coefficient,
             "positions": self.positions,
         }
+
+
+@dataclass
+class AddSteeringVector:
+    """Add a stored steering vector (an id or a row of ``Client.steering_vectors``) at its own hook
+    (or ``hook``, of the same width): ``x + coefficient · v``."""
+
+    vector: Any
+    coefficient: float = 1.0
+    normalize: bool = False
+    hook: str | None = None
+    positions: Any = "all"
+
+    def to_dict(self) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "type": "add",
+            "steering_vector": _id(self.vector),
+            "coefficient": self.coefficient,
+            "normalize": self.normalize,
+            "positions": self.positions,
+        }
+        if self.hook is not None:
+            body["hook"] = self.hook
+        return body
 
 
 @dataclass
