@@ -21,6 +21,7 @@ from engine.hooks import list_hook_points
 from mistudio.access import check_may_change, completed_row, is_admin, visible_row, visible_rows
 from mistudio.errors import ApplicationError
 from mistudio.events import register_group_kind
+from mistudio.jobs import JobStatus
 from mistudio.streaming import tar_stream
 from models_app.models import LanguageModel
 from models_app.services import local_model_folder
@@ -82,7 +83,7 @@ def extraction_estimate_seconds(job: ExtractionJob) -> float:
     if job.cached:
         return 0.0
     previous = (
-        ExtractionJob.objects.filter(model_id=job.model_id, status="completed", cached=False)
+        ExtractionJob.objects.filter(model_id=job.model_id, status=JobStatus.COMPLETED, cached=False)
         .exclude(tokens_per_second=None)
         .order_by("-finished_at")
         .first()

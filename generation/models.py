@@ -5,6 +5,7 @@ from django.db import models
 from django.utils import timezone
 
 from mistudio.identifiers import new_generation_id
+from mistudio.jobs import JobStatus
 from models_app.models import LanguageModel
 
 
@@ -22,12 +23,7 @@ class Generation(models.Model):
     ``generation.<id>`` group; the row keeps the request and its final result.
     """
 
-    class Status(models.TextChoices):
-        QUEUED = "queued"
-        RUNNING = "running"
-        COMPLETED = "completed"
-        FAILED = "failed"
-        CANCELLED = "cancelled"
+    Status = JobStatus  # the status machine of every job row (its rows are batched, not claimed)
 
     class Interface(models.TextChoices):
         API = "api"
@@ -87,7 +83,7 @@ class Generation(models.Model):
     error_message = models.TextField(blank=True)
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
     started_at = models.DateTimeField(null=True, blank=True)
-    completed_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)  # as a job row's (``JobRow``)
 
     class Meta:
         ordering = ["-created_at"]
@@ -142,10 +138,10 @@ class Generation(models.Model):
             decode_tokens_per_second,
             total_ms,
         )
-        self.completed_at = timezone.now()
+        self.finished_at = timezone.now()
         return [
             "status", "output_token_ids", "output_text", "finish_reason", "completion_tokens", "prefill_ms",
-            "decode_tokens_per_second", "total_ms", "completed_at",
+            "decode_tokens_per_second", "total_ms", "finished_at",
         ]  # fmt: skip
 
     def mark_yielded(self, *, progress: dict, output_token_ids: list[int], output_text: str) -> list[str]:
@@ -161,5 +157,5 @@ class Generation(models.Model):
     def mark_failed(self, *, code: str, message: str) -> list[str]:
         self.status = self.Status.FAILED
         self.error_code, self.error_message = code, message
-        self.completed_at = timezone.now()
-        return ["status", "error_code", "error_message", "completed_at"]
+        self.finished_at = timezone.now()
+        return ["status", "error_code", "error_message", "finished_at"]

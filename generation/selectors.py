@@ -59,7 +59,7 @@ def generation_state(generation: Generation, *, whole: bool = True) -> dict[str,
         "error_code": generation.error_code,
         "error_message": generation.error_message,
         "created_at": generation.created_at.isoformat() if generation.created_at else None,
-        "completed_at": generation.completed_at.isoformat() if generation.completed_at else None,
+        "completed_at": generation.finished_at.isoformat() if generation.finished_at else None,
     }
 
 

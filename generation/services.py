@@ -149,6 +149,59 @@ def generation_request(
     """
 
     model = LanguageModel.objects.get(pk=model_id)
+    _check_prompts(prompts, messages, system_prompt)
+    user = owner if owner is not None else OPERATOR
+    # The model's structure only when a hook must be checked (building it the first time is slow).
+    widths = hook_widths(model, interventions) if interventions or measure is not None else {}
+    steering = interventions_request(interventions, widths=widths, user=user) if interventions else []
+    measured = measure_request(measure, steering, widths=widths, user=user)
+    planned = _planned_rows(prompts, sweep, steering)
+    host = model_host(model)
+    if (estimate := interventions_memory(steering, user=user)) is not None:
+        memory_budget_check(estimate, what="this mean ablation", worker_name=host)
+    hooks = _capture_hooks(model, capture, capture_dtype, prompts)
+
+    parameters = asdict(sampling)
+    explicit = parameters.pop("max_tokens_explicit")
+    shared = {
+        "model": model,
+        "owner": owner,
+        "interface": interface,
+        "batch_id": uuid.uuid4().hex[:12],
+        "messages": messages or [],
+        "system_prompt": system_prompt,
+        "chat_template": chat_template,
+        "parameters": parameters,
+        "max_tokens_explicit": explicit,
+        "capture_hooks": hooks,
+        "capture_dtype": capture_dtype,
+        "store_activations": store_activations,
+        "measure": measured,
+    }
+    text = "\n".join(message["content"] for message in messages) + system_prompt if messages else None
+    context = config_context_length(model.config or {})
+    work = [
+        row_work(
+            row.prompt if text is None else text, sampling.max_tokens, explicit=explicit, context=context
+        )
+        for row in planned
+    ]
+    return _queue_rows(owner=owner, host=host, planned=planned, work=work, shared=shared)
+
+
+@dataclass(frozen=True)
+class _PlannedRow:
+    """One generation of a request: its prompt, and its sweep coefficient and interventions."""
+
+    prompt: str
+    coefficient: float | None
+    interventions: list[dict[str, Any]]
+
+
+def _check_prompts(
+    prompts: list[str] | None, messages: list[dict[str, str]] | None, system_prompt: str
+) -> None:
+    """A request has either prompts (1 to MAX_BATCH_PROMPTS) or messages, each within the size limit."""
     if (prompts is None) == (messages is None):
         raise ApplicationError("INVALID_REQUEST", "Give either a prompt or messages.", status=400)
     if prompts is not None:
@@ -156,66 +209,57 @@ def generation_request(
             raise ApplicationError("INVALID_REQUEST", f"Give 1 to {MAX_BATCH_PROMPTS} prompts.", status=400)
         for index, prompt in enumerate(prompts):
             check_prompt_text(prompt, field_name="prompt" if len(prompts) == 1 else f"prompt[{index}]")
-    else:
-        if not messages:
-            raise ApplicationError("EMPTY_PROMPT", "messages is empty.", status=400)
-        check_prompt_text(
-            "\n".join(message["content"] for message in messages) + system_prompt, field_name="messages"
-        )
-    user = owner if owner is not None else OPERATOR
-    # The model's structure only when a hook must be checked (building it the first time is slow).
-    widths = hook_widths(model, interventions) if interventions or measure is not None else {}
-    steering = interventions_request(interventions, widths=widths, user=user) if interventions else []
-    measured = measure_request(measure, steering, widths=widths, user=user)
+        return
+    if not messages:
+        raise ApplicationError("EMPTY_PROMPT", "messages is empty.", status=400)
+    check_prompt_text(
+        "\n".join(message["content"] for message in messages) + system_prompt, field_name="messages"
+    )
+
+
+def _planned_rows(
+    prompts: list[str] | None,
+    sweep: list[tuple[float, list[dict[str, Any]]]] | None,
+    steering: list[dict[str, Any]],
+) -> list[_PlannedRow]:
+    """One row per prompt with the request's interventions, or one row of the one prompt per
+    coefficient of a sweep (a request of messages has the empty prompt)."""
     if sweep is None:
-        planned = [(prompt, None, steering) for prompt in (prompts if prompts is not None else [""])]
-    else:
-        planned = [(prompts[0] if prompts else "", coefficient, specs) for coefficient, specs in sweep]
-    host = model_host(model)
-    if (estimate := interventions_memory(steering, user=user)) is not None:
-        memory_budget_check(estimate, what="this mean ablation", worker_name=host)
+        return [_PlannedRow(prompt, None, steering) for prompt in (prompts if prompts is not None else [""])]
+    return [_PlannedRow(prompts[0] if prompts else "", coefficient, specs) for coefficient, specs in sweep]
+
+
+def _capture_hooks(
+    model: LanguageModel, capture: list[str] | None, dtype: str, prompts: list[str] | None
+) -> list[str]:
+    """The hook points to capture (checked against the model), for one prompt, in a known dtype."""
     hooks = hook_names_for(model, hooks=capture, layers=None) if capture else []
     if hooks and prompts is not None and len(prompts) > 1:
         raise ApplicationError(
             "CAPTURE_NEEDS_ONE_PROMPT", "Activation capture works on one prompt per request.", status=400
         )
-    if capture_dtype not in CAPTURE_DTYPES:
+    if dtype not in CAPTURE_DTYPES:
         raise ApplicationError(
             "INVALID_DTYPE", f"dtype must be one of {', '.join(CAPTURE_DTYPES)}.", status=400
         )
+    return hooks
 
-    parameters = asdict(sampling)
-    explicit = parameters.pop("max_tokens_explicit")
-    batch_id = uuid.uuid4().hex[:12]
-    text = "\n".join(message["content"] for message in messages) + system_prompt if messages else None
-    context = config_context_length(model.config or {})
-    work = [
-        row_work(prompt if text is None else text, sampling.max_tokens, explicit=explicit, context=context)
-        for prompt, _, _ in planned
-    ]
+
+def _queue_rows(
+    *, owner, host: str, planned: list[_PlannedRow], work: list[int], shared: dict[str, Any]
+) -> list[Generation]:
+    """The request's rows, admitted and created in one transaction, then queued as one batch."""
     with admission_turn(owner), transaction.atomic():
         generation_admit(owner=owner, host=host, tokens=sum(work))
         rows = [
             Generation.objects.create(
-                model=model,
-                owner=owner,
-                interface=interface,
-                batch_id=batch_id,
-                prompt=prompt,
-                messages=messages or [],
-                system_prompt=system_prompt,
-                chat_template=chat_template,
-                parameters=parameters,
-                max_tokens_explicit=explicit,
-                capture_hooks=hooks,
-                capture_dtype=capture_dtype,
-                store_activations=store_activations,
-                interventions=row_steering,
-                measure=measured,
-                sweep_coefficient=coefficient,
+                **shared,
+                prompt=row.prompt,
+                interventions=row.interventions,
+                sweep_coefficient=row.coefficient,
                 work_tokens=row_work_tokens,
             )
-            for (prompt, coefficient, row_steering), row_work_tokens in zip(planned, work, strict=True)
+            for row, row_work_tokens in zip(planned, work, strict=True)
         ]
         grant_leases(*(row.id for row in rows))
         generation_enqueue(host=host, generation_id=rows[0].id)
@@ -370,7 +414,7 @@ def generation_check(generation_id: str) -> dict[str, Any] | None:
             status=Generation.Status.FAILED,
             error_code="WORKER_LOST",
             error_message="The worker stopped.",
-            completed_at=timezone.now(),
+            finished_at=timezone.now(),
         )
         if failed:
             generation.refresh_from_db()

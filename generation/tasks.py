@@ -27,6 +27,7 @@ from activations.services import cache_store_completed, cache_store_failed, cach
 from engine.effects import steering_effect
 from engine.errors import EngineError
 from engine.generation import (
+    GenerationResult,
     Progress,
     SamplingParams,
     check_context,
@@ -140,7 +141,7 @@ def finish_cancelled(generation: Generation) -> None:
 def withdraw_queued(generation_id: str) -> None:
     """Cancel a queued row nobody waits for (or whose cancel was asked) and tell its readers."""
     if Generation.objects.filter(pk=generation_id, status=Generation.Status.QUEUED).update(
-        status=Generation.Status.CANCELLED, finish_reason="cancelled", completed_at=timezone.now()
+        status=Generation.Status.CANCELLED, finish_reason="cancelled", finished_at=timezone.now()
     ):
         finish_cancelled(Generation.objects.get(pk=generation_id))
 
@@ -221,7 +222,7 @@ def settle(rows) -> list[str]:
             status=Generation.Status.FAILED,
             error_code=code,
             error_message=message,
-            completed_at=timezone.now(),
+            finished_at=timezone.now(),
         ):
             row.refresh_from_db()
             GenerationStream(row.id).emit_event(final_event(row))
@@ -657,50 +658,82 @@ def run_batch(rows: list[Generation], poll: YieldPoll) -> None:
     planned = [plan for plan in planned if plan is not None]
     if not planned:
         return
-    ready = [plan.row for plan in planned]
-    streams = [GenerationStream(row.id) for row in ready]
-    for plan, stream in zip(planned, streams, strict=True):
-        if plan.progress is None:
-            announce_started(plan.row, stream, host_worker=identity.name)
-    relay = TokenRelay(ready, streams)
-    capture = ready[0].capture_hooks if len(ready) == 1 else []
-    try:
-        results = generate(
+    batch = DecodeBatch.open(planned, host_worker=identity.name)
+    results = batch.decode(loaded, poll)
+    if results is not None:
+        batch.settle(loaded, results, device=device)
+
+
+@dataclass(frozen=True)
+class DecodeBatch:
+    """The planned rows decoded together, their streams and the relay of their tokens."""
+
+    planned: list[Planned]
+    ready: list[Generation]
+    streams: list[GenerationStream]
+    relay: TokenRelay
+    # Activations are captured for a batch of one row only.
+    capture: list[str]
+
+    @classmethod
+    def open(cls, planned: list[Planned], *, host_worker: str) -> DecodeBatch:
+        """The batch, its rows announced as started (those going on after a yield already were)."""
+        ready = [plan.row for plan in planned]
+        streams = [GenerationStream(row.id) for row in ready]
+        for plan, stream in zip(planned, streams, strict=True):
+            if plan.progress is None:
+                announce_started(plan.row, stream, host_worker=host_worker)
+        capture = ready[0].capture_hooks if len(ready) == 1 else []
+        return cls(planned, ready, streams, TokenRelay(ready, streams), capture)
+
+    def decode(self, loaded, poll: YieldPoll) -> list[GenerationResult] | None:
+        """Every row's result; None when the batch failed (its rows are failed then)."""
+        try:
+            results = generate(
+                loaded.model,
+                loaded.tokenizer,
+                [plan.prompt for plan in self.planned],
+                [plan.sampling for plan in self.planned],
+                capture=self.capture,
+                capture_dtype=self.ready[0].capture_dtype,
+                on_token=self.relay,
+                cancelled_rows=CancelPoll(self.ready),
+                interventions=[plan.steering for plan in self.planned],
+                progress=[plan.progress for plan in self.planned],
+                should_yield=None if self.capture else poll,
+            )
+        except (ApplicationError, EngineError) as error:
+            self.relay.flush()
+            for row in self.ready:
+                fail(row, error.code, error.message)
+            return None
+        self.relay.flush()
+        return results
+
+    def settle(self, loaded, results: list[GenerationResult], *, device) -> None:
+        """Put the yielded rows back in the queue, then measure and finish the others."""
+        pairs = list(zip(self.planned, results, strict=True))
+        for plan, result in pairs:
+            if result.progress is not None:
+                keep_progress(plan.row, result)
+        finished = [index for index, (_, result) in enumerate(pairs) if result.progress is None]
+        measure_effects(
             loaded.model,
-            loaded.tokenizer,
-            [plan.prompt for plan in planned],
-            [plan.sampling for plan in planned],
-            capture=capture,
-            capture_dtype=ready[0].capture_dtype,
-            on_token=relay,
-            cancelled_rows=CancelPoll(ready),
-            interventions=[plan.steering for plan in planned],
-            progress=[plan.progress for plan in planned],
-            should_yield=None if capture else poll,
+            [self.ready[index] for index in finished],
+            [results[index] for index in finished],
+            [self.planned[index].steering for index in finished],
+            device=device,
         )
-    except (ApplicationError, EngineError) as error:
-        relay.flush()
-        for row in ready:
-            fail(row, error.code, error.message)
-        return
-    relay.flush()
-    pairs = list(zip(planned, results, strict=True))
-    for plan, result in pairs:
-        if result.progress is not None:
-            keep_progress(plan.row, result)
-    finished = [index for index, (_, result) in enumerate(pairs) if result.progress is None]
-    measure_effects(
-        loaded.model,
-        [ready[index] for index in finished],
-        [results[index] for index in finished],
-        [planned[index].steering for index in finished],
-        device=device,
-    )
-    LanguageModel.objects.filter(pk=ready[0].model_id).update(last_used_at=timezone.now())
-    for index in finished:
-        finish_row(
-            ready[index], results[index], relay=relay, index=index, stream=streams[index], capture=capture
-        )
+        LanguageModel.objects.filter(pk=self.ready[0].model_id).update(last_used_at=timezone.now())
+        for index in finished:
+            finish_row(
+                self.ready[index],
+                results[index],
+                relay=self.relay,
+                index=index,
+                stream=self.streams[index],
+                capture=self.capture,
+            )
 
 
 def keep_progress(row: Generation, result) -> None:

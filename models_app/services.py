@@ -26,6 +26,7 @@ from engine.registry import LOADED_MODELS
 from mistudio.access import OPERATOR, audience, check_may_change, visible_rows
 from mistudio.errors import ApplicationError
 from mistudio.events import ProgressThrottle, publish, rows_audience
+from mistudio.jobs import JobRow
 from mistudio.local_paths import path_inside_roots
 from mistudio.redis_client import get_redis
 from mistudio.text import check_label_text
@@ -260,7 +261,7 @@ def model_delete(*, model_id: str) -> None:
         host = model.host_worker if model.status == LanguageModel.Status.READY else ""
         groups = model_groups(model)
         receivers = audience(model, shareable=True)
-        if model.extractions.filter(status__in=["queued", "running"]).exists():
+        if model.extractions.filter(status__in=JobRow.ACTIVE).exists():
             raise ApplicationError(
                 "MODEL_BUSY", "An extraction with this model is running; cancel it first.", status=409
             )

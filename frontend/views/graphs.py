@@ -32,6 +32,7 @@ from frontend.views.features import validation_message
 from frontend.views.job_pages import cancel_form
 from mistudio.access import may_change
 from mistudio.errors import ApplicationError
+from mistudio.jobs import JobStatus
 from models_app.models import LanguageModel
 from models_app.selectors import model_list
 from saes.selectors import group_list
@@ -42,7 +43,7 @@ EXAMPLE_PROMPT = "def add(a, b):\n    return a +"
 def _transcoder_groups(user) -> list[dict[str, Any]]:
     """The SAE groups whose members include one MLP transcoder per layer of their model."""
     groups = []
-    for group in group_list(user=user).select_related("model").filter(status="completed"):
+    for group in group_list(user=user).select_related("model").filter(status=JobStatus.COMPLETED):
         transcoders = services.transcoders_of_group(group)
         layers = group.model.num_layers if group.model else None
         if transcoders and len(transcoders) == layers:

@@ -19,6 +19,7 @@ from activations.services.extractions import DTYPE_BYTES, default_extraction_hoo
 from activations.store import cache_bytes_per_token
 from frontend.access import reader_required
 from mistudio.errors import ApplicationError
+from mistudio.jobs import JobRow
 from models_app import selectors
 from models_app.models import LanguageModel
 from saes.selectors import sae_list
@@ -194,7 +195,7 @@ def model_detail_page(request, model_id: str):
         .filter(model=model)
         .select_related("dataset", "cache")[:RECENT_EXTRACTIONS]
     )
-    active = next((job for job in extractions if job.status in ("queued", "running")), None)
+    active = next((job for job in extractions if job.status in JobRow.ACTIVE), None)
     context_length = model.context_length or default_max_length(model)
     saes = sae_list(user=request.user, filters={"model": model.id})
     return render(

@@ -97,7 +97,7 @@ def test_a_batch_yields_to_another_user_and_every_row_ends_as_if_it_never_stoppe
     segments = [rows[row.pk].progress.get("segments", 1) for row in [*mine, theirs, last]]
     assert max(segments) >= 2  # batches of two among three owners: they took turns
     # The third user's one row did not wait for the first user's three to end.
-    assert rows[last.pk].completed_at < max(rows[row.pk].completed_at for row in mine)
+    assert rows[last.pk].finished_at < max(rows[row.pk].finished_at for row in mine)
 
 
 def test_one_user_alone_is_never_interrupted(settings, loaded_llama, writer):

@@ -200,7 +200,8 @@ class Command(BaseCommand):
                 return f"{value:8.4f}" if isinstance(value, float) else f"{'-':>8}"
 
             raw = row.sweep_coefficient * header["unit_scale"]
-            text = row.output_text if row.status == "completed" else f"[{row.error_code}] {row.error_message}"
+            completed = row.status == Generation.Status.COMPLETED
+            text = row.output_text if completed else f"[{row.error_code}] {row.error_message}"
             measured = f"{number('activation_mean')} {number('first_token_kl')} {number('distinct_2'):>11}"
             line = f"{row.sweep_coefficient:>11g}  {raw:<8.4g} {measured}"
             self.stdout.write(f"{line}  {json.dumps(text[:70])}")

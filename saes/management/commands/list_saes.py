@@ -2,6 +2,7 @@
 
 from django.core.management.base import BaseCommand
 
+from mistudio.jobs import JobStatus
 from models_app.management.commandline import format_table
 from saes.models import SparseAutoencoder
 
@@ -36,7 +37,7 @@ def row(sae: SparseAutoencoder) -> list[str]:
         sae.hook_name,
         sae.architecture,
         f"{sae.d_in}→{sae.d_sae}",
-        f"running {sae.progress:.0f}%" if sae.status == "running" else sae.status,
+        f"running {sae.progress:.0f}%" if sae.status == JobStatus.RUNNING else sae.status,
         number(evaluation.get("explained_variance"), 3),
         number(evaluation.get("l0"), 1),
         str(evaluation.get("dead_features", "—")),
