@@ -234,34 +234,21 @@ def resolve_hook_names(
     appended after ``names``. Order is kept (first occurrence wins). Raises :class:`HookError`
     (``INVALID_HOOK``) listing every invalid name at once, or when nothing is requested.
     """
-    # (name, valid type) in request order, so invalid names are reported in the order given.
-    requested: list[tuple[str, bool]] = [
-        (name, True) if isinstance(name, str) else (repr(name), False) for name in names or []
-    ]
-    for layer in layers or []:
-        if isinstance(layer, int) and not isinstance(layer, bool):
-            requested.append((f"blocks.{layer}.{RESID_POST}", True))
-        else:
-            requested.append((f"layers: {layer!r}", False))
-
     canonical = [point.name for point in list_hook_points(model)]
     known = set(canonical)
     module_names: set[str] | None = None
     resolved: list[str] = []
     invalid: list[str] = []
-    for name, well_typed in requested:
+    for name, well_typed in _requested_hooks(names, layers):
         valid = well_typed
         if valid and name.startswith(MODULE_PREFIX):
-            if module_names is None:
-                module_names = _module_names(model)
+            module_names = _module_names(model) if module_names is None else module_names
             valid = name[len(MODULE_PREFIX) :] in module_names
         elif valid:
             valid = name in known
-        if not valid:
-            if name not in invalid:
-                invalid.append(name)
-        elif name not in resolved:
-            resolved.append(name)
+        chosen = resolved if valid else invalid
+        if name not in chosen:
+            chosen.append(name)
 
     if invalid or not resolved:
         message = (
@@ -279,6 +266,20 @@ def resolve_hook_names(
             },
         )
     return resolved
+
+
+def _requested_hooks(names: list[str] | None, layers: list[int] | None) -> list[tuple[str, bool]]:
+    """(name, whether its type is valid) in request order, so that invalid names are reported in
+    the order given: ``names``, then each of ``layers`` as its residual stream's hook point."""
+    requested: list[tuple[str, bool]] = [
+        (name, True) if isinstance(name, str) else (repr(name), False) for name in names or []
+    ]
+    for layer in layers or []:
+        if isinstance(layer, int) and not isinstance(layer, bool):
+            requested.append((f"blocks.{layer}.{RESID_POST}", True))
+        else:
+            requested.append((f"layers: {layer!r}", False))
+    return requested
 
 
 MAX_HOOK_NAME_LENGTH = 300  # what a row's hook_name column holds

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -197,32 +197,51 @@ def is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+# Each sampling parameter's check, in the order they are checked, with the message of a refusal.
+_PARAMETER_CHECKS: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
+    (
+        "max_new_tokens",
+        lambda value: is_int(value) and value >= 1,
+        "max_new_tokens must be an integer of at least 1.",
+    ),
+    (
+        "temperature",
+        lambda value: is_number(value) and 0 <= value <= MAX_TEMPERATURE,
+        f"temperature must be in 0..{MAX_TEMPERATURE:g}.",
+    ),
+    ("top_p", lambda value: is_number(value) and 0 < value <= 1, "top_p must be in (0, 1]."),
+    ("top_k", lambda value: is_int(value) and value >= 0, "top_k must be an integer of at least 0."),
+    (
+        "repetition_penalty",
+        lambda value: is_number(value) and value > 0,
+        "repetition_penalty must be greater than 0.",
+    ),
+    ("seed", lambda value: value is None or is_int(value), "seed must be an integer or None."),
+    (
+        "stop",
+        lambda value: (
+            isinstance(value, (tuple, list))
+            and len(value) <= MAX_STOP_STRINGS
+            and all(isinstance(text, str) and text for text in value)
+        ),
+        f"stop takes up to {MAX_STOP_STRINGS} non-empty strings.",
+    ),
+    ("logprobs", lambda value: isinstance(value, bool), "logprobs must be true or false."),
+    (
+        "top_logprobs",
+        lambda value: is_int(value) and 0 <= value <= MAX_TOP_LOGPROBS,
+        f"top_logprobs must be in 0..{MAX_TOP_LOGPROBS}.",
+    ),
+)
+
+
 def check_params(params: SamplingParams) -> None:
+    """``INVALID_PARAMETER`` naming the first parameter out of its range."""
     if not isinstance(params, SamplingParams):
         raise invalid("params", "Each row needs a SamplingParams.")
-    if not is_int(params.max_new_tokens) or params.max_new_tokens < 1:
-        raise invalid("max_new_tokens", "max_new_tokens must be an integer of at least 1.")
-    if not is_number(params.temperature) or not 0 <= params.temperature <= MAX_TEMPERATURE:
-        raise invalid("temperature", f"temperature must be in 0..{MAX_TEMPERATURE:g}.")
-    if not is_number(params.top_p) or not 0 < params.top_p <= 1:
-        raise invalid("top_p", "top_p must be in (0, 1].")
-    if not is_int(params.top_k) or params.top_k < 0:
-        raise invalid("top_k", "top_k must be an integer of at least 0.")
-    if not is_number(params.repetition_penalty) or not params.repetition_penalty > 0:
-        raise invalid("repetition_penalty", "repetition_penalty must be greater than 0.")
-    if params.seed is not None and not is_int(params.seed):
-        raise invalid("seed", "seed must be an integer or None.")
-    stop = params.stop
-    if (
-        not isinstance(stop, (tuple, list))
-        or len(stop) > MAX_STOP_STRINGS
-        or not all(isinstance(text, str) and text for text in stop)
-    ):
-        raise invalid("stop", f"stop takes up to {MAX_STOP_STRINGS} non-empty strings.")
-    if not isinstance(params.logprobs, bool):
-        raise invalid("logprobs", "logprobs must be true or false.")
-    if not is_int(params.top_logprobs) or not 0 <= params.top_logprobs <= MAX_TOP_LOGPROBS:
-        raise invalid("top_logprobs", f"top_logprobs must be in 0..{MAX_TOP_LOGPROBS}.")
+    for name, valid, message in _PARAMETER_CHECKS:
+        if not valid(getattr(params, name)):
+            raise invalid(name, message)
 
 
 def checked_prompts(model: Any, prompts: Sequence[Sequence[int]]) -> list[list[int]]:
