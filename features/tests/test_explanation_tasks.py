@@ -7,8 +7,9 @@ from __future__ import annotations
 import pytest
 
 from engine.autointerp.pipeline import FeatureResult
+from engine.autointerp.scoring import Score, scorer_names
 from features.explanation_tasks import EndpointWatch, store_result
-from features.models import ExplanationJob, FeatureAnalysis
+from features.models import Explanation, ExplanationJob, FeatureAnalysis
 from mistudio.errors import ApplicationError
 from mistudio.jobs import job_fail
 
@@ -53,3 +54,14 @@ def test_a_job_failed_by_its_endpoint_stores_its_message_redacted(job):
     job.refresh_from_db()
     assert job.status == "failed" and job.error_code == "ENDPOINT_ERROR"
     assert KEY not in job.error_message and "[redacted]" in job.error_message
+
+
+def test_each_scorer_with_a_column_stores_its_score_there(job):
+    """Every scorer with a column of its own (Explanation.SCORE_COLUMNS) is a registered one, and
+    a result's scores land in those columns; a scorer that gave none leaves its column empty."""
+    assert set(Explanation.SCORE_COLUMNS) <= set(scorer_names())
+    score = Score(balanced_accuracy=0.75, true_positives=3, true_negatives=3, false_positives=1,
+                  false_negatives=1, failed=0, total=8)  # fmt: skip
+    row = store_result(job, FeatureResult(index=1, explanation="ships", scores={"detection": score}))
+    assert (row.detection, row.fuzzing, row.score) == (0.75, None, 0.75)
+    assert row.scoring == {"detection": score.as_dict()}
