@@ -1,8 +1,9 @@
 """Sparse autoencoders: the model in SAELens' conventions, training in bounded memory, metrics.
 
-``model`` holds the architectures (standard ReLU + L1, TopK, BatchTopK, JumpReLU) and their
-encode / decode; ``training`` the initialisation, losses and loop; ``checkpoint`` its resumable state;
-``evaluation`` held-out metrics and CE loss recovered;
+``model`` holds the parameters and encode / decode, whose activation function, losses and saved
+form are the registered architecture's (:mod:`engine.sae_architectures`: standard ReLU + L1, TopK,
+BatchTopK, Matryoshka BatchTopK, JumpReLU); ``training`` the initialisation and loop;
+``checkpoint`` its resumable state; ``evaluation`` held-out metrics and CE loss recovered;
 ``data`` the shuffle buffer that feeds training from a stream of activation chunks. Like the
 rest of the engine it needs no Django; unlike most of it, importing it imports torch.
 """

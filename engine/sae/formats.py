@@ -53,6 +53,7 @@ from engine.sae_architectures import (
     MemberKind,
     architecture_named,
     circuit_tracer_form,
+    member_kind,
     saelens_architecture_name,
     saelens_member,
 )
@@ -143,8 +144,8 @@ def save_circuit_tracer(sae: SparseAutoencoder, folder: Path | str, *, layer: in
         "b_enc": sae.b_enc,
         "b_dec": sae.b_dec,
     }
-    if sae.W_skip is not None:
-        tensors["W_skip"] = sae.W_skip
+    for name in shape.member.extra_parameters:
+        tensors[name] = getattr(sae, name)
     if shape.kind.thresholded:
         tensors["activation_function.threshold"] = sae.threshold
     folder = Path(folder)
@@ -365,7 +366,7 @@ def _from_tensors(
     needed = [
         *_TENSORS,
         *(["threshold"] if architecture_named(architecture).thresholded else []),
-        *(["W_skip"] if skip else []),
+        *member_kind(transcoder=transcoder, skip=skip).extra_parameters,
     ]
     missing = [name for name in needed if name not in tensors]
     if missing:

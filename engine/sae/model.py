@@ -56,7 +56,7 @@ class SaeShape:
 
     @property
     def is_transcoder(self) -> bool:
-        return self.d_out is not None
+        return self.member.transcoder
 
     @property
     def output_width(self) -> int:

@@ -349,7 +349,7 @@ def _scaling(config: TrainingConfig, sample: torch.Tensor) -> float:
 
 
 def _trained_parameters(sae: SparseAutoencoder) -> list[str]:
-    return [*SAE_PARAMETERS, *(["W_skip"] if sae.W_skip is not None else [])]
+    return [*SAE_PARAMETERS, *sae.shape.member.extra_parameters]
 
 
 def train(
