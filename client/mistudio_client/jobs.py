@@ -23,8 +23,14 @@ if TYPE_CHECKING:
 # analysis's and an explanation job's paths go through their SAE (``sae``: the ``sae_id`` parameter).
 SAE_PARAMETER = "sae_id"
 ACTIVE = ("queued", "running")
+
 # Seconds without an event after which the row is read over REST (an event lost on the way).
 EVENT_SILENCE = 15.0
+
+
+def _through_sae(entry: dict[str, str]) -> bool:
+    """Whether a kind's rows are reached through their SAE (an SAE's own id is not such a parent)."""
+    return entry["id_parameter"] != SAE_PARAMETER and f"{{{SAE_PARAMETER}}}" in entry["path"]
 
 
 class Job:
@@ -42,7 +48,7 @@ class Job:
         kinds = client.job_kinds()
         if kind not in kinds:
             raise MistudioError(f"Unknown kind of job {kind!r} (the server has {', '.join(kinds)}).")
-        if f"{{{SAE_PARAMETER}}}" in kinds[kind]["path"] and not sae:
+        if _through_sae(kinds[kind]) and not sae:
             raise MistudioError(f"A {kind} job is reached through its SAE: pass sae=.")
         self.client, self.kind, self.id, self.sae = client, kind, job_id, sae
         self.state: dict[str, Any] = state or {}
@@ -58,7 +64,7 @@ class Job:
     def _path(self, which: str) -> str:
         """The row's ``path`` or ``cancel_path`` under ``/api/``."""
         entry = self.client.job_kinds()[self.kind]
-        return entry[which].format(**{entry["id_parameter"]: self.id, SAE_PARAMETER: self.sae})
+        return entry[which].format(**{SAE_PARAMETER: self.sae, entry["id_parameter"]: self.id})
 
     @classmethod
     def done(cls, client: Client, kind: str, job_id: str | None, answer: dict[str, Any]) -> Job:
