@@ -29,4 +29,9 @@ class CircuitsConfig(AppConfig):
             code="GRAPH_NOT_FOUND",
             what="attribution graph",
         )
-        register_job_kind(AttributionGraph, state=serializers.graph_event_state, api=GRAPH_API)
+        register_job_kind(
+            AttributionGraph,
+            state=serializers.graph_event_state,
+            serializer=serializers.GraphOutputSerializer,
+            api=GRAPH_API,
+        )

@@ -22,7 +22,12 @@ class FeaturesConfig(AppConfig):
             code="ANALYSIS_NOT_FOUND",
             what="feature analysis",
         )
-        register_job_kind(FeatureAnalysis, state=serializers.analysis_state, api=ANALYSIS_API)
+        register_job_kind(
+            FeatureAnalysis,
+            state=serializers.analysis_state,
+            serializer=serializers.AnalysisOutputSerializer,
+            api=ANALYSIS_API,
+        )
         explanation_selectors.register_event_groups()
         register_visibility(
             ExplanationJob,
@@ -30,7 +35,12 @@ class FeaturesConfig(AppConfig):
             code="EXPLANATION_JOB_NOT_FOUND",
             what="explanation job",
         )
-        register_job_kind(ExplanationJob, state=serializers.explanation_job_state, api=EXPLANATION_JOB_API)
+        register_job_kind(
+            ExplanationJob,
+            state=serializers.explanation_job_state,
+            serializer=serializers.ExplanationJobOutputSerializer,
+            api=EXPLANATION_JOB_API,
+        )
         register_feature_scale(selectors.feature_max_activation)
         register_export_extra(services.labels_export)
         register_import_extra(services.labels_import)

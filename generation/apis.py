@@ -27,6 +27,7 @@ from generation.serializers import (
     GenerateInputSerializer,
     GenerationListOutputSerializer,
     GenerationOutputSerializer,
+    GenerationOutputSerializer,
     SweepInputSerializer,
 )
 from generation.services import (
@@ -383,6 +384,7 @@ GENERATION_API = JobApi(
     row="generation",
     find=generation_get,
     body=lambda generation, request: generation_state(generation),
+    response=GenerationOutputSerializer,
     cancel=_generation_cancel,
     permission=CanRead,
     doc="``GET /api/generations/{id}``: one generation's request and result.",

@@ -8,10 +8,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import PolymorphicProxySerializer, extend_schema
 from rest_framework.views import APIView
 
-from generation.serializers import GenerateInputSerializer
+from generation.serializers import (
+    GenerateBatchOutputSerializer,
+    GenerateInputSerializer,
+    GenerateResultOutputSerializer,
+)
 from mistudio.permissions import CanWrite
 
 
@@ -21,7 +25,18 @@ class GenerateOperation(APIView):
 
     permission_classes = [CanWrite]
 
-    @extend_schema(request=GenerateInputSerializer, responses={200: dict}, operation_id="api_generate_create")
+    @extend_schema(
+        request=GenerateInputSerializer,
+        responses={
+            (200, "application/json"): PolymorphicProxySerializer(
+                component_name="GenerateAnswer",
+                serializers=[GenerateResultOutputSerializer, GenerateBatchOutputSerializer],
+                resource_type_field_name=None,
+            ),
+            (200, "text/event-stream"): str,
+        },
+        operation_id="api_generate_create",
+    )
     def post(self, request: Any) -> Any:
         raise NotImplementedError("described only: generation.apis.generate answers")
 

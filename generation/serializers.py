@@ -203,3 +203,27 @@ class GenerationListOutputSerializer(OutputSerializer):
     """``GET /api/generations``: the caller's newest 200, as the list shows them."""
 
     results = GenerationSummaryOutputSerializer(many=True)
+
+
+class GenerateResultOutputSerializer(OutputSerializer):
+    """A finished generation as ``POST /api/generate`` answers it (``generation.tasks.final_event``
+    less its type and status; logprobs and the like beside these when asked for)."""
+
+    request_id = serializers.CharField()
+    model_id = serializers.CharField()
+    output_text = serializers.CharField(allow_blank=True)
+    output_token_ids = serializers.ListField(child=serializers.IntegerField())
+    input_token_ids = serializers.ListField(child=serializers.IntegerField())
+    finish_reason = serializers.CharField(allow_blank=True)
+    usage = UsageOutputSerializer()
+    timings = TimingsOutputSerializer()
+    effect = serializers.DictField(allow_null=True)
+    sweep_coefficient = serializers.FloatField(allow_null=True)
+    activations = serializers.DictField(allow_null=True, help_text="The captured cache, when capturing")
+
+
+class GenerateBatchOutputSerializer(OutputSerializer):
+    """A batch's answer: each prompt's result in order (a failed prompt's: its ``request_id`` and
+    an ``error`` object instead)."""
+
+    results = serializers.ListField(child=serializers.DictField())

@@ -596,6 +596,10 @@ SPECTACULAR_SETTINGS = {
         "CacheSourceEnum": "activations.models.ActivationCache.Source",
     },
     "SERVE_PERMISSIONS": ["mistudio.permissions.CanRead"],
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "mistudio.openapi.error_responses",  # every operation's 4XX and 503 answers
+    ],
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",

@@ -28,7 +28,12 @@ class SaesConfig(AppConfig):
         register_visibility(
             SparseAutoencoder, lambda user: selectors.sae_list(user=user), code="SAE_NOT_FOUND", what="SAE"
         )
-        register_job_kind(SparseAutoencoder, state=serializers.sae_event_state, api=SAE_API)
+        register_job_kind(
+            SparseAutoencoder,
+            state=serializers.sae_event_state,
+            serializer=serializers.SaeOutputSerializer,
+            api=SAE_API,
+        )
         register_job_kind(SaeEvaluation, state=serializers.evaluation_state)
         register_visibility(
             SaeGroup,
@@ -36,4 +41,9 @@ class SaesConfig(AppConfig):
             code="SAE_GROUP_NOT_FOUND",
             what="SAE group",
         )
-        register_job_kind(SaeGroup, state=serializers.sae_group_state, api=SAE_GROUP_API)
+        register_job_kind(
+            SaeGroup,
+            state=serializers.sae_group_state,
+            serializer=serializers.SaeGroupOutputSerializer,
+            api=SAE_GROUP_API,
+        )

@@ -21,4 +21,9 @@ class SteeringConfig(AppConfig):
             code="STEERING_VECTOR_NOT_FOUND",
             what="steering vector",
         )
-        register_job_kind(SteeringVector, state=serializers.vector_event_state, api=VECTOR_API)
+        register_job_kind(
+            SteeringVector,
+            state=serializers.vector_event_state,
+            serializer=serializers.VectorOutputSerializer,
+            api=VECTOR_API,
+        )

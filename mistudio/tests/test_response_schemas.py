@@ -30,6 +30,7 @@ from steering.serializers import vector_state
 pytestmark = pytest.mark.django_db
 
 BINARY_TYPES = {"application/x-tar", "application/octet-stream"}
+STREAM_TYPES = {"text/event-stream"}  # server-sent events, described in the operation's prose
 
 
 @pytest.fixture(scope="module")
@@ -59,10 +60,13 @@ def json_schema(node: Any, openapi: dict[str, Any]) -> Any:
 
 
 def described(schema: dict[str, Any], openapi: dict[str, Any]) -> bool:
-    """Whether a JSON answer's schema says what is in it: properties, or items that have them."""
+    """Whether a JSON answer's schema says what is in it: properties, items that have them, or
+    alternatives (``oneOf``) that each do."""
     schema = resolved(schema, openapi)
     if schema.get("type") == "array":
         return described(schema.get("items", {}), openapi)
+    if "oneOf" in schema:
+        return all(described(choice, openapi) for choice in schema["oneOf"])
     return bool(schema.get("properties"))
 
 
@@ -84,6 +88,9 @@ def answer_problems(operation: dict[str, Any], openapi: dict[str, Any]) -> list[
             if media in BINARY_TYPES:
                 if schema.get("format") != "binary":
                     problems.append(f"{code} {media}: not a file")
+            elif media in STREAM_TYPES:
+                if schema.get("type") != "string":
+                    problems.append(f"{code} {media}: not a stream")
             elif not described(schema, openapi):
                 problems.append(f"{code} {media}: a bare object")
     return problems
