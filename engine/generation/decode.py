@@ -181,30 +181,8 @@ def generate(
     for row_params in params:
         check_params(row_params)
     token_lists = checked_prompts(model, prompts)
-    progress = list(progress) if progress is not None else [None] * len(token_lists)
-    if len(progress) != len(token_lists):
-        raise invalid("progress", "Give one progress (or None) per prompt.")
-    fed = _fed_tokens(token_lists, progress)
-    left = [
-        replace(row_params, max_new_tokens=row_params.max_new_tokens - (len(done.token_ids) if done else 0))
-        for row_params, done in zip(params, progress, strict=True)
-    ]
-    if any(row_params.max_new_tokens < 1 for row_params in left):
-        raise invalid("progress", "A row's progress already holds all its tokens.")
-    check_context(model, fed, left)
-    sites: dict[str, HookSite] = {}
-    if capture:
-        if isinstance(capture, str):
-            raise invalid("capture", "capture takes a list of hook point names.")
-        if len(token_lists) != 1:
-            raise GenerationError(
-                "CAPTURE_NEEDS_ONE_PROMPT", "Activations can be captured for one prompt at a time."
-            )
-        if progress[0] is not None or should_yield is not None:
-            raise invalid("capture", "A captured generation runs whole: it neither yields nor goes on.")
-        if capture_dtype not in CAPTURE_DTYPES:
-            raise invalid("capture_dtype", f"capture_dtype must be one of {', '.join(CAPTURE_DTYPES)}.")
-        sites = hook_sites(model, list(capture))
+    progress = _checked_progress(model, token_lists, params, progress)
+    sites = _capture_sites(model, capture, capture_dtype, progress, should_yield) if capture else {}
     recorder = _Recorder(sites, getattr(torch, capture_dtype)) if sites else None
     steering = _checked_interventions(model, interventions, token_lists)
     if steering is not None:
@@ -224,6 +202,48 @@ def generate(
             cancelled_rows=cancelled_rows,
             should_yield=should_yield,
         )
+
+
+def _checked_progress(
+    model: Any,
+    prompts: list[list[int]],
+    params: list[SamplingParams],
+    progress: Sequence[Progress | None] | None,
+) -> list[Progress | None]:
+    """One progress (or None) per prompt, each leaving its row a token to generate, and every row's
+    tokens so far plus those left within the model's context."""
+    progress = list(progress) if progress is not None else [None] * len(prompts)
+    if len(progress) != len(prompts):
+        raise invalid("progress", "Give one progress (or None) per prompt.")
+    left = [
+        replace(row_params, max_new_tokens=row_params.max_new_tokens - (len(done.token_ids) if done else 0))
+        for row_params, done in zip(params, progress, strict=True)
+    ]
+    if any(row_params.max_new_tokens < 1 for row_params in left):
+        raise invalid("progress", "A row's progress already holds all its tokens.")
+    check_context(model, _fed_tokens(prompts, progress), left)
+    return progress
+
+
+def _capture_sites(
+    model: Any,
+    capture: Sequence[str],
+    capture_dtype: str,
+    progress: list[Progress | None],
+    should_yield: Callable[[], bool] | None,
+) -> dict[str, HookSite]:
+    """The hook points to capture: a list of names, for one prompt that runs whole."""
+    if isinstance(capture, str):
+        raise invalid("capture", "capture takes a list of hook point names.")
+    if len(progress) != 1:
+        raise GenerationError(
+            "CAPTURE_NEEDS_ONE_PROMPT", "Activations can be captured for one prompt at a time."
+        )
+    if progress[0] is not None or should_yield is not None:
+        raise invalid("capture", "A captured generation runs whole: it neither yields nor goes on.")
+    if capture_dtype not in CAPTURE_DTYPES:
+        raise invalid("capture_dtype", f"capture_dtype must be one of {', '.join(CAPTURE_DTYPES)}.")
+    return hook_sites(model, list(capture))
 
 
 def _checked_interventions(
