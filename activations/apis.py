@@ -10,12 +10,15 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from activations import selectors, services
-from activations.models import ActivationCache, Dataset, ExtractionJob
+from activations.models import ActivationCache
 from activations.serializers import (
+    CacheOutputSerializer,
     CacheSliceOutputSerializer,
     CacheStatsOutputSerializer,
     CacheTopKOutputSerializer,
+    DatasetOutputSerializer,
     DatasetSamplesOutputSerializer,
+    ExtractionOutputSerializer,
     HookPointsOutputSerializer,
     TokenizeOutputSerializer,
 )
@@ -28,28 +31,6 @@ from mistudio.permissions import CanRead, CanWrite
 from mistudio.serializers import StrictSerializer
 from mistudio.streaming import ChunkedFileResponse, ChunkedStreamingResponse
 from models_app.selectors import model_get
-
-
-class DatasetOutputSerializer(serializers.ModelSerializer):
-    owner = serializers.CharField(source="owner.username", read_only=True, default=None)
-
-    class Meta:
-        model = Dataset
-        fields = [
-            "id",
-            "name",
-            "source",
-            "original_name",
-            "format",
-            "field",
-            "sample_count",
-            "size_bytes",
-            "content_hash",
-            "preview",
-            "shared",
-            "owner",
-            "created_at",
-        ]
 
 
 def upload_too_large(size: int) -> ApplicationError:
@@ -221,40 +202,6 @@ class TokenizeApi(APIView):
 # --- Extractions ------------------------------------------------------------------------------------
 
 
-class ExtractionOutputSerializer(serializers.ModelSerializer):
-    extraction_id = serializers.CharField(source="id")
-    cache_id = serializers.CharField(allow_null=True)
-
-    class Meta:
-        model = ExtractionJob
-        fields = [
-            "extraction_id",
-            "model_id",
-            "dataset_id",
-            "status",
-            "progress",
-            "samples_processed",
-            "total_samples",
-            "tokens_processed",
-            "tokens_per_second",
-            "eta_seconds",
-            "hooks",
-            "sample_count",
-            "batch_size",
-            "max_length",
-            "dtype",
-            "cache_id",
-            "cached",
-            "host_worker",
-            "error_code",
-            "error_message",
-            "created_at",
-            "started_at",
-            "finished_at",
-            "extraction_time_seconds",
-        ]
-
-
 class ExtractActivationsApi(APIView):
     """Start an extraction: 202 ``{extraction_id, status: "queued", estimated_time_seconds}``, or 200
     with ``cached: true`` when a cache with the same key exists. A model that is not loaded is
@@ -330,35 +277,6 @@ EXTRACTION_API = JobApi(
 
 
 # --- Caches -----------------------------------------------------------------------------------------
-
-
-class CacheOutputSerializer(serializers.ModelSerializer):
-    """A cache from ``selectors.cache_list``: its dataset is the one shown to the requesting user."""
-
-    dataset_id = serializers.CharField(source="shown_dataset_id", allow_null=True, read_only=True)
-
-    class Meta:
-        model = ActivationCache
-        fields = [
-            "id",
-            "model_id",
-            "dataset_id",
-            "source",
-            "hooks",
-            "max_length",
-            "dtype",
-            "sample_count",
-            "status",
-            "file_size_bytes",
-            "activation_shapes",
-            "num_tokens",
-            "num_samples",
-            "error_code",
-            "error_message",
-            "created_at",
-            "completed_at",
-            "last_accessed_at",
-        ]
 
 
 class CacheListApi(APIView):

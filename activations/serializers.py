@@ -1,8 +1,9 @@
-"""What the activations API answers besides its rows (datasets, caches and extraction jobs, whose
-model serializers live beside their views): for the schema, which must describe every body."""
+"""What the activations API answers: its rows (datasets, extraction jobs, caches: model serializers
+that render them) and its other bodies (described for the schema, which must describe every body)."""
 
 from rest_framework import serializers
 
+from activations.models import ActivationCache, Dataset, ExtractionJob
 from mistudio.serializers import OutputSerializer
 
 
@@ -68,3 +69,88 @@ class CacheTopKOutputSerializer(OutputSerializer):
     hook = serializers.CharField()
     neuron = serializers.IntegerField()
     top_k = serializers.ListField(child=serializers.DictField())
+
+
+class DatasetOutputSerializer(serializers.ModelSerializer):
+    owner = serializers.CharField(source="owner.username", read_only=True, default=None)
+
+    class Meta:
+        model = Dataset
+        fields = [
+            "id",
+            "name",
+            "source",
+            "original_name",
+            "format",
+            "field",
+            "sample_count",
+            "size_bytes",
+            "content_hash",
+            "preview",
+            "shared",
+            "owner",
+            "created_at",
+        ]
+
+
+class ExtractionOutputSerializer(serializers.ModelSerializer):
+    extraction_id = serializers.CharField(source="id")
+    cache_id = serializers.CharField(allow_null=True)
+
+    class Meta:
+        model = ExtractionJob
+        fields = [
+            "extraction_id",
+            "model_id",
+            "dataset_id",
+            "status",
+            "progress",
+            "samples_processed",
+            "total_samples",
+            "tokens_processed",
+            "tokens_per_second",
+            "eta_seconds",
+            "hooks",
+            "sample_count",
+            "batch_size",
+            "max_length",
+            "dtype",
+            "cache_id",
+            "cached",
+            "host_worker",
+            "error_code",
+            "error_message",
+            "created_at",
+            "started_at",
+            "finished_at",
+            "extraction_time_seconds",
+        ]
+
+
+class CacheOutputSerializer(serializers.ModelSerializer):
+    """A cache from ``selectors.cache_list``: its dataset is the one shown to the requesting user."""
+
+    dataset_id = serializers.CharField(source="shown_dataset_id", allow_null=True, read_only=True)
+
+    class Meta:
+        model = ActivationCache
+        fields = [
+            "id",
+            "model_id",
+            "dataset_id",
+            "source",
+            "hooks",
+            "max_length",
+            "dtype",
+            "sample_count",
+            "status",
+            "file_size_bytes",
+            "activation_shapes",
+            "num_tokens",
+            "num_samples",
+            "error_code",
+            "error_message",
+            "created_at",
+            "completed_at",
+            "last_accessed_at",
+        ]

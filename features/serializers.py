@@ -186,15 +186,14 @@ class ExplanationJobOutputSerializer(JobOutputSerializer):
 
 
 class ExplanationOutputSerializer(OutputSerializer):
-    """:func:`explanation_state` (``prompt`` only where asked for)."""
+    """:func:`explanation_state` (``prompt`` only where asked for), with a score per scorer column
+    (``Explanation.SCORE_COLUMNS``: a new scorer's column is described as it is shown)."""
 
     id = serializers.IntegerField()
     job_id = serializers.CharField()
     index = serializers.IntegerField()
     text = serializers.CharField(allow_blank=True)
     score = serializers.FloatField(allow_null=True)
-    detection = serializers.FloatField(allow_null=True)
-    fuzzing = serializers.FloatField(allow_null=True)
     scoring = serializers.DictField()
     explainer_model = serializers.CharField(allow_blank=True)
     scorer_model = serializers.CharField(allow_blank=True)
@@ -203,6 +202,12 @@ class ExplanationOutputSerializer(OutputSerializer):
     error_message = serializers.CharField(allow_blank=True)
     created_at = serializers.DateTimeField(allow_null=True)
     prompt = serializers.ListField(child=serializers.DictField(), required=False)
+
+    def get_fields(self):
+        fields = super().get_fields()
+        for column in Explanation.SCORE_COLUMNS.values():
+            fields[column] = serializers.FloatField(allow_null=True, read_only=True)
+        return fields
 
 
 class AnalysisListOutputSerializer(OutputSerializer):

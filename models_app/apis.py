@@ -11,27 +11,13 @@ from mistudio.serializers import StrictSerializer
 from mistudio.throttling import ModelLoadThrottle, ModelRegisterThrottle
 from models_app import selectors, services
 from models_app.models import LanguageModel
-from models_app.serializers import MemoryReportOutputSerializer, WorkerOverviewOutputSerializer
+from models_app.serializers import (
+    MemoryReportOutputSerializer,
+    ModelOutputSerializer,
+    WorkerOverviewOutputSerializer,
+)
 
 MAX_KEEP_ALIVE_SECONDS = 30 * 24 * 3600
-
-
-class ModelOutputSerializer(serializers.ModelSerializer):
-    owner = serializers.CharField(source="owner.username", read_only=True, default=None)
-    identifier = serializers.CharField(source="display_identifier", read_only=True)
-
-    class Meta:
-        model = LanguageModel
-        fields = [
-            "id", "name", "model_type", "architecture", "source", "identifier", "revision", "commit_sha",
-            "config", "quantization", "status", "progress", "stage", "status_message",
-            "download_bytes_done", "download_bytes_total", "memory_usage_bytes", "memory_by_device",
-            "memory_estimates",
-            "load_time_seconds", "parameter_count", "hidden_size", "num_layers", "vocab_size",
-            "context_length", "pinned", "shared", "owner", "keep_alive_seconds", "host_worker",
-            "unload_reason", "rq_job_id", "error_code", "error_message", "error_details", "created_at",
-            "loaded_at", "last_used_at", "updated_at",
-        ]  # fmt: skip
 
 
 class ModelListApi(APIView):

@@ -1,9 +1,28 @@
-"""What the models API answers besides a model's row (``ModelOutputSerializer``, beside its views):
-for the schema, which must describe every body."""
+"""What the models API answers: a model's row (a model serializer that renders it) and its other
+bodies (described for the schema, which must describe every body)."""
 
 from rest_framework import serializers
 
 from mistudio.serializers import OutputSerializer
+from models_app.models import LanguageModel
+
+
+class ModelOutputSerializer(serializers.ModelSerializer):
+    owner = serializers.CharField(source="owner.username", read_only=True, default=None)
+    identifier = serializers.CharField(source="display_identifier", read_only=True)
+
+    class Meta:
+        model = LanguageModel
+        fields = [
+            "id", "name", "model_type", "architecture", "source", "identifier", "revision", "commit_sha",
+            "config", "quantization", "status", "progress", "stage", "status_message",
+            "download_bytes_done", "download_bytes_total", "memory_usage_bytes", "memory_by_device",
+            "memory_estimates",
+            "load_time_seconds", "parameter_count", "hidden_size", "num_layers", "vocab_size",
+            "context_length", "pinned", "shared", "owner", "keep_alive_seconds", "host_worker",
+            "unload_reason", "rq_job_id", "error_code", "error_message", "error_details", "created_at",
+            "loaded_at", "last_used_at", "updated_at",
+        ]  # fmt: skip
 
 
 class MemoryEstimateOutputSerializer(OutputSerializer):
