@@ -14,6 +14,7 @@ from django.db import InterfaceError, OperationalError
 from django.http import Http404, HttpResponseBase, JsonResponse
 from django.utils import timezone
 from rest_framework import exceptions
+from rest_framework.authentication import TokenAuthentication
 from rest_framework.response import Response
 
 logger = logging.getLogger(__name__)
@@ -130,10 +131,12 @@ def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response:
 
 
 def error_response(error: ApplicationError) -> JsonResponse:
-    """``error`` as the documented body, outside DRF views (async views, middleware)."""
-    return with_retry_after(
-        JsonResponse(error_body(error.code, error.message, error.details), status=error.status), error
-    )
+    """``error`` as the documented body, outside DRF views (async views, middleware). A 401 names the
+    scheme to authenticate with, as DRF's views do (RFC 9110 requires the header)."""
+    response = JsonResponse(error_body(error.code, error.message, error.details), status=error.status)
+    if error.status == 401:
+        response["WWW-Authenticate"] = TokenAuthentication().authenticate_header(None)
+    return with_retry_after(response, error)
 
 
 def json_error_response(status: int, code: str | None = None, message: str | None = None) -> JsonResponse:
