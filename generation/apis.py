@@ -27,7 +27,6 @@ from generation.serializers import (
     GenerateInputSerializer,
     GenerationListOutputSerializer,
     GenerationOutputSerializer,
-    GenerationOutputSerializer,
     SweepInputSerializer,
 )
 from generation.services import (
