@@ -1,4 +1,4 @@
-"""mistudio-client against the raw HTTP calls it makes (issue 30's speed goals).
+"""mistudio-client against the raw HTTP calls it makes (the client's speed goals).
 
 On a real stack (``bench/demo_stack.py``: Daphne and a worker as processes, the demo model loaded):
 

@@ -67,7 +67,7 @@ DEFAULT_BENCH_PYTHON = ROOT / ".venv-bench" / "bin" / "python"
 GOAL_LIMIT_RATIO = 0.90
 GOAL_COMPETITOR_RATIO = 1.5
 GOAL_RSS_GROWTH = 0.10
-GOAL_PIPELINE_RATIO = 1.1  # issue 17: pipelined extraction with a slow disk <= 1.1 x max(compute, write)
+GOAL_PIPELINE_RATIO = 1.1  # pipelined extraction with a slow disk <= 1.1 x max(compute, write)
 
 
 def hook_names(layers: list[int]) -> list[str]:
@@ -223,7 +223,7 @@ def extract_to_cache(
 ) -> dict:
     """(M): the worker task's path from the token ids to a finalized cache in ``directory``: the
     batches written by a ``BackgroundWriter`` thread (``pipelined=False``: inline, as before
-    issue 17). ``write_delay`` seconds are added to every shard write (a slow disk)."""
+    the pipelined writer). ``write_delay`` seconds are added to every shard write (a slow disk)."""
     from activations.store import BackgroundWriter
     from engine.extraction import extract, plan_batches
 
@@ -243,7 +243,7 @@ def extract_to_cache(
 
 
 def run_pipeline(model, tokenized: list[list[int]], hooks: list[str], *, shards: int = 16) -> dict:
-    """Issue 17's proof on a CPU: the forward pass alone (compute), the cache writes alone with a
+    """The pipelined writer's proof on a CPU: the forward pass alone (compute), the cache writes alone with a
     fixed delay per shard chosen so that writing takes about as long as computing (write), and
     the whole extraction inline (≈ compute + write) and pipelined (≈ max(compute, write))."""
     from engine.extraction import extract, plan_batches

@@ -1,4 +1,4 @@
-"""Where extraction time goes (issue 25, part 4), for bench/gpu.py: the same batches through
+"""Where extraction time goes for bench/gpu.py: the same batches through
 
 * the bare forward pass, stopped after the deepest hooked block (bench/extraction.py's ``run_limit``);
 * ``extract`` with every batch consumed and dropped: the forward pass and the device-to-host copies;

@@ -1,4 +1,4 @@
-"""Fairness on one model's worker (issue 24): interactive work while a batch job runs, and batch
+"""Fairness on one model's worker: interactive work while a batch job runs, and batch
 jobs of two users taking turns.
 
 On the demo stack (``bench/demo_stack.py``: demo-gpt2 loaded on a real worker process, a real

@@ -1,6 +1,6 @@
 """Feature analysis of every feature of an SAE over a cache of >= 1M tokens, against sae-dashboard
 building the same features' dashboards; dashboard open latency with 24,576 features stored; peak
-RSS at 1x and 4x the cache (issue 15, "Feature discovery").
+RSS at 1x and 4x the cache.
 
 Model and data. demo-gpt2, the workbench's demo model (engine/demo_training.py: 4 layers, width
 128, a 4,096-token BPE vocabulary; trained here for ``--demo-seconds`` (90 s) unless

@@ -13,7 +13,7 @@ The issue's generation benchmark: the kit's 124M GPT-2 (random weights), a 64-to
   plus the argmax, in this process). Goal ≤ 50 ms.
 * **Capture**: the same request with three hooks captured and stored. Goal >= 0.75x.
 * **4 concurrent clients**: aggregate tokens/s (all tokens / wall time) against one client.
-* **Steering** (issue 16): the same streamed request with no intervention, with one ``add`` of a
+* **Steering**: the same streamed request with no intervention, with one ``add`` of a
   d_model vector at ``blocks.6.hook_resid_post`` (goal >= 0.95x of none) and with one
   ``clamp_feature`` of an SAE with d_sae = 8 x d_in at the same hook (goal >= 0.85x), both a
   TopK SAE (k = 32; its encoder runs in full to find a feature's value) and a standard (ReLU)
@@ -339,9 +339,7 @@ def hook_costs(saes: dict, vector: list[float], *, step_seconds: float) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument(
-        "--steering-only", action="store_true", help="only the steering comparison (issue 16)"
-    )
+    parser.add_argument("--steering-only", action="store_true", help="only the steering comparison")
     args = parser.parse_args()
 
     import openai

@@ -1,4 +1,4 @@
-"""The GPU benchmark (issue 17 part 4, issue 25 part 4): where extraction time goes, extraction
+"""The GPU benchmark: where extraction time goes, extraction
 against its peers, decode and SAE training on one device, printed as a markdown table to paste
 into docs/benchmarks.md (and written with its numbers as JSON to ``--output-dir``, default $OUT).
 
@@ -137,7 +137,7 @@ class Sizes:
     bandwidth_bytes: int
 
 
-# About 70k tokens: each extraction row takes a few seconds on an H200 (issue 25's numbers).
+# About 70k tokens: each extraction row takes a few seconds on an H200 (measured).
 FULL = Sizes(
     samples=512,
     max_length=256,

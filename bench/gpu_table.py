@@ -1,5 +1,5 @@
 """bench/gpu.py's table: one row per measurement with its seconds, tokens/s, its ratio to the bare
-forward pass and, where issue 25 sets one, its goal (the least ratio against a yardstick) judged."""
+forward pass and, where one is set, its goal (the least ratio against a yardstick) judged."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""One hostile user beside two honest ones, on one CPU worker (issue 39): what the honest users get.
+"""One hostile user beside two honest ones, on one CPU worker: what the honest users get.
 
 On the demo stack (``bench/demo_stack.py``: demo-gpt2 loaded on a real worker process, a real Daphne
 server), three users with API tokens:
@@ -10,8 +10,9 @@ server), three users with API tokens:
   the worker starts loading it, and until it is ready.
 * **mallory** (hostile), in phase 1 (``--duration`` seconds, beside alice's training and load):
   - floods ``POST /api/generate`` with ``--prompts``-prompt batches of ``--tokens`` tokens each over
-    ``--connections`` connections, paced at the generation rate limit (requests per minute before
-    issue 39; work tokens per minute since), abandoning the requests in flight when she stops;
+    ``--connections`` connections, paced at the generation rate limit (requests per minute in older
+    versions; work tokens per minute since admission counts work), abandoning the requests in
+    flight when she stops;
   - opens her attribution graph's views (``/nodes``, ``/export``) on ``--graph-views``
     connections, back to back;
   and in phase 2 (``--explain-duration`` seconds; alice's training cancelled so that the job runs)
@@ -22,7 +23,7 @@ Reported: bob's time to first token (median, worst) idle and in each phase, alic
 tokens/s under load against alone, her load's wait, every answer's status by user (5xx and
 connection errors counted), the web process's peak resident memory, and mallory's generation rows
 still queued or running 10 s after everything stopped (work that outlived its requests).
-Goals (issue 39): 0 answers >= 500; honest median
+Goals: 0 answers >= 500; honest median
 time to first token <= 3x idle, worst <= 10 s; the honest load starts within 60 s; the training
 keeps >= 0.5x its idle tokens/s; the web process within its memory budget.
 
@@ -154,8 +155,8 @@ def flood(stack, tally: Tally, stop: threading.Event, args) -> None:
         "model_id": stack.model_id, "prompt": [f"{PROMPT}# {index}" for index in range(args.prompts)],
         "max_tokens": args.tokens, "ignore_eos": True, "temperature": 1.0,
     }  # fmt: skip
-    # Requests per minute the rate limit allows: counted in requests before issue 39, in work tokens
-    # (each row's prompt characters / 4 + max_tokens) since.
+    # Requests per minute the rate limit allows: counted in requests in older versions, in work tokens
+    # (each row's prompt characters / 4 + max_tokens) since admission counts work.
     if hasattr(settings, "RATE_LIMIT_GENERATION_TOKENS_PER_MINUTE"):
         cost = sum(-(-len(prompt) // 4) + args.tokens for prompt in body["prompt"])
         per_minute = settings.RATE_LIMIT_GENERATION_TOKENS_PER_MINUTE / cost

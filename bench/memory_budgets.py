@@ -1,4 +1,4 @@
-"""Memory of the second review's examples (issue 24), measured on the processes that hold it.
+"""Memory of the second review's examples, measured on the processes that hold it.
 
 On the demo stack (``bench/demo_stack.py``: demo-gpt2, d_model 128, loaded on a real worker; a
 real Daphne; the demo cache of ``blocks.2.hook_resid_post``), each scenario samples the resident

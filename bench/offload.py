@@ -1,4 +1,4 @@
-"""What splitting a model costs (issue 17, part 2): GPT-2 small whole on the CPU against the same
+"""What splitting a model costs: GPT-2 small whole on the CPU against the same
 weights under ``--device auto`` with a CPU budget below the model, the rest offloaded to disk.
 
 For each placement: what sits where (``bytes_by_device``), extraction to a cache (3 hooks, the

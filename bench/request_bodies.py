@@ -1,6 +1,6 @@
 """Oversize request bodies against the web process: time to the answer, its memory, /healthz meanwhile.
 
-The attacks of issue 12 (an anonymous 100 MiB multipart POST to /api/datasets, a 20 MiB urlencoded
+The attacks a security review found (an anonymous 100 MiB multipart POST to /api/datasets, a 20 MiB urlencoded
 POST to /login/, a signed-in 150 MiB upload over the 100 MiB limit, a chunked 100 MiB body), each
 against plain Daphne (``--server daphne``, before) and miStudio's bounded Daphne (``--server
 bounded``, what production runs). Uses the database and Redis the settings name (the embedded

@@ -1,5 +1,5 @@
 """SAE training streamed from an activation cache on disk: throughput, memory, and our trainer
-against sae-lens's on the same activations (issue 14, part).
+against sae-lens's on the same activations.
 
 Writes two caches of planted sparse activations with the store's own writer (``--rows`` rows and
 four times as many, width ``--d-in``) and a held-out one, then trains a TopK SAE on each cache,

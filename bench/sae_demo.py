@@ -1,6 +1,6 @@
 """SAEs on the demo model, one per layer: explained variance, L0, dead fraction, CE loss recovered.
 
-The issue 14 table: all ``blocks.{i}.hook_resid_post`` of demo-gpt2 (4 layers, width 128), a TopK
+The table: all ``blocks.{i}.hook_resid_post`` of demo-gpt2 (4 layers, width 128), a TopK
 SAE on each (8x expansion, k = 32), trained on the activations of the demo dataset's samples
 (the first 2,000 docstrings of the local corpus, at most 128 tokens each) and evaluated on the
 last 5 % of the samples, held out: reconstruction metrics on their activations, and CE loss

@@ -1,4 +1,4 @@
-"""Training from the model on the fly (issue 27): one SAE against SAELens's own runner, four SAEs in
+"""Training from the model on the fly: one SAE against SAELens's own runner, four SAEs in
 one job against four jobs and against sparsify, and memory as the token count grows.
 
 Every run is a fresh process (its peak RSS its own), on the CPU, timed around the training call

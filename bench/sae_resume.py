@@ -1,4 +1,4 @@
-"""How long an SAE training from a cache takes to resume, by how far it had got (issue 39).
+"""How long an SAE training from a cache takes to resume, by how far it had got.
 
 A time-sliced training resumes every few minutes under contention. Before stream positions, a
 resume replayed the batch stream from its beginning to the checkpoint's step (every batch read from

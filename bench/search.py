@@ -1,4 +1,4 @@
-"""Search by meaning over 100,000 stored feature explanations (issue 28, item 5).
+"""Search by meaning over 100,000 stored feature explanations.
 
 Texts. ``--items`` (100,000) distinct explanation-like descriptions, generated from word lists
 by a fixed seed, the way an explainer model describes a feature ("Closing parentheses in Python

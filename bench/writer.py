@@ -1,4 +1,4 @@
-"""The cache writer against a plain ``write`` of the same bytes to the same place (issue 25).
+"""The cache writer against a plain ``write`` of the same bytes to the same place.
 
 Data: the batches an extraction of GPT-2 small's three ``resid_post`` hooks yields (width 768),
 16 samples of 256 tokens per batch, random values, in the dtype asked (``--dtypes``); built

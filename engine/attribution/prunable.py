@@ -128,8 +128,9 @@ class PrunableGraph(NodeOrder):
 
     @property
     def max_node_threshold(self) -> float:
-        """The largest node threshold whose prune this view holds exactly."""
-        return 1.0 if len(self.ranking) == self.n_nodes else float(self.shares[-1])
+        """The largest node threshold whose prune this view holds exactly: at most 1 (a float32
+        cumulative share can round just past 1, and then every threshold's prune is a stored prefix)."""
+        return 1.0 if len(self.ranking) == self.n_nodes else min(1.0, float(self.shares[-1]))
 
     def node(self, index: int) -> dict[str, Any]:
         """What stored node ``index`` is (:meth:`NodeOrder.describe`)."""

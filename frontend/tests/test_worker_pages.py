@@ -135,7 +135,7 @@ def test_a_reader_may_see_the_workers_and_visitors_must_sign_in(reader):
 def test_another_users_private_model_on_a_worker_is_not_named_to_anyone_else(
     writer, reader, model_admin, client_for, tiny_gpt2_folder, clean_queues
 ):
-    """Issue 12, item 4: the workers API and page, and anonymous /healthz, named other users'
+    """The workers API and page, and anonymous /healthz, named other users'
     private models (and showed hosts, pids, versions to anyone)."""
     from conftest import make_user
     from mistudio.access import OPERATOR

@@ -339,7 +339,7 @@ def test_a_hundred_generations_without_an_error_or_memory_growth(live_stack):
     assert Generation.objects.filter(status="completed").count() >= 120
 
 
-# --- hostile load: bounded pools, work that dies with its request (issue 39) ----------------------
+# --- hostile load: bounded pools, work that dies with its request ----------------------
 
 
 def blocked_readers(pid: int) -> int:

@@ -484,7 +484,7 @@ def owner_field_routes() -> list[tuple[str, str, str, str]]:
 
 
 def test_every_owner_field_any_route_can_change_is_the_owners_alone(users, client_for, tiny_gpt2_folder):
-    """Issue 12, item 3, as a class: ``POST …/load {"quantization"}`` changed a shared model for a
+    """As a class: ``POST …/load {"quantization"}`` changed a shared model for a
     non-owner while PATCH said 403. Every (route, field) pair that can change a row's owner field is
     found from the views, and each must refuse another writer (403 ``NOT_OWNER``, nothing changed)
     and work for the owner (so the pair is real)."""

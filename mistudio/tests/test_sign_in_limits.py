@@ -1,4 +1,4 @@
-"""Sign-in attempts are limited per account and per address (issue 12, item 14): django-axes, with
+"""Sign-in attempts are limited per account and per address: django-axes, with
 the address counted as every other limit counts it (``mistudio.throttling.client_address``)."""
 
 import pytest

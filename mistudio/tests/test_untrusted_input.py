@@ -136,7 +136,7 @@ def test_unicode_names_are_kept_exactly(api, tiny_gpt2_folder):
     assert LanguageModel.objects.get().name == name
 
 
-# --- Hostile JSON and numbers, on every route that takes them (issue 12, item 8) -------------------
+# --- Hostile JSON and numbers, on every route that takes them -------------------
 
 DEEP = "[" * 5000 + "]" * 5000  # Python's json recurses per level: RecursionError, not ValueError
 JUST_TOO_DEEP = '{"a": ' * 40 + "1" + "}" * 40
@@ -284,7 +284,7 @@ def test_an_unexpected_error_in_an_api_or_openai_view_is_json_never_an_html_page
     assert middleware.process_exception(rf.get("/models/"), failure) is None  # pages: Django's own
 
 
-# --- the second review's class 8 (issue 24): each answered with a 4xx, nothing stored -------------
+# --- the second review's class 8: each answered with a 4xx, nothing stored -------------
 
 
 @pytest.fixture

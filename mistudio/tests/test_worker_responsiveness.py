@@ -1,5 +1,5 @@
 """Workers stay responsive at any idle time, and a worker call that misses its deadline is a 503
-that leaves nothing running (issue 24, class 7).
+that leaves nothing running.
 
 The second review: after about two minutes idle, a worker logged "Timeout reading from socket" and
 backed off for up to 60 s (a queued training waited 46 s to start), and ``/encode``, ``/logit-lens``
