@@ -107,16 +107,17 @@ def module_map(root: Path) -> str:
 
 
 def long_modules(root: Path) -> str:
-    """The non-test modules over ``LONG_MODULE_LINES`` lines, longest first, with their line counts."""
+    """The non-test modules over ``LONG_MODULE_LINES`` lines, longest first, each with its size in
+    hundreds of lines ("600+"): an edit of a few lines leaves the page current."""
     counts = [
-        (len(path.read_text(encoding="utf-8").splitlines()), path.relative_to(root).as_posix())
+        (len(path.read_text(encoding="utf-8").splitlines()) // 100 * 100, path.relative_to(root).as_posix())
         for path in python_modules(root, CODE_ROOTS, with_tests=False)
     ]
-    long = sorted(((lines, name) for lines, name in counts if lines > LONG_MODULE_LINES), reverse=True)
+    long = sorted(((-lines, name) for lines, name in counts if lines >= LONG_MODULE_LINES))
     if not long:
         return f"No module is over {LONG_MODULE_LINES} lines.\n"
-    rows = "\n".join(f"{name:<40} {lines:>5}" for lines, name in long)
-    heading = f"{len(long)} modules over {LONG_MODULE_LINES} lines (tests and migrations left out):"
+    rows = "\n".join(f"{name:<40} {-lines:>4}+" for lines, name in long)
+    heading = f"{len(long)} modules of {LONG_MODULE_LINES} lines or more (tests and migrations left out):"
     return f"{heading}\n\n```\n{rows}\n```\n"
 
 

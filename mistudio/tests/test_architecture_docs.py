@@ -73,8 +73,8 @@ def test_write_fills_the_generated_parts_and_leaves_the_prose(scripts, tmp_path,
     assert "  runtime.py                The hook runtime: hooks.\n" in written
     assert "    model.py                The SAE itself, wrapped.\n" in written
     assert "stale map" not in written and "Not in the map" not in written
-    assert "1 modules over 500 lines" in written
-    assert "saes/services.py" in written and "601" in written and "test_services" not in written
+    assert "1 modules of 500 lines or more" in written
+    assert "saes/services.py" in written and "600+" in written and "test_services" not in written
     assert written.endswith("<!-- end generated -->\nProse after.\n")
 
 
