@@ -1,5 +1,7 @@
 """REST API for sparse autoencoders: thin views over selectors and services."""
 
+from typing import Any
+
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
 from rest_framework.parsers import MultiPartParser
@@ -13,7 +15,7 @@ from mistudio.serializers import StrictSerializer
 from mistudio.streaming import ChunkedStreamingResponse
 from models_app.selectors import model_get
 from saes import groups, selectors, services
-from saes.models import ARCHITECTURES, SparseAutoencoder
+from saes.models import ARCHITECTURES, SaeGroup, SparseAutoencoder
 from saes.serializers import (
     SaeEvaluationStartedOutputSerializer,
     SaeGroupListOutputSerializer,
@@ -273,23 +275,24 @@ class SaeGroupListApi(APIView):
 
     @extend_schema(request=TrainSerializer, responses={202: SaeGroupOutputSerializer})
     def post(self, request):
-        data = self.TrainSerializer(data=request.data)
-        data.is_valid(raise_exception=True)
-        values = dict(data.validated_data)
-        model = model_get(user=request.user, model_id=values.pop("model_id"))
-        dataset = dataset_get(user=request.user, dataset_id=values.pop("dataset_id"))
-        name, shared = values.pop("name"), values.pop("shared")
-        settings, members = group_request(values)
-        group = groups.sae_group_train_request(
-            owner=request.user,
-            model=model,
-            dataset=dataset,
-            settings=settings,
-            members=members,
-            name=name,
-            shared=shared,
-        )
+        group = sae_group_train_from_body(user=request.user, body=request.data)
         return Response(sae_group_state(group, viewer=request.user), status=status.HTTP_202_ACCEPTED)
+
+
+def sae_group_train_from_body(*, user, body: dict[str, Any]) -> SaeGroup:
+    """The API's and the page's one path from a request body to a queued group: the body validated
+    (a ValidationError names its fields), the caller's model and dataset resolved, the typed
+    settings and members built, then the service."""
+    data = SaeGroupListApi.TrainSerializer(data=body)
+    data.is_valid(raise_exception=True)
+    values = dict(data.validated_data)
+    model = model_get(user=user, model_id=values.pop("model_id"))
+    dataset = dataset_get(user=user, dataset_id=values.pop("dataset_id"))
+    name, shared = values.pop("name"), values.pop("shared")
+    settings, members = group_request(values)
+    return groups.sae_group_train_request(
+        owner=user, model=model, dataset=dataset, settings=settings, members=members, name=name, shared=shared
+    )
 
 
 SAE_GROUP_API = JobApi(

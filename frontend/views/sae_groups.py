@@ -29,11 +29,11 @@ from frontend.views.job_pages import cancel_form
 from frontend.views.saes import _field_errors, _posted
 from mistudio.access import linked_id, may_change
 from mistudio.errors import ApplicationError
-from models_app.selectors import model_get, model_list
+from models_app.selectors import model_list
 from saes import groups, selectors
-from saes.apis import SaeGroupListApi
+from saes.apis import sae_group_train_from_body
 from saes.models import ARCHITECTURES, SaeGroup
-from saes.serializers import group_request, parse_transcoders, parse_variants
+from saes.serializers import parse_transcoders, parse_variants
 
 CHART_SIZE = (440, 280)
 FORM_DEFAULTS = {
@@ -110,22 +110,7 @@ def sae_group_new_page(request):
         values["transcoders"] = parse_transcoders(shown["transcoders"])
         values["variants"] = parse_variants(shown["variants"])
         values["shared"] = request.POST.get("shared") == "on"
-        data = SaeGroupListApi.TrainSerializer(data=values)
-        data.is_valid(raise_exception=True)
-        validated = dict(data.validated_data)
-        model = model_get(user=request.user, model_id=validated.pop("model_id"))
-        dataset = activation_selectors.dataset_get(user=request.user, dataset_id=validated.pop("dataset_id"))
-        name, shared = validated.pop("name"), validated.pop("shared")
-        settings, members = group_request(validated)
-        group = groups.sae_group_train_request(
-            owner=request.user,
-            model=model,
-            dataset=dataset,
-            settings=settings,
-            members=members,
-            name=name,
-            shared=shared,
-        )
+        group = sae_group_train_from_body(user=request.user, body=values)
     except ValidationError as error:
         errors, status = _field_errors(error), 400
         errors.setdefault("form", "Check the values below.")
