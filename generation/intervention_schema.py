@@ -16,6 +16,7 @@ from typing import Any
 from drf_spectacular.utils import PolymorphicProxySerializer, extend_schema_field
 from rest_framework import serializers
 
+from engine.hooks import MAX_HOOK_NAME_LENGTH
 from engine.intervention_json import (
     MAX_INDICES,
     MAX_MAGNITUDE,
@@ -25,6 +26,9 @@ from engine.intervention_json import (
     UNITS,
 )
 from engine.interventions import Ablate, Add, ClampFeature, Replace
+
+ROW_ID_LENGTH = 64  # what a row's id column holds
+MAX_FEATURE_INDEX = 2**31 - 1
 
 
 @extend_schema_field(
@@ -51,11 +55,24 @@ def _kind(kind: str) -> serializers.Field:
     field = extend_schema_field({"type": "string", "enum": [kind]})(
         type(f"{kind}KindField", (serializers.CharField,), {})
     )
-    return field()
+    return field(max_length=len(kind))
 
 
 def _amount(**options: Any) -> serializers.FloatField:
     return serializers.FloatField(min_value=-MAX_MAGNITUDE, max_value=MAX_MAGNITUDE, **options)
+
+
+def _hook(**options: Any) -> serializers.CharField:
+    return serializers.CharField(max_length=MAX_HOOK_NAME_LENGTH, **options)
+
+
+def _row_id(help_text: str, **options: Any) -> serializers.CharField:
+    """A stored row's id (``sae_…``, ``sv_…``, ``act_…``)."""
+    return serializers.CharField(max_length=ROW_ID_LENGTH, help_text=help_text, **options)
+
+
+def _feature(**options: Any) -> serializers.IntegerField:
+    return serializers.IntegerField(min_value=0, max_value=MAX_FEATURE_INDEX, **options)
 
 
 def _indices(**options: Any) -> serializers.ListField:
@@ -79,12 +96,12 @@ class AddInterventionSerializer(serializers.Serializer):
     ``feature`` (its decoder row)."""
 
     type = _kind(Add.kind)
-    hook = serializers.CharField(required=False, help_text=HOOK_HELP)
+    hook = _hook(required=False, help_text=HOOK_HELP)
     positions = PositionsField(required=False)
     vector = _vector(required=False)
-    steering_vector = serializers.CharField(required=False, help_text="A stored steering vector's id.")
-    sae = serializers.CharField(required=False, help_text="An SAE's (or transcoder's) id.")
-    feature = serializers.IntegerField(min_value=0, required=False)
+    steering_vector = _row_id("A stored steering vector's id.", required=False)
+    sae = _row_id("An SAE's (or transcoder's) id.", required=False)
+    feature = _feature(required=False)
     coefficient = _amount(required=False, default=1.0)
     normalize = serializers.BooleanField(required=False, default=False)
     unit = serializers.ChoiceField(choices=UNITS, required=False, help_text=UNIT_HELP)
@@ -94,10 +111,10 @@ class ClampFeatureInterventionSerializer(serializers.Serializer):
     """An SAE feature set to ``value``, the SAE's reconstruction error kept."""
 
     type = _kind(ClampFeature.kind)
-    hook = serializers.CharField(required=False, help_text=HOOK_HELP)
+    hook = _hook(required=False, help_text=HOOK_HELP)
     positions = PositionsField(required=False)
-    sae = serializers.CharField(help_text="An SAE's id.")
-    feature = serializers.IntegerField(min_value=0)
+    sae = _row_id("An SAE's id.")
+    feature = _feature()
     value = _amount()
     unit = serializers.ChoiceField(choices=UNITS, required=False, help_text=UNIT_HELP)
 
@@ -107,19 +124,19 @@ class AblateInterventionSerializer(serializers.Serializer):
     cache ``mean_from``)."""
 
     type = _kind(Ablate.kind)
-    hook = serializers.CharField(required=False, help_text=HOOK_HELP)
+    hook = _hook(required=False, help_text=HOOK_HELP)
     positions = PositionsField(required=False)
-    sae = serializers.CharField(required=False, help_text="An SAE's id.")
+    sae = _row_id("An SAE's id.", required=False)
     features = _indices(required=False)
     neurons = _indices(required=False)
-    mean_from = serializers.CharField(required=False, help_text="A completed activation cache's id.")
+    mean_from = _row_id("A completed activation cache's id.", required=False)
 
 
 class ReplaceInterventionSerializer(serializers.Serializer):
     """``hook``'s activation set to ``vector`` (activation patching)."""
 
     type = _kind(Replace.kind)
-    hook = serializers.CharField(help_text="A hook point of the model.")
+    hook = _hook(help_text="A hook point of the model.")
     positions = PositionsField(required=False)
     vector = _vector()
 
