@@ -32,6 +32,7 @@ gpu-check: $(VENV)/.installed
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check . && $(VENV)/bin/lint-imports --no-cache
+	$(PY) scripts/architecture_docs.py --check && $(PY) scripts/code_gates.py
 
 format: $(VENV)/.installed
 	$(VENV)/bin/ruff check --fix . && $(VENV)/bin/ruff format .
