@@ -147,26 +147,30 @@ def test_a_batch_yields_at_once_to_whoever_had_less_of_the_worker(settings, load
     batch = request(loaded_llama, ["Long"], owner=heavy, max_tokens=5)
     CLOCK.charge(10.0, [heavy.id])
     workers.CURRENT_WORKER = workers.WorkerIdentity(name=WORKER, device="cpu")
-    try:
-        poll = YieldPoll(batch, lender=None)
+
+    def decoding(lender=None) -> YieldPoll:
+        """A poll whose batch's prefill took no time (its first poll at once), one poll later: its
+        next answer is a decision (a first poll, or one before the batch has decoded as long as its
+        prefill took, always says no, and a stall of the machine could stretch a measured prefill)."""
+        poll = YieldPoll(batch, lender=lender)
+        assert poll() is False
         time.sleep(YIELD_POLL_SECONDS)
+        return poll
+
+    try:
+        poll = decoding()
         assert poll() is False  # nobody else waits
         request(loaded_llama, ["Hi"], owner=writer, max_tokens=4)
         time.sleep(YIELD_POLL_SECONDS)
         assert poll() is True  # the writer had none of the worker's time
 
         CLOCK.charge(20.0, [writer.id])  # the writer has had more than the batch's owner now
-        time.sleep(YIELD_POLL_SECONDS)
-        assert YieldPoll(batch, lender=None)() is False
-        poll = YieldPoll(batch, lender=workers.Lender(owner=writer.id))
-        time.sleep(YIELD_POLL_SECONDS)
-        assert poll() is False  # the job's owner had more: the batch goes on until its slice
+        assert decoding()() is False
+        # the job's owner had more: the batch goes on until its slice
+        assert decoding(workers.Lender(owner=writer.id))() is False
         CLOCK.reset()
         CLOCK.charge(10.0, [heavy.id])
-        poll = YieldPoll(batch, lender=workers.Lender(owner=writer.id))
-        poll()
-        time.sleep(YIELD_POLL_SECONDS)
-        assert poll() is True
+        assert decoding(workers.Lender(owner=writer.id))() is True
     finally:
         workers.CURRENT_WORKER = None
 
