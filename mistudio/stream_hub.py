@@ -196,12 +196,16 @@ class StreamHub:
         return self._connection
 
     def _wake(self) -> None:
+        """Nudge the reader to take a new follower's stream now; best effort: without it the reader
+        takes the stream at its next XREAD (at most ``BLOCK_MS`` later), so a failure never fails
+        the request. redis-py can raise ValueError ("I/O operation on closed file") when a new
+        connection's health check times out under load (seen in CI: a 500 on /api/generate)."""
         try:
             pipeline = hub_redis().pipeline(transaction=False)
             pipeline.xadd(self._wake_key, {"w": "1"}, maxlen=16, approximate=True)
             pipeline.expire(self._wake_key, 3600)
             pipeline.execute()
-        except redis.RedisError:
+        except (redis.RedisError, ValueError):
             logger.warning("stream hub: could not wake the reader", exc_info=True)
 
     def _streams(self) -> dict[str, str]:
