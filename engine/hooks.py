@@ -108,6 +108,12 @@ class _Layout:
 
 
 _LLAMA_LAYOUT = _Layout("layers", "norm", "self_attn", "mlp", "mlp.down_proj")
+# Gemma 2 and 3 normalise each sub-layer's output before the residual add: what is added is the
+# output of post_attention_layernorm / post_feedforward_layernorm, and the MLP reads
+# pre_feedforward_layernorm's output.
+_GEMMA2_LAYOUT = _Layout(
+    "layers", "norm", "post_attention_layernorm", "post_feedforward_layernorm", "mlp.down_proj"
+)
 _LAYOUTS: dict[str, _Layout] = {
     "gpt2": _Layout("h", "ln_f", "attn", "mlp", "mlp.c_proj"),
     "gpt_neo": _Layout("h", "ln_f", "attn", "mlp", "mlp.c_proj"),
@@ -115,6 +121,10 @@ _LAYOUTS: dict[str, _Layout] = {
     "llama": _LLAMA_LAYOUT,
     "mistral": _LLAMA_LAYOUT,
     "qwen2": _LLAMA_LAYOUT,
+    "qwen3": _LLAMA_LAYOUT,
+    "gemma": _LLAMA_LAYOUT,
+    "gemma2": _GEMMA2_LAYOUT,
+    "gemma3_text": _GEMMA2_LAYOUT,
     "gpt_neox": _Layout("layers", "final_layer_norm", "attention", "mlp", "mlp.dense_4h_to_h"),
     "falcon": _Layout("h", "ln_f", "self_attention", "mlp", "mlp.dense_4h_to_h"),
     # BloomAttention and BloomMLP add the residual inside their forward, so their outputs are

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-# HF config ``model_type`` -> architecture family (ARCHITECTURE.md). Llama, Mistral and Qwen2
-# share one module layout but stay separate families, as they are separate model types.
+# HF config ``model_type`` -> architecture family (ARCHITECTURE.md). Llama, Mistral, Qwen2, Qwen3
+# and Gemma share one module layout but stay separate families, as they are separate model types;
+# Gemma 2 and Gemma 3's text model add norms after each sub-layer.
 SUPPORTED_MODEL_TYPES: dict[str, str] = {
     "gpt2": "gpt2",
     "gpt_neo": "gpt_neo",
@@ -11,6 +12,10 @@ SUPPORTED_MODEL_TYPES: dict[str, str] = {
     "llama": "llama",
     "mistral": "mistral",
     "qwen2": "qwen2",
+    "qwen3": "qwen3",
+    "gemma": "gemma",
+    "gemma2": "gemma2",
+    "gemma3_text": "gemma3_text",
     "gpt_neox": "gpt_neox",
     "falcon": "falcon",
     "bloom": "bloom",
@@ -52,6 +57,10 @@ DEFAULT_ARCHITECTURES: dict[str, str] = {
     "llama": "LlamaForCausalLM",
     "mistral": "MistralForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "gemma": "GemmaForCausalLM",
+    "gemma2": "Gemma2ForCausalLM",
+    "gemma3_text": "Gemma3ForCausalLM",
     "gpt_neox": "GPTNeoXForCausalLM",
     "falcon": "FalconForCausalLM",
     "bloom": "BloomForCausalLM",
@@ -64,6 +73,10 @@ _TIED_BY_DEFAULT: dict[str, bool] = {
     "llama": False,
     "mistral": False,
     "qwen2": False,
+    "qwen3": False,
+    "gemma": True,
+    "gemma2": True,
+    "gemma3_text": True,
     "gpt_neox": False,
     "falcon": True,
     "bloom": True,

@@ -37,6 +37,10 @@ FAMILIES: tuple[str, ...] = (
     "llama",
     "mistral",
     "qwen2",
+    "qwen3",
+    "gemma",
+    "gemma2",
+    "gemma3_text",
     "gpt_neox",
     "falcon",
     "bloom",
@@ -93,7 +97,14 @@ def default_tokenizer(family: str, size: str = "tiny") -> PreTrainedTokenizerFas
     """The locally trained tokenizer that :func:`build_tiny_model` uses when given none."""
     _check_family_and_size(family, size)
     geometry = _GEOMETRIES[size]
-    kinds = {"bert": "wordpiece", "qwen2": "qwen2"}
+    kinds = {
+        "bert": "wordpiece",
+        "qwen2": "qwen2",
+        "qwen3": "qwen2",
+        "gemma": "gemma",
+        "gemma2": "gemma",
+        "gemma3_text": "gemma",
+    }
     return build_tokenizer(
         kind=kinds.get(family, "bpe"),
         vocab_size=geometry.tokenizer_vocab,
@@ -176,6 +187,11 @@ def build_config(family: str, *, size: str = "tiny", tokenizer: PreTrainedTokeni
         return transformers.MistralConfig(**rotary_gqa, sliding_window=positions // 2, **special_ids)
     if family == "qwen2":
         return transformers.Qwen2Config(**rotary_gqa, **special_ids)
+    if family == "qwen3":
+        # Qwen3's default head_dim (128) is not hidden / heads; q/k RMSNorms sit inside attention.
+        return transformers.Qwen3Config(**rotary_gqa, head_dim=head_dim, **special_ids)
+    if family in _GEMMA_CONFIGS:
+        return _gemma_config(family, rotary_gqa, head_dim, special_ids)
     if family == "gpt_neox":
         return transformers.GPTNeoXConfig(
             vocab_size=vocab,
@@ -220,6 +236,63 @@ def build_config(family: str, *, size: str = "tiny", tokenizer: PreTrainedTokeni
     )
 
 
+# Gemma families: their config class and what sets each apart. Gemma 2 and 3 mix sliding-window
+# and full attention with a window shorter than the test sequences; Gemma 2 soft-caps attention
+# scores and final logits, with caps small enough to bend a random model's values.
+_GEMMA_CONFIGS: dict[str, tuple[str, dict[str, object]]] = {
+    "gemma": ("GemmaConfig", {}),
+    "gemma2": (
+        "Gemma2Config",
+        {
+            "sliding_window": 8,
+            "layer_types": ["sliding_attention", "full_attention"],
+            "attn_logit_softcapping": 0.5,
+            "final_logit_softcapping": 0.25,
+        },
+    ),
+    "gemma3_text": (
+        "Gemma3TextConfig",
+        {"sliding_window": 8, "layer_types": ["sliding_attention", "full_attention"]},
+    ),
+}
+# Families whose norm weights start at an identity (0 for Gemma's (1 + w) RMSNorm, 1 for Qwen3's
+# q/k norms): they are drawn at random so that a wrong norm formula cannot pass unseen.
+_RANDOM_NORM_FAMILIES: frozenset[str] = frozenset({"qwen3", "gemma", "gemma2", "gemma3_text"})
+_RANDOM_NORM_STD = 0.3
+
+
+def _gemma_config(
+    family: str, rotary_gqa: dict[str, int], head_dim: int, special_ids: dict[str, object]
+) -> PretrainedConfig:
+    import transformers
+
+    class_name, extras = _GEMMA_CONFIGS[family]
+    layers = rotary_gqa["num_hidden_layers"]
+    if "layer_types" in extras:
+        pattern = extras["layer_types"]
+        extras = {**extras, "layer_types": [pattern[layer % len(pattern)] for layer in range(layers)]}
+    if family != "gemma":
+        extras = {**extras, "query_pre_attn_scalar": head_dim}
+    return getattr(transformers, class_name)(
+        **rotary_gqa,
+        head_dim=head_dim,
+        hidden_activation="gelu_pytorch_tanh",
+        tie_word_embeddings=True,
+        **extras,
+        **special_ids,
+    )
+
+
+def _randomize_norms(model: object) -> None:
+    """Draw every norm weight of ``model`` around its initial value (seeded by the caller)."""
+    import torch
+
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "norm" in name.rsplit(".", 2)[-2] and parameter.ndim == 1:
+                parameter.add_(torch.randn_like(parameter) * _RANDOM_NORM_STD)
+
+
 def model_class(family: str) -> type:
     """The ``transformers`` model class :func:`build_tiny_model` instantiates for ``family``."""
     import transformers
@@ -254,6 +327,8 @@ def build_tiny_model(
 
     torch.manual_seed(seed)
     model = model_class(family)(config)
+    if family in _RANDOM_NORM_FAMILIES:
+        _randomize_norms(model)
     model.eval()
 
     output_path = Path(output_dir)

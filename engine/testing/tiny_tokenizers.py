@@ -15,7 +15,10 @@ if TYPE_CHECKING:
 END_OF_TEXT = "<|endoftext|>"
 _BERT_UNKNOWN = "[UNK]"
 BERT_SPECIAL_TOKENS: tuple[str, ...] = ("[PAD]", _BERT_UNKNOWN, "[CLS]", "[SEP]", "[MASK]")
-TOKENIZER_KINDS: tuple[str, ...] = ("bpe", "qwen2", "wordpiece")
+TOKENIZER_KINDS: tuple[str, ...] = ("bpe", "qwen2", "wordpiece", "gemma")
+# Gemma's special tokens, in Gemma's id order; its tokenizer adds <bos> to every sequence.
+GEMMA_SPECIAL_TOKENS: tuple[str, ...] = ("<pad>", "<eos>", "<bos>", "<unk>", "<mask>")
+_GEMMA_BYTE_TOKENS = 256
 
 # Qwen2's pre-tokenizer split (letters, single digits, punctuation runs, newlines). In
 # transformers 5, AutoTokenizer ignores tokenizer_config.json's class for model_type "qwen2"
@@ -80,6 +83,30 @@ def _train_wordpiece(vocab_size: int, corpus: tuple[str, ...] | list[str]) -> An
     return tokenizer
 
 
+def _train_gemma(vocab_size: int, corpus: tuple[str, ...] | list[str]) -> Any:
+    """Learn a Gemma-style BPE: spaces become "▁", no pre-tokenization, and byte fallback, so
+    the 256 ``<0xNN>`` byte tokens close the vocabulary.
+
+    transformers 5 rebuilds ``GemmaTokenizer``'s pipeline around the saved vocabulary and merges
+    whatever tokenizer.json says, so the tokenizer is built as that class from the start. Merges
+    are learned within words (split before each "▁"), so they never cross one; applied to
+    whole texts they tokenize as Gemma's own pipeline does.
+    """
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
+
+    learner = Tokenizer(models.BPE(byte_fallback=True, unk_token=GEMMA_SPECIAL_TOKENS[3], fuse_unk=True))
+    learner.normalizer = normalizers.Replace(" ", "\u2581")
+    learner.pre_tokenizer = pre_tokenizers.Split("\u2581", behavior="merged_with_next")
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size - _GEMMA_BYTE_TOKENS,
+        special_tokens=list(GEMMA_SPECIAL_TOKENS),
+        min_frequency=2,
+        show_progress=False,
+    )
+    learner.train_from_iterator(corpus, trainer)
+    return learner
+
+
 def _train_tokenizer_json(kind: str, vocab_size: int, corpus: tuple[str, ...] | list[str]) -> str:
     """Train a ``tokenizers`` tokenizer and return it serialised, so callers get fresh copies."""
     from tokenizers import (
@@ -101,6 +128,9 @@ def _train_tokenizer_json(kind: str, vocab_size: int, corpus: tuple[str, ...] | 
             ("[CLS]", tokenizer.token_to_id("[CLS]")),
         )
         return tokenizer.to_str()
+
+    if kind == "gemma":
+        return _train_gemma(vocab_size, corpus).to_str()
 
     tokenizer = Tokenizer(models.BPE())
     if kind == "bpe":
@@ -166,6 +196,8 @@ def build_tokenizer(
         serialised = _cached_tokenizer_json(kind, vocab_size)
     else:
         serialised = _train_tokenizer_json(kind, vocab_size, corpus)
+    if kind == "gemma":
+        return _gemma_tokenizer(serialised, model_max_length)
     backend = Tokenizer.from_str(serialised)
 
     if kind in ("bpe", "qwen2"):
@@ -185,4 +217,27 @@ def build_tokenizer(
         }
     return PreTrainedTokenizerFast(
         tokenizer_object=backend, model_max_length=model_max_length, **special_tokens
+    )
+
+
+def _gemma_tokenizer(serialised: str, model_max_length: int) -> PreTrainedTokenizerFast:
+    import json
+
+    from transformers.models.gemma.tokenization_gemma import GemmaTokenizer
+
+    learned = json.loads(serialised)["model"]
+    vocab = dict(learned["vocab"])
+    for byte in range(_GEMMA_BYTE_TOKENS):
+        vocab.setdefault(f"<0x{byte:02X}>", len(vocab))
+    pad, eos, bos, unknown, mask = GEMMA_SPECIAL_TOKENS
+    return GemmaTokenizer(
+        vocab=vocab,
+        merges=[tuple(merge) for merge in learned["merges"]],
+        model_max_length=model_max_length,
+        add_bos_token=True,
+        pad_token=pad,
+        eos_token=eos,
+        bos_token=bos,
+        unk_token=unknown,
+        mask_token=mask,
     )

@@ -127,9 +127,11 @@ def _mlp_neurons_by_hand(family: str, block, x: torch.Tensor) -> torch.Tensor:
         return _gelu_tanh(_linear(x, block.mlp.c_fc))
     if family == "gptj":
         return _gelu_tanh(_linear(x, block.mlp.fc_in))
-    if family in ("llama", "mistral", "qwen2"):
+    if family in ("llama", "mistral", "qwen2", "qwen3"):
         gate = _linear(x, block.mlp.gate_proj)
         return gate * torch.sigmoid(gate) * _linear(x, block.mlp.up_proj)
+    if family in ("gemma", "gemma2", "gemma3_text"):
+        return _gelu_tanh(_linear(x, block.mlp.gate_proj)) * _linear(x, block.mlp.up_proj)
     if family in ("gpt_neox", "falcon"):
         return _gelu_erf(_linear(x, block.mlp.dense_h_to_4h))
     if family == "bloom":
@@ -147,6 +149,10 @@ _MLP_INPUT = {
     "llama": ("mlp", "post_attention_layernorm", False),
     "mistral": ("mlp", "post_attention_layernorm", False),
     "qwen2": ("mlp", "post_attention_layernorm", False),
+    "qwen3": ("mlp", "post_attention_layernorm", False),
+    "gemma": ("mlp", "post_attention_layernorm", False),
+    "gemma2": ("mlp", "pre_feedforward_layernorm", False),
+    "gemma3_text": ("mlp", "pre_feedforward_layernorm", False),
     "gpt_neox": ("mlp", "post_attention_layernorm", True),
     "falcon": ("mlp", "input_layernorm", True),
     "bloom": ("mlp", "post_attention_layernorm", False),
