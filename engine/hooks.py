@@ -44,6 +44,7 @@ __all__ = [
     "hook_sites",
     "layer_of_transcoder_hooks",
     "list_hook_points",
+    "norm_weight_offset",
     "num_layers",
     "resolve_hook_names",
     "transcoder_hooks",
@@ -105,14 +106,22 @@ class _Layout:
     down_projection: str
     # A module whose input (first tensor) is the MLP's input, after the block's second norm.
     mlp_input: str = "mlp"
+    # Added to a norm's weight to give its elementwise scale: Gemma's RMSNorm multiplies by (1 + w).
+    norm_weight_offset: float = 0.0
 
 
 _LLAMA_LAYOUT = _Layout("layers", "norm", "self_attn", "mlp", "mlp.down_proj")
 # Gemma 2 and 3 normalise each sub-layer's output before the residual add: what is added is the
 # output of post_attention_layernorm / post_feedforward_layernorm, and the MLP reads
 # pre_feedforward_layernorm's output.
+_GEMMA_LAYOUT = _Layout("layers", "norm", "self_attn", "mlp", "mlp.down_proj", norm_weight_offset=1.0)
 _GEMMA2_LAYOUT = _Layout(
-    "layers", "norm", "post_attention_layernorm", "post_feedforward_layernorm", "mlp.down_proj"
+    "layers",
+    "norm",
+    "post_attention_layernorm",
+    "post_feedforward_layernorm",
+    "mlp.down_proj",
+    norm_weight_offset=1.0,
 )
 _LAYOUTS: dict[str, _Layout] = {
     "gpt2": _Layout("h", "ln_f", "attn", "mlp", "mlp.c_proj"),
@@ -122,7 +131,7 @@ _LAYOUTS: dict[str, _Layout] = {
     "mistral": _LLAMA_LAYOUT,
     "qwen2": _LLAMA_LAYOUT,
     "qwen3": _LLAMA_LAYOUT,
-    "gemma": _LLAMA_LAYOUT,
+    "gemma": _GEMMA_LAYOUT,
     "gemma2": _GEMMA2_LAYOUT,
     "gemma3_text": _GEMMA2_LAYOUT,
     "gpt_neox": _Layout("layers", "final_layer_norm", "attention", "mlp", "mlp.dense_4h_to_h"),
@@ -170,6 +179,12 @@ def _blocks_path(model: Any) -> str:
 def num_layers(model: Any) -> int:
     """How many blocks the model has."""
     return len(model.get_submodule(_blocks_path(model)))
+
+
+def norm_weight_offset(model: Any) -> float:
+    """What the family's norms add to their weight to scale a normalised vector: 0 for ``x * w``,
+    1 for Gemma's ``x * (1 + w)``."""
+    return _LAYOUTS[family_of(model)].norm_weight_offset
 
 
 def _has_sublayer_sites(model: Any) -> bool:

@@ -6,7 +6,8 @@
   point x position. Each hook point is one batched forward pass: row ``p`` patches position ``p``
   (a per-row ``replace`` intervention).
 * :func:`logit_lens`: the next-token predictions read out of each layer's residual stream (the
-  model's own final norm and unembedding applied to ``blocks.{i}.hook_resid_post``).
+  model's own final norm, unembedding and any final-logit soft-cap applied to
+  ``blocks.{i}.hook_resid_post``, by :func:`engine.readout.logits_from_residual`).
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ from typing import TYPE_CHECKING
 
 from engine.errors import EngineError
 from engine.extraction import extract
-from engine.hooks import LN_FINAL, hook_site, hook_sites, num_layers
+from engine.hooks import hook_sites, num_layers
 from engine.interventions import Intervention, Interventions, Replace
-from engine.placement import execution_device, input_device
+from engine.placement import input_device
+from engine.readout import logits_from_residual
 from engine.runtime import HookRuntime, grad_free_mode
 
 if TYPE_CHECKING:
@@ -120,17 +122,13 @@ def logit_lens(model: PreTrainedModel, token_ids: Sequence[int], *, top: int = 5
 
     layers = list(range(num_layers(model)))
     names = [f"blocks.{layer}.hook_resid_post" for layer in layers]
-    (run,) = extract(model, [list(token_ids)], [[0]], hooks=names, dtype="float32")
-    norm = model.get_submodule(hook_site(model, LN_FINAL).module_path)
-    head = model.get_output_embeddings()
-    if head is None:
+    if model.get_output_embeddings() is None:
         raise PatchingError("NO_UNEMBEDDING", "The model has no output embedding to read the lens with.")
-    parameter = next(head.parameters())
+    (run,) = extract(model, [list(token_ids)], [[0]], hooks=names, dtype="float32")
     result = []
     with grad_free_mode(model)():
         for name in names:
-            residual = run.activations[name].to(device=execution_device(norm), dtype=parameter.dtype)
-            probabilities = torch.softmax(head(norm(residual)).float(), dim=-1)
+            probabilities = torch.softmax(logits_from_residual(model, run.activations[name]), dim=-1)
             values, ids = probabilities.topk(min(top, probabilities.shape[-1]), dim=-1)
             result.append(
                 [

@@ -11,25 +11,21 @@ from typing import Any
 
 import numpy as np
 
-from engine.hooks import LN_FINAL, HookError, hook_site
+from engine.readout import final_norm_scale
 
 
 def unembedding(model: Any):
     """``(W_U [d_model, vocab], scale [d_model] or None)`` of a causal LM: the output embedding,
-    and the final norm's elementwise weight, which multiplies the residual stream before it
-    (as TransformerLens folds it into ``W_U``). None for a model with no output embedding."""
+    and the final norm's elementwise scale (``w``, or ``1 + w`` for Gemma's norms), which
+    multiplies the residual stream before it (as TransformerLens folds it into ``W_U``). None for
+    a model with no output embedding.
+
+    A direction's logit weights are linear in it, so a final-logit soft-cap (which bends the
+    model's whole logits, not one direction's share) is not applied here."""
     output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if output is None or getattr(output, "weight", None) is None:
         return None
-    weight = output.weight.detach().float().cpu()
-    scale = None
-    try:
-        norm = model.get_submodule(hook_site(model, LN_FINAL).module_path)
-        if getattr(norm, "weight", None) is not None:
-            scale = norm.weight.detach().float().cpu()
-    except (HookError, AttributeError):
-        pass
-    return weight.T, scale
+    return output.weight.detach().float().cpu().T, final_norm_scale(model)
 
 
 def logit_effects(

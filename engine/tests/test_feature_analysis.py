@@ -282,3 +282,26 @@ def test_take_from_a_memory_map_reads_blocks_in_row_order(tmp_path):
     for block in (1, 64, 1 << 20):
         np.testing.assert_array_equal(TokenTable.take(column, rows, block=block), values[rows])
     np.testing.assert_array_equal(TokenTable.take(values, rows), values[rows])  # plain memory
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3", "gemma", "gemma2", "gemma3_text"])
+def test_logit_effects_scale_by_the_final_rms_norm_of_each_family(family, load_tiny):
+    """A direction's logit weights are what the model's own final RMSNorm and head give it, less
+    the norm's division by the direction's root mean square (Gemma's norm scales by 1 + w)."""
+    from engine.features.decoder import unembedding
+
+    model = load_tiny(family).model
+    norm = model.get_submodule("model.norm")
+    assert norm.weight.abs().min() > 0  # the tiny models draw norm weights away from identity
+    W_U, scale = unembedding(model)
+    W_dec = torch.randn(D_SAE, model.config.hidden_size, generator=torch.Generator().manual_seed(5))
+
+    effects = logit_effects(W_dec, W_U, scale, top=5, bins=4, block=9)
+
+    with torch.no_grad():
+        eps = getattr(norm, "eps", getattr(norm, "variance_epsilon", None))
+        root_mean_square = (W_dec.pow(2).mean(-1, keepdim=True) + eps).sqrt()
+        expected = model.get_output_embeddings()(norm(W_dec)) * root_mean_square
+    values, ids = expected.topk(5, dim=1)
+    np.testing.assert_array_equal(effects["logit_top_ids"], ids.numpy())
+    np.testing.assert_allclose(effects["logit_top_values"], values.numpy(), rtol=1e-4, atol=1e-5)

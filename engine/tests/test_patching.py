@@ -105,3 +105,41 @@ def test_logit_lens_reads_each_layer_through_the_final_norm_and_unembedding(load
                 assert [p for _, p in got] == pytest.approx(values[position].tolist(), abs=1e-5)
     # The last layer's lens is the model's own prediction.
     assert lens.top[-1][-1][0][0] == int(output.logits[0, -1].argmax())
+
+
+def _output_head_by_hand(model, residual):
+    """Final norm (the model's module), unembedding and, when configured, ``cap * tanh(x / cap)``."""
+    logits = model.get_output_embeddings()(model.get_submodule("model.norm")(residual))
+    cap = getattr(model.config, "final_logit_softcapping", None)
+    return cap * torch.tanh(logits / cap) if cap else logits
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3", "gemma", "gemma2", "gemma3_text"])
+def test_logit_lens_applies_the_final_norm_and_soft_cap_of_each_family(family, load_tiny):
+    weights = load_tiny(family)
+    model, tokenizer = weights.model, weights.tokenizer
+    ids = _ids(tokenizer, CLEAN)
+
+    lens = logit_lens(model, ids, top=4)
+
+    with torch.no_grad():
+        output = model(torch.tensor([ids]), output_hidden_states=True)
+        blocks = model.config.num_hidden_layers
+        for layer in lens.layers[:-1]:
+            probabilities = torch.softmax(_output_head_by_hand(model, output.hidden_states[layer + 1][0]), -1)
+            values, top_ids = probabilities.topk(4, -1)
+            for position in range(len(ids)):
+                got = lens.top[layer][position]
+                assert [token for token, _ in got] == top_ids[position].tolist()
+                assert [p for _, p in got] == pytest.approx(values[position].tolist(), abs=1e-6)
+        # The last layer's lens is the model's own next-token distribution, soft-cap included.
+        own = torch.softmax(output.logits[0].float(), -1)
+        values, top_ids = own.topk(4, -1)
+        for position in range(len(ids)):
+            got = lens.top[blocks - 1][position]
+            assert [token for token, _ in got] == top_ids[position].tolist()
+            assert [p for _, p in got] == pytest.approx(values[position].tolist(), abs=1e-6)
+        if getattr(model.config, "final_logit_softcapping", None):
+            # The cap is small enough that forgetting it would change the distribution.
+            uncapped = torch.log_softmax(model.lm_head(output.hidden_states[-1][0]), -1)
+            assert (uncapped - own.log()).abs().max() > 0.1
