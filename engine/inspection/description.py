@@ -15,6 +15,9 @@ from engine.inspection.families import (
     _TIED_BY_DEFAULT,
     DEFAULT_ARCHITECTURES,
     ENCODER_MODEL_TYPES,
+    ROTARY_FAMILIES,
+    ROTARY_TABLE_PER_LAYER_TYPE,
+    SCALED_EMBEDDING_FAMILIES,
     SUPPORTED_MODEL_TYPES,
 )
 
@@ -235,9 +238,21 @@ def _buffer_bytes(family: str, config: dict[str, Any], hidden: int, layers: int,
         return layers * positions * rotary_dim * 4
     if family == "bert":
         return 2 * positions * 8  # position_ids and token_type_ids, int64
-    if family in ("llama", "mistral", "qwen2", "gpt_neox", "falcon"):
-        return 2 * (head_dim // 2) * 4  # inv_freq and original_inv_freq, float32
+    if family in ROTARY_FAMILIES:
+        return _rotary_bytes(family, config, head_dim) + (4 if family in SCALED_EMBEDDING_FAMILIES else 0)
     return 0
+
+
+def _rotary_bytes(family: str, config: dict[str, Any], head_dim: int) -> int:
+    """inv_freq and original_inv_freq (float32, head_dim / 2 each) per rotary table; the head
+    width is the config's head_dim where it has one (Gemma's and Qwen3's differ from
+    hidden / heads)."""
+    head_dim = _config_int(config, ("head_dim",)) or head_dim
+    tables = 1
+    layer_types = config.get("layer_types")
+    if family in ROTARY_TABLE_PER_LAYER_TYPE and isinstance(layer_types, list) and layer_types:
+        tables = len({str(kind) for kind in layer_types})
+    return tables * 2 * (head_dim // 2) * 4
 
 
 def describe(

@@ -82,3 +82,13 @@ _TIED_BY_DEFAULT: dict[str, bool] = {
     "bloom": True,
     "bert": True,
 }
+
+# Rotary families: how their rotary tables are laid out. Each table registers inv_freq and
+# original_inv_freq (float32, head_dim / 2 each); Gemma 3 keeps one table per attention kind
+# in config.layer_types (sliding and full attention use different bases).
+ROTARY_FAMILIES: frozenset[str] = frozenset(
+    {"llama", "mistral", "qwen2", "qwen3", "gpt_neox", "falcon", "gemma", "gemma2", "gemma3_text"}
+)
+ROTARY_TABLE_PER_LAYER_TYPE: frozenset[str] = frozenset({"gemma3_text"})
+# Families whose embedding multiplies by sqrt(hidden_size), kept as a float32 scalar buffer.
+SCALED_EMBEDDING_FAMILIES: frozenset[str] = frozenset({"gemma", "gemma2", "gemma3_text"})
