@@ -544,14 +544,15 @@ def test_the_engine_imports_without_django_or_torch():
 
 def _tokenizers_of_every_kind() -> dict[str, object]:
     """Real trained tokenizers: byte-level BPE, Qwen2's (NFC, digits split), BERT's WordPiece
-    (``[CLS] ... [SEP]``), a BPE that adds a BOS, and one that truncates on the left."""
+    (``[CLS] ... [SEP]``), Gemma's (``<bos>``, byte fallback), a BPE that adds a BOS, and one
+    that truncates on the left."""
     import copy
 
     from tokenizers import processors
 
     from engine.testing.tiny_models import END_OF_TEXT, build_tokenizer
 
-    kinds = {kind: build_tokenizer(kind=kind) for kind in ("bpe", "qwen2", "wordpiece")}
+    kinds = {kind: build_tokenizer(kind=kind) for kind in ("bpe", "qwen2", "wordpiece", "gemma")}
     with_bos = build_tokenizer(kind="bpe")
     bos_id = with_bos.convert_tokens_to_ids(END_OF_TEXT)
     with_bos.backend_tokenizer.post_processor = processors.TemplateProcessing(
@@ -579,7 +580,7 @@ def _awkward_long_texts() -> list[str]:
     return texts
 
 
-@pytest.mark.parametrize("kind", ["bpe", "qwen2", "wordpiece", "bpe_with_bos", "wordpiece_left"])
+@pytest.mark.parametrize("kind", ["bpe", "qwen2", "wordpiece", "gemma", "bpe_with_bos", "wordpiece_left"])
 def test_long_texts_tokenize_exactly_as_whole_texts_truncated(kind):
     tokenizer = _tokenizers_of_every_kind()[kind]
     texts = _awkward_long_texts()

@@ -101,6 +101,22 @@ def test_bpe_tokenizer_round_trips_text():
     assert tokenizer.pad_token_id is not None
 
 
+def test_gemma_tokenizer_adds_bos_falls_back_to_bytes_and_round_trips(tmp_path):
+    tokenizer = build_tokenizer(kind="gemma")
+    text = "The function returns  a value: 42.\n\tÜnïcode — 中文 too."
+
+    ids = tokenizer(text)["input_ids"]
+    assert ids[0] == tokenizer.bos_token_id and tokenizer.bos_token == "<bos>"
+    assert tokenizer.unk_token_id not in ids  # unseen characters become <0xNN> byte tokens
+    assert "<0xE4>" in tokenizer.convert_ids_to_tokens(ids)
+    assert tokenizer.decode(ids, skip_special_tokens=True) == text
+    prose = "The function returns a new list of strings."
+    assert len(tokenizer(prose)["input_ids"]) < len(prose) / 3  # merges were learned
+    # transformers rebuilds GemmaTokenizer around the saved vocabulary: it must tokenize alike.
+    folder = build_tiny_model("gemma2", tmp_path / "gemma2")
+    assert AutoTokenizer.from_pretrained(folder)(text)["input_ids"] == ids
+
+
 def test_wordpiece_tokenizer_wraps_in_cls_and_sep():
     tokenizer = build_tokenizer(kind="wordpiece")
     ids = tokenizer("The function returns a value.")["input_ids"]
@@ -111,7 +127,7 @@ def test_wordpiece_tokenizer_wraps_in_cls_and_sep():
     assert {"[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"} <= set(tokenizer.get_vocab())
 
 
-@pytest.mark.parametrize("kind", ["bpe", "qwen2", "wordpiece"])
+@pytest.mark.parametrize("kind", ["bpe", "qwen2", "wordpiece", "gemma"])
 def test_tokenizer_training_is_deterministic(kind):
     # An explicit corpus bypasses the per-process cache, so this really trains twice.
     corpus = local_corpus(max_chars=150_000)
