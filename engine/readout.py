@@ -58,7 +58,10 @@ def final_norm_scale(model: Any) -> Tensor | None:
 
 def final_logit_cap(model: Any) -> float | None:
     """The cap of the final-logit soft-capping (Gemma 2), None when the model has none."""
-    cap = getattr(getattr(model, "config", None), "final_logit_softcapping", None)
+    config = getattr(model, "config", None)
+    # A multimodal config keeps its language model's settings in its text config.
+    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    cap = getattr(text_config, "final_logit_softcapping", None)
     return float(cap) if cap else None
 
 

@@ -3,7 +3,9 @@
 import pytest
 import torch
 
+from engine.extraction import extract
 from engine.patching import PatchingError, logit_lens, patching_grid
+from engine.readout import logits_from_residual
 
 CLEAN = "The cat sat on the mat and the cat"
 
@@ -139,6 +141,10 @@ def test_logit_lens_applies_the_final_norm_and_soft_cap_of_each_family(family, l
             got = lens.top[blocks - 1][position]
             assert [token for token, _ in got] == top_ids[position].tolist()
             assert [p for _, p in got] == pytest.approx(values[position].tolist(), abs=1e-6)
+        # The readout itself, from the last block's output: the model's logits exactly.
+        (run,) = extract(model, [ids], [[0]], hooks=[f"blocks.{blocks - 1}.hook_resid_post"])
+        logits = logits_from_residual(model, run.activations[f"blocks.{blocks - 1}.hook_resid_post"])
+        torch.testing.assert_close(logits, output.logits[0].float(), atol=1e-6, rtol=1e-5)
         if getattr(model.config, "final_logit_softcapping", None):
             # The cap is small enough that forgetting it would change the distribution.
             uncapped = torch.log_softmax(model.lm_head(output.hidden_states[-1][0]), -1)
