@@ -70,7 +70,7 @@ STEERING_PROMPTS = (
     "My favourite thing about the weekend is",
     "Here is a short story about a cat:",
 )
-STEERING_COEFFICIENTS = (0.25, 0.5, 1.0, 2.0, 4.0)
+STEERING_COEFFICIENTS = (0.5, 1.0, 2.0, 4.0, 8.0)
 GOALS = {
     "max_abs_diff": 1e-4,
     "explained_variance": 0.8,
@@ -300,13 +300,52 @@ def compare_extraction(
     return result
 
 
+def corpus_rows(model, tokenized: list[list[int]], hook: str, cache: Path | None) -> tuple:
+    """The corpus's activations, extracted (timed) or read from ``cache`` (a file of an earlier run
+    with the same arguments)."""
+    import torch
+
+    if cache is not None and cache.is_file():
+        return torch.load(cache), {"read_from": str(cache)}
+    started = time.perf_counter()
+    rows = extract_rows(model, tokenized, hook)
+    seconds = time.perf_counter() - started
+    if cache is not None:
+        torch.save(rows, cache)
+    return rows, {"tokens": len(rows), "tokens_per_second": len(rows) / seconds}
+
+
 # -- 2. the SAE ------------------------------------------------------------------------------------------
 
 
+class BosKeptClean:
+    """An SAE whose splice leaves each sequence's first position (the BOS, Gemma's attention sink,
+    some 17x the norm of other tokens) as the model had it: what ``ce_loss_recovered`` measures
+    then is the SAE on the text's tokens alone, as SAELens' evaluations exclude special tokens."""
+
+    def __init__(self, sae) -> None:
+        self.sae, self.shape, self.W_enc = sae, sae.shape, sae.W_enc
+
+    def __call__(self, x):
+        out = self.sae(x)
+        out[..., 0, :] = x[..., 0, :]
+        return out
+
+
 def train_sae(
-    train_rows, held_out_rows, model, held_out_sequences: list[list[int]], hook: str, quick: bool
+    train_rows,
+    held_out_rows,
+    held_out_text,
+    model,
+    held_out_sequences: list[list[int]],
+    hook: str,
+    *,
+    quick: bool,
+    sae_dir: Path | None,
 ) -> tuple:
-    """A TopK SAE with the product's defaults for this many rows; its held-out metrics."""
+    """A TopK SAE with the product's defaults for this many rows (loaded from ``sae_dir`` when it
+    holds one, else trained and saved there); its held-out metrics, on all rows and on the text's
+    (``held_out_text``: a mask leaving the BOS rows out)."""
     import torch
 
     from engine.sae import (
@@ -319,6 +358,7 @@ def train_sae(
         train,
     )
     from engine.sae.evaluation import ce_loss_recovered, evaluate_activations
+    from engine.sae.formats import load_saelens, save_saelens
 
     d_in = train_rows.shape[1]
     batch_size = 4096
@@ -334,42 +374,59 @@ def train_sae(
         warmup_steps=max(1, steps // 20),
         dead_after_steps=default_dead_after_steps(steps),
     )
-    generator = torch.Generator().manual_seed(SEED)
-    chunks = (
-        train_rows[start : start + 16384]
-        for _ in range(-(-total_tokens // len(train_rows)))
-        for start in range(0, len(train_rows), 16384)
-    )
-    started = time.perf_counter()
-    trained = train(
-        shuffled_batches(chunks, batch_size=batch_size, buffer_rows=16 * batch_size),
-        d_in=d_in,
-        config=config,
-        sample=train_rows[torch.randperm(len(train_rows), generator=generator)[:8192]],
-    )
-    seconds = time.perf_counter() - started
-    evaluation = evaluate_activations(trained.sae, [held_out_rows])
-    ce = ce_loss_recovered(model, held_out_sequences, hook_name=hook, sae=trained.sae)
     metrics = {
         "d_in": d_in,
         "d_sae": config.d_sae,
         "k": config.k,
         "lr": config.lr,
         "batch_size": batch_size,
-        "steps": trained.steps,
-        "training_tokens": trained.tokens,
+        "steps": steps,
+        "training_tokens": total_tokens,
         "distinct_training_rows": len(train_rows),
         "dead_after_steps": config.dead_after_steps,
-        "training_seconds": seconds,
-        "training_tokens_per_second": trained.tokens / seconds,
-        "held_out_rows": len(held_out_rows),
-        "ce_sequences": len(held_out_sequences),
-        **evaluation.to_dict(),
-        "dead_fraction": evaluation.dead_features / config.d_sae,
-        **ce.to_dict(),
     }
+    if sae_dir is not None and (sae_dir / "cfg.json").is_file():
+        sae, _ = load_saelens(sae_dir)
+        metrics["loaded_from"] = str(sae_dir)
+    else:
+        generator = torch.Generator().manual_seed(SEED)
+        chunks = (
+            train_rows[start : start + 16384]
+            for _ in range(-(-total_tokens // len(train_rows)))
+            for start in range(0, len(train_rows), 16384)
+        )
+        started = time.perf_counter()
+        trained = train(
+            shuffled_batches(chunks, batch_size=batch_size, buffer_rows=16 * batch_size),
+            d_in=d_in,
+            config=config,
+            sample=train_rows[torch.randperm(len(train_rows), generator=generator)[:8192]],
+        )
+        seconds = time.perf_counter() - started
+        sae = trained.sae
+        metrics.update(training_seconds=seconds, training_tokens_per_second=trained.tokens / seconds)
+        if sae_dir is not None:
+            save_saelens(sae, sae_dir, hook_name=hook, model_name="gemma-3-270m")
+    evaluation = evaluate_activations(sae, [held_out_rows])
+    text_only = evaluate_activations(sae, [held_out_rows[held_out_text]])
+    ce = ce_loss_recovered(model, held_out_sequences, hook_name=hook, sae=sae)
+    ce_text = ce_loss_recovered(model, held_out_sequences, hook_name=hook, sae=BosKeptClean(sae))
+    # The evaluations' "tokens" are the held-out rows', then the CE run's (predicted tokens).
+    metrics.update(
+        {
+            "held_out_rows": len(held_out_rows),
+            "ce_sequences": len(held_out_sequences),
+            **evaluation.to_dict(),
+            "dead_fraction": evaluation.dead_features / sae.W_dec.shape[0],
+            **ce.to_dict(),
+            "text_explained_variance": text_only.explained_variance,
+            "text_l0": text_only.l0,
+            "text_ce_loss_recovered": ce_text.ce_loss_recovered,
+            "text_sae_loss": ce_text.sae_loss,
+        }
+    )
     metrics.pop("feature_density", None)
-    return trained.sae, metrics
+    return sae, metrics
 
 
 # -- 3. feature analysis and steering --------------------------------------------------------------------
@@ -412,8 +469,12 @@ def pick_feature(sae, rows, tokenized: list[list[int]], kinds: list[str], kind: 
     mean_in, mean_out = features[inside].mean(0), features[outside].mean(0)
     density_in = (features[inside] > 0).float().mean(0)
     specificity = mean_in / (mean_out + 1e-3 * mean_in.max())
-    specificity[(density_in < 0.01) | (density_in > 0.30)] = -1
-    chosen = int(specificity.argmax())
+    # The strongest on the kind among those firing there 10x more than elsewhere, on 1-50 % of its
+    # tokens: a rare feature's direction barely moves the text (a 8 %-dense one made it degenerate
+    # before the feature showed in it).
+    eligible = (specificity >= 10) & (density_in >= 0.01) & (density_in <= 0.5)
+    strength = torch.where(eligible, mean_in, torch.full_like(mean_in, -1.0))
+    chosen = int(strength.argmax())
     per_kind = {
         name: float(features[not_bos & (labels == number), chosen].mean())
         for number, name in enumerate(KINDS)
@@ -492,6 +553,7 @@ def steering_sweep(
     baseline = rows[0]["activation_mean"]
     for row in rows:
         row["ratio_to_unsteered"] = row["activation_mean"] / baseline if baseline > 0 else None
+        row["reaches_2x"] = row["activation_mean"] > 0 and row["activation_mean"] >= 2 * baseline
     return rows
 
 
@@ -513,6 +575,15 @@ def main() -> None:
     parser.add_argument("--sequences", type=int, default=2400)
     parser.add_argument("--compare-sequences", type=int, default=256)
     parser.add_argument("--ce-sequences", type=int, default=64)
+    parser.add_argument(
+        "--sae-dir", type=Path, help="load the SAE from here when it holds one, else save it here"
+    )
+    parser.add_argument(
+        "--rows-cache", type=Path, help="the corpus's activations: read when present, else saved"
+    )
+    parser.add_argument(
+        "--skip-bos", action="store_true", help="train on the text's tokens, BOS rows left out"
+    )
     parser.add_argument("--explain-features", type=int, default=8, help="0: no explanations")
     parser.add_argument("--steer-kind", choices=KINDS, default="bible")
     parser.add_argument("--bench-python", type=Path, default=BENCH_PYTHON)
@@ -567,24 +638,27 @@ def main() -> None:
         )
     print(json.dumps(results["extraction_comparison"], indent=1), flush=True)
     with timer("1. extraction: the whole corpus"):
-        started = time.perf_counter()
-        rows = extract_rows(model, tokenized, hook)
-        results["extraction_corpus"] = {
-            "tokens": len(rows),
-            "tokens_per_second": len(rows) / (time.perf_counter() - started),
-        }
+        rows, results["extraction_corpus"] = corpus_rows(model, tokenized, hook, arguments.rows_cache)
     boundary = sum(len(ids) for ids in tokenized[:first_held_out])
     train_rows, held_out_rows = rows[:boundary], rows[boundary:]
 
     with timer("2. SAE training and evaluation"):
+        held_out_text = torch.cat([torch.arange(len(ids)) > 0 for ids in tokenized[first_held_out:]])
+        if arguments.skip_bos:  # train on the text's tokens only
+            train_rows = train_rows[
+                torch.cat([torch.arange(len(ids)) > 0 for ids in tokenized[:first_held_out]])
+            ]
         sae, results["sae"] = train_sae(
             train_rows,
             held_out_rows,
+            held_out_text,
             model,
             tokenized[first_held_out:][: arguments.ce_sequences],
             hook,
-            arguments.quick,
+            quick=arguments.quick,
+            sae_dir=arguments.sae_dir,
         )
+        results["sae"]["trained_on"] = "text tokens (BOS rows left out)" if arguments.skip_bos else "all rows"
     print(json.dumps(results["sae"], indent=1), flush=True)
 
     with timer("3. feature analysis"):
@@ -631,10 +705,7 @@ def main() -> None:
 def goals_met(results: dict) -> dict:
     comparison, sae, steering = results["extraction_comparison"], results["sae"], results["steering"]
     reached = [
-        row
-        for row in steering[1:]
-        if (row["ratio_to_unsteered"] or 0) >= GOALS["steering_ratio"]
-        and (row["distinct_2"] or 0) >= GOALS["distinct_2"]
+        row for row in steering[1:] if row["reaches_2x"] and (row["distinct_2"] or 0) >= GOALS["distinct_2"]
     ]
     return {
         "max_abs_diff": verdict(comparison.get("max_abs_diff"), GOALS["max_abs_diff"], at_most=True),
@@ -656,17 +727,19 @@ def report(results: dict) -> None:
     print(
         f"extraction tok/s: miStudio {comparison['mistudio_tokens_per_second']:,.0f}, nnsight "
         f"{f'{nnsight:,.0f}' if nnsight else 'n/a'}; max |diff| {comparison.get('max_abs_diff')}; "
-        f"whole corpus {results['extraction_corpus']['tokens_per_second']:,.0f} tok/s"
+        f"whole corpus {results['extraction_corpus'].get('tokens_per_second', 0):,.0f} tok/s"
     )
     print(
         f"SAE d_sae {sae['d_sae']} k {sae['k']} {sae['steps']} steps: EV {sae['explained_variance']:.3f} "
         f"L0 {sae['l0']:.1f} dead {sae['dead_fraction']:.1%} CE recovered {sae['ce_loss_recovered']:.3f} "
-        f"(clean {sae['clean_loss']:.3f}, SAE {sae['sae_loss']:.3f}, zero {sae['zero_ablation_loss']:.3f})"
+        f"(clean {sae['clean_loss']:.3f}, SAE {sae['sae_loss']:.3f}, zero {sae['zero_ablation_loss']:.3f}); "
+        f"text tokens only (BOS left as it was): EV {sae['text_explained_variance']:.3f} "
+        f"CE recovered {sae['text_ce_loss_recovered']:.3f}"
     )
     for row in results["steering"]:
         print(
             f"steer x{row['coefficient']:<5} activation {row['activation_mean']:.3f} "
-            f"ratio {row['ratio_to_unsteered']} distinct-2 {row['distinct_2']}"
+            f"ratio {row['ratio_to_unsteered']} distinct-2 {row['distinct_2']} 2x: {row['reaches_2x']}"
         )
     if "explanations" in results:
         chat, base = results["explanations"]["engine_prompts"], results["explanations"]["base_model_prompts"]
