@@ -145,6 +145,9 @@ MODEL_OFFLOAD_DIR = env_directory("MODEL_OFFLOAD_DIR", DATA_DIR / "offload")
 ACTIVATION_CACHE_DIR = env_directory("ACTIVATION_CACHE_DIR", DATA_DIR / "activations")
 DATASET_DIR = env_directory("MISTUDIO_DATASET_DIR", DATA_DIR / "datasets")
 LOCAL_MODEL_ROOTS = env_roots("LOCAL_MODEL_ROOTS", [DATA_DIR / "local_models"])
+# Models miStudio made from registered files: a GGUF's safetensors conversion, one folder per
+# file content (sha256), written by the worker at the model's first load.
+MODEL_STORE_DIR = env_directory("MODEL_STORE_DIR", DATA_DIR / "model_store")
 LOCAL_DATA_ROOTS = env_roots("LOCAL_DATA_ROOTS", [DATA_DIR / "local_data"])
 # Sparse autoencoders: one SAELens folder per SAE (plus its training checkpoint while it trains).
 SAE_DIR = env_directory("SAE_DIR", DATA_DIR / "saes")

@@ -14,6 +14,7 @@ from django.db import IntegrityError, transaction
 
 from engine import budgets
 from engine.errors import EngineError
+from engine.gguf import convert_gguf
 from engine.hub import download_model, hub_metadata, validate_hub_id
 from engine.inspection import (
     applicable_quantizations,
@@ -22,6 +23,7 @@ from engine.inspection import (
     inspect_folder,
     memory_estimates,
 )
+from engine.inspection.gguf import GGUF_SUFFIX, inspect_gguf
 from engine.registry import LOADED_MODELS
 from mistudio.access import OPERATOR, audience, check_may_change, visible_rows
 from mistudio.errors import ApplicationError
@@ -53,6 +55,7 @@ ENGINE_ERROR_STATUS = {
     "HUB_OFFLINE": 503,
     "HUB_ERROR": 502,
     "DOWNLOAD_CANCELLED": 409,
+    "GGUF_CONVERSION_FAILED": 422,
 }
 
 
@@ -100,9 +103,51 @@ def local_model_folder(raw_path: str) -> Path:
     return folder
 
 
+def local_model_path(raw_path: str) -> Path:
+    """The real model folder, or GGUF file, behind ``raw_path`` inside ``LOCAL_MODEL_ROOTS``.
+
+    A ``.gguf`` file is a model by itself; so is a folder without ``config.json`` that holds
+    exactly one (the file is returned). Anything else is checked as :func:`local_model_folder`.
+    """
+    path = path_inside_roots(raw_path, settings.LOCAL_MODEL_ROOTS, setting="LOCAL_MODEL_ROOTS")
+    if path.is_file():
+        if path.suffix.lower() != GGUF_SUFFIX:
+            raise ApplicationError(
+                "INVALID_LOCAL_PATH", "The local path is neither a folder nor a .gguf file."
+            )
+        return path
+    folder = local_model_folder(str(path))
+    if (folder / "config.json").exists():
+        return folder
+    gguf_files = sorted(entry for entry in folder.iterdir() if entry.suffix.lower() == GGUF_SUFFIX)
+    if len(gguf_files) > 1:
+        raise ApplicationError(
+            "INVALID_MODEL",
+            f"The folder holds {len(gguf_files)} .gguf files; register one of them by its path.",
+            details={"files": [entry.name for entry in gguf_files][:20]},
+        )
+    return gguf_files[0].resolve() if gguf_files else folder
+
+
+def model_gguf_file(model: LanguageModel) -> Path | None:
+    """The GGUF file a local model was registered from (checked inside the roots), else None."""
+    if model.source != LanguageModel.Source.LOCAL or not model.identifier.lower().endswith(GGUF_SUFFIX):
+        return None
+    return local_model_path(model.identifier)
+
+
+def model_gguf_converted(*, gguf_file: Path, on_progress: Callable[[float], None] | None = None) -> Path:
+    """The safetensors copy of ``gguf_file`` in ``MODEL_STORE_DIR``, converted first if there is
+    none yet (worker only: it loads the whole model)."""
+    return convert_gguf(gguf_file, store=settings.MODEL_STORE_DIR, on_progress=on_progress)
+
+
 def model_file_roots(model: LanguageModel) -> list[Path]:
-    """Where the files of the model's folder may lie, links resolved: its local roots, or the
-    model cache for a hub model (whose snapshot files link to the cache's blobs)."""
+    """Where the files of the model's folder may lie, links resolved: its local roots, the model
+    store for a GGUF (its converted copy), or the model cache for a hub model (whose snapshot
+    files link to the cache's blobs)."""
+    if model.source == LanguageModel.Source.LOCAL and model.identifier.lower().endswith(GGUF_SUFFIX):
+        return [settings.MODEL_STORE_DIR]
     if model.source == LanguageModel.Source.LOCAL:
         return list(settings.LOCAL_MODEL_ROOTS)
     return [settings.MODEL_CACHE_DIR]
@@ -113,8 +158,10 @@ def model_inspect_source(*, source: str, identifier: str, revision: str = "") ->
 
     try:
         if source == LanguageModel.Source.LOCAL:
-            folder = local_model_folder(identifier)
-            return inspect_folder(folder, roots=settings.LOCAL_MODEL_ROOTS), str(folder), ""
+            path = local_model_path(identifier)
+            if path.is_file():
+                return inspect_gguf(path), str(path), ""
+            return inspect_folder(path, roots=settings.LOCAL_MODEL_ROOTS), str(path), ""
         repo_id = validate_hub_id(identifier)
         metadata = hub_metadata(repo_id, revision=revision or None, token=settings.HF_TOKEN)
         info = describe(metadata.config, metadata.tensor_shapes, [file.path for file in metadata.files])
@@ -390,14 +437,14 @@ def model_cancel_load(*, model_id: str) -> LanguageModel:
 
 
 def model_download(*, model: LanguageModel, on_progress: Callable[[int, int], None] | None = None) -> Path:
-    """The folder with the model's files: a local folder as is, a hub model downloaded into
-    MODEL_CACHE_DIR with byte progress published as ``model:downloading`` (throttled).
+    """The folder with the model's files: a local folder (or GGUF file) as is, a hub model
+    downloaded into MODEL_CACHE_DIR with byte progress published as ``model:downloading`` (throttled).
 
     Raises the hub's ``EngineError`` as is: the load task needs to know whether it is transient.
     """
 
     if model.source == LanguageModel.Source.LOCAL:
-        return local_model_folder(model.identifier)
+        return local_model_path(model.identifier)
     throttle = ProgressThrottle()
 
     def progress(done: int, total: int) -> None:

