@@ -4,16 +4,20 @@ The files are tiny Q8_0 Llamas written here with the ``gguf`` package; the refer
 transformers' own ``from_pretrained(gguf_file=...)`` of the same file.
 """
 
+import io
 import json
 
 import pytest
 import torch
+from asgiref.sync import sync_to_async
 from django.conf import settings
+from django.core.management import call_command
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from engine.gguf import CONVERSION_MARKER, converted_folder_name, file_sha256
 from engine.registry import LOADED_MODELS
 from engine.testing.tiny_gguf import TOKENS, write_tiny_gguf
+from mistudio.tests.websocket import events_socket, token_header
 from mistudio.workers import run_worker
 from models_app.models import LanguageModel
 from models_app.services import model_load_request, model_register, model_unload_request
@@ -163,3 +167,53 @@ def test_a_gguf_transformers_cannot_convert_fails_the_load_with_a_code(writer, g
     assert model.status == "failed" and model.error_code == "GGUF_CONVERSION_FAILED"
     assert not (settings.MODEL_STORE_DIR / converted_folder_name(file_sha256(path))).exists()
     assert not [entry for entry in settings.MODEL_STORE_DIR.iterdir() if entry.name.startswith(".")]
+
+
+async def loading_stages(communicator) -> list[tuple[str, float]]:
+    stages = []
+    while True:
+        message = await communicator.receive_json_from(timeout=60)
+        if message["type"] != "event":
+            continue
+        if message["event"] == "model:loading":
+            stages.append((message["data"]["stage"], message["data"]["progress"]))
+        if message["event"] in {"model:ready", "model:failed"}:
+            assert message["event"] == "model:ready", message
+            return stages
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_the_conversion_is_a_load_stage_with_progress_on_the_first_load_only(writer, gguf_root):
+    path = gguf_root / "staged" / "model.gguf"
+    await sync_to_async(write_tiny_gguf)(path, seed=3)
+    model = await sync_to_async(model_register)(source="local", identifier=str(path), owner=writer)
+    communicator = events_socket(token_header(writer))
+    assert (await communicator.connect())[0]
+    await communicator.send_json_to({"action": "subscribe", "groups": [f"model.{model.id}"]})
+    await communicator.receive_json_from(timeout=5)  # the snapshot
+    try:
+        await sync_to_async(model_load_request)(model_id=model.id, actor=writer)
+        await sync_to_async(run_burst_worker, thread_sensitive=False)()
+        first = await loading_stages(communicator)
+        converting = [progress for stage, progress in first if stage == "convert"]
+        assert converting == sorted(converting) and len(converting) >= 3
+        assert converting[0] == 5 and converting[-1] == 55
+        assert [progress for _, progress in first] == sorted(progress for _, progress in first)
+
+        await sync_to_async(model_unload_request)(model_id=model.id)
+        await sync_to_async(run_burst_worker, thread_sensitive=False)()
+        await sync_to_async(model_load_request)(model_id=model.id, actor=writer)
+        await sync_to_async(run_burst_worker, thread_sensitive=False)()
+        second = await loading_stages(communicator)
+        assert "convert" not in {stage for stage, _ in second} and "weights" in {stage for stage, _ in second}
+    finally:
+        LOADED_MODELS.remove(model.id)
+        await communicator.disconnect()
+
+
+@pytest.mark.django_db
+def test_add_model_registers_a_gguf_file(tiny_gguf):
+    out = io.StringIO()
+    call_command("add_model", "--path", str(tiny_gguf), stdout=out, stderr=io.StringIO())
+    model = LanguageModel.objects.get(pk=out.getvalue().strip())
+    assert model.identifier == str(tiny_gguf.resolve()) and model.config["gguf"]["file_type"] == "Q8_0"
