@@ -24,7 +24,7 @@ from mistudio.events import register_group_kind
 from mistudio.jobs import JobStatus
 from mistudio.streaming import tar_stream
 from models_app.models import LanguageModel
-from models_app.services import local_model_folder
+from models_app.services import local_model_folder, model_gguf_copy
 
 MANIFEST_FILE = "manifest.json"
 
@@ -356,8 +356,12 @@ def _byte_decoder() -> dict[str, int]:
 
 def model_folder(model: LanguageModel) -> Path | None:
     """Where the model's files are on this machine (for its tokenizer), if they are: a local
-    folder only while it and every entry of it stay inside ``LOCAL_MODEL_ROOTS``."""
+    folder only while it and every entry of it stay inside ``LOCAL_MODEL_ROOTS``; a GGUF file's
+    converted copy once a load made it."""
     if model.source == LanguageModel.Source.LOCAL:
+        converted = model_gguf_copy(model)
+        if converted is not None:
+            return converted
         try:
             return local_model_folder(model.identifier)
         except ApplicationError:

@@ -53,6 +53,30 @@ def converted_folder(store: Path, sha256: str) -> Path | None:
     return folder if (folder / CONVERSION_MARKER).is_file() else None
 
 
+def _identity(gguf_path: Path) -> dict[str, object]:
+    """What names the file without reading it: its real path, size and modification time."""
+    stat = gguf_path.stat()
+    return {"path": os.path.realpath(gguf_path), "bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+
+
+def find_converted(store: Path, gguf_path: Path) -> Path | None:
+    """The store's conversion of ``gguf_path`` as the file is now, found without hashing it (by
+    real path, size and modification time), for readers that need only the tokenizer and cannot
+    afford to read the file (the web process). None when there is none, or the file changed."""
+    try:
+        identity = _identity(Path(gguf_path))
+    except OSError:
+        return None
+    for marker in sorted(Path(store).glob(f"gguf-*/{CONVERSION_MARKER}")):
+        try:
+            recorded = json.loads(marker.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(recorded, dict) and all(recorded.get(key) == value for key, value in identity.items()):
+            return marker.parent
+    return None
+
+
 def convert_gguf(
     gguf_path: Path, store: Path, *, on_progress: ProgressCallback | None = None, sha256: str | None = None
 ) -> Path:
@@ -74,9 +98,7 @@ def convert_gguf(
     staging = Path(tempfile.mkdtemp(prefix=".converting-", dir=store))
     try:
         _write_converted(gguf_path, staging, report)
-        (staging / CONVERSION_MARKER).write_text(
-            json.dumps({"file": gguf_path.name, "sha256": sha256, "bytes": gguf_path.stat().st_size})
-        )
+        (staging / CONVERSION_MARKER).write_text(json.dumps({"sha256": sha256, **_identity(gguf_path)}))
         target = store / converted_folder_name(sha256)
         try:
             os.rename(staging, target)

@@ -14,7 +14,7 @@ from django.db import IntegrityError, transaction
 
 from engine import budgets
 from engine.errors import EngineError
-from engine.gguf import convert_gguf
+from engine.gguf import convert_gguf, find_converted
 from engine.hub import download_model, hub_metadata, validate_hub_id
 from engine.inspection import (
     applicable_quantizations,
@@ -140,6 +140,16 @@ def model_gguf_converted(*, gguf_file: Path, on_progress: Callable[[float], None
     """The safetensors copy of ``gguf_file`` in ``MODEL_STORE_DIR``, converted first if there is
     none yet (worker only: it loads the whole model)."""
     return convert_gguf(gguf_file, store=settings.MODEL_STORE_DIR, on_progress=on_progress)
+
+
+def model_gguf_copy(model: LanguageModel) -> Path | None:
+    """The converted safetensors copy of a GGUF model's file as it is now, if a load made one
+    (found without hashing the file, so the web process can read its tokenizer); else None."""
+    try:
+        gguf_file = model_gguf_file(model)
+    except ApplicationError:
+        return None
+    return find_converted(settings.MODEL_STORE_DIR, gguf_file) if gguf_file is not None else None
 
 
 def model_file_roots(model: LanguageModel) -> list[Path]:

@@ -14,6 +14,7 @@ from django.conf import settings
 from django.core.management import call_command
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from activations.selectors import model_folder
 from engine.gguf import CONVERSION_MARKER, converted_folder_name, file_sha256
 from engine.registry import LOADED_MODELS
 from engine.testing.tiny_gguf import TOKENS, write_tiny_gguf
@@ -127,6 +128,7 @@ def load_and_wait(model, actor):
 @pytest.mark.django_db(transaction=True)
 def test_a_gguf_loads_through_one_conversion_and_matches_transformers(writer, tiny_gguf):
     model = model_register(source="local", identifier=str(tiny_gguf), owner=writer)
+    assert model_folder(model) is None  # not converted yet
     try:
         model = load_and_wait(model, writer)
         assert model.status == "ready", (model.error_code, model.error_message)
@@ -136,6 +138,8 @@ def test_a_gguf_loads_through_one_conversion_and_matches_transformers(writer, ti
         assert "quantization_config" not in config and config["model_type"] == "llama"
         assert not [entry for entry in settings.MODEL_STORE_DIR.iterdir() if entry.name.startswith(".")]
         weights_written = (store / "model.safetensors").stat().st_mtime_ns
+        # The web process finds the copy (for the tokenizer) without hashing the file.
+        assert model_folder(model) == store
 
         reference, reference_tokenizer = transformers_gguf_model(tiny_gguf)
         loaded = LOADED_MODELS.get(model.id)
