@@ -221,3 +221,21 @@ def test_add_model_registers_a_gguf_file(tiny_gguf):
     call_command("add_model", "--path", str(tiny_gguf), stdout=out, stderr=io.StringIO())
     model = LanguageModel.objects.get(pk=out.getvalue().strip())
     assert model.identifier == str(tiny_gguf.resolve()) and model.config["gguf"]["file_type"] == "Q8_0"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_converted_copy_loads_with_the_safetensors_quantization_options(writer, tiny_gguf):
+    model = model_register(source="local", identifier=str(tiny_gguf), owner=writer, quantization="bf16")
+    try:
+        model = load_and_wait(model, writer)
+        assert model.status == "ready", (model.error_code, model.error_message)
+        reference = AutoModelForCausalLM.from_pretrained(
+            str(tiny_gguf.parent), gguf_file=tiny_gguf.name, dtype=torch.bfloat16
+        ).eval()
+        loaded = LOADED_MODELS.get(model.id).model
+        assert next(loaded.parameters()).dtype == torch.bfloat16
+        ids = torch.tensor([[1, 64, 70, 5, 9]])
+        with torch.no_grad():
+            assert torch.equal(loaded(ids).logits, reference(ids).logits)
+    finally:
+        LOADED_MODELS.remove(model.id)
