@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from django.conf import settings
 from django.core.management import call_command
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 
 from mistudio import embedded_redis
 from mistudio.redis_client import ensure_redis
@@ -75,7 +75,10 @@ class Command(BaseCommand):
         if not options["no_demo"]:
             call_command("bootstrap_demo")
             # About a second (assemble and register); its conversion waits for its first load.
-            call_command("install_gemma3")
+            try:
+                call_command("install_gemma3")
+            except CommandError as error:  # an optional model: miStudio starts without it
+                self.stderr.write(f"Gemma 3 270M is not available: {error}")
         manage = [sys.executable, str(settings.BASE_DIR / "manage.py")]
         web = subprocess.Popen(
             [
