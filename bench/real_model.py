@@ -342,10 +342,12 @@ def train_sae(
     *,
     quick: bool,
     sae_dir: Path | None,
+    k: int | None = None,
+    expansion: int | None = None,
 ) -> tuple:
-    """A TopK SAE with the product's defaults for this many rows (loaded from ``sae_dir`` when it
-    holds one, else trained and saved there); its held-out metrics, on all rows and on the text's
-    (``held_out_text``: a mask leaving the BOS rows out)."""
+    """A TopK SAE with the product's defaults for this many rows, or ``k`` and ``expansion``
+    (loaded from ``sae_dir`` when it holds one, else trained and saved there); its held-out
+    metrics, on all rows and on the text's (``held_out_text``: a mask leaving the BOS rows out)."""
     import torch
 
     from engine.sae import (
@@ -366,8 +368,8 @@ def train_sae(
     steps = -(-total_tokens // batch_size)
     config = TrainingConfig(
         architecture="topk",
-        d_sae=default_expansion(d_in, len(train_rows)) * d_in,
-        k=default_k(d_in),
+        d_sae=(expansion or default_expansion(d_in, len(train_rows))) * d_in,
+        k=k or default_k(d_in),
         lr=3e-4,
         batch_size=batch_size,
         total_tokens=total_tokens,
@@ -657,6 +659,8 @@ def main() -> None:
             hook,
             quick=arguments.quick,
             sae_dir=arguments.sae_dir,
+            k=arguments.k,
+            expansion=arguments.expansion,
         )
         results["sae"]["trained_on"] = "text tokens (BOS rows left out)" if arguments.skip_bos else "all rows"
     print(json.dumps(results["sae"], indent=1), flush=True)
