@@ -586,6 +586,10 @@ def main() -> None:
     parser.add_argument(
         "--skip-bos", action="store_true", help="train on the text's tokens, BOS rows left out"
     )
+    parser.add_argument("--k", type=int, help="active features per token (default: the product's default_k)")
+    parser.add_argument(
+        "--expansion", type=int, help="d_sae / d_in (default: the product's default_expansion)"
+    )
     parser.add_argument("--explain-features", type=int, default=8, help="0: no explanations")
     parser.add_argument("--steer-kind", choices=KINDS, default="bible")
     parser.add_argument("--bench-python", type=Path, default=BENCH_PYTHON)
