@@ -17,7 +17,15 @@ transcoder features, the errors and the logits is linear, so a backward pass giv
   :mod:`engine.attribution.intervention`), which sees each MLP's input and replaces its output.
 
 The patterns and scales of a recorded pass stay on the object, so an intervention or the bias
-pass re-runs the same frozen model. Families: gpt2 and the llama layout (llama, mistral, qwen2).
+pass re-runs the same frozen model. Families: gpt2, the llama layout (llama, mistral, qwen2,
+qwen3, gemma) and gemma2 / gemma3_text. What differs between them is data: the norms around each
+sub-layer (Gemma 2 and 3 have four: before and after attention, before and after the MLP, each
+frozen), Gemma's ``(1 + w)`` norm weight (:func:`engine.hooks.norm_weight_offset`), and the
+attention function's keyword arguments (Gemma 2's ``softcap`` of the scores; sliding windows come
+in the mask transformers builds per layer). Gemma's embedding scale (``sqrt(d)``, inside the
+scaled embedding module or after it) is linear, so attributing to the embedding module's output
+gives the same products as attributing to block 0's input. Queries and keys (and Qwen 3's and
+Gemma 3's q/k norms) meet only the frozen pattern, so they carry no gradient.
 """
 
 from __future__ import annotations
@@ -28,7 +36,15 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, TypeAlias
 
-from engine.hooks import READ_INPUT, READ_OUTPUT, HookError, HookSite, base_model_path, family_of
+from engine.hooks import (
+    READ_INPUT,
+    READ_OUTPUT,
+    HookError,
+    HookSite,
+    base_model_path,
+    family_of,
+    norm_weight_offset,
+)
 from engine.runtime import HookRuntime
 
 if TYPE_CHECKING:
@@ -57,11 +73,29 @@ class _Family:
 _LLAMA = _Family(
     "layers", ("input_layernorm", "post_attention_layernorm"), "norm", "mlp", "embed_tokens", "rms"
 )
+# Gemma 2 and 3: a norm before and after each sub-layer.
+_GEMMA2 = _Family(
+    "layers",
+    (
+        "input_layernorm",
+        "post_attention_layernorm",
+        "pre_feedforward_layernorm",
+        "post_feedforward_layernorm",
+    ),
+    "norm",
+    "mlp",
+    "embed_tokens",
+    "rms",
+)
 _FAMILIES = {
     "gpt2": _Family("h", ("ln_1", "ln_2"), "ln_f", "mlp", "wte", "layer", fused_qkv="attn.c_attn"),
     "llama": _LLAMA,
     "mistral": _LLAMA,
     "qwen2": _LLAMA,
+    "qwen3": _LLAMA,
+    "gemma": _LLAMA,
+    "gemma2": _GEMMA2,
+    "gemma3_text": _GEMMA2,
 }
 
 
@@ -76,6 +110,8 @@ class ModelParts:
     token_embedding: str
     norm_kind: str
     fused_qkv: tuple[str, ...] = ()
+    # Added to each norm's weight: 1 for Gemma's (1 + w) RMSNorm.
+    norm_weight_offset: float = 0.0
 
 
 def model_parts(model: PreTrainedModel) -> ModelParts:
@@ -103,6 +139,7 @@ def model_parts(model: PreTrainedModel) -> ModelParts:
         fused_qkv=tuple(f"{blocks}.{i}.{parts.fused_qkv}" for i in range(n_layers))
         if parts.fused_qkv
         else (),
+        norm_weight_offset=norm_weight_offset(model),
     )
 
 
@@ -125,6 +162,7 @@ def _frozen_attention(
     attention_mask: Tensor | None,
     scaling: float | None = None,
     dropout: float = 0.0,
+    softcap: float | None = None,
     **kwargs: object,
 ) -> tuple[Tensor, Tensor]:
     """Eager attention whose pattern is recorded detached on the first pass and replayed after.
@@ -132,8 +170,9 @@ def _frozen_attention(
     ``query`` [batch, heads, queries, head_dim]; ``key`` and ``value`` [batch, kv_heads, keys,
     head_dim]; ``attention_mask`` additive, broadcast to [batch, heads, queries, keys]. Returns
     the output [batch, queries, heads, head_dim] and the pattern [batch, heads, queries, keys], as
-    transformers' attention functions do (``dropout`` and the other keyword arguments are
-    ignored)."""
+    transformers' attention functions do. ``softcap`` (Gemma 2) bends the scores to
+    ``softcap * tanh(scores / softcap)`` before the mask, as the model's eager attention does
+    (``dropout`` and the other keyword arguments are ignored)."""
     import torch
 
     run = _CURRENT.get()
@@ -147,6 +186,8 @@ def _frozen_attention(
             key = key.repeat_interleave(groups, dim=1)
         scale = query.shape[-1] ** -0.5 if scaling is None else scaling
         scores = torch.matmul(query, key.transpose(-1, -2)) * scale
+        if softcap:
+            scores = torch.tanh(scores / softcap) * softcap
         if attention_mask is not None:
             scores = scores + attention_mask
         pattern = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype).detach()
@@ -285,6 +326,9 @@ class FrozenRun:
             return out + module.bias if module.bias is not None else out
         as_float = x.to(torch.float32)
         scale = self._scale(path, lambda: (as_float.pow(2).mean(-1, keepdim=True) + eps).sqrt())
+        if self.parts.norm_weight_offset:  # Gemma: (1 + w), applied in float32 before the cast
+            gain = weight.to(torch.float32) + self.parts.norm_weight_offset
+            return (gain * (as_float / scale)).to(x.dtype)
         return weight * (as_float / scale).to(x.dtype)
 
     def _scale(self, path: str, compute: Callable[[], Tensor]) -> Tensor:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from engine.attribution.frozen import FrozenRun
 from engine.attribution.tracing import Transcoders, check_transcoders
+from engine.readout import final_logit_cap, soft_cap
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -98,6 +99,7 @@ def intervene(
             run.forward(ids)
         with run.attached(mlp=replace, final=finals.append):
             run.forward(ids)
-        before, after = (unembedding(final[0, -1]).float().cpu() for final in finals)
+        cap = final_logit_cap(model)
+        before, after = (soft_cap(unembedding(final[0, -1]).float(), cap).cpu() for final in finals)
     previous = [float(recorded[item.layer][2][0, item.position, item.feature]) for item in interventions]
     return InterventionResult(before, after, previous)

@@ -32,6 +32,7 @@ from engine.attribution.graph import AttributionGraph
 from engine.attribution.pruning import partial_influences
 from engine.budgets import attribution_feature_rows
 from engine.errors import EngineError
+from engine.readout import final_logit_cap, soft_cap
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -127,8 +128,10 @@ def attribute(
     with _gradients_only_where_asked(model, transcoders):
         prompt = _record(run, transcoders, ids)
         unembedding = model.get_output_embeddings().weight
-        logits = prompt.final[-1] @ unembedding.T
-        probabilities = torch.softmax(logits.float(), -1)
+        # The model's own probabilities (Gemma 2's soft-cap included) choose the logits; each is
+        # attributed before the soft-cap, where the replacement model is linear.
+        logits = soft_cap((prompt.final[-1] @ unembedding.T).float(), final_logit_cap(model))
+        probabilities = torch.softmax(logits, -1)
         top, top_ids = probabilities.topk(min(config.max_n_logits, len(probabilities)))
         cutoff = int(torch.searchsorted(top.cumsum(0), config.desired_logit_prob)) + 1
         logit_ids = top_ids[:cutoff]

@@ -21,7 +21,7 @@ def _tokens(weights):
     return attribution_tokens(weights.tokenizer, PROMPT)
 
 
-@pytest.mark.parametrize("family", ["gpt2", "llama"])
+@pytest.mark.parametrize("family", ["gpt2", "llama", "qwen3", "gemma", "gemma2", "gemma3_text"])
 def test_the_frozen_replacement_model_computes_the_real_logits(load_tiny, family):
     weights = load_tiny(family)
     tokens = _tokens(weights)
@@ -32,7 +32,7 @@ def test_the_frozen_replacement_model_computes_the_real_logits(load_tiny, family
     assert torch.equal(result.logits_after, result.logits_before)
 
 
-@pytest.mark.parametrize("family", ["gpt2", "llama"])
+@pytest.mark.parametrize("family", ["gpt2", "llama", "qwen3", "gemma", "gemma2", "gemma3_text"])
 @pytest.mark.parametrize(("architecture", "skip"), [("standard", False), ("jumprelu", True), ("topk", False)])
 def test_every_node_is_its_incoming_edges_plus_its_bias(load_tiny, family, architecture, skip):
     weights = load_tiny(family)
