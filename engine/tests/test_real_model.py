@@ -4,20 +4,22 @@ one converted copy (engine/testing/real_model.py).
 
 Each hook point miStudio reads on the real model is checked against nnsight reading the same
 module; steering against a hand-written forward hook; a transcoder's splice against a hand-written
-forward; the logit lens against the final norm and unembedding applied by hand."""
+forward; the logit lens against the final norm and unembedding applied by hand; an attribution
+graph's completeness."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from engine.attribution.tracing import AttributionConfig, attribute, attribution_tokens
 from engine.extraction import extract, plan_batches
 from engine.hooks import hook_sites, list_hook_points
 from engine.interventions import Add
 from engine.patching import logit_lens, run_with_interventions
 from engine.sae.evaluation import ce_loss_recovered
 from engine.testing.real_model import real_model_folder
-from engine.testing.tiny_saes import random_sae
+from engine.testing.tiny_saes import random_sae, random_transcoders
 
 pytestmark = pytest.mark.real_model
 
@@ -170,3 +172,18 @@ def test_the_logit_lens_equals_the_final_norm_and_unembedding_by_hand(gemma, tok
     for position, row in enumerate(lens.top[MIDDLE]):
         assert [token for token, _ in row] == indices[position].tolist()
         assert [p for _, p in row] == pytest.approx(values[position].tolist(), abs=1e-5)
+
+
+def test_an_attribution_graph_on_the_real_model_is_complete(gemma):
+    """Gemma 3's four norms per block, its (1 + w) weights, sliding and global layers and its
+    scaled embedding in the frozen replacement model: every node's value equals its incoming
+    edges plus its bias, and the chosen logits are the model's own top tokens."""
+    model, tokenizer = gemma
+    tokens = attribution_tokens(tokenizer, "The capital of France is")
+    transcoders = random_transcoders(model, "jumprelu", expansion=1, seed=1)
+    graph = attribute(model, transcoders, tokens, AttributionConfig(batch_size=64, max_feature_nodes=500))
+    assert graph.n_features == 500
+    assert graph.completeness_error() <= 1e-3
+    with torch.no_grad():
+        real = model(input_ids=torch.tensor([tokens])).logits[0, -1]
+    assert tokenizer.decode([int(real.argmax())]) == " the"
