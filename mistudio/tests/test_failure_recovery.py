@@ -105,7 +105,21 @@ class PrivateStack:
             body = self.json("GET", f"/api/extractions/{job['extraction_id']}")
             return body if body["status"] in ("completed", "failed", "cancelled") else None
 
-        return wait_until(ended, timeout=timeout, interval=0.25, what="the extraction to end")
+        body = wait_until(ended, timeout=timeout, interval=0.25, what="the extraction to end")
+        # The row ends a moment before RQ records the job's end in Redis: a Redis stopped in that
+        # moment makes RQ quit ("unhandled exception"), which is not the outage under test.
+        wait_until(self.worker_idle, timeout=timeout, interval=0.1, what="RQ to finish the job")
+        return body
+
+    def worker_idle(self) -> bool:
+        """Whether RQ's own records say every worker is idle: done with its last job's bookkeeping."""
+        from redis import Redis
+        from rq import Worker
+
+        with Redis.from_url(self.redis.url) as connection:
+            keys = [worker.key for worker in Worker.all(connection=connection)]
+            # After a restart Redis is empty and RQ does not register the worker again: none to wait for.
+            return all(connection.hget(key, "state") == b"idle" for key in keys)
 
 
 def manage(environment: dict, *arguments: str) -> str:
