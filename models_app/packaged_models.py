@@ -6,26 +6,17 @@ the package's, and registering it as any GGUF is registered (its header only, ~1
 conversion to safetensors waits for the first load, in the worker.
 """
 
-import hashlib
 import os
 from pathlib import Path
 
 from django.conf import settings
 
+from engine.gguf import file_sha256
 from mistudio.errors import ApplicationError
 from models_app.models import LanguageModel
 from models_app.services import model_register
 
 GEMMA3_270M_NAME = "gemma-3-270m"
-_HASH_BLOCK_BYTES = 4 << 20
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(_HASH_BLOCK_BYTES):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def gemma3_270m_file() -> Path:
@@ -44,7 +35,7 @@ def gemma3_270m_file() -> Path:
         ) from None
     folder = settings.LOCAL_MODEL_ROOTS[0] / GEMMA3_270M_NAME
     target = folder / MODEL_NAME
-    if target.is_file() and _sha256(target) == EXPECTED_SHA256:
+    if target.is_file() and file_sha256(target) == EXPECTED_SHA256:
         return target
     folder.mkdir(parents=True, exist_ok=True)
     staging = folder / f".{MODEL_NAME}.{os.getpid()}.part"
