@@ -289,7 +289,7 @@ def compare_extraction(
             print(f"   nnsight failed ({completed.returncode}):\n{completed.stderr[-3000:]}", flush=True)
             return result
         theirs = json.loads(lines[0][len("RESULT ") :])
-        activations = torch.load(saved)
+        activations = torch.load(saved, weights_only=True)
     result.update(
         nnsight_tokens_per_second=theirs["tokens_per_second"],
         nnsight_version=theirs["nnsight"],
@@ -306,7 +306,7 @@ def corpus_rows(model, tokenized: list[list[int]], hook: str, cache: Path | None
     import torch
 
     if cache is not None and cache.is_file():
-        return torch.load(cache), {"read_from": str(cache)}
+        return torch.load(cache, weights_only=True), {"read_from": str(cache)}
     started = time.perf_counter()
     rows = extract_rows(model, tokenized, hook)
     seconds = time.perf_counter() - started
