@@ -20,6 +20,7 @@ from engine.interventions import Add
 from engine.patching import patching_grid
 from engine.sae import SaeShape, SparseAutoencoder
 from engine.sae.evaluation import ce_loss_recovered
+from engine.testing.references import summed_next_token_loss
 
 NEW_FAMILIES = ("qwen3", "gemma", "gemma2", "gemma3_text")
 ATOL = 1e-5
@@ -225,14 +226,7 @@ def test_a_transcoder_spliced_for_the_mlp_equals_a_hand_written_forward(load_tin
     for name in replaced[1:]:
         getattr(block, name).forward = lambda hidden: hidden
     try:
-        total = tokens = 0
-        with torch.no_grad():
-            for ids in sequences:
-                logits = model(torch.tensor([ids])).logits[0, :-1]
-                total += float(
-                    torch.nn.functional.cross_entropy(logits, torch.tensor(ids[1:]), reduction="sum")
-                )
-                tokens += len(ids) - 1
+        total, tokens = summed_next_token_loss(model, sequences)
     finally:
         for name, forward in originals.items():
             getattr(block, name).forward = forward

@@ -19,6 +19,7 @@ from engine.interventions import Add
 from engine.patching import logit_lens, run_with_interventions
 from engine.sae.evaluation import ce_loss_recovered
 from engine.testing.real_model import real_model_folder
+from engine.testing.references import summed_next_token_loss
 from engine.testing.tiny_saes import random_sae, random_transcoders
 
 pytestmark = pytest.mark.real_model
@@ -140,14 +141,8 @@ def test_a_transcoders_splice_equals_a_hand_written_forward(gemma, token_ids):
             lambda module, args, output: transcoder(read["x"].float()).to(output.dtype)
         ),
     ]
-    losses, tokens = 0.0, 0
     try:
-        with torch.no_grad():
-            for ids in token_ids:
-                logits = model(input_ids=torch.tensor([ids]), use_cache=False).logits[0, :-1]
-                targets = torch.tensor(ids[1:])
-                losses += torch.nn.functional.cross_entropy(logits, targets, reduction="sum").item()
-                tokens += len(ids) - 1
+        losses, tokens = summed_next_token_loss(model, token_ids)
     finally:
         for handle in handles:
             handle.remove()

@@ -11,6 +11,7 @@ from safetensors.torch import load_file
 from engine.sae import SaeShape, SparseAutoencoder, TrainingConfig, shuffled_batches, train
 from engine.sae.evaluation import ce_loss_recovered, evaluate_activations
 from engine.sae.formats import load_saelens, save_circuit_tracer, save_saelens
+from engine.testing.references import summed_next_token_loss
 
 WIDTH, D_SAE = 64, 96
 
@@ -41,14 +42,7 @@ def test_a_transcoder_spliced_for_the_mlp_equals_a_hand_written_forward_with_it_
     original = mlp.forward
     mlp.forward = lambda hidden_states: transcoder(hidden_states)
     try:
-        total = tokens = 0
-        with torch.no_grad():
-            for ids in sequences:
-                logits = model(torch.tensor([ids])).logits[0, :-1]
-                total += float(
-                    torch.nn.functional.cross_entropy(logits, torch.tensor(ids[1:]), reduction="sum")
-                )
-                tokens += len(ids) - 1
+        total, tokens = summed_next_token_loss(model, sequences)
     finally:
         mlp.forward = original
     assert measured.tokens == tokens
