@@ -5,7 +5,7 @@ from rest_framework import serializers, status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from activations.selectors import completed_cache
+from activations.selectors import completed_cache, dataset_get
 from features import exports, selectors, services
 from features.search import feature_search
 from features.serializers import (
@@ -29,12 +29,18 @@ from saes.selectors import completed_sae, sae_get
 
 
 class AnalysisListApi(APIView):
-    """An SAE's feature analyses, or start one over an activation cache (202)."""
+    """An SAE's feature analyses, or start one (202) over an activation cache (``cache_id``) or over
+    a dataset read straight through the SAE's model (``dataset_id``, optionally ``sample_count``
+    and ``max_length``: no cache written). Neither: the SAE's training cache, else its training
+    dataset through the model."""
 
     permission_classes = [CanWrite]
 
     class InputSerializer(StrictSerializer):
         cache_id = serializers.CharField(max_length=64, required=False)
+        dataset_id = serializers.CharField(max_length=64, required=False)
+        sample_count = serializers.IntegerField(min_value=1, max_value=10_000_000, required=False)
+        max_length = serializers.IntegerField(min_value=1, max_value=1_000_000, required=False)
         shared = serializers.BooleanField(required=False)
 
     @extend_schema(operation_id="api_saes_analyses_list", responses={200: AnalysisListOutputSerializer})
@@ -53,11 +59,13 @@ class AnalysisListApi(APIView):
         sae = completed_sae(user=request.user, sae_id=sae_id)
         data = self.InputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        cache_id = data.validated_data.get("cache_id")
-        cache = completed_cache(user=request.user, cache_id=cache_id) if cache_id else None
+        values, user = data.validated_data, request.user
+        cache = completed_cache(user=user, cache_id=values["cache_id"]) if "cache_id" in values else None
+        dataset = dataset_get(user=user, dataset_id=values["dataset_id"]) if "dataset_id" in values else None
         analysis = services.analysis_request(
-            owner=request.user, sae=sae, cache=cache, shared=data.validated_data.get("shared", False)
-        )
+            owner=user, sae=sae, cache=cache, dataset=dataset, sample_count=values.get("sample_count"),
+            max_length=values.get("max_length"), shared=values.get("shared", False),
+        )  # fmt: skip
         return Response(analysis_state(analysis, viewer=request.user), status=status.HTTP_202_ACCEPTED)
 
 

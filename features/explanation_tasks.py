@@ -23,10 +23,10 @@ from engine.autointerp.pipeline import (
 )
 from engine.autointerp.prompts import PROMPT_VERSION, Example
 from engine.configs import config_from_dict
-from engine.features.analysis import TokenTable
 from engine.generation.prompts import render_prompt
 from features.explanations import LOCAL, explanation_summary
 from features.models import Explanation, ExplanationJob, FeatureAnalysis
+from features.rows import analysis_rows, token_table
 from features.search import search_index_refresh
 from features.selectors import FeatureFile, analysis_tokenizer
 from mistudio.authentication import job_token_for
@@ -37,7 +37,7 @@ from mistudio.jobs import DAY, job_publish
 from mistudio.structured_logging import redact
 from mistudio.text import safe_text
 from models_app.models import LanguageModel
-from saes.tasks import open_cache, sae_module
+from saes.tasks import sae_module
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ def run_explanation_job(row: ExplanationJob, job: JobContext) -> None:
     data = FeatureFile(analysis)
     try:
         non_activating = non_activating_examples(
-            analysis, todo, config, tokenizer=tokenizer, device=job.worker.compute_device
+            analysis, todo, config, tokenizer=tokenizer, device=job.worker.compute_device, job_row=row
         )
     except ApplicationError as error:  # the cache is gone: explanations without scores
         non_activating = {}
@@ -177,17 +177,23 @@ def feature_examples(
 
 
 def non_activating_examples(
-    analysis: FeatureAnalysis, indices: list[int], config: InterpretationConfig, *, tokenizer, device: str
+    analysis: FeatureAnalysis,
+    indices: list[int],
+    config: InterpretationConfig,
+    *,
+    tokenizer,
+    device: str,
+    job_row: ExplanationJob | None = None,
 ) -> dict[int, list[Example]]:
-    """For each feature, up to ``config.non_activating`` contexts of the analysis's cache (windows
+    """For each feature, up to ``config.non_activating`` contexts of the analysis's text (windows
     as wide as its examples') on which the SAE leaves it at zero on every token. The windows are
-    drawn once, at random (seeded), and encoded once for every feature."""
+    drawn once, at random (seeded), and encoded once for every feature, read in row order (from
+    the model, each batch of samples runs once)."""
     import torch
 
     sae = analysis.sae
-    store = open_cache(analysis.cache, sae.hook_name)
-    table = store.tokens()
-    tokens = TokenTable(table["token_ids"], table["sample_index"], table["position"])
+    store = analysis_rows(analysis, job_row=job_row)
+    tokens = token_table(store)
     before, after = analysis.config.get("context_before", 8), analysis.config.get("context_after", 3)
     rng = np.random.default_rng(config.seed)
     centres = rng.choice(len(tokens), size=min(len(tokens), NON_ACTIVATING_WINDOWS), replace=False)
@@ -196,10 +202,11 @@ def non_activating_examples(
     wanted = torch.as_tensor(indices, dtype=torch.long)
     fires = np.zeros((len(windows), len(indices)), dtype=bool)
     spans = [(window[window >= 0].min(), window[window >= 0].max() + 1) for window in windows]
+    in_row_order = sorted(range(len(windows)), key=lambda w: spans[w][0])
     per_part = max(1, ENCODE_ROWS // windows.shape[1])  # windows encoded together
     with torch.no_grad():
         for first in range(0, len(windows), per_part):
-            part = range(first, min(len(windows), first + per_part))
+            part = in_row_order[first : first + per_part]
             rows = torch.cat(
                 [store.get(sae.hook_name, int(spans[w][0]), int(spans[w][1]), as_torch=True) for w in part]
             )

@@ -10,9 +10,11 @@ from mistudio.jobs import JobRow
 
 
 class FeatureAnalysis(JobRow):
-    """One sweep of an SAE over an activation cache: per-feature statistics, examples, logit
-    effects and neighbours in ``FEATURES_DIR/<id>/features.safetensors``, and a :class:`Feature`
-    row per feature for listing and search. ``queued → running → completed | failed | cancelled``.
+    """One sweep of an SAE over an activation cache, or over a dataset read straight through the
+    model (``dataset`` and ``reading``: no cache written, the rows computed as an extraction would
+    store them): per-feature statistics, examples, logit effects and neighbours in
+    ``FEATURES_DIR/<id>/features.safetensors``, and a :class:`Feature` row per feature for listing
+    and search. ``queued → running → completed | failed | cancelled``.
     """
 
     kind = "analysis"
@@ -30,6 +32,17 @@ class FeatureAnalysis(JobRow):
         on_delete=models.SET_NULL,
         related_name="analyses",
     )
+    dataset = models.ForeignKey(
+        "activations.Dataset",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="analyses",
+        help_text="Read through the SAE's model (no cache): its samples, tokenized as ``reading`` says",
+    )
+    reading = models.JSONField(
+        default=dict, blank=True, help_text="From the model: sample_count, max_length, batch_size, dtype"
+    )
     config = models.JSONField(default=dict, blank=True, help_text="engine.features.AnalysisConfig")
     phase = models.PositiveSmallIntegerField(default=0, help_text="Pass 1-3 of the sweep, 4 when done")
     tokens = models.BigIntegerField(default=0)
@@ -45,7 +58,12 @@ class FeatureAnalysis(JobRow):
         verbose_name_plural = "feature analyses"
 
     def __str__(self) -> str:
-        return f"{self.id} ({self.sae_id} over {self.cache_id})"
+        return f"{self.id} ({self.sae_id} over {self.cache_id or self.dataset_id})"
+
+    @property
+    def source(self) -> str:
+        """``cache`` (activations read from disk) or ``model`` (a dataset read through the model)."""
+        return "model" if self.reading else "cache"
 
     def event_groups(self) -> list[str]:
         return [f"analysis.{self.id}", f"sae.{self.sae_id}"]

@@ -4,7 +4,7 @@ from typing import Any
 
 from rest_framework import serializers
 
-from activations.models import ActivationCache
+from activations.models import ActivationCache, Dataset
 from features.models import Explanation, ExplanationJob, Feature, FeatureAnalysis, FeatureLabel
 from mistudio.access import AUDIENCE, linked_id
 from mistudio.serializers import JobOutputSerializer, OutputSerializer
@@ -16,12 +16,16 @@ def iso(value) -> str | None:
 
 def analysis_state(analysis: FeatureAnalysis, *, viewer=AUDIENCE) -> dict[str, Any]:
     """An analysis as ``GET /api/saes/{id}/analyses/{aid}``, ``analysis:*`` events and snapshots show
-    it to ``viewer`` (an event's: everyone it reaches): the id of the cache it read only if they may
-    see that cache."""
+    it to ``viewer`` (an event's: everyone it reaches): the id of the cache or the dataset it read
+    only if they may see that row. ``source``: ``cache``, or ``model`` (the dataset read through the
+    model as ``reading`` says, no cache written)."""
     return {
         "id": analysis.id,
         "sae_id": analysis.sae_id,
+        "source": analysis.source,
         "cache_id": linked_id(viewer, analysis, ActivationCache, analysis.cache_id),
+        "dataset_id": linked_id(viewer, analysis, Dataset, analysis.dataset_id),
+        "reading": analysis.reading,
         "config": analysis.config,
         "status": analysis.status,
         "phase": analysis.phase,
@@ -129,7 +133,10 @@ class AnalysisOutputSerializer(JobOutputSerializer):
 
     id = serializers.CharField()
     sae_id = serializers.CharField()
+    source = serializers.ChoiceField(choices=["cache", "model"])
     cache_id = serializers.CharField(allow_null=True)
+    dataset_id = serializers.CharField(allow_null=True)
+    reading = serializers.DictField()
     config = serializers.DictField()
     phase = serializers.IntegerField()
     tokens = serializers.IntegerField()

@@ -12,7 +12,8 @@ from typing import Any
 from django.conf import settings
 from django.db import transaction
 
-from activations.models import ActivationCache
+from activations.models import ActivationCache, Dataset
+from activations.services.extractions import default_max_length, storage_dtype_for
 from engine import budgets
 from engine.features.analysis import AnalysisConfig
 from features.models import FeatureAnalysis, FeatureLabel
@@ -26,6 +27,7 @@ from mistudio.text import check_label_text
 from mistudio.transaction_locks import take_turns
 from mistudio.workers import call_worker
 from models_app.services import model_host, model_job_queue, model_worker_name
+from saes.groups import DEFAULT_GROUP_MAX_LENGTH, FORWARD_TOKENS
 from saes.models import SparseAutoencoder
 from saes.services import check_cache_for, default_cache
 
@@ -35,55 +37,114 @@ ENCODE_WAIT_SECONDS = 60
 MAX_ENCODE_CHARS = 20_000
 ENCODE_MAX_TOKENS = 1024
 UNEMBEDDING_VOCABULARY = 262_144  # the largest vocabulary a logit-effects block is sized for
+# An analysis straight from the model reads this many tokens of its dataset unless told otherwise:
+# enough for every feature above a density of ~1e-4 to show its top examples, minutes on a CPU.
+MODEL_ANALYSIS_TOKENS = 1 << 18
 
 
 # --- analyses ------------------------------------------------------------------------------------
 
 
-def analysis_memory(sae: SparseAutoencoder, cache: ActivationCache) -> budgets.MemoryEstimate:
+def analysis_memory(sae: SparseAutoencoder, tokens: int) -> budgets.MemoryEstimate:
     vocabulary = (sae.model.vocab_size if sae.model is not None else None) or UNEMBEDDING_VOCABULARY
     return budgets.feature_analysis(
-        d_in=sae.d_in, d_sae=sae.d_sae, tokens=cache.num_tokens, chunk_rows=AnalysisConfig().chunk_rows,
+        d_in=sae.d_in, d_sae=sae.d_sae, tokens=tokens, chunk_rows=AnalysisConfig().chunk_rows,
         vocabulary=vocabulary,
     )  # fmt: skip
 
 
+def model_reading(
+    sae: SparseAutoencoder,
+    dataset: Dataset,
+    *,
+    sample_count: int | None = None,
+    max_length: int | None = None,
+) -> dict[str, Any]:
+    """How an analysis straight from the model reads ``dataset``: a group member's tokens a
+    sample and samples a forward pass are its group's; the samples, enough for
+    :data:`MODEL_ANALYSIS_TOKENS` tokens at most; the dtype, the one an extraction would cache."""
+    for name, value in (("sample_count", sample_count), ("max_length", max_length)):
+        if value is not None and (type(value) is not int or value < 1):
+            raise ApplicationError("INVALID_READING", f"{name} must be a positive integer.")
+    group_reading = sae.group.settings if sae.group_id else {}
+    wanted_length = max_length or group_reading.get("max_length") or DEFAULT_GROUP_MAX_LENGTH
+    max_length = default_max_length(sae.model, wanted_length)
+    wanted = sample_count or max(1, -(-MODEL_ANALYSIS_TOKENS // max_length))
+    return {
+        "sample_count": min(wanted, dataset.sample_count),
+        "max_length": max_length,
+        "batch_size": max(1, FORWARD_TOKENS // max_length),
+        "dtype": storage_dtype_for(sae.model),
+    }
+
+
 def analysis_request(
-    *, owner, sae: SparseAutoencoder, cache: ActivationCache | None = None, shared: bool = False
+    *,
+    owner,
+    sae: SparseAutoencoder,
+    cache: ActivationCache | None = None,
+    dataset: Dataset | None = None,
+    sample_count: int | None = None,
+    max_length: int | None = None,
+    shared: bool = False,
 ) -> FeatureAnalysis:
-    """Queue a feature analysis of ``sae`` over ``cache`` (default: the cache it was trained on,
-    when ``owner`` may read it), a completed cache holding the SAE's hook at its width (read
-    straight from disk: no model run). The analysis holds examples of the cache's text: it is
-    the requester's, and shown to others only once they share it (``shared``)."""
+    """Queue a feature analysis of ``sae``, over ``cache`` (read straight from disk: no model run)
+    or over ``dataset`` read through the SAE's model (no cache written; ``sample_count`` samples of
+    ``max_length`` tokens, defaults from :func:`model_reading`). With neither: the cache it was
+    trained on, when ``owner`` may read it, else the dataset it was trained on, through the model.
+    The analysis holds examples of that text: it is the requester's, and shown to others only once
+    they share it (``shared``)."""
     if sae.status != SparseAutoencoder.Status.COMPLETED:
         raise ApplicationError("SAE_NOT_READY", f"The SAE is {sae.status}.", status=409)
     reader = owner or OPERATOR  # None: the operator (``manage.py analyze_sae``)
-    cache = check_cache_for(
-        sae, reach(reader, cache) if cache is not None else default_cache(sae=sae, user=reader),
-        purpose="analyse over",
-    )  # fmt: skip
+    if cache is not None and dataset is not None:
+        raise ApplicationError("INVALID_SOURCE", "Name a cache or a dataset to analyse over, not both.")
+    if cache is None and dataset is None:
+        cache = default_cache(sae=sae, user=reader)
+        if cache is None and sae.dataset is not None and sae.model_id:
+            dataset = reach(reader, sae.dataset)
+    reading: dict[str, Any] = {}
+    if dataset is not None:
+        dataset = reach(reader, dataset)
+        if not sae.model_id:
+            raise ApplicationError(
+                "MODEL_REQUIRED",
+                "The SAE names no model to read the dataset through: analyse it over a cache.",
+            )
+        reach(reader, sae.model)
+        reading = model_reading(sae, dataset, sample_count=sample_count, max_length=max_length)
+        tokens = reading["sample_count"] * reading["max_length"]  # at most: samples are cut there
+    else:
+        cache = reach(reader, cache) if cache is not None else None
+        cache = check_cache_for(sae, cache, purpose="analyse over")
+        tokens = cache.num_tokens
     with transaction.atomic():
-        take_turns("feature-analysis", sae.pk, cache.pk)  # two requests at once: one analysis, one 409
-        if FeatureAnalysis.objects.filter(sae=sae, cache=cache, status__in=FeatureAnalysis.ACTIVE).exists():
+        # Two requests at once: one analysis, one 409.
+        take_turns("feature-analysis", sae.pk, cache.pk if cache is not None else f"dataset:{dataset.pk}")
+        running = FeatureAnalysis.objects.filter(sae=sae, status__in=FeatureAnalysis.ACTIVE)
+        if running.filter(cache=cache, dataset=dataset).exists():
             raise ApplicationError(
                 "ANALYSIS_IN_PROGRESS",
-                "An analysis of this SAE over this cache is already running.",
+                f"An analysis of this SAE over this {'cache' if cache else 'dataset'} is already running.",
                 status=409,
             )
-        jobs.job_admit(owner=owner, tokens=cache.num_tokens)
+        jobs.job_admit(owner=owner, tokens=tokens)
         estimate = memory_budget_check(
-            analysis_memory(sae, cache), what="this analysis", worker_name=model_worker_name(sae.model)
+            analysis_memory(sae, tokens), what="this analysis", worker_name=model_worker_name(sae.model)
         )
         analysis = FeatureAnalysis.objects.create(
             sae=sae,
             cache=cache,
-            tokens=cache.num_tokens,
+            dataset=dataset,
+            reading=reading,
+            tokens=tokens,
             memory_estimate_bytes=estimate,
             owner=owner if getattr(owner, "is_authenticated", False) else None,
             shared=shared,
         )
-        # To the model's host when it is loaded (its unembedding gives the logit effects), else the
-        # shared queue (the job then reads the unembedding from the model's files).
+        # To the model's host when it is loaded (its unembedding gives the logit effects; from the
+        # model, it runs the model), else the shared queue (the worker that takes it loads the
+        # model to read through it, or reads the unembedding from the model's files).
         jobs.job_submit(analysis, queue=model_job_queue(sae.model_id))
     return analysis
 

@@ -14,7 +14,6 @@ from engine.configs import config_from_dict
 from engine.features.analysis import (
     AnalysisConfig,
     AnalysisState,
-    TokenTable,
     analysis_summary,
     analyze,
     feature_arrays,
@@ -24,6 +23,7 @@ from engine.features.inference import auto_label, features_of_text
 from engine.registry import LOADED_MODELS
 from engine.sae.formats import load_saelens
 from features.models import Feature, FeatureAnalysis
+from features.rows import analysis_rows, token_table
 from features.search import LOCK_TIMEOUT_SECONDS, rebuild_pending_key, search_index_refresh
 from features.services import ENCODE_MAX_TOKENS
 from mistudio.errors import ApplicationError
@@ -34,7 +34,7 @@ from mistudio.redis_client import get_redis
 from mistudio.workers import answer_call, worker_task
 from models_app.tasks import model_in_this_worker
 from saes.services import folder_size
-from saes.tasks import open_cache, sae_module
+from saes.tasks import sae_module
 
 logger = logging.getLogger(__name__)
 
@@ -47,12 +47,15 @@ def run_feature_analysis(analysis: FeatureAnalysis, job: JobContext) -> None:
     logit effects and neighbours, write ``features.safetensors`` and one ``Feature`` row per
     feature."""
     sae = analysis.sae
-    store = open_cache(analysis.cache, sae.hook_name)  # first: a bad cache fails before a model load
-    loaded = None
-    if sae.model_id:  # for the unembedding (logit effects) and the tokenizer
-        loaded = model_in_this_worker(sae.model_id, analysis, purpose="a feature analysis")
-    table = store.tokens()
-    tokens = TokenTable(table["token_ids"], table["sample_index"], table["position"])
+    # The model, where there is one: the unembedding (logit effects), the tokenizer, and from the
+    # model, the rows themselves.
+    store = analysis_rows(
+        analysis, job_row=analysis, should_cancel=job.should_cancel
+    )  # a bad cache fails first
+    loaded = (
+        model_in_this_worker(sae.model_id, analysis, purpose="a feature analysis") if sae.model_id else None
+    )
+    tokens = token_table(store)
     config = config_from_dict(AnalysisConfig, analysis.config or {})
     module, _ = load_saelens(sae.directory)
     device = job.worker.compute_device
@@ -64,12 +67,13 @@ def run_feature_analysis(analysis: FeatureAnalysis, job: JobContext) -> None:
     analysis.config = config.__dict__ if not analysis.config else analysis.config
     job_publish(analysis, "progress", ["tokens", "config"], resumed_from=resumed_from)
     throttle = ProgressThrottle(min_step=101.0, min_interval=0.5)
-    cache_touch(analysis.cache, lease_seconds=LEASE_SECONDS)  # eviction leaves a cache being read
+    if analysis.cache is not None:
+        cache_touch(analysis.cache, lease_seconds=LEASE_SECONDS)  # eviction leaves a cache being read
     last_lease = time.monotonic()
 
     def on_progress(progress) -> None:
         nonlocal last_lease
-        if time.monotonic() - last_lease > LEASE_SECONDS / 10:
+        if analysis.cache is not None and time.monotonic() - last_lease > LEASE_SECONDS / 10:
             cache_touch(analysis.cache, lease_seconds=LEASE_SECONDS)
             last_lease = time.monotonic()
         if throttle.ready(100 * progress.fraction):
@@ -101,6 +105,8 @@ def run_feature_analysis(analysis: FeatureAnalysis, job: JobContext) -> None:
     summary = analysis_summary(state, config)
     if resumed_from is not None:
         summary["resumed_from"] = resumed_from
+    if analysis.source == "model":
+        summary["forward_passes"] = store.forward_passes
     arrays.update(decoder_neighbours(module.W_dec))
     weights = unembedding(loaded.model) if loaded is not None else None
     if weights is not None and weights[0].shape[0] == sae.d_in:
