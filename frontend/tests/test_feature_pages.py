@@ -341,3 +341,36 @@ def test_encoding_a_text_needs_the_model_loaded_and_says_where_to_load_it(sae, w
     assert empty.status_code == 400 and "text" in empty.content.decode()
     reader = signed_in(make_user("rita-reader", "model:read"))
     assert reader.post(url, {"text": "hi"}).status_code == 403
+
+
+def test_an_sae_trained_from_the_model_is_analysed_from_its_page_without_a_cache(tiny_model, writer):
+    """Before: its Features card said "No completed cache … extract one" and offered nothing."""
+    from activations.services import dataset_create_from_texts
+
+    other = make_user("olga-other", "model:write")
+    theirs = dataset_create_from_texts(name="theirs", texts=["a b c", "d e f"], owner=other, source="upload")
+    theirs.shared = True
+    theirs.save(update_fields=["shared"])
+    mine = dataset_create_from_texts(
+        name="my prose", texts=["The cat sat on the mat.", "A dog ran."] * 4, owner=writer, source="upload"
+    )
+    sae = completed_sae_row(tiny_model, None, writer)
+    sae.dataset = mine
+    sae.save(update_fields=["dataset"])
+    browser = signed_in(writer)
+
+    page = browser.get(f"/saes/{sae.id}/").content.decode()
+    assert 'id="no-analysis-cache"' not in page
+    options = re.findall(r'<option value="(ds_\w+)"( selected)?>([^<]*)</option>', page)
+    assert [value for value, _, _ in options] == [mine.id, theirs.id]  # one's own first
+    assert options[0][1] == " selected" and "(training dataset)" in options[0][2]
+
+    browser.post(f"/saes/{sae.id}/analyses/", {"action": "run", "source": mine.id})
+    analysis = FeatureAnalysis.objects.get(sae=sae)
+    assert analysis.source == "model" and analysis.dataset_id == mine.id and analysis.cache_id is None
+    run_worker(name="feature-pages-worker", device="cpu", burst=True)
+    analysis.refresh_from_db()
+    assert analysis.status == "completed", (analysis.error_code, analysis.error_message)
+    listed = browser.get(f"/saes/{sae.id}/?fragment=analyses").content.decode()
+    assert "<code>my prose</code> read through the model (8 samples of up to 128 tokens, no cache)" in listed
+    assert Feature.objects.filter(analysis=analysis).count() == sae.d_sae

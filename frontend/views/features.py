@@ -25,8 +25,8 @@ from django.urls import reverse
 from django.views.decorators.http import require_http_methods, require_POST
 from rest_framework.exceptions import ValidationError
 
-from activations.models import ActivationCache
-from activations.selectors import completed_cache
+from activations.models import ActivationCache, Dataset
+from activations.selectors import completed_cache, dataset_get, dataset_list
 from features import selectors, services
 from features.apis import FeatureDetailApi, FeatureListApi
 from features.models import FeatureAnalysis
@@ -40,6 +40,7 @@ from saes.models import SparseAutoencoder
 from saes.selectors import completed_sae
 
 ANALYSES_SHOWN = 20
+ANALYSIS_DATASETS_SHOWN = 50
 PHASES = {
     0: "waiting for a worker",
     1: "pass 1 of 3: density, max, top examples",
@@ -96,15 +97,27 @@ def density_bar(density: float) -> float:
 
 def analyses_context(request, sae: SparseAutoencoder) -> dict[str, Any]:
     """The SAE's newest analyses as its page lists them (and ``?fragment=analyses`` re-renders)."""
-    analyses = list(
-        selectors.analysis_list(user=request.user, sae=sae).select_related("cache")[:ANALYSES_SHOWN]
-    )
+    newest = selectors.analysis_list(user=request.user, sae=sae).select_related("cache", "dataset")
+    analyses = list(newest[:ANALYSES_SHOWN])
     for analysis in analyses:
         analysis.active = analysis.status in FeatureAnalysis.ACTIVE
         analysis.phase_label = PHASES.get(analysis.phase, "")
         analysis.can_cancel = analysis.active and may_change(analysis, request.user)
         analysis.shown_cache_id = shown_cache_id(analysis, request.user)
-    return {"sae": sae, "analyses": analyses}
+        analysis.shown_dataset = analysis.dataset if linked_id(
+            request.user, analysis, Dataset, analysis.dataset_id
+        ) else None  # fmt: skip
+    return {"sae": sae, "analyses": analyses, "model_analysis_tokens": f"{services.MODEL_ANALYSIS_TOKENS:,}"}
+
+
+def analysis_datasets(request, sae: SparseAutoencoder) -> list[Dataset]:
+    """The datasets an analysis may read through the SAE's model: the viewer's own first, newest
+    first (none for an SAE without a model)."""
+    if not sae.model_id:
+        return []
+    mine = getattr(request.user, "pk", None)
+    datasets = dataset_list(user=request.user).order_by("-created_at")[:ANALYSIS_DATASETS_SHOWN]
+    return sorted(datasets, key=lambda dataset: dataset.owner_id != mine)
 
 
 def shown_cache_id(analysis: FeatureAnalysis, viewer) -> str | None:
@@ -127,10 +140,15 @@ def analysis_action_page(request, sae_id: str):
     try:
         if action == "run":
             sae = completed_sae(user=request.user, sae_id=sae.id)
-            cache_id = request.POST.get("cache_id", "").strip()
-            cache = completed_cache(user=request.user, cache_id=cache_id) if cache_id else None
+            # ``source``: a cache's id or a dataset's (read through the model); ``cache_id`` as before.
+            source = (request.POST.get("source") or request.POST.get("cache_id") or "").strip()
+            reading = {"cache": None, "dataset": None}
+            if source.startswith("ds_"):  # ids are prefixed by kind (mistudio.identifiers)
+                reading["dataset"] = dataset_get(user=request.user, dataset_id=source)
+            elif source:
+                reading["cache"] = completed_cache(user=request.user, cache_id=source)
             shared = request.POST.get("shared") == "on"
-            analysis = services.analysis_request(owner=request.user, sae=sae, cache=cache, shared=shared)
+            analysis = services.analysis_request(owner=request.user, sae=sae, shared=shared, **reading)
             messages.success(request, f"Feature analysis {analysis.id} queued.")
         elif action == "cancel":
             analysis = selectors.analysis_get(

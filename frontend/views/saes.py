@@ -27,7 +27,7 @@ from engine.sae_architectures import K_SPARSE, REGISTRY, default_expansion, defa
 from features.selectors import analysed_sae_ids
 from frontend.access import reader_required, sae_or_404, writer_refusal
 from frontend.charts import line_chart_svg
-from frontend.views.features import analyses_context
+from frontend.views.features import analyses_context, analysis_datasets
 from mistudio.access import linked_id, may_change
 from mistudio.errors import ApplicationError
 from models_app.selectors import model_get, model_list
@@ -328,6 +328,7 @@ def sae_detail_page(request, sae_id: str):
             "export_url": reverse("sae-export", args=[sae.id]),
             "cache_visible": linked_id(request.user, sae, ActivationCache, sae.cache_id) is not None,
             "evaluation_caches": matching_caches,
+            "analysis_datasets": analysis_datasets(request, sae),
         },
     )
 
