@@ -14,7 +14,7 @@ from django.db.models import QuerySet
 from circuits.models import AttributionGraph
 from circuits.serializers import graph_state
 from circuits.view_memory import MAX_LINKS, view_memory, view_memory_bytes
-from features.models import FeatureAnalysis
+from features.models import Feature, FeatureAnalysis
 from features.selectors import analysis_list, best_explanations, labels_by_index
 from mistudio.access import check_may_change, completed_row, may_see, visible_row, visible_rows
 from mistudio.errors import ApplicationError
@@ -87,6 +87,8 @@ def feature_names(
             .first()
         )
         explained = best_explanations(user=user, analysis=analysis, indices=indices) if analysis else {}
+        found = Feature.objects.filter(analysis=analysis, index__in=indices) if analysis else None
+        automatic = dict(found.values_list("index", "auto_label")) if found is not None else {}
         for index in indices:
             label = labels.get(index)
             explanation = explained.get(index)
@@ -95,6 +97,9 @@ def feature_names(
                 "label": label.label if label else "",
                 "explanation": explanation["text"] if explanation else "",
                 "score": explanation["score"] if explanation else None,
+                # The analysis's own name for it (its most frequent top tokens): shown, marked as
+                # automatic, where nobody labelled or explained it.
+                "auto_label": automatic.get(index, ""),
             }
     return names
 
@@ -166,7 +171,9 @@ def graph_view(
         features = sorted({(layer, feature) for layer, _, feature in view.features[shown].tolist()})
         names = feature_names(user=user, graph=graph, features=features)
         labels = {
-            f"{layer}_{feature}": name["label"] or name["explanation"]
+            f"{layer}_{feature}": name["label"]
+            or name["explanation"]
+            or (f"auto: {name['auto_label']}" if name["auto_label"] else "")
             for (layer, feature), name in names.items()
         }
         body = graph_json(

@@ -139,7 +139,7 @@
   function describe(node) {
     if (isFeature(node)) {
       const name = state.view.mistudio.features[featureKey(node)];
-      const text = node.clerp || (name && (name.label || name.explanation)) || "";
+      const text = node.clerp || (name && (name.label || name.explanation || (name.auto_label && `auto: ${name.auto_label}`))) || "";
       return `Layer ${node.layer} feature ${featureIndex(node)} at position ${node.ctx_idx}${text ? `: ${text}` : ""}`;
     }
     if (node.feature_type === "embedding") return `Token “${state.view.metadata.prompt_tokens[node.ctx_idx]}” at position ${node.ctx_idx}`;
@@ -163,7 +163,7 @@
     card.dataset.nodeId = node.node_id;
     $("node-title").textContent = isFeature(node) ? `Layer ${node.layer} · feature ${featureIndex(node)} · position ${node.ctx_idx}` : describe(node);
     const name = isFeature(node) ? state.view.mistudio.features[featureKey(node)] : null;
-    $("node-label").textContent = name ? [name.label, name.explanation && name.explanation !== name.label ? `explanation: ${name.explanation}${name.score != null ? ` (score ${number(name.score)})` : ""}` : ""].filter(Boolean).join(" · ") : "";
+    $("node-label").textContent = name ? [name.label || (!name.explanation && name.auto_label ? `auto: ${name.auto_label}` : ""), name.explanation && name.explanation !== name.label ? `explanation: ${name.explanation}${name.score != null ? ` (score ${number(name.score)})` : ""}` : ""].filter(Boolean).join(" · ") : "";
     $("node-facts").textContent = [node.activation != null ? `activation ${number(node.activation)}` : "", node.influence != null ? `cumulative influence ${number(node.influence)}` : "", node.token_prob ? `p ${number(node.token_prob)}` : ""].filter(Boolean).join(" · ");
     const dashboard = $("node-dashboard");
     dashboard.hidden = !(name && name.sae_id);
