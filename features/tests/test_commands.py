@@ -50,3 +50,26 @@ def test_feature_command_errors_are_clear(sae_row):
         run("analyze_sae", sae_row.id, "--cache", "act_missing")
     with pytest.raises(CommandError, match="NO_ANALYSIS"):
         run("show_feature", sae_row.id, "0")
+
+
+def test_analyze_over_a_dataset_through_the_model_from_the_command_line(sae_row, tiny_model, writer):
+    from activations.services import dataset_create_from_texts
+
+    prose = dataset_create_from_texts(
+        name="prose", texts=["The cat sat on the mat.", "A dog ran home."] * 5, owner=writer, source="upload"
+    )
+
+    def worker_when_queued() -> None:
+        wait_until(lambda: shared_queue().count > 0, timeout=30, what="the analysis job")
+        run_worker(name="feature-cli-worker", device="cpu", burst=True)
+
+    worker = threading.Thread(target=worker_when_queued)
+    worker.start()
+    output = run("analyze_sae", sae_row.id, "--dataset", prose.id, "--samples", "6", "--max-length", "16")
+    worker.join(timeout=60)
+    analysis = FeatureAnalysis.objects.get()
+    assert analysis.status == "completed" and analysis.source == "model" and analysis.cache_id is None
+    assert analysis.reading["sample_count"] == 6 and analysis.reading["max_length"] == 16
+    assert f"{analysis.summary['tokens']:,} tokens read through the model" in output
+    with pytest.raises(CommandError, match="No dataset"):
+        run("analyze_sae", sae_row.id, "--dataset", "ds_missing")

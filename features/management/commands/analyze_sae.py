@@ -1,8 +1,9 @@
-"""``manage.py analyze_sae SAE [--cache CACHE]``: run a feature analysis with a progress bar."""
+"""``manage.py analyze_sae SAE [--cache CACHE | --dataset DATASET [--samples N] [--max-length T]]``:
+run a feature analysis with a progress bar, over a cache or over a dataset read through the model."""
 
 from django.core.management.base import BaseCommand, CommandError
 
-from activations.models import ActivationCache
+from activations.models import ActivationCache, Dataset
 from features import services
 from features.models import FeatureAnalysis
 from mistudio.errors import ApplicationError
@@ -19,12 +20,18 @@ PHASES = {
 
 class Command(BaseCommand):
     help = (
-        "Analyse every feature of an SAE over an activation cache (a worker runs it; this waits by default)."
+        "Analyse every feature of an SAE over an activation cache, or over a dataset read straight through "
+        "its model (no cache written); a worker runs it; this waits by default."
     )
 
     def add_arguments(self, parser):
         parser.add_argument("sae", help="SAE id (sae_…)")
         parser.add_argument("--cache", help="activation cache id (default: the one the SAE was trained on)")
+        parser.add_argument(
+            "--dataset", help="dataset id, read through the SAE's model (without a cache: its training set)"
+        )
+        parser.add_argument("--samples", type=int, help="with --dataset: how many of its samples")
+        parser.add_argument("--max-length", type=int, help="with --dataset: tokens a sample")
         parser.add_argument("--no-wait", action="store_true")
         parser.add_argument("--timeout", type=float, default=2 * 24 * 3600)
 
@@ -35,8 +42,18 @@ class Command(BaseCommand):
             cache = ActivationCache.objects.filter(pk=options["cache"]).first()
             if cache is None:
                 raise CommandError(f"No activation cache {options['cache']!r} (see `manage.py list_caches`).")
+        dataset = None
+        if options["dataset"]:
+            dataset = Dataset.objects.filter(pk=options["dataset"]).first()
+            if dataset is None:
+                raise CommandError(
+                    f"No dataset {options['dataset']!r} (see the Datasets page or GET /api/datasets)."
+                )
         try:
-            analysis = services.analysis_request(owner=None, sae=sae, cache=cache)
+            analysis = services.analysis_request(
+                owner=None, sae=sae, cache=cache, dataset=dataset, sample_count=options["samples"],
+                max_length=options["max_length"],
+            )  # fmt: skip
         except ApplicationError as error:
             raise CommandError(f"{error.code}: {error.message}") from None
         if options["no_wait"]:
@@ -54,9 +71,11 @@ class Command(BaseCommand):
             postfix=postfix, what="analysis", unit="%", bar_format="{l_bar}{bar}| {postfix}",
         )  # fmt: skip
         summary = analysis.summary
+        source = "tokens read through the model" if analysis.source == "model" else "tokens"
         self.stdout.write(
             f"Analysis {analysis.id} completed: {summary.get('features')} features over "
-            f"{analysis.tokens:,} tokens in {summary.get('seconds', 0):.1f}s, {summary.get('dead')} dead."
+            f"{summary.get('tokens', analysis.tokens):,} {source} in {summary.get('seconds', 0):.1f}s, "
+            f"{summary.get('dead')} dead."
             f" See `manage.py show_feature {analysis.sae_id} INDEX`."
         )
         if summary.get("logit_note"):
