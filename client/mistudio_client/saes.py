@@ -159,9 +159,26 @@ class Features(_Resource):
     """An SAE's features: analyses, list and filter, a feature's dashboard, search by meaning,
     labels, explanations (a language model explains and scores them), and encoding a text."""
 
-    def analyze(self, sae: Any, *, cache: Any = None, shared: bool = False) -> Job:
-        """Analyse the SAE's features on a cache (default: its training cache): an ``fa_…`` job."""
-        body: dict[str, Any] = {"shared": shared, **({} if cache is None else {"cache_id": _id(cache)})}
+    def analyze(
+        self,
+        sae: Any,
+        *,
+        cache: Any = None,
+        dataset: Any = None,
+        sample_count: int | None = None,
+        max_length: int | None = None,
+        shared: bool = False,
+    ) -> Job:
+        """Analyse the SAE's features over a cache, or over a dataset read straight through the
+        SAE's model (no cache written; ``sample_count`` samples of ``max_length`` tokens). Neither:
+        its training cache, else its training dataset through the model. An ``fa_…`` job."""
+        body: dict[str, Any] = {"shared": shared}
+        for name, value in (("cache_id", cache), ("dataset_id", dataset)):
+            if value is not None:
+                body[name] = _id(value)
+        for name, value in (("sample_count", sample_count), ("max_length", max_length)):
+            if value is not None:
+                body[name] = value
         answer = self.client.request("POST", f"saes/{_id(sae)}/analyses", json=body)
         return Job(self.client, "analysis", answer["id"], sae=_id(sae))
 

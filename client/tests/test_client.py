@@ -138,6 +138,11 @@ def test_train_an_sae_wait_and_export(live_stack, client, tmp_path, monkeypatch)
     assert densities == sorted(densities, reverse=True)
     dense = page["features"][0]["index"]
     assert client.features.get(job.id, dense)["top_examples"]
+    # The same SAE analysed over its dataset read straight through the model: no cache written.
+    through = client.features.analyze(job.id, dataset=dataset, sample_count=4, max_length=16)
+    state = client.features.analysis(job.id, through.wait(progress=False).id)
+    assert state["source"] == "model" and state["cache_id"] is None and state["dataset_id"] == dataset["id"]
+    assert state["reading"]["sample_count"] == 4 and state["status"] == "completed"
     exported = json.loads(client.features.export(job.id, tmp_path / "features.json").read_text())
     assert len(exported["features"]) == 128
 
