@@ -14,6 +14,7 @@ class FeaturesConfig(AppConfig):
         from mistudio.access import register_visibility
         from mistudio.jobs import register_job_kind
         from saes.selectors import register_export_extra, register_import_extra
+        from saes.signals import group_completed
 
         selectors.register_event_groups()
         register_visibility(
@@ -44,3 +45,4 @@ class FeaturesConfig(AppConfig):
         register_feature_scale(selectors.feature_max_activation)
         register_export_extra(services.labels_export)
         register_import_extra(services.labels_import)
+        group_completed.connect(services.group_members_analyze, dispatch_uid="features-analyze-group")

@@ -28,7 +28,7 @@ from mistudio.transaction_locks import take_turns
 from mistudio.workers import call_worker
 from models_app.services import model_host, model_job_queue, model_worker_name
 from saes.groups import DEFAULT_GROUP_MAX_LENGTH, FORWARD_TOKENS
-from saes.models import SparseAutoencoder
+from saes.models import SaeGroup, SparseAutoencoder
 from saes.services import check_cache_for, default_cache
 
 logger = logging.getLogger(__name__)
@@ -87,13 +87,15 @@ def analysis_request(
     sample_count: int | None = None,
     max_length: int | None = None,
     shared: bool = False,
+    admit: bool = True,
 ) -> FeatureAnalysis:
     """Queue a feature analysis of ``sae``, over ``cache`` (read straight from disk: no model run)
     or over ``dataset`` read through the SAE's model (no cache written; ``sample_count`` samples of
     ``max_length`` tokens, defaults from :func:`model_reading`). With neither: the cache it was
     trained on, when ``owner`` may read it, else the dataset it was trained on, through the model.
     The analysis holds examples of that text: it is the requester's, and shown to others only once
-    they share it (``shared``)."""
+    they share it (``shared``). ``admit=False``: the follow-up of a group, not counted against the
+    caps (as a training's evaluation)."""
     if sae.status != SparseAutoencoder.Status.COMPLETED:
         raise ApplicationError("SAE_NOT_READY", f"The SAE is {sae.status}.", status=409)
     reader = owner or OPERATOR  # None: the operator (``manage.py analyze_sae``)
@@ -128,7 +130,8 @@ def analysis_request(
                 f"An analysis of this SAE over this {'cache' if cache else 'dataset'} is already running.",
                 status=409,
             )
-        jobs.job_admit(owner=owner, tokens=tokens)
+        if admit:
+            jobs.job_admit(owner=owner, tokens=tokens)
         estimate = memory_budget_check(
             analysis_memory(sae, tokens), what="this analysis", worker_name=model_worker_name(sae.model)
         )
@@ -147,6 +150,24 @@ def analysis_request(
         # model to read through it, or reads the unembedding from the model's files).
         jobs.job_submit(analysis, queue=model_job_queue(sae.model_id))
     return analysis
+
+
+def group_members_analyze(sender, *, group: SaeGroup, **kwargs) -> list[FeatureAnalysis]:
+    """A completed group that asks for it (``analyze_members``) has each completed member analysed
+    over the group's dataset through the model, as the group's owner (``saes.signals.group_completed``):
+    its dashboards, labels and graph nodes' names need no cache. A member the budgets refuse is
+    logged and left for a request of its own."""
+    if not group.analyze_members or group.dataset_id is None:
+        return []
+    analyses = []
+    for member in group.members.filter(status=SparseAutoencoder.Status.COMPLETED).order_by("group_index"):
+        try:
+            analyses.append(
+                analysis_request(owner=group.owner, sae=member, dataset=group.dataset, admit=False)
+            )
+        except ApplicationError as error:
+            logger.warning("member %s of %s is not analysed: %s", member.id, group.id, error.message)
+    return analyses
 
 
 def analysis_cancel(*, analysis: FeatureAnalysis, actor) -> FeatureAnalysis:

@@ -259,6 +259,7 @@ class SaeGroupListApi(APIView):
         b_dec_init = serializers.ChoiceField(choices=services.B_DEC_INITS, default="geometric_median")
         name = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")
         shared = serializers.BooleanField(default=False)
+        analyze_members = serializers.BooleanField(required=False, allow_null=True, default=None)
 
     @extend_schema(
         operation_id="api_sae_groups_list",
@@ -288,11 +289,12 @@ def sae_group_train_from_body(*, user, body: dict[str, Any]) -> SaeGroup:
     values = dict(data.validated_data)
     model = model_get(user=user, model_id=values.pop("model_id"))
     dataset = dataset_get(user=user, dataset_id=values.pop("dataset_id"))
-    name, shared = values.pop("name"), values.pop("shared")
+    name, shared, analyze = values.pop("name"), values.pop("shared"), values.pop("analyze_members")
     settings, members = group_request(values)
     return groups.sae_group_train_request(
-        owner=user, model=model, dataset=dataset, settings=settings, members=members, name=name, shared=shared
-    )
+        owner=user, model=model, dataset=dataset, settings=settings, members=members, name=name,
+        shared=shared, analyze_members=analyze,
+    )  # fmt: skip
 
 
 SAE_GROUP_API = JobApi(

@@ -43,6 +43,15 @@ HOLDOUT_FRACTION, MAX_HOLDOUT_SAMPLES = 0.05, 256
 DEFAULT_GROUP_MAX_LENGTH = 128  # tokens a sample (SAELens' usual context_size)
 FORWARD_TOKENS = 4096  # tokens a forward pass reads: samples per pass = this / max_length
 WINDOW_SAMPLES = 1024  # samples read from the dataset file, tokenized and planned at a time
+# A group analyses its members when it ends unless told otherwise while its members hold at most
+# this many features in all: each analysis is about three forward passes over its reading.
+ANALYZE_MEMBERS_MAX_FEATURES = 65_536
+
+
+def default_analyze_members(total_features: int) -> bool:
+    """Whether a group of ``total_features`` features (the sum over its members) analyses its
+    members when it ends, unless the request says: yes for small groups."""
+    return total_features <= ANALYZE_MEMBERS_MAX_FEATURES
 
 
 @dataclass(frozen=True)
@@ -261,6 +270,7 @@ def sae_group_train_request(
     members: Sequence[GroupMember],
     name: str = "",
     shared: bool = False,
+    analyze_members: bool | None = None,
 ) -> SaeGroup:
     """Queue a group: ``model`` (any the caller may see; loaded by the worker that takes the job if
     no worker has it) run over ``dataset`` (the caller's or shared), training each of ``members``
@@ -269,7 +279,9 @@ def sae_group_train_request(
 
     Defaults are a researcher's at research scale: TopK, 16x, k = d_in / 12 (64 for GPT-2 small),
     4,096-token batches and 4,000 training tokens per feature of the widest member
-    (``engine.sae_architectures.default_live_tokens``)."""
+    (``engine.sae_architectures.default_live_tokens``). ``analyze_members``: analyse each member
+    over the dataset through the model when the group completes (default:
+    :func:`default_analyze_members` of the members' features)."""
     check_label_text(name, field="name")
     check_group_members(members)
     names = {member.hook for member in members} | {member.hook_out for member in members if member.hook_out}
@@ -278,6 +290,8 @@ def sae_group_train_request(
     reading = group_reading(model, dataset, max_length=settings.max_length)
     total_tokens = group_total_tokens(settings, members, widths)
     plans = [member_plan(member, settings, widths=widths, total_tokens=total_tokens) for member in members]
+    if analyze_members is None:
+        analyze_members = default_analyze_members(sum(plan.config["d_sae"] for plan in plans))
     with transaction.atomic():
         jobs.job_admit(owner=owner, tokens=total_tokens)
         estimate = memory_budget_check(
@@ -297,6 +311,7 @@ def sae_group_train_request(
             memory_estimate_bytes=estimate,
             owner=user,
             shared=shared,
+            analyze_members=analyze_members,
         )
         group.name = group.name or f"{len(members)} on {model.name} ({group.id})"
         for index, plan in enumerate(plans):

@@ -298,6 +298,11 @@ class SaeGroup(TrainingProgress, JobRow):
     shared = models.BooleanField(
         default=False, help_text="Visible to every reader (changes stay the owner's)"
     )
+    analyze_members = models.BooleanField(
+        default=False,
+        help_text="When it completes, analyse each member over its dataset through the model "
+        "(dashboards, labels, graph node names)",
+    )
 
     class Meta(JobRow.Meta):
         verbose_name = "SAE group"

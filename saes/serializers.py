@@ -143,6 +143,7 @@ def sae_group_state(group: SaeGroup, *, viewer=AUDIENCE) -> dict[str, Any]:
         "error_message": group.error_message,
         "owner": group.owner.username if group.owner_id else None,
         "shared": group.shared,
+        "analyze_members": group.analyze_members,
         "created_at": iso(group.created_at),
         "started_at": iso(group.started_at),
         "finished_at": iso(group.finished_at),
@@ -338,6 +339,7 @@ class SaeGroupOutputSerializer(JobOutputSerializer):
     tokens_per_second = serializers.FloatField(allow_null=True)
     eta_seconds = serializers.FloatField(allow_null=True)
     memory_estimate_bytes = serializers.IntegerField()
+    analyze_members = serializers.BooleanField()
     members = GroupMemberOutputSerializer(many=True)
 
 

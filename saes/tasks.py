@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
+from django.db import transaction
 
 from activations.models import ActivationCache
 from activations.selectors import cache_store
@@ -55,6 +56,7 @@ from saes.services import (
     sae_folder_files,
     sae_training_lease,
 )
+from saes.signals import group_completed
 
 logger = logging.getLogger(__name__)
 
@@ -490,6 +492,7 @@ def run_sae_group_training(group: SaeGroup, job: JobContext) -> None:
         job_publish(sae, "completed", fields)
     shutil.rmtree(group.checkpoint_directory, ignore_errors=True)
     job_publish(group, "completed", group.mark_completed())
+    transaction.on_commit(lambda: group_completed.send(sender=SaeGroup, group=group))
 
 
 def prepends_bos(loaded) -> bool:

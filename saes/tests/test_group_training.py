@@ -12,11 +12,12 @@ from django.test import Client
 from safetensors.torch import load as safetensors_load
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from activations.models import Dataset
+from activations.models import ActivationCache, Dataset
 from activations.services import dataset_create_from_texts
 from conftest import make_user
 from engine.sae.formats import load_saelens
 from engine.testing.corpus import local_corpus
+from features.models import Feature, FeatureAnalysis
 from mistudio.workers import run_worker
 from saes.models import SaeGroup
 from saes.models import SparseAutoencoder as SaeRow
@@ -65,6 +66,16 @@ def test_a_group_trains_from_the_model_and_each_member_is_evaluated_and_compared
     for member in members:  # each its own curves and evaluation
         assert member.history and member.history[-1]["step"] == 10
         assert member.evaluation["ce_loss_recovered"] is not None and member.evaluation["l0"] > 0
+    # A small group analyses its members when it ends (the default), over its dataset through the
+    # model: dashboards, labels and graph node names with no cache written.
+    assert body["analyze_members"] is True
+    for member in members:
+        (analysis,) = FeatureAnalysis.objects.filter(sae=member)
+        assert analysis.status == "completed", (analysis.error_code, analysis.error_message)
+        assert analysis.source == "model" and analysis.dataset_id == texts_dataset.id
+        assert analysis.cache_id is None and analysis.reading["max_length"] == 32
+        assert Feature.objects.filter(analysis=analysis).count() == member.d_sae
+    assert not ActivationCache.objects.exists()
 
     # The held-out numbers of the first member, recomputed with transformers on the held-out samples.
     held_out_texts = [
@@ -136,6 +147,10 @@ def test_a_queued_group_cancelled_cancels_its_members_and_requests_are_checked(
     assert SaeGroup.objects.get(pk=group_id).status == "cancelled"
     assert set(SaeRow.objects.filter(group_id=group_id).values_list("status", flat=True)) == {"cancelled"}
     run_worker(name="idle", device="cpu", burst=True)  # nothing left to run
+    assert not FeatureAnalysis.objects.exists()  # a group that did not complete analyses nothing
+    unanalysed = _request(api, tiny_model, texts_dataset, analyze_members=False).json()
+    assert unanalysed["analyze_members"] is False
+    assert api.post(f"/api/saes/groups/{unanalysed['id']}/cancel").status_code == 202
     # Bad requests: a clear 4xx, nothing queued.
     before = SaeGroup.objects.count()
     wrong_hook = _request(api, tiny_model, texts_dataset, hooks=["blocks.9.hook_resid_post"])

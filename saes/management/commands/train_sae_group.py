@@ -1,6 +1,8 @@
 """``manage.py train_sae_group MODEL DATASET --hooks H1,H2 --variant k=32 --variant k=64``: train a
 group of SAEs and transcoders straight from the model, with a progress bar and a comparison table."""
 
+import argparse
+
 from django.core.management.base import BaseCommand, CommandError
 from rest_framework.exceptions import ValidationError
 
@@ -34,6 +36,12 @@ class Command(BaseCommand):
         parser.add_argument("--tokens", type=int, default=None, help="default 4,000 a feature")
         parser.add_argument("--max-length", type=int, default=None, help="tokens a sample (default 128)")
         parser.add_argument("--name", default="")
+        parser.add_argument(
+            "--analyze",
+            action=argparse.BooleanOptionalAction,
+            default=None,
+            help="analyse each member over the dataset through the model at the end (default: small groups)",
+        )
         parser.add_argument("--no-wait", action="store_true")
         parser.add_argument("--timeout", type=float, default=14 * 24 * 3600)
 
@@ -58,7 +66,7 @@ class Command(BaseCommand):
             )
             group = groups.sae_group_train_request(
                 owner=None, model=model, dataset=dataset, settings=settings, members=members,
-                name=options["name"],
+                name=options["name"], analyze_members=options["analyze"],
             )  # fmt: skip
         except ApplicationError as error:
             raise CommandError(f"{error.code}: {error.message}") from None
