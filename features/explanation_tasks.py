@@ -115,8 +115,29 @@ def run_explanation_job(row: ExplanationJob, job: JobContext) -> None:
         job.checkpoint_saved()
     if not completed:
         raise JobCancelled
-    job_publish(row, "completed", [*progress(), *row.mark_completed(summary=job_summary(row, notes))])
+    summary = job_summary(row, notes)
+    if row.indices and summary["explained"] == 0:  # "completed" means something was explained
+        row.summary = summary
+        job_publish(row, "progress", [*progress(), "summary"])
+        raise ApplicationError("NO_FEATURE_EXPLAINED", nothing_explained(summary, len(row.indices)))
+    job_publish(row, "completed", [*progress(), *row.mark_completed(summary=summary)])
     refresh_search_index(analysis)
+
+
+def nothing_explained(summary: dict[str, Any], features: int) -> str:
+    """Why a job explained none of its features, in words: what each failure was, and what to do."""
+    failures = ", ".join(f"{count} {code}" for code, count in sorted(summary["failures"].items()))
+    hints = []
+    if "PROMPT_TOO_LONG" in summary["failures"]:
+        hints.append("choose an explainer with a longer context or fewer examples (explain_examples)")
+    if "NO_EXPLANATION" in summary["failures"]:
+        hints.append(
+            "the explainer's answers held no explanation: a chat or instruction-tuned model explains "
+            "(an external one through MISTUDIO_EXPLAINER_ENDPOINTS)"
+        )
+    return f"None of the {features} features was explained ({failures})." + (
+        f" {'; '.join(hints).capitalize()}." if hints else ""
+    )
 
 
 # --- examples ------------------------------------------------------------------------------------

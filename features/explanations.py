@@ -31,6 +31,7 @@ from models_app.models import LanguageModel
 LOCAL = "local"
 MAX_INDICES = 1 << 20
 CHARACTERS_PER_TOKEN = 4  # an estimate's rule of thumb where no tokenizer is at hand
+EXAMPLE_MARKS_TOKENS = 6  # "Example i: " and the marks around an example's activating tokens
 
 
 # --- endpoints -----------------------------------------------------------------------------------
@@ -80,6 +81,23 @@ def check_endpoint(*, user, endpoint: str, model_ref: str) -> tuple[str, int]:
     if not model_ref.strip():
         raise ApplicationError("INVALID_REQUEST", "Name the model the endpoint should use.", status=400)
     return model_ref.strip(), spec["context_tokens"]
+
+
+def explainer_choices(*, models: list[LanguageModel], analysis: FeatureAnalysis) -> list[dict[str, Any]]:
+    """The loaded models an explainer may be on this workbench, each with its context and whether
+    the job's prompts (default options) fit it: what the form offers, the ones that fit first."""
+    config = interpretation_config(analysis, {})
+    choices = []
+    for model in models:
+        context = model_context_tokens(model)
+        unfit, _ = explanation_fit(analysis=analysis, config=config, context=context, model_name=model.name)
+        choices.append(
+            {
+                "id": model.id, "name": model.name, "context_tokens": context, "fits": unfit is None,
+                "needed_tokens": prompt_sizes(analysis, config)["explain"],
+            }
+        )  # fmt: skip
+    return sorted(choices, key=lambda choice: not choice["fits"])
 
 
 # --- which features ------------------------------------------------------------------------------
@@ -178,28 +196,76 @@ def interpretation_config(analysis: FeatureAnalysis, options: dict[str, Any]) ->
     return InterpretationConfig(**values)
 
 
-def explanation_estimate(
-    *, analysis: FeatureAnalysis, features: int, config: InterpretationConfig, context: int
-) -> dict[str, int]:
-    """Requests and prompt tokens of the job, before it runs: each prompt is its template (at
-    ``CHARACTERS_PER_TOKEN``) plus its examples' windows, at most the model's context."""
+def prompt_sizes(analysis: FeatureAnalysis, config: InterpretationConfig) -> dict[str, int]:
+    """Tokens each kind of request needs at most, prompt and answer (``explain``; ``score``: the
+    largest scorer's), estimated as the job's prompts are built: its template (at
+    ``CHARACTERS_PER_TOKEN``) plus its examples' windows, plus the tokens it may answer with."""
     window = analysis.config.get("context_before", 8) + 1 + analysis.config.get("context_after", 3)
-    example_tokens = window + 6  # "Example i: " and the marks
-
     templates = prompt_templates()
 
     def prompt(template: str, examples: int) -> int:
-        return min(context, len(templates[template]) // CHARACTERS_PER_TOKEN + examples * example_tokens)
+        return len(templates[template]) // CHARACTERS_PER_TOKEN + examples * (window + EXAMPLE_MARKS_TOKENS)
 
+    return {
+        "explain_prompt": prompt("explain", config.explain_examples),
+        "explain": prompt("explain", config.explain_examples) + config.explain_max_tokens,
+        "score_prompt": max((prompt(kind, config.per_prompt) for kind in config.scorers), default=0),
+        "score": max((prompt(kind, config.per_prompt) for kind in config.scorers), default=0)
+        + config.score_max_tokens,
+        "example": window + EXAMPLE_MARKS_TOKENS,
+    }
+
+
+def explanation_estimate(
+    *, analysis: FeatureAnalysis, features: int, config: InterpretationConfig, context: int
+) -> dict[str, int]:
+    """Requests and prompt tokens of the job, before it runs (:func:`prompt_sizes`, each prompt at
+    most the model's context)."""
+    sizes = prompt_sizes(analysis, config)
     scoring_requests = config.requests_per_feature() - 1
-    scoring = max((prompt(kind, config.per_prompt) for kind in config.scorers), default=0)
     return {
         "features": features,
         "requests": features * config.requests_per_feature(),
-        "prompt_tokens": features * (prompt("explain", config.explain_examples) + scoring_requests * scoring),
+        "prompt_tokens": features
+        * (min(context, sizes["explain_prompt"]) + scoring_requests * min(context, sizes["score_prompt"])),
         "completion_tokens_at_most": features
         * (config.explain_max_tokens + scoring_requests * config.score_max_tokens),
     }
+
+
+def explanation_fit(
+    *, analysis: FeatureAnalysis, config: InterpretationConfig, context: int, model_name: str
+) -> tuple[ApplicationError | None, list[str]]:
+    """Whether the job's requests fit the explainer's context, before anything starts: a refusal
+    (400 ``EXPLAINER_CONTEXT_TOO_SMALL``) when no explanation prompt fits, so that no feature could
+    be explained; warnings when the scoring prompts do not (explanations without scores)."""
+    sizes = prompt_sizes(analysis, config)
+    warnings: list[str] = []
+    elsewhere = (
+        "Choose a model with a longer context (an external one is configured with "
+        "MISTUDIO_EXPLAINER_ENDPOINTS)"
+    )
+    if sizes["explain"] > context:
+        room = context - (sizes["explain"] - config.explain_examples * sizes["example"])
+        fewer = room // sizes["example"]
+        return ApplicationError(
+            "EXPLAINER_CONTEXT_TOO_SMALL",
+            f"The explainer's prompt needs about {sizes['explain']:,} tokens ({config.explain_examples} "
+            f"examples and {config.explain_max_tokens} to answer); {model_name} takes {context:,}. "
+            + (
+                f"{elsewhere}, or lower explain_examples to {fewer} or fewer."
+                if fewer >= 1
+                else f"{elsewhere}: even its instructions alone do not fit."
+            ),
+            details={"needed_tokens": sizes["explain"], "context_tokens": context},
+        ), warnings
+    if sizes["score"] > context:
+        warnings.append(
+            f"A scoring prompt needs about {sizes['score']:,} tokens, more than {model_name}'s "
+            f"{context:,}: explanations will not be scored. Lower per_prompt, or choose a model with "
+            "a longer context."
+        )
+    return None, warnings
 
 
 def explanation_tokens(estimate: dict[str, int]) -> int:
@@ -314,16 +380,22 @@ def explanation_request(
     config = interpretation_config(analysis, options or {})
     indices = explanation_indices(analysis, selection)
     estimate = explanation_estimate(analysis=analysis, features=len(indices), config=config, context=context)
+    unfit, warnings = explanation_fit(
+        analysis=analysis, config=config, context=context, model_name=explainer_model.strip()
+    )
     if dry_run:
-        refusal = explanation_cost_refusal(owner=owner, endpoint=endpoint, estimate=estimate)
+        refusal = unfit or explanation_cost_refusal(owner=owner, endpoint=endpoint, estimate=estimate)
         return {
             "estimate": estimate,
             "limits": explanation_limits(endpoint),
             "refusal": None if refusal is None else refusal_body(refusal),
+            "warnings": warnings,
             "indices": indices[:1000],
             "config": asdict(config),
             "prompt_version": PROMPT_VERSION,
         }
+    if unfit is not None:
+        raise unfit
     with transaction.atomic():
         user = owner if getattr(owner, "is_authenticated", False) else None
         if user is not None:  # the user's running total is checked and added to in turn
@@ -340,7 +412,7 @@ def explanation_request(
             selection=selection,
             indices=indices,
             config={**asdict(config), "context_tokens": context},
-            estimate=estimate,
+            estimate={**estimate, **({"warnings": warnings} if warnings else {})},
             owner=owner if getattr(owner, "is_authenticated", False) else None,
             shared=shared,
         )

@@ -90,6 +90,8 @@ def explanation_job_state(job: ExplanationJob, *, viewer=AUDIENCE) -> dict[str, 
         "eta_seconds": job.eta_seconds,
         "features_done": job.features_done,
         "features_failed": job.features_failed,
+        # Completed, but some features were not explained: shown amber, never a plain green.
+        "completed_with_failures": job.status == ExplanationJob.Status.COMPLETED and job.features_failed > 0,
         "features_per_minute": job.features_per_minute,
         "requests_sent": job.requests_sent,
         "prompt_tokens": job.prompt_tokens,
@@ -185,6 +187,7 @@ class ExplanationJobOutputSerializer(JobOutputSerializer):
     eta_seconds = serializers.FloatField(allow_null=True)
     features_done = serializers.IntegerField()
     features_failed = serializers.IntegerField()
+    completed_with_failures = serializers.BooleanField()
     features_per_minute = serializers.FloatField(allow_null=True)
     requests_sent = serializers.IntegerField()
     prompt_tokens = serializers.IntegerField()
@@ -354,6 +357,7 @@ class ExplanationDryRunOutputSerializer(OutputSerializer):
     estimate = serializers.DictField()
     limits = serializers.DictField()
     refusal = RefusalOutputSerializer(allow_null=True)
+    warnings = serializers.ListField(child=serializers.CharField())
     indices = serializers.ListField(child=serializers.IntegerField())
     config = serializers.DictField()
     prompt_version = serializers.CharField()

@@ -80,6 +80,8 @@ def test_explain_score_show_accept_export(live_stack, analysed, client_for):
     job = finished(ExplanationJob.objects.get(pk=started.json()["id"]))
     assert job.status == "completed", (job.error_code, job.error_message)
     assert job.features_done == 6 and job.progress == 100 and job.features_per_minute > 0
+    state = api.get(f"/api/saes/{sae.id}/explanations/{job.id}").json()
+    assert state["completed_with_failures"] == (job.features_failed > 0)
 
     rows = {row.index: row for row in Explanation.objects.filter(job=job)}
     assert sorted(rows) == sorted(job.indices)
@@ -299,7 +301,7 @@ def test_a_resumed_job_explains_only_what_is_left(live_stack, analysed):
 
 
 def queued_job(
-    analysis, user, explainer: str, indices: list[int], options: dict, worker: str
+    analysis, user, explainer: str, indices: list[int], options: dict, worker: str, context_tokens: int = 4096
 ) -> ExplanationJob:
     """A job as ``explanation_request`` writes it, on ``worker``'s own queue (run in this process)."""
     from features.explanations import interpretation_config
@@ -309,10 +311,26 @@ def queued_job(
     config = interpretation_config(analysis, options)
     job = ExplanationJob.objects.create(
         analysis=analysis, explainer_model=explainer, scorer_model=explainer, indices=indices, owner=user,
-        config={**config.__dict__, "context_tokens": 4096},
+        config={**config.__dict__, "context_tokens": context_tokens},
     )  # fmt: skip
     job_submit(job, queue=worker_queue(worker))
     return job
+
+
+def test_a_job_that_explains_no_feature_fails_and_says_why(live_stack, analysed):
+    """Before: every feature failed and the job still ended a green "completed". A job that got
+    past the preflight (its context set as an older job's might be) fails with what went wrong."""
+    from mistudio.workers import run_worker
+
+    user, _, analysis = analysed
+    live = [f.index for f in Feature.objects.filter(analysis=analysis, density__gt=0)][:3]
+    job = queued_job(analysis, user, live_stack.models["llama"], live, {}, "narrow-worker", context_tokens=64)
+    run_worker(name="narrow-worker", device="cpu", burst=True)
+    job.refresh_from_db()
+    assert job.status == "failed" and job.error_code == "NO_FEATURE_EXPLAINED"
+    assert job.error_message.startswith("None of the 3 features was explained (3 PROMPT_TOO_LONG)")
+    assert "longer context" in job.error_message
+    assert job.summary["explained"] == 0 and job.summary["failures"] == {"PROMPT_TOO_LONG": 3}
 
 
 def test_an_endpoint_that_does_not_answer_fails_the_job_early(live_stack, analysed):

@@ -33,7 +33,11 @@ def analysis(tiny_model, sae_row, planted_cache, writer):
         Feature(analysis=row, index=index, density=0.01 * (index + 1), max_activation=1, mean_activation=0.5)
         for index in range(40)
     )
-    LanguageModel.objects.filter(pk=tiny_model.pk).update(status=LanguageModel.Status.READY)
+    # Ready, with the context of a model the prompts fit (the tiny model's own 128 tokens do not).
+    long_context = {**tiny_model.config, "n_positions": 4096}
+    LanguageModel.objects.filter(pk=tiny_model.pk).update(
+        status=LanguageModel.Status.READY, config=long_context
+    )
     return row
 
 
@@ -140,3 +144,25 @@ def test_concurrency_past_the_deployments_maximum_is_refused_not_lowered(
             owner=writer, analysis=analysis, explainer_model=analysis.sae.model_id,
             selection={"kind": "top", "count": 2}, options={"concurrency": 9, "test_examples": 0},
         )  # fmt: skip
+
+
+def test_an_explainer_whose_context_the_prompts_do_not_fit_is_refused_before_anything_starts(
+    analysis, writer, client_for
+):
+    """Before: the demo model (128 tokens) was accepted, 9 of 20 features then failed
+    PROMPT_TOO_LONG and the rest NO_EXPLANATION, and the job said "Completed"."""
+    LanguageModel.objects.filter(pk=analysis.sae.model_id).update(config={"n_positions": 128})
+    api = client_for(writer)
+    dry = start(api, analysis, dry_run=True).json()
+    assert dry["refusal"]["code"] == "EXPLAINER_CONTEXT_TOO_SMALL"
+    assert "128" in dry["refusal"]["message"] and "MISTUDIO_EXPLAINER_ENDPOINTS" in dry["refusal"]["message"]
+    refused = start(api, analysis)
+    assert refused.status_code == 400 and refused.json()["error"]["code"] == "EXPLAINER_CONTEXT_TOO_SMALL"
+    assert not ExplanationJob.objects.exists()
+
+    # Where the explanation prompt fits and a scoring prompt does not: a warning, before it starts.
+    LanguageModel.objects.filter(pk=analysis.sae.model_id).update(config={"n_positions": 600})
+    options = {"explain_examples": 1, "explain_max_tokens": 8, "per_prompt": 20, "score_max_tokens": 256}
+    narrow = start(api, analysis, dry_run=True, options=options).json()
+    assert narrow["refusal"] is None
+    assert narrow["warnings"] and "will not be scored" in narrow["warnings"][0]

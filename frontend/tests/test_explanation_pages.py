@@ -13,6 +13,7 @@ from conftest import make_user
 from features.models import Explanation, ExplanationJob, FeatureLabel
 from features.tests.conftest import completed_sae_row
 from frontend.tests.test_feature_pages import a_live_feature, analysed, indices, signed_in
+from models_app.models import LanguageModel
 from models_app.services import model_register
 from saes.tests.conftest import write_planted_cache
 
@@ -76,6 +77,16 @@ def test_the_pages_show_explanations_scores_and_accept_one_as_label(sae, writer)
 def test_the_new_job_form_estimates_and_says_what_is_wrong(sae, writer, reader):
     analysed(sae, writer)
     browser = signed_in(writer)
+    # The tiny model's 128 tokens take no explanation prompt: offered, but disabled, saying why.
+    page = browser.get(f"/saes/{sae.id}/explanations/new/").content.decode()
+    assert re.search(rf'<option value="{sae.model_id}" disabled>[^<]*128-token context — too short', page)
+    assert "No loaded model takes the prompts" in page and "MISTUDIO_EXPLAINER_ENDPOINTS" in page
+    short = {"kind": "top", "count": "5", "explainer_model": sae.model_id, "action": "estimate"}
+    refused = browser.post(f"/saes/{sae.id}/explanations/new/", short).content.decode()
+    assert 'data-testid="estimate-refusal"' in refused and "takes 128" in refused
+    model = LanguageModel.objects.get(pk=sae.model_id)
+    model.config = {**model.config, "n_positions": 4096}  # a context the prompts fit
+    model.save(update_fields=["config"])
     page = browser.get(f"/saes/{sae.id}/explanations/new/?kind=list&indices=4").content.decode()
     assert 'id="explain-form"' in page and 'value="4"' in page
     # The analysis loaded the tiny model (for its logit effects): it can explain.

@@ -60,9 +60,14 @@ def _form_body(post) -> dict[str, Any]:
     for name in ("concurrency", "explain_examples", "test_examples", "non_activating", "per_prompt"):
         if post.get(name, "").strip():
             options[name] = post[name]
+    endpoint = post.get("endpoint", explanations.LOCAL)
+    # On this workbench a loaded model is chosen from the list; elsewhere its name is typed.
+    explainer = (
+        post.get("explainer_model", "") if endpoint == explanations.LOCAL else post.get("external_model", "")
+    )
     return {
-        "endpoint": post.get("endpoint", explanations.LOCAL),
-        "explainer_model": post.get("explainer_model", ""),
+        "endpoint": endpoint,
+        "explainer_model": explainer,
         "scorer_model": post.get("scorer_model", ""),
         "selection": selection,
         "options": options,
@@ -96,6 +101,9 @@ def explanation_new_page(request, sae_id: str):
     except ApplicationError as error:
         context["error"] = error
         return render(request, "frontend/explanation_new.html", context)
+    context["explainers"] = explanations.explainer_choices(
+        models=context["models"], analysis=context["analysis"]
+    )
     if request.method != "POST":
         return render(request, "frontend/explanation_new.html", context)
     body = _form_body(request.POST)
@@ -126,6 +134,7 @@ def explanation_new_page(request, sae_id: str):
         messages.success(request, f"Explanation job {result.id} queued.")
         return redirect(reverse("frontend:explanation-job", args=[sae.id, result.id]))
     context["estimate"], context["refusal"] = result["estimate"], result["refusal"]
+    context["warnings"] = result["warnings"]
     return render(request, "frontend/explanation_new.html", context)
 
 
