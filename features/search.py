@@ -1,14 +1,17 @@
 """Search features by meaning: "features about X", ranked by the cosine of sentence embeddings.
 
-What is searched: an analysis's explanations (``Explanation.text``, those without an error) and
-the labels of its SAE (``FeatureLabel.label``), each embedded by the model in
+What is searched: an analysis's explanations (``Explanation.text``, those without an error), the
+labels of its SAE (``FeatureLabel.label``) and its features' automatic labels (``Feature.auto_label``,
+their most frequent top tokens: every analysed feature has one, answered marked ``auto_label``), each
+embedded by the model in
 ``settings.EMBEDDING_MODEL_DIR`` (all-MiniLM-L6-v2 by default) and kept in a cosine index
 (``engine.search.VectorIndex``) under ``analysis.directory / "search"``:
 
 - ``embeddings.safetensors``: the vector of each text by a hash of the text, so that building
   an index again embeds only the texts it has not seen;
-- ``index-<generation>.usearch`` / ``.json``: the index, whose key is ``row id * 2 + source``
-  (0 for an explanation, 1 for a label), and ``items-<generation>.safetensors``: each key's text
+- ``index-<generation>.usearch`` / ``.json``: the index, whose key is ``row id * 3 + source``
+  (0 for an explanation, 1 for a label, 2 for an automatic label; an index of another scheme is
+  built anew), and ``items-<generation>.safetensors``: each key's text
   hash, to tell what changed since;
 - ``manifest.json``: the generation in use and the stamp of the rows it holds, written last.
 
@@ -61,7 +64,9 @@ from mistudio.redis_client import get_redis
 from mistudio.workers import enqueue, shared_queue
 from saes.models import SparseAutoencoder
 
-EXPLANATION, LABEL = 0, 1
+EXPLANATION, LABEL, AUTO_LABEL = 0, 1, 2
+SOURCES = 3
+KEY_SCHEME = "row*3+source"  # in the manifest: an index keyed otherwise is built anew
 EMBEDDINGS_FILE = "embeddings.safetensors"
 MANIFEST_FILE = "manifest.json"
 EMBED_BATCH = 256  # texts per call, so that a long rebuild lets other requests' queries through
@@ -119,6 +124,10 @@ def _label_items(sae_id: str) -> QuerySet[FeatureLabel]:
     return FeatureLabel.objects.filter(sae_id=sae_id).exclude(label="")
 
 
+def _auto_label_items(analysis: FeatureAnalysis) -> QuerySet[Feature]:
+    return Feature.objects.filter(analysis=analysis).exclude(auto_label="")
+
+
 def _stamp(analysis: FeatureAnalysis) -> str:
     """What changes when a row is added or removed, a label edited or a job finished (an explanation
     rewritten in place by a retried job is taken up then). The count and the largest id are two
@@ -127,12 +136,14 @@ def _stamp(analysis: FeatureAnalysis) -> str:
     explanations = Explanation.objects.filter(analysis=analysis).order_by()
     jobs = ExplanationJob.objects.filter(analysis=analysis).order_by()
     labels = FeatureLabel.objects.filter(sae_id=analysis.sae_id).order_by()
+    features = Feature.objects.filter(analysis=analysis).order_by()
     return json.dumps(
         [
             explanations.count(),
             explanations.aggregate(last=Max("id"))["last"],
             jobs.aggregate(count=Count("id"), finished=Max("finished_at")),
             labels.aggregate(count=Count("id"), last=Max("id"), edited=Max("updated_at")),
+            features.aggregate(count=Count("id"), last=Max("id")),
         ],
         default=str,
         sort_keys=True,
@@ -152,7 +163,7 @@ def _watermark(analysis: FeatureAnalysis) -> dict[str, Any]:
 
 
 def _key(source: int, row_id: int) -> int:
-    return row_id * 2 + source
+    return row_id * SOURCES + source
 
 
 def _text_hashes(texts: list[str]) -> np.ndarray:
@@ -290,6 +301,8 @@ def _previous(
     generation = manifest.get("generation")
     if manifest.get("model") != model.name or not isinstance(generation, str):
         return None
+    if manifest.get("keys") != KEY_SCHEME:
+        return None  # keyed otherwise: built anew
     items = _indexed_items(directory, generation)
     if items is None:
         return None
@@ -312,12 +325,16 @@ def _write_index(analysis: FeatureAnalysis, model: SentenceEmbedder, directory: 
     watermark = _watermark(analysis)
     explanations = list(_explanation_items(analysis).order_by("id").values_list("id", "text"))
     labels = list(_label_items(analysis.sae_id).order_by("id").values_list("id", "label"))
+    automatic = list(_auto_label_items(analysis).order_by("id").values_list("id", "auto_label"))
     keys = np.array(
         [_key(EXPLANATION, row_id) for row_id, _ in explanations]
-        + [_key(LABEL, row_id) for row_id, _ in labels],
+        + [_key(LABEL, row_id) for row_id, _ in labels]
+        + [_key(AUTO_LABEL, row_id) for row_id, _ in automatic],
         dtype=np.int64,
     )
-    texts = [text for _, text in explanations] + [text for _, text in labels]
+    texts = (
+        [text for _, text in explanations] + [text for _, text in labels] + [text for _, text in automatic]
+    )
     hashes = _text_hashes(texts)
 
     manifest = _read_manifest(directory)
@@ -355,7 +372,7 @@ def _write_index(analysis: FeatureAnalysis, model: SentenceEmbedder, directory: 
     )
     manifest = {
         "stamp": stamp, "model": model.name, "generation": generation, "count": len(keys), "removed": removed,
-        **watermark,
+        "keys": KEY_SCHEME, **watermark,
     }  # fmt: skip
     _write_atomically(directory / MANIFEST_FILE, lambda temporary: temporary.write_text(json.dumps(manifest)))
     for path in directory.iterdir():  # earlier generations, and files of a writer that died
@@ -448,6 +465,8 @@ def _last_index(
         generation = manifest.get("generation")
         if manifest.get("model") != model.name or not isinstance(generation, str):
             return None, {}
+        if manifest.get("keys") != KEY_SCHEME:
+            return None, {}
         loaded = _recall(analysis.id)
         if loaded is not None and (loaded.generation, loaded.model) == (generation, model.name):
             return loaded.index, manifest
@@ -467,9 +486,10 @@ def _visible_rows(
     *, user, sae: SparseAutoencoder, analysis: FeatureAnalysis, keys: list[int]
 ) -> dict[int, Explanation | FeatureLabel]:
     """The rows of ``keys`` that ``user`` may see and that are still searchable, by key."""
-    explanation_ids = [key // 2 for key in keys if key >= 0 and key % 2 == EXPLANATION]
-    label_ids = [key // 2 for key in keys if key >= 0 and key % 2 == LABEL]
-    rows: dict[int, Explanation | FeatureLabel] = {}
+    explanation_ids = [key // SOURCES for key in keys if key >= 0 and key % SOURCES == EXPLANATION]
+    label_ids = [key // SOURCES for key in keys if key >= 0 and key % SOURCES == LABEL]
+    auto_ids = [key // SOURCES for key in keys if key >= 0 and key % SOURCES == AUTO_LABEL]
+    rows: dict[int, Explanation | FeatureLabel | Feature] = {}
     if explanation_ids:
         # Unordered: SQLite would otherwise walk the analysis's rows in order rather than fetch by id.
         explanations = (
@@ -484,6 +504,11 @@ def _visible_rows(
     if label_ids:
         for row in visible_labels(user=user, sae=sae).filter(id__in=label_ids).exclude(label="").order_by():
             rows[_key(LABEL, row.id)] = row
+    if auto_ids:  # the analysis's own rows: whoever may search it may see them
+        for row in (
+            _auto_label_items(analysis).filter(id__in=auto_ids).order_by().only("id", "index", "auto_label")
+        ):
+            rows[_key(AUTO_LABEL, row.id)] = row
     return rows
 
 
@@ -493,6 +518,10 @@ def _visible_keys(*, user, sae: SparseAutoencoder, analysis: FeatureAnalysis) ->
     explanations, labels = explanations.order_by(), labels.order_by()
     keys = [_key(EXPLANATION, row_id) for row_id in explanations.values_list("id", flat=True)]
     keys += [_key(LABEL, row_id) for row_id in labels.values_list("id", flat=True)]
+    keys += [
+        _key(AUTO_LABEL, row_id)
+        for row_id in _auto_label_items(analysis).order_by().values_list("id", flat=True)
+    ]
     return np.array(keys, dtype=np.int64)
 
 
@@ -555,8 +584,9 @@ def _fresh_rows(analysis: FeatureAnalysis, manifest: dict[str, Any]) -> _Fresh:
     return _Fresh([key for key, _ in taken], [text for _, text in taken], complete=len(rows) <= FRESH_TEXTS)
 
 
-def _hit_key(row: Explanation | FeatureLabel) -> int:
-    return _key(EXPLANATION if isinstance(row, Explanation) else LABEL, row.id)
+def _hit_key(row: Explanation | FeatureLabel | Feature) -> int:
+    source = {Explanation: EXPLANATION, FeatureLabel: LABEL, Feature: AUTO_LABEL}[type(row)]
+    return _key(source, row.id)
 
 
 def _nearest(
@@ -594,8 +624,9 @@ def _nearest(
 
 
 def feature_search(*, user, sae, analysis, query: str, k: int) -> dict[str, Any]:
-    """The ``k`` explanations and labels of the analysis's features nearest ``query`` in meaning
-    that ``user`` may see, best cosine first, each with its feature's automatic label and density
+    """The ``k`` explanations, labels and automatic labels (``source``) of the analysis's features
+    nearest ``query`` in meaning that ``user`` may see, best cosine first, each with its feature's
+    automatic label and density
     (``GET /api/saes/{id}/features/search``, ``manage.py search_features``). 503
     ``SEARCH_INDEX_BUILDING`` while a worker builds an analysis's first index."""
     text = (query or "").strip()
@@ -614,12 +645,15 @@ def feature_search(*, user, sae, analysis, query: str, k: int) -> dict[str, Any]
     for row, cosine in hits:
         feature = features.get(row.index)
         explanation = row if isinstance(row, Explanation) else None
+        source = {Explanation: "explanation", FeatureLabel: "label", Feature: "auto_label"}[type(row)]
         results.append(
             {
                 "index": row.index,
                 "cosine": round(cosine, 5),
-                "source": "explanation" if explanation else "label",
-                "text": explanation.text if explanation else row.label,
+                "source": source,
+                "text": {"explanation": getattr(row, "text", ""), "label": getattr(row, "label", "")}.get(
+                    source, getattr(row, "auto_label", "")
+                ),
                 "explanation_id": explanation.id if explanation else None,
                 "score": explanation.score if explanation else None,
                 **{

@@ -24,7 +24,12 @@ from engine.registry import LOADED_MODELS
 from engine.sae.formats import load_saelens
 from features.models import Feature, FeatureAnalysis
 from features.rows import analysis_rows, token_table
-from features.search import LOCK_TIMEOUT_SECONDS, rebuild_pending_key, search_index_refresh
+from features.search import (
+    LOCK_TIMEOUT_SECONDS,
+    rebuild_pending_key,
+    search_index_refresh,
+    search_index_request,
+)
 from features.services import ENCODE_MAX_TOKENS
 from mistudio.errors import ApplicationError
 from mistudio.events import ProgressThrottle
@@ -123,6 +128,9 @@ def run_feature_analysis(analysis: FeatureAnalysis, job: JobContext) -> None:
     shutil.rmtree(analysis.state_directory, ignore_errors=True)
     fields = analysis.mark_completed(summary=summary, file_size_bytes=folder_size(analysis.directory))
     job_publish(analysis, "completed", fields)
+    # Its features' automatic labels are searched by meaning: a worker indexes them now, before
+    # anyone asks.
+    search_index_request(analysis)
 
 
 def write_results(analysis: FeatureAnalysis, arrays: dict, *, tokenizer, config: AnalysisConfig) -> None:

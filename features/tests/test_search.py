@@ -80,7 +80,7 @@ def world(embedding_model, writer, reader):
     Feature.objects.bulk_create(
         Feature(
             analysis=analysis, index=index, density=index / 1000, max_activation=1.0, mean_activation=0.5,
-            auto_label=f"tok{index}",
+            auto_label=f"tok{index}" if index in (1, 7) else "",  # two automatic labels: searched too
         )
         for index in range(64)
     )  # fmt: skip
@@ -98,7 +98,7 @@ def world(embedding_model, writer, reader):
     )
     FeatureLabel.objects.create(sae=sae, index=8, label="volcanoes and lava", owner=walt, shared=False)
     FeatureLabel.objects.create(sae=sae, index=9, label="emoji in chat messages", owner=rita, shared=False)
-    assert search.search_index_refresh(analysis) == 3 + 40 + 3  # what the worker's rebuild does
+    assert search.search_index_refresh(analysis) == 3 + 40 + 3 + 2  # what the worker's rebuild does
     return {"walt": walt, "rita": rita, "sae": sae, "analysis": analysis, "shared_job": shared_job}
 
 
@@ -151,12 +151,15 @@ def test_labels_are_found_with_their_feature(world):
 
 
 def test_what_a_user_may_not_see_neither_shows_nor_takes_places(world):
-    # rita sees 3 shared explanations, walt's shared label and her own: 5 of the 46 indexed texts.
+    # rita sees 3 shared explanations, walt's shared label, her own and the analysis's two automatic
+    # labels: 7 of the 48 indexed texts.
     everything = find(world, world["rita"], "volcanoes", k=10)
     texts = {result["text"] for result in everything}
-    assert len(everything) == 5
+    assert len(everything) == 7
     assert texts == {
         *SHARED_EXPLANATIONS.values(),
+        "tok1",
+        "tok7",
         "legal contracts and court rulings",
         "emoji in chat messages",
     }
@@ -197,7 +200,7 @@ def test_a_new_explanation_is_found_at_once_and_indexed_by_the_worker(world, mon
     assert json.loads((directory / "manifest.json").read_text())["generation"] == generation
 
     # The worker's rebuild embeds only the new text; then a query embeds only itself.
-    assert search.search_index_refresh(analysis) == 4 + 40 + 3
+    assert search.search_index_refresh(analysis) == 4 + 40 + 3 + 2
     assert calls[1:] == [["rain and snow in weather reports"]]
     assert find(world, world["rita"], "weather forecasts", k=1)[0]["index"] == 60
     assert calls[2:] == [["weather forecasts"]]
@@ -208,10 +211,10 @@ def test_a_new_explanation_is_found_at_once_and_indexed_by_the_worker(world, mon
     label.label = "rainy weather"
     label.save()
     assert find(world, world["rita"], "weather forecasts", k=2)[1]["text"] == "rainy weather"
-    assert search.search_index_refresh(analysis) == 4 + 40 + 3
+    assert search.search_index_refresh(analysis) == 4 + 40 + 3 + 2
     label.delete()
     assert "rainy weather" not in {result["text"] for result in find(world, world["rita"], "weather", k=10)}
-    assert search.search_index_refresh(analysis) == 4 + 40 + 2
+    assert search.search_index_refresh(analysis) == 4 + 40 + 2 + 2
     manifest = json.loads((directory / "manifest.json").read_text())
     assert manifest["removed"] == 2 and manifest["generation"] != generation  # updated, not rebuilt
     assert len(list(directory.glob("index-*.usearch"))) == 1  # earlier generations are gone
@@ -219,7 +222,7 @@ def test_a_new_explanation_is_found_at_once_and_indexed_by_the_worker(world, mon
 
     # A job that finishes changes no text: the stamp moves on, the index stays.
     ExplanationJob.objects.filter(pk=world["shared_job"].pk).update(finished_at=timezone.now())
-    assert search.search_index_refresh(analysis) == 4 + 40 + 2
+    assert search.search_index_refresh(analysis) == 4 + 40 + 2 + 2
     again = json.loads((directory / "manifest.json").read_text())
     assert again["generation"] == manifest["generation"] and again["stamp"] != manifest["stamp"]
 
@@ -257,7 +260,7 @@ def test_many_label_changes_make_one_rebuild_by_the_worker_and_a_search_rebuilds
     calls = counting_embeddings(monkeypatch)
     run_worker(name="search-worker", device="cpu", burst=True)
     assert rebuilds_queued(analysis) == 0 and not get_redis().exists(search.rebuild_pending_key(analysis.id))
-    assert json.loads((directory / "manifest.json").read_text())["count"] == 3 + 40 + 3 + 41
+    assert json.loads((directory / "manifest.json").read_text())["count"] == 3 + 40 + 3 + 41 + 2
     assert sorted(text for call in calls for text in call) == sorted(
         ["submarines and naval warfare", "ancient Roman aqueducts"]
         + [f"tokens of group {i}" for i in range(21, 60)]
@@ -295,8 +298,8 @@ def test_two_refreshes_of_a_missing_index_build_it_once(world, transactional_db,
         thread.start()
     for thread in threads:
         thread.join()
-    assert counts == [3 + 40 + 3] * 2
-    assert len(embedded) == len(set(embedded)) == 3 + 40 + 3  # every text once, by one of them
+    assert counts == [3 + 40 + 3 + 2] * 2
+    assert len(embedded) == len(set(embedded)) == 3 + 40 + 3 + 2  # every text once, by one of them
     assert len(list((world["analysis"].directory / "search").glob("index-*.usearch"))) == 1
 
 
@@ -391,3 +394,18 @@ def test_the_command_prints_a_table(world):
         )["results"][0]["text"]
         == "emoji in chat messages"
     )
+
+
+def test_automatic_labels_are_searched_by_meaning_and_marked_as_such(world):
+    """Before: every feature has an automatic label, and search by meaning said "No explanation or
+    label yet" until someone explained or labelled one."""
+    # Feature rows are written whole by their analysis (replaced, never edited in place).
+    Feature.objects.filter(analysis=world["analysis"], index=33).delete()
+    Feature.objects.create(
+        analysis=world["analysis"], index=33, density=0.033, max_activation=1.0, mean_activation=0.5,
+        auto_label="lava eruption volcano",
+    )  # fmt: skip
+    assert search.search_index_refresh(world["analysis"]) == 3 + 40 + 3 + 3
+    best = find(world, world["rita"], "volcanic eruptions", k=1)[0]
+    assert (best["source"], best["index"], best["text"]) == ("auto_label", 33, "lava eruption volcano")
+    assert best["auto_label"] == "lava eruption volcano" and best["explanation_id"] is None
