@@ -86,6 +86,21 @@ def nice_ticks(low: float, high: float, count: int = 5) -> list[float]:
     return ticks
 
 
+def covering_ticks(low: float, high: float, count: int = 5) -> list[float]:
+    """:func:`nice_ticks` widened by a step at either end where needed, so that the first tick is at
+    or below ``low`` and the last at or above ``high``: an axis over them holds every value."""
+    ticks = nice_ticks(low, high, count)
+    if len(ticks) < 2:
+        step = abs(low) * 0.1 or 1.0
+        return [low - step, low + step] if not ticks else [ticks[0] - step, ticks[0] + step]
+    step = ticks[1] - ticks[0]
+    if ticks[0] > low + step * 1e-9:
+        ticks.insert(0, ticks[0] - step)
+    if ticks[-1] < high - step * 1e-9:
+        ticks.append(ticks[-1] + step)
+    return ticks
+
+
 def format_value(value: float, step: float | None = None) -> str:
     """A tick label: as many decimals as the tick step needs, compact above ten thousand."""
     if not math.isfinite(value):
@@ -433,16 +448,27 @@ def scatter_chart_svg(
     plot_width, plot_height = width - left - right, height - top - bottom
     base = top + plot_height
     xs, ys = [x for x, _, _ in usable], [y for _, y, _ in usable]
-    x_ticks = nice_ticks(min(0.0, min(xs)), max(xs) if max(xs) > 0 else 1.0, 5)
+    # L0 spanning a decade or more reads on a log axis; otherwise a linear one from 0. Either way
+    # the axis covers every point (one L0 or many: the commonest group has every member at one).
+    logarithmic = min(xs) > 0 and max(xs) / min(xs) >= 10
+    if logarithmic:
+        x_ticks = [
+            10.0**power
+            for power in range(math.floor(math.log10(min(xs))), math.ceil(math.log10(max(xs))) + 1)
+        ]
+        x_scale = math.log10
+    else:
+        x_ticks = covering_ticks(min(0.0, min(xs)), max(xs) if max(xs) > 0 else 1.0, 5)
+        x_scale = float
     y_low, y_high = min(ys), max(ys)
     if y_high - y_low < 1e-9:
         y_low, y_high = y_low - 0.05, y_high + 0.05
-    y_ticks = nice_ticks(y_low, y_high, 4)
-    x_low, x_high = x_ticks[0], x_ticks[-1]
-    y_low, y_high = min(y_low, y_ticks[0]), max(y_high, y_ticks[-1])
+    y_ticks = covering_ticks(y_low, y_high, 4)
+    x_low, x_high = x_scale(x_ticks[0]), x_scale(x_ticks[-1])
+    y_low, y_high = y_ticks[0], y_ticks[-1]
 
     def x_of(value: float) -> float:
-        return left + (value - x_low) / ((x_high - x_low) or 1.0) * plot_width
+        return left + (x_scale(value) - x_low) / ((x_high - x_low) or 1.0) * plot_width
 
     def y_of(value: float) -> float:
         return base - (value - y_low) / ((y_high - y_low) or 1.0) * plot_height
@@ -458,7 +484,7 @@ def scatter_chart_svg(
         labels=[format_value(t, y_step) for t in y_ticks],
     )
     body.append(_line("axis", left, left + plot_width, base, base))
-    x_step = x_ticks[1] - x_ticks[0] if len(x_ticks) > 1 else None
+    x_step = None if logarithmic or len(x_ticks) < 2 else x_ticks[1] - x_ticks[0]
     for tick in x_ticks:
         body.append(_line("axis", x_of(tick), x_of(tick), base, base + 5))
         body.append(_text(format_value(tick, x_step) if tick else "0", x_of(tick), base + 18))
@@ -475,6 +501,8 @@ def scatter_chart_svg(
             f'<circle class="dot" cx="{x_of(x):.2f}" cy="{y_of(y):.2f}" r="5" data-value="{y!r}">'
             f"<title>{escape(f'{name}: {x_label} {x:.4g}, {y_label} {y:.4g}')}</title></circle>"
         )
-    body.append(_text(x_label, left + plot_width / 2, height - 6, css_class="axis-label"))
+    x_title = f"{x_label} (log scale)" if logarithmic else x_label
+    body.append(_text(x_title, left + plot_width / 2, height - 6, css_class="axis-label"))
     body.append(_text(y_label, 14, top + plot_height / 2, css_class="axis-label", rotate=-90))
-    return _svg(width, height, label, body, "scatter-chart", data=f' data-points="{len(usable)}"')
+    scale = ' data-x-scale="log"' if logarithmic else ' data-x-scale="linear"'
+    return _svg(width, height, label, body, "scatter-chart", data=f' data-points="{len(usable)}"{scale}')

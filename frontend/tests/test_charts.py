@@ -17,6 +17,7 @@ from frontend.charts import (
     line_chart_svg,
     nice_ticks,
     norm_chart_svg,
+    scatter_chart_svg,
     short_hook_name,
 )
 
@@ -232,3 +233,31 @@ def test_a_single_point_or_a_flat_line_still_draws():
     assert parse(one).get("data-points") == "1" and not list(parse(one).iter(f"{SVG}polyline"))
     flat = line_chart_svg([(0, 0.0), (10, 0.0)], label="dead", x_label="tokens", y_label="dead")
     assert all(math.isfinite(value) for point in polyline_points(flat) for value in point)
+
+
+def circles(svg: str) -> list[tuple[float, float]]:
+    found = re.findall(r'<circle class="dot" cx="([\d.-]+)" cy="([\d.-]+)"', svg)
+    return [(float(x), float(y)) for x, y in found]
+
+
+@pytest.mark.parametrize("l0", [31.8, 32.0, 7.0, 128.0])
+def test_a_group_whose_members_share_one_l0_is_drawn_inside_the_plot(l0):
+    """Before: every TopK member at L0 31.8 sat at cx = 446 in a 440-wide plot (the axis ended at
+    its last round tick, 30)."""
+    width, height = 440, 280
+    points = [(l0, 0.7 + step / 100, f"member {step}") for step in range(4)]
+    svg = str(scatter_chart_svg(points, label="l", x_label="L0", y_label="ev", size=(width, height)))
+    drawn = circles(svg)
+    assert len(drawn) == 4
+    assert all(62 <= x <= width - 18 and 14 <= y <= height - 42 for x, y in drawn), drawn
+    assert 'data-x-scale="linear"' in svg
+
+
+def test_l0_over_more_than_a_decade_is_drawn_on_a_log_axis():
+    points = [(4.0, 0.5, "a"), (40.0, 0.8, "b"), (400.0, 0.9, "c")]
+    svg = str(scatter_chart_svg(points, label="l", x_label="L0", y_label="ev", size=(440, 280)))
+    assert 'data-x-scale="log"' in svg and "L0 (log scale)" in svg
+    xs = [x for x, _ in circles(svg)]
+    assert xs[1] - xs[0] == pytest.approx(xs[2] - xs[1], abs=0.05)  # equal ratios, equal steps
+    assert all(62 <= x <= 440 - 18 for x in xs)
+    assert 'class="line frontier"' in svg
