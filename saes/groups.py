@@ -23,6 +23,7 @@ from engine import budgets
 from engine.sae_architectures import (
     DEFAULT_ARCHITECTURE,
     DEFAULT_LIVE_EXPANSION,
+    LIVE_TOKENS_BOUNDS,
     default_live_k,
     default_live_tokens,
 )
@@ -31,6 +32,7 @@ from mistudio.access import check_may_change
 from mistudio.budgets import memory_budget_check
 from mistudio.errors import ApplicationError
 from mistudio.text import check_label_text
+from mistudio.workers import read_heartbeats
 from models_app.models import LanguageModel
 from models_app.services import model_heads, model_job_queue, model_worker_name
 from saes.cache_data import SHUFFLE_BUFFER_BATCHES, evaluation_rows
@@ -43,6 +45,11 @@ HOLDOUT_FRACTION, MAX_HOLDOUT_SAMPLES = 0.05, 256
 DEFAULT_GROUP_MAX_LENGTH = 128  # tokens a sample (SAELens' usual context_size)
 FORWARD_TOKENS = 4096  # tokens a forward pass reads: samples per pass = this / max_length
 WINDOW_SAMPLES = 1024  # samples read from the dataset file, tokenized and planned at a time
+# A group on a CPU trains about this long unless asked (the research-scale default, 4,000 tokens a
+# feature, is hours there), at the rate of the model's last group or, before one, this one: a
+# researcher's demo group on a 2-core CPU ran about 1,000 tokens/s.
+CPU_DEFAULT_SECONDS = 600
+CPU_TOKENS_PER_SECOND = 1_000
 # A group analyses its members when it ends unless told otherwise while its members hold at most
 # this many features in all: each analysis is about three forward passes over its reading.
 ANALYZE_MEMBERS_MAX_FEATURES = 65_536
@@ -188,13 +195,41 @@ def member_settings(settings: GroupSettings, member: GroupMember) -> GroupSettin
 
 
 def group_total_tokens(
-    settings: GroupSettings, members: Sequence[GroupMember], widths: dict[str, int]
+    settings: GroupSettings, members: Sequence[GroupMember], widths: dict[str, int], *, model: LanguageModel
 ) -> int:
-    """The request's tokens, else 4,000 a feature of the widest member (``default_live_tokens``)."""
+    """The request's tokens, else 4,000 a feature of the widest member (``default_live_tokens``),
+    within what the worker's device trains in minutes (:func:`device_tokens`)."""
     if settings.total_tokens:
         return settings.total_tokens
     chosen = [(member_settings(settings, member), int(widths[member.hook])) for member in members]
-    return default_live_tokens(max(each.d_sae or each.expansion_factor * d_in for each, d_in in chosen))
+    wanted = default_live_tokens(max(each.d_sae or each.expansion_factor * d_in for each, d_in in chosen))
+    return min(wanted, device_tokens(model)["tokens"])
+
+
+def group_device(model: LanguageModel) -> str:
+    """The device a group on ``model`` would train on: its host worker's when it is loaded, else
+    a GPU if any live worker has one, else ``cpu``."""
+    beats = read_heartbeats()
+    host = model_worker_name(model)
+    devices = [str(beat.get("device", "cpu")) for beat in beats if not host or beat["name"] == host]
+    return next((device for device in devices if device != "cpu"), "cpu")
+
+
+def device_tokens(model: LanguageModel) -> dict[str, Any]:
+    """The default tokens of a group on ``model``, sized to the device it would train on: on a CPU
+    at most :data:`CPU_DEFAULT_SECONDS` of training at the rate of the model's last group (assumed
+    :data:`CPU_TOKENS_PER_SECOND` before one has run); on a GPU no cap. With the rate, its basis
+    and the device: what the form shows before anything starts."""
+    device = group_device(model)
+    last = (
+        SaeGroup.objects.filter(model=model, status=SaeGroup.Status.COMPLETED, tokens_per_second__gt=0)
+        .order_by("-finished_at")
+        .values_list("tokens_per_second", flat=True)
+        .first()
+    )
+    rate = float(last) if last else (CPU_TOKENS_PER_SECOND if device == "cpu" else None)
+    tokens = int(rate * CPU_DEFAULT_SECONDS) if device == "cpu" else LIVE_TOKENS_BOUNDS[1]
+    return {"device": device, "tokens": tokens, "tokens_per_second": rate, "measured": bool(last)}
 
 
 def member_plan(
@@ -288,7 +323,7 @@ def sae_group_train_request(
     hook_names_for(model, hooks=sorted(names), layers=None)
     widths = {point["name"]: point["shape"][-1] for point in hook_points(model)["hook_points"]}
     reading = group_reading(model, dataset, max_length=settings.max_length)
-    total_tokens = group_total_tokens(settings, members, widths)
+    total_tokens = group_total_tokens(settings, members, widths, model=model)
     plans = [member_plan(member, settings, widths=widths, total_tokens=total_tokens) for member in members]
     if analyze_members is None:
         analyze_members = default_analyze_members(sum(plan.config["d_sae"] for plan in plans))

@@ -10,11 +10,22 @@ DEFAULT_ARCHITECTURE = "topk"
 # --- the defaults of a training that does not say ------------------------------------------------
 
 
+K_BOUNDS = (16, 128)
+K_DIVISOR = 24  # from a cache
+LIVE_K_DIVISOR = 12  # from the model, at research scale
+
+
 def default_k(d_in: int) -> int:
     """Active features per token unless asked: d_in / 24, from 16 to 128 (32 for GPT-2 small's 768,
     as OpenAI's TopK SAEs; 16 for the 128-wide demo model, where 32 left features firing on 40 %
     of tokens and 5 or 8 left most features dead: bench/sae_demo.py --product-defaults)."""
-    return max(16, min(128, round(d_in / 24)))
+    return max(K_BOUNDS[0], min(K_BOUNDS[1], round(d_in / K_DIVISOR)))
+
+
+def k_rule(*, live: bool) -> str:
+    """The rule of :func:`default_k` (``live``: :func:`default_live_k`) in words, for a form's hint:
+    read from here, so that a hint never disagrees with the default."""
+    return f"d_in ÷ {LIVE_K_DIVISOR if live else K_DIVISOR}, {K_BOUNDS[0]} to {K_BOUNDS[1]}"
 
 
 DEFAULT_EXPANSION = 8
@@ -44,7 +55,7 @@ LIVE_TOKENS_BOUNDS = (1_000_000, 2_000_000_000)
 
 
 def default_live_k(d_in: int) -> int:
-    return max(16, min(128, round(d_in / 12)))
+    return max(K_BOUNDS[0], min(K_BOUNDS[1], round(d_in / LIVE_K_DIVISOR)))
 
 
 def default_live_tokens(d_sae: int) -> int:

@@ -16,6 +16,7 @@ from engine.sae import SaeShape, default_expansion
 from engine.sae import SparseAutoencoder as SaeModule
 from engine.sae.formats import save_saelens
 from mistudio.workers import shared_queue
+from models_app.models import LanguageModel
 from saes.models import SaeEvaluation, SparseAutoencoder
 from saes.tests.conftest import D_IN, HOOK, write_planted_cache
 
@@ -174,9 +175,11 @@ def test_the_form_offers_completed_caches_with_their_hooks_and_the_defaults(
     )
     assert re.search(
         r'data-architectures="topk batchtopk matryoshka_batchtopk">\s*<label for="train-k">k</label>\s*'
-        r'<input id="train-k" name="k"[^>]*value="" placeholder="d_in ÷ 24"',
+        r'<input id="train-k" name="k"[^>]*value="" placeholder="d_in ÷ 24, 16 to 128"',
         form,
     )  # empty: sized to the hook's width by the service
+    # The hint is the service's rule (it said "4 to 128" while the API used 16 to 128).
+    assert "empty: d_in ÷ 24, 16 to 128 (32 for d_in 768)" in form
     dead = r'<input id="train-dead" name="dead_after_steps"[^>]*value="" placeholder="a tenth'
     assert re.search(dead, form)
     assert 'data-architectures="standard"' in form and 'name="l1_coefficient"' in form
@@ -430,3 +433,33 @@ def test_the_model_page_lists_its_saes(writer, tiny_model, planted_cache):
     listed = signed_in(writer).get(f"/saes/?model={tiny_model.id}").content.decode()
     assert sae.id in listed and "show all" in listed
     assert sae.id not in signed_in(writer).get("/saes/?model=m_nosuch").content.decode()
+
+
+def test_the_group_form_follows_the_chosen_model_and_offers_a_transcoder_per_layer(
+    tiny_model, tiny_llama_folder, writer
+):
+    """Before: the suggestion and placeholders kept the first model's values when another was
+    chosen, nothing said a graph needs a transcoder per layer, and the CPU default meant hours."""
+    import json
+
+    from activations.services import dataset_create_from_texts
+    from models_app.services import model_register
+
+    wide = model_register(source="local", identifier=str(tiny_llama_folder), name="zz-wide", owner=writer)
+    LanguageModel.objects.filter(pk=wide.pk).update(hidden_size=256, num_layers=4)
+    dataset_create_from_texts(name="d", texts=["a b"], owner=writer, source="upload")
+    page = signed_in(writer).get("/saes/groups/new/").content.decode()
+    data = re.search(r'<script id="group-suggestions" type="application/json">(.*?)</script>', page, re.S)
+    suggestions = json.loads(data.group(1))
+    mine, other = suggestions[tiny_model.id], suggestions[wide.pk]
+    assert (mine["d_in"], other["d_in"]) == (64, 256) and other["k"] == 21 and other["d_sae"] == 4096
+    assert other["transcoders"].splitlines() == [
+        f"blocks.{layer}.ln2.hook_normalized -> blocks.{layer}.hook_mlp_out" for layer in range(4)
+    ]
+    assert mine["device"] == "cpu" and mine["minutes"] == 10 and "assumed" in mine["rate"]
+    assert mine["k_rule"] == "d_in ÷ 12, 16 to 128" and mine["analyze_members"] is True
+    assert (
+        'id="group-transcoder-per-layer"' in page
+        and 'name="analyze_members" id="group-analyze" checked' in page
+    )
+    assert "frontend/sae_group_new.js" in page

@@ -23,6 +23,7 @@ from activations import selectors as activation_selectors
 from activations.models import Dataset
 from activations.services.extractions import default_extraction_hook
 from engine.sae_architectures import DEFAULT_LIVE_EXPANSION, REGISTRY, default_live_k, default_live_tokens
+from engine.sae_architectures.defaults import k_rule
 from frontend.access import reader_required, writer_refusal
 from frontend.charts import scatter_chart_svg
 from frontend.views.job_pages import cancel_form
@@ -52,18 +53,36 @@ FORM_DEFAULTS = {
 
 
 def suggestion(model) -> dict[str, Any] | None:
-    """What the form suggests for ``model``: its middle resid_post, 16x, k and the tokens."""
+    """What the form suggests for ``model``, from the defaults the service applies (nothing restated
+    here): its middle resid_post, 16x, k, the tokens sized to the device it would train on with the
+    time that takes, and the hooks of one transcoder per layer (what an attribution graph needs)."""
     if model is None or not model.hidden_size:
         return None
     d_in = model.hidden_size
     d_sae = DEFAULT_LIVE_EXPANSION * d_in
+    sized = groups.device_tokens(model)
+    tokens = min(default_live_tokens(d_sae), sized["tokens"])
+    rate = sized["tokens_per_second"]
+    layers = range(model.num_layers or 0)
     return {
+        "model_id": model.id,
+        "name": model.name,
         "hook": default_extraction_hook(model),
         "d_in": d_in,
         "d_sae": d_sae,
         "k": default_live_k(d_in),
-        "tokens": default_live_tokens(d_sae),
+        "k_rule": k_rule(live=True),
+        "tokens": tokens,
         "expansion": DEFAULT_LIVE_EXPANSION,
+        "device": sized["device"],
+        "minutes": round(tokens / rate / 60) if rate else None,
+        "rate": f"{rate:,.0f} tokens/s, {'measured on its last group' if sized['measured'] else 'assumed'}"
+        if rate
+        else "",
+        "transcoders": "\n".join(
+            f"blocks.{layer}.ln2.hook_normalized -> blocks.{layer}.hook_mlp_out" for layer in layers
+        ),
+        "analyze_members": groups.default_analyze_members(d_sae),
     }
 
 
@@ -76,11 +95,17 @@ def form_context(request, *, values=None, errors=None) -> dict[str, Any]:
     shown = {**FORM_DEFAULTS, **(values or {})}
     if not shown["hooks"] and suggested:
         shown["hooks"] = suggested["hook"]
+    if "analyze_members" not in shown:
+        shown["analyze_members"] = suggested["analyze_members"] if suggested else True
+    mine = getattr(request.user, "pk", None)
+    datasets.sort(key=lambda dataset: dataset.owner_id != mine)  # one's own first
     return {
         "models": models,
         "datasets": datasets,
         "chosen_model": chosen,
         "suggestion": suggested,
+        # Every model's, for the page's script: the suggestion follows the model chosen.
+        "suggestions": {model.id: suggestion(model) for model in models},
         "form": shown,
         "errors": errors or {},
         "architectures": [(name, REGISTRY[name].label) for name in ARCHITECTURES],
@@ -110,6 +135,7 @@ def sae_group_new_page(request):
         values["transcoders"] = parse_transcoders(shown["transcoders"])
         values["variants"] = parse_variants(shown["variants"])
         values["shared"] = request.POST.get("shared") == "on"
+        values["analyze_members"] = request.POST.get("analyze_members") == "on"
         group = sae_group_train_from_body(user=request.user, body=values)
     except ValidationError as error:
         errors, status = _field_errors(error), 400
@@ -120,6 +146,7 @@ def sae_group_new_page(request):
         messages.success(request, f"Training of {group.name} queued.")
         return redirect("frontend:sae-group", group.id)
     shown["shared"] = request.POST.get("shared") == "on"
+    shown["analyze_members"] = request.POST.get("analyze_members") == "on"
     return render(
         request,
         "frontend/sae_group_new.html",

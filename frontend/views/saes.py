@@ -24,6 +24,7 @@ from rest_framework.exceptions import ValidationError
 from activations import selectors as activation_selectors
 from activations.models import ActivationCache
 from engine.sae_architectures import K_SPARSE, REGISTRY, default_expansion, default_total_tokens
+from engine.sae_architectures.defaults import default_k, k_rule
 from features.selectors import analysed_sae_ids
 from frontend.access import reader_required, sae_or_404, writer_refusal
 from frontend.charts import line_chart_svg
@@ -188,6 +189,9 @@ def list_context(request, *, train_values=None, train_errors=None, import_values
         "b_dec_inits": services.B_DEC_INITS,
         "train": {**TRAIN_DEFAULTS, "hook": "", **(train_values or {})},
         "train_errors": train_errors or {},
+        # The form's hint, from the rule the service applies (never restated in the template).
+        "k_rule": k_rule(live=False),
+        "k_example": default_k(768),
         "import_values": import_values or {"format": "auto"},
         "import_errors": import_errors or {},
         "import_formats": IMPORT_FORMATS,

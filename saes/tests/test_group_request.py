@@ -91,3 +91,28 @@ def test_the_page_queues_the_same_members_as_the_api(tiny_model, writer, client_
     ]  # fmt: skip
     refused = browser.post("/saes/groups/new/", {**form, "hooks": "", "transcoders": ""})
     assert refused.status_code == 400 and "Name at least one hook" in refused.content.decode()
+
+
+@pytest.mark.django_db
+def test_a_group_on_a_cpu_trains_minutes_by_default_at_the_rate_its_model_last_ran(tiny_model, writer):
+    """Before: the research-scale default (4,000 tokens a feature; 8.2M on the demo model) was
+    hours at a CPU's ~1,000 tokens/s."""
+    from activations.services import dataset_create_from_texts
+    from saes.groups import CPU_DEFAULT_SECONDS, CPU_TOKENS_PER_SECOND, device_tokens, sae_group_train_request
+    from saes.models import SaeGroup
+
+    dataset = dataset_create_from_texts(name="d", texts=["a b c d"] * 8, owner=writer, source="upload")
+    sized = device_tokens(tiny_model)  # no worker with a GPU: a CPU's
+    assert sized == {
+        "device": "cpu", "tokens": CPU_TOKENS_PER_SECOND * CPU_DEFAULT_SECONDS,
+        "tokens_per_second": CPU_TOKENS_PER_SECOND, "measured": False,
+    }  # fmt: skip
+    settings = GroupSettings(expansion_factor=16)  # 1,024 features: 4.1M tokens at research scale
+    group = sae_group_train_request(
+        owner=writer, model=tiny_model, dataset=dataset, settings=settings, members=[GroupMember(RESID)]
+    )
+    assert group.total_tokens == CPU_TOKENS_PER_SECOND * CPU_DEFAULT_SECONDS < 4_096_000
+    # Once a group has run on the model, its measured rate sizes the next.
+    SaeGroup.objects.filter(pk=group.pk).update(status="completed", tokens_per_second=50.0)
+    assert device_tokens(tiny_model)["tokens"] == 50 * CPU_DEFAULT_SECONDS
+    assert device_tokens(tiny_model)["measured"] is True
