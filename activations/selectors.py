@@ -34,6 +34,14 @@ def dataset_list(*, user) -> QuerySet[Dataset]:
     return visible_rows(Dataset.objects.select_related("owner"), user, shareable=True)
 
 
+def dataset_choices(*, user, limit: int | None = None) -> list[Dataset]:
+    """The datasets a form offers ``user``: their own first, then shared and system ones, newest
+    first in each (a form preselects the first: never another user's newest)."""
+    mine = getattr(user, "pk", None)
+    found = dataset_list(user=user).order_by("-created_at")
+    return sorted(found[:limit] if limit else found, key=lambda dataset: dataset.owner_id != mine)
+
+
 def dataset_get(*, user, dataset_id: str) -> Dataset:
     return visible_row(dataset_list(user=user), dataset_id, code="DATASET_NOT_FOUND", what="dataset")
 

@@ -28,6 +28,7 @@ pytestmark = pytest.mark.slow
 def test_train_from_the_form_and_watch_the_curves_fill_in(page, site, tiny_gpt2_folder):
     owner = get_user_model().objects.get(username="ada")
     model = model_register(source="local", identifier=str(tiny_gpt2_folder), name="tiny-gpt2", owner=owner)
+    other_cache = write_planted_cache(model, owner, samples=8)
     cache = write_planted_cache(model, owner, samples=256)
 
     page.goto(site.url(f"/activations/{cache.id}/"))
@@ -35,6 +36,12 @@ def test_train_from_the_form_and_watch_the_curves_fill_in(page, site, tiny_gpt2_
     page.wait_for_url(re.compile(rf"/saes/\?cache={cache.id}"))
     expect(page.locator("#train-cache")).to_have_value(cache.id)
     expect(page.locator("#train-hook")).to_have_value(HOOK)
+    # Only the chosen cache's hooks are listed (before, every cache's showed in the dropdown).
+    expect(page.locator("#train-hook optgroup")).to_have_count(1)
+    expect(page.locator("#train-hook optgroup")).to_have_attribute("data-cache", cache.id)
+    page.select_option("#train-cache", other_cache.id)
+    expect(page.locator("#train-hook optgroup")).to_have_attribute("data-cache", other_cache.id)
+    page.select_option("#train-cache", cache.id)
     # The fields of the chosen architecture only: k for TopK, the L1 coefficient for standard.
     expect(page.locator("#train-k")).to_be_visible()
     expect(page.locator("#train-l1")).to_be_hidden()

@@ -191,6 +191,21 @@ def test_a_ready_model_offers_the_extraction_form(writer, tiny_model):
     ]
 
 
+def test_the_extraction_form_offers_ones_own_datasets_first(writer, tiny_model):
+    """Before: it preselected whichever dataset was newest, another user's shared one included."""
+    from conftest import make_user
+
+    mine = dataset_create_from_texts(name="mine", texts=["a b c"], owner=writer, source="upload")
+    other = make_user("olga-other", "model:write")
+    theirs = dataset_create_from_texts(name="theirs", texts=["d e f"], owner=other, source="upload")
+    theirs.shared = True
+    theirs.save(update_fields=["shared"])  # newer than mine, and visible
+    LanguageModel.objects.filter(pk=tiny_model.pk).update(status="ready", host_worker="w1")
+    page = browser_for(writer).get(f"/models/{tiny_model.id}/").content.decode()
+    listed = re.findall(r'<option value="(ds_\w+)" data-samples', page.split('id="extract-dataset"')[1])
+    assert listed[:2] == [mine.id, theirs.id]
+
+
 def test_a_half_precision_model_offers_its_own_dtype_first(writer, tiny_model):
     dataset_create_from_texts(name="corpus", texts=["a b c"], owner=writer, source="upload")
     LanguageModel.objects.filter(pk=tiny_model.pk).update(status="ready", quantization="bf16")

@@ -59,7 +59,7 @@ def completed_sae(model, cache, owner, **changes) -> SparseAutoencoder:
         "progress": 100, "step": 12, "total_steps": 12, "tokens_seen": 3072, "total_tokens": 3072,
         "tokens_per_second": 51234.5, "history": HISTORY, "evaluation": EVALUATION,
         "hyperparameters": {"architecture": "topk", "d_sae": 8 * D_IN, "k": 32, "lr": 3e-4,
-                            "batch_size": 256},
+                            "batch_size": 256, "dead_after_steps": 5},
         "training_time_seconds": 1.5, "owner": owner,
     }  # fmt: skip
     return SparseAutoencoder.objects.create(**{**values, **changes})
@@ -309,6 +309,10 @@ def test_the_sae_page_shows_curves_metrics_hyperparameters_and_links(writer, tin
     assert svg_points(curves) == [len(HISTORY)] * 4
     assert 'data-testid="latest-dead">0<' in curves and 'data-testid="latest-mse">0.08333<' in curves
     assert "mse, activations scaled to norm √d_in (log scale)" in curves and ">tokens<" in curves
+    # The two dead counts say over what each is counted (they disagreed with no word on why).
+    assert "Dead features (none active in the last 5 training steps)" in curves
+    metrics = page.split('id="sae-metrics"')[1]
+    assert "never active on the 204 held-out tokens (the training curve counts" in metrics
 
     metrics = page.split('id="sae-metrics"')[1].split("</section>")[0]
     for metric, shown in [
@@ -322,7 +326,14 @@ def test_the_sae_page_shows_curves_metrics_hyperparameters_and_links(writer, tin
     assert "evaluation queued" in metrics and "clean_loss" not in metrics
 
     hyper = page.split('id="hyperparameters"')[1].split("</table>")[0]
-    assert re.findall(r"<code>(\w+)</code>", hyper) == ["architecture", "batch_size", "d_sae", "k", "lr"]
+    assert re.findall(r"<code>(\w+)</code>", hyper) == [
+        "architecture",
+        "batch_size",
+        "d_sae",
+        "dead_after_steps",
+        "k",
+        "lr",
+    ]
     assert f'href="/api/saes/{sae.id}/export" download' in page
     # an evaluation is queued: the button waits; cancel is for trainings in flight only
     assert re.search(r'id="evaluate-sae" disabled', page)

@@ -26,7 +26,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 from rest_framework.exceptions import ValidationError
 
 from activations.models import ActivationCache, Dataset
-from activations.selectors import completed_cache, dataset_get, dataset_list
+from activations.selectors import completed_cache, dataset_choices, dataset_get
 from features import selectors, services
 from features.apis import FeatureDetailApi, FeatureListApi
 from features.models import FeatureAnalysis
@@ -115,9 +115,7 @@ def analysis_datasets(request, sae: SparseAutoencoder) -> list[Dataset]:
     first (none for an SAE without a model)."""
     if not sae.model_id:
         return []
-    mine = getattr(request.user, "pk", None)
-    datasets = dataset_list(user=request.user).order_by("-created_at")[:ANALYSIS_DATASETS_SHOWN]
-    return sorted(datasets, key=lambda dataset: dataset.owner_id != mine)
+    return dataset_choices(user=request.user, limit=ANALYSIS_DATASETS_SHOWN)
 
 
 def shown_cache_id(analysis: FeatureAnalysis, viewer) -> str | None:

@@ -222,7 +222,7 @@ def model_detail_page(request, model_id: str):
             "active_extraction": active,
             "saes": saes[:RECENT_SAES],
             "sae_count": saes.count(),
-            "datasets": activation_selectors.dataset_list(user=request.user),
+            "datasets": activation_selectors.dataset_choices(user=request.user),
             "dtypes": storage_dtype_choices(model),
             # The int64 token columns a cache keeps per token besides the rows (the size estimate's).
             "token_table_bytes": cache_bytes_per_token([], "float32"),

@@ -88,7 +88,7 @@ def suggestion(model) -> dict[str, Any] | None:
 
 def form_context(request, *, values=None, errors=None) -> dict[str, Any]:
     models = list(model_list(user=request.user).order_by("name"))
-    datasets = list(activation_selectors.dataset_list(user=request.user).order_by("name"))
+    datasets = activation_selectors.dataset_choices(user=request.user)
     wanted = (values or {}).get("model_id") or request.GET.get("model", "")
     chosen = next((model for model in models if model.id == wanted), models[0] if models else None)
     suggested = suggestion(chosen)
@@ -97,8 +97,6 @@ def form_context(request, *, values=None, errors=None) -> dict[str, Any]:
         shown["hooks"] = suggested["hook"]
     if "analyze_members" not in shown:
         shown["analyze_members"] = suggested["analyze_members"] if suggested else True
-    mine = getattr(request.user, "pk", None)
-    datasets.sort(key=lambda dataset: dataset.owner_id != mine)  # one's own first
     return {
         "models": models,
         "datasets": datasets,

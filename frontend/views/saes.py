@@ -129,8 +129,11 @@ def curves(sae: SparseAutoencoder) -> list[dict[str, Any]]:
     """The four training curves against tokens seen, as SVG, with the newest value of each."""
     history = sae.history or []
     charts = []
+    window = (sae.hyperparameters or {}).get("dead_after_steps")
     for key, title, y_label, log_y in CURVES:
         points = [(point.get("tokens"), point.get(key)) for point in history]
+        if key == "dead" and window:  # not the held-out count: say over what it is counted
+            title = f"Dead features (none active in the last {window:,} training steps)"
         charts.append(
             {
                 "key": key,

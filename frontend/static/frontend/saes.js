@@ -41,16 +41,15 @@
     const architecture = document.getElementById("train-architecture");
     const tokens = document.getElementById("train-tokens");
 
-    // Only the chosen cache's hooks; the same hook stays chosen if the new cache has it too.
+    // Only the chosen cache's hooks are in the list (a hidden optgroup still shows in some browsers'
+    // dropdowns: the others are taken out, kept aside); the same hook stays chosen if the new cache
+    // has it too.
+    const groups = [...hook.querySelectorAll("optgroup")];
     function showHooks() {
-      let group = null;
-      hook.querySelectorAll("optgroup").forEach((each) => {
-        const mine = each.dataset.cache === cache.value;
-        each.hidden = !mine;
-        each.disabled = !mine;
-        if (mine) group = each;
-      });
       const selected = hook.selectedOptions[0];
+      const group = groups.find((each) => each.dataset.cache === cache.value) || null;
+      groups.forEach((each) => { if (each !== group) each.remove(); });
+      if (group && group.parentElement !== hook) hook.appendChild(group);
       if (group && (!selected || selected.parentElement !== group)) {
         const same = [...group.querySelectorAll("option")].find((option) => option.value === selected?.value);
         (same || group.querySelector("option")).selected = true;
