@@ -130,6 +130,19 @@ class SaeEvaluateApi(APIView):
         )
 
 
+class SaeGroupStopApi(APIView):
+    """Stop a group early and keep it (202): training ends at its next step and each member is
+    evaluated and saved from what it has learnt; a queued group is cancelled."""
+
+    permission_classes = [CanWrite]
+
+    @extend_schema(request=None, responses={202: SaeGroupOutputSerializer})
+    def post(self, request, group_id: str):
+        group = selectors.group_get(user=request.user, group_id=group_id)
+        group = groups.sae_group_stop(group=group, actor=request.user)
+        return Response(sae_group_state(group, viewer=request.user), status=status.HTTP_202_ACCEPTED)
+
+
 class SaeImportApi(APIView):
     """Import a SAELens folder or a Gemma Scope ``params.npz`` from a folder under LOCAL_MODEL_ROOTS:
     202 with the queued SAE (a worker reads its arrays), or 200 with your earlier import of the

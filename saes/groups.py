@@ -31,6 +31,7 @@ from mistudio import jobs
 from mistudio.access import check_may_change
 from mistudio.budgets import memory_budget_check
 from mistudio.errors import ApplicationError
+from mistudio.redis_client import get_redis
 from mistudio.text import check_label_text
 from mistudio.workers import read_heartbeats
 from models_app.models import LanguageModel
@@ -387,6 +388,19 @@ def sae_group_cancel(*, group: SaeGroup, actor) -> SaeGroup:
     """A queued group is cancelled at once; a running one stops after its current step (its
     members stop with it)."""
     return jobs.job_cancel(group, actor=actor)
+
+
+def sae_group_stop(*, group: SaeGroup, actor) -> SaeGroup:
+    """Stop a group early and keep it: a running group stops training at its next step, and each
+    member is evaluated and saved from what it has learnt (the group ends ``completed``, its
+    ``tokens_seen`` short of ``total_tokens``); a queued one has learnt nothing and is cancelled."""
+    check_may_change(group, actor, what="SAE group")
+    if group.status == SaeGroup.Status.QUEUED:
+        return sae_group_cancel(group=group, actor=actor)
+    if group.status != SaeGroup.Status.RUNNING:
+        raise ApplicationError("JOB_NOT_ACTIVE", f"The group is {group.status}: nothing to stop.", status=409)
+    get_redis().set(group.stop_key, 1, ex=7 * 24 * 3600)
+    return group
 
 
 def sae_group_update(*, group: SaeGroup, actor, **changes: Any) -> SaeGroup:

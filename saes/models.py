@@ -314,6 +314,11 @@ class SaeGroup(TrainingProgress, JobRow):
         return [f"sae_group.{self.id}", *([f"model.{self.model_id}"] if self.model_id else [])]
 
     @property
+    def stop_key(self) -> str:
+        """Set (``saes.groups.sae_group_stop``): stop training at the next step, keep the members."""
+        return f"{settings.REDIS_KEY_PREFIX}:stop:{self.kind}:{self.pk}"
+
+    @property
     def directory(self):
         """The group's checkpoints (each member's SAELens folder is its own row's)."""
         return settings.SAE_DIR / self.id

@@ -34,6 +34,7 @@ from mistudio.errors import ApplicationError
 from mistudio.events import ProgressThrottle
 from mistudio.job_runner import JobContext, job_task
 from mistudio.jobs import DAY, job_publish
+from mistudio.redis_client import get_redis
 from models_app.tasks import model_in_this_worker
 from saes.cache_data import (
     CE_MAX_SEQUENCES,
@@ -447,6 +448,9 @@ def run_sae_group_training(group: SaeGroup, job: JobContext) -> None:
 
     reader = DatasetReader(group.dataset)
 
+    def stop_asked() -> bool:  # stop and keep (saes.groups.sae_group_stop): the loop ends, nothing is lost
+        return bool(get_redis().exists(group.stop_key))
+
     def open_source(position):
         return model_source(
             loaded.model,
@@ -470,14 +474,15 @@ def run_sae_group_training(group: SaeGroup, job: JobContext) -> None:
             buffer_rows=SHUFFLE_BUFFER_BATCHES * specs[0].config.batch_size,
             device=device,
             on_step=on_step,
-            should_cancel=job.should_cancel,
+            should_cancel=lambda: job.should_cancel() or stop_asked(),
             checkpoint_folder=group.checkpoint_directory,
             checkpoint_every_steps=settings.SAE_CHECKPOINT_EVERY_STEPS,
             checkpoint_due=job.should_yield,
             on_checkpoint=lambda step: job.checkpoint_saved(),  # its time slice may end here
             rows_dtype=getattr(torch, reading.dtype),
         )
-        job.check_cancel()
+        if not stop_asked():
+            job.check_cancel()
         held_out = reader(reading.train_samples, group.dataset.sample_count)
     evaluations = group_evaluation(loaded, members, results, held_out, hooks=hooks, reading=reading, job=job)
     for index, sae in enumerate(members):
@@ -491,6 +496,7 @@ def run_sae_group_training(group: SaeGroup, job: JobContext) -> None:
         )
         job_publish(sae, "completed", fields)
     shutil.rmtree(group.checkpoint_directory, ignore_errors=True)
+    get_redis().delete(group.stop_key)
     job_publish(group, "completed", group.mark_completed())
     transaction.on_commit(lambda: group_completed.send(sender=SaeGroup, group=group))
 

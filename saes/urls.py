@@ -10,6 +10,7 @@ urlpatterns = [
     path("saes/upload", apis.SaeUploadApi.as_view(), name="sae-upload"),
     path("saes/import-transcoders", apis.TranscoderSetImportApi.as_view(), name="sae-import-transcoders"),
     path("saes/groups", apis.SaeGroupListApi.as_view(), name="sae-group-list"),
+    path("saes/groups/<str:group_id>/stop", apis.SaeGroupStopApi.as_view(), name="sae-group-stop"),
     *job_routes(SaeGroup),
     *job_routes(SparseAutoencoder),
     path("saes/<str:sae_id>/evaluate", apis.SaeEvaluateApi.as_view(), name="sae-evaluate"),

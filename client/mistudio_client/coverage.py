@@ -88,6 +88,7 @@ OPERATIONS: dict[str, str] = {
     "PATCH /api/saes/groups/{group_id}": "Client.saes.update_group",
     "DELETE /api/saes/groups/{group_id}": "Client.saes.delete_group",
     "POST /api/saes/groups/{group_id}/cancel": "Job.cancel",
+    "POST /api/saes/groups/{group_id}/stop": "Client.saes.stop_group",
     "POST /api/saes/import": "Client.saes.import_folder (a folder on the server)",
     "POST /api/saes/upload": "Client.saes.upload (a SAELens folder of yours)",
     "POST /api/saes/import-transcoders": "Client.saes.import_transcoders (a folder on the server)",

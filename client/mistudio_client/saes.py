@@ -85,6 +85,11 @@ class Saes(_Resource):
     def update_group(self, group: Any, *, name: str | None = None, shared: bool | None = None) -> dict:
         return self._update(f"saes/groups/{_id(group)}", {"name": name, "shared": shared})
 
+    def stop_group(self, group: Any) -> dict:
+        """Stop a running group early and keep it: its members are evaluated and saved from what
+        they have learnt (its job then completes); a queued group is cancelled."""
+        return self.client.request("POST", f"saes/groups/{_id(group)}/stop")
+
     def delete_group(self, group: Any) -> None:
         """Delete an ended group (its member SAEs stay; delete those with :meth:`delete`)."""
         self._delete(f"saes/groups/{_id(group)}")

@@ -203,6 +203,15 @@ def sae_group_page(request, group_id: str):
         group = selectors.group_get(user=request.user, group_id=group_id)
     except ApplicationError as error:
         raise Http404(error.message) from None
+    if request.method == "POST" and request.POST.get("action") == "stop":
+        try:
+            groups.sae_group_stop(group=group, actor=request.user)
+            messages.info(
+                request, "Stopping: training ends at its next step; the members are evaluated and kept."
+            )
+        except ApplicationError as error:
+            messages.error(request, error.message)
+        return redirect(reverse("frontend:sae-group", args=[group.id]))
     if request.method == "POST":
         return cancel_form(
             request,

@@ -90,6 +90,7 @@ MATRIX: dict[str, dict[str, tuple]] = {
     "api/saes/groups": {"GET": ANY_READER, "POST": WRITERS},
     "api/saes/groups/{group}": {"GET": OWNER_READS, "PATCH": OWNER_CHANGES, "DELETE": OWNER_CHANGES},
     "api/saes/groups/{group}/cancel": {"POST": OWNER_CHANGES},
+    "api/saes/groups/{group}/stop": {"POST": OWNER_CHANGES},
     "api/saes/{sae}": {"GET": OWNER_READS, "PATCH": OWNER_CHANGES, "DELETE": OWNER_CHANGES},
     "api/steering-vectors": {"GET": ANY_READER, "POST": WRITERS},
     "api/steering-vectors/import": {"POST": WRITERS},

@@ -123,6 +123,8 @@ def test_a_group_trains_from_the_model_and_each_member_is_evaluated_and_compared
     page = browser.get(f"/saes/groups/{group.id}/")
     html = page.content.decode()
     assert page.status_code == 200 and html.count('data-points="4"') == 2
+    # Its owner may stop it and keep it, or cancel it after a confirmation (hidden once it ended).
+    assert 'id="stop-group"' in html and 'id="cancel-group" data-confirm="Cancel this group?' in html
     assert html.count('<tr data-sae-id="') == 4
 
     # Shared: another user sees the group and its members, never the owner's private dataset.
@@ -233,3 +235,35 @@ def test_a_group_that_has_ended_is_deleted_by_its_owner_and_its_members_stay(
     assert set(SaeRow.objects.filter(pk__in=members, group=None).values_list("pk", flat=True)) == members
     assert api.get(f"/api/saes/groups/{group_id}").status_code == 404
     assert api.delete(f"/api/saes/{next(iter(members))}").status_code == 204  # as any SAE
+
+
+def test_a_running_group_stopped_early_keeps_its_members_evaluated(
+    tiny_model, writer, client_for, texts_dataset
+):
+    """Before: cancelling kept nothing; now "stop and keep" ends training at the next step and
+    evaluates every member from what it learnt."""
+    import threading
+
+    from models_app.tests.live_stack import wait_until
+
+    api = client_for(writer)
+    body = _request(api, tiny_model, texts_dataset, hooks=[RESID], transcoders=[], variants=[],
+                    total_tokens=128 * 5000, analyze_members=False).json()  # fmt: skip
+    group = SaeGroup.objects.get(pk=body["id"])
+    worker = threading.Thread(target=burst)
+    worker.start()
+    try:
+        wait_until(lambda: SaeGroup.objects.filter(pk=group.pk, step__gte=2).exists(), timeout=120,
+                   what="the group to train a few steps")  # fmt: skip
+        stopped = api.post(f"/api/saes/groups/{group.id}/stop")
+        assert stopped.status_code == 202, stopped.content
+    finally:
+        worker.join(timeout=300)
+    group.refresh_from_db()
+    assert group.status == "completed", (group.error_code, group.error_message)
+    assert 0 < group.tokens_seen < group.total_tokens == 128 * 5000
+    (member,) = group.members.all()
+    assert member.status == "completed" and member.evaluation["explained_variance"] is not None
+    assert (member.directory / "sae_weights.safetensors").exists()
+    again = api.post(f"/api/saes/groups/{group.id}/stop")
+    assert again.status_code == 409 and again.json()["error"]["code"] == "JOB_NOT_ACTIVE"

@@ -400,4 +400,16 @@
     // Messages rendered by the server (Django messages) appear as toasts too.
     document.querySelectorAll("[data-toast]").forEach((node) => toast(node.dataset.toast, node.dataset.kind || "info"));
   });
+  // A button with data-confirm asks first (cancelling a job loses its work): the form is sent with
+  // that button only once the dialog says yes.
+  document.addEventListener("click", async (event) => {
+    const button = event.target.closest("button[data-confirm]");
+    if (!button || button.dataset.confirmed) return;
+    event.preventDefault();
+    if (await confirmAction(button.dataset.confirm, { confirmLabel: button.dataset.confirmLabel || "Yes" })) {
+      button.dataset.confirmed = "1";
+      button.click();
+      delete button.dataset.confirmed;
+    }
+  });
 })();
