@@ -27,6 +27,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from mistudio.job_queue import queue_position
 from mistudio.jobs import JobRow, job_kind, job_kinds
 from mistudio.permissions import CanWrite
 from mistudio.serializers import StrictSerializer
@@ -114,7 +115,9 @@ def detail_view(api: JobApi, *, response: Any) -> type[APIView]:
     schemas: dict[str, Any] = {}
 
     def get(self, request: Request, **route: str) -> Response:
-        return Response(api.body(api.find(user=request.user, **route), request))
+        row = api.find(user=request.user, **route)
+        # A queued row says where it stands in line (mistudio.job_queue), as its caller may see it.
+        return Response({**api.body(row, request), "queue": queue_position(row, viewer=request.user)})
 
     methods["get"], schemas["get"] = get, extend_schema(responses={200: response})
     if api.update is not None:

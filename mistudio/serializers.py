@@ -50,6 +50,12 @@ class JobOutputSerializer(OutputSerializer):
     created_at = serializers.DateTimeField(allow_null=True)
     started_at = serializers.DateTimeField(allow_null=True)
     finished_at = serializers.DateTimeField(allow_null=True)
+    queue = serializers.DictField(
+        required=False,
+        allow_null=True,
+        help_text="Its row's GET while queued: position (1: next), ahead and running (kind; id and owner "
+        "where the caller may see them), starts_in_seconds (null: unknown); null once it runs",
+    )
 
 
 # The collections ``GET /api/`` links to, by URL name (``mistudio.urls.api_root``).

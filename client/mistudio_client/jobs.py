@@ -82,6 +82,13 @@ class Job:
     def status(self) -> str:
         return self.state.get("status", "unknown")
 
+    @property
+    def queue(self) -> dict[str, Any] | None:
+        """Where the job stands while queued, read now: ``position`` (1: next), what is ``running``
+        and waiting ``ahead`` of it (another user's by its kind alone), ``starts_in_seconds`` (None:
+        unknown); None once it runs."""
+        return self.refresh().get("queue")
+
     def refresh(self) -> dict[str, Any]:
         if not self._finished:
             self.state = self.client.request("GET", self._path("path"))
@@ -109,6 +116,7 @@ class Job:
             self.state = state
             if bar is not None:
                 bar.n = float(state.get("progress") or 0)
+                bar.set_postfix_str(_where(state), refresh=False)
                 bar.refresh()
             return state.get("status") not in ACTIVE
 
@@ -190,4 +198,13 @@ def _progress_bar(description: str):
         from tqdm.auto import tqdm
     except ImportError:
         return None
-    return tqdm(total=100, desc=description, unit="%", bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f}%")
+    return tqdm(
+        total=100, desc=description, unit="%", bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f}% {postfix}"
+    )
+
+
+def _where(state: dict[str, Any]) -> str:
+    """A bar's postfix: the status, and while queued its place in line when the state says it."""
+    place = (state.get("queue") or {}).get("position")
+    status = state.get("status", "")
+    return f"queued, #{place} in line" if status == "queued" and place else status

@@ -37,6 +37,7 @@ from frontend.views.features import feature_url, validation_message
 from frontend.views.job_pages import cancel_form
 from mistudio.access import may_change
 from mistudio.errors import ApplicationError
+from mistudio.job_queue import queue_position
 from models_app.models import LanguageModel
 from models_app.selectors import model_list
 
@@ -151,6 +152,7 @@ def job_context(request, sae, job: ExplanationJob) -> dict[str, Any]:
         "rows": [{**explanation_state(row), "url": feature_url(sae.id, row.index)} for row in rows],
         "more": job.explanations.count() - len(rows),
         "score_histogram": score_histogram(scores),
+        "queue": queue_position(job, viewer=request.user),
     }
 
 

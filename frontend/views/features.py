@@ -36,6 +36,7 @@ from frontend.charts import histogram_svg
 from frontend.heatmap import heat_tokens, token_texts
 from mistudio.access import linked_id, may_change
 from mistudio.errors import ApplicationError
+from mistudio.job_queue import queue_position
 from saes.models import SparseAutoencoder
 from saes.selectors import completed_sae
 
@@ -104,6 +105,7 @@ def analyses_context(request, sae: SparseAutoencoder) -> dict[str, Any]:
         analysis.phase_label = PHASES.get(analysis.phase, "")
         analysis.can_cancel = analysis.active and may_change(analysis, request.user)
         analysis.shown_cache_id = shown_cache_id(analysis, request.user)
+        analysis.queue = queue_position(analysis, viewer=request.user)
         analysis.shown_dataset = analysis.dataset if linked_id(
             request.user, analysis, Dataset, analysis.dataset_id
         ) else None  # fmt: skip

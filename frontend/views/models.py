@@ -19,6 +19,7 @@ from activations.services.extractions import DTYPE_BYTES, default_extraction_hoo
 from activations.store import cache_bytes_per_token
 from frontend.access import reader_required
 from mistudio.errors import ApplicationError
+from mistudio.job_queue import running_jobs
 from mistudio.jobs import JobRow
 from models_app import selectors
 from models_app.models import LanguageModel
@@ -151,7 +152,11 @@ def model_list_page(request):
         "family": request.GET.get("family", ""),
         "q": request.GET.get("q", "").strip(),
     }
+    waits = None  # what a queued load waits for: the jobs the workers run now (they yield to it)
     for model in models:
+        if model.status == LanguageModel.Status.LOADING and model.progress == 0:
+            waits = waits or running_jobs(viewer=request.user)
+            model.queue = waits
         model.filtered_out = bool(
             (filters["status"] and model.status != filters["status"])
             or (filters["family"] and model.model_type != filters["family"])

@@ -30,6 +30,7 @@ from frontend.views.job_pages import cancel_form
 from frontend.views.saes import _field_errors, _posted
 from mistudio.access import linked_id, may_change
 from mistudio.errors import ApplicationError
+from mistudio.job_queue import queue_position
 from models_app.selectors import model_list
 from saes import groups, selectors
 from saes.apis import sae_group_train_from_body
@@ -186,6 +187,7 @@ def group_context(request, group: SaeGroup) -> dict[str, Any]:
         "state": state,
         "active": group.status in SaeGroup.ACTIVE,
         "charts": group_charts(state["members"]),
+        "queue": queue_position(group, viewer=request.user),
         "can_change": may_change(group, request.user),
         "dataset_visible": linked_id(request.user, group, Dataset, group.dataset_id) is not None,
     }
