@@ -1,8 +1,10 @@
 """URLs: pages, admin, REST API under /api/, WebSockets in routing.py, /healthz, /metrics."""
 
 from django.contrib import admin
+from django.templatetags.static import static
 from django.urls import include, path
 from django.views.decorators.csrf import csrf_exempt
+from django.views.generic import RedirectView
 from drf_spectacular.utils import extend_schema
 from drf_spectacular.views import SpectacularJSONAPIView
 from rest_framework.decorators import api_view, permission_classes
@@ -72,6 +74,8 @@ urlpatterns = [
     path("api/", include(api_patterns)),
     path("v1/", include("generation.openai_urls")),
     path("healthz", healthz, name="healthz"),
+    # Browsers ask for /favicon.ico on every page whatever the page links: answered, never a 404.
+    path("favicon.ico", RedirectView.as_view(url=static("frontend/favicon.svg"), permanent=True)),
     path("metrics", metrics, name="metrics"),  # Prometheus; METRICS_TOKEN or staff / model:admin
     path("", include("frontend.urls")),
 ]

@@ -65,3 +65,13 @@ def test_every_page_carries_a_strict_content_security_policy_and_no_inline_code(
         assert not re.search(r"\son[a-z]+=", html), (path, "inline event handler")
         checked += 1
     assert checked >= 9
+
+
+def test_pages_have_an_icon_and_favicon_ico_is_not_a_404(reader):
+    """Before: every page logged a 404 for /favicon.ico."""
+    answer = Client().get("/favicon.ico")
+    assert answer.status_code == 301 and answer["Location"].endswith("/frontend/favicon.svg")
+    browser = Client()
+    browser.force_login(reader)
+    page = browser.get("/").content.decode()
+    assert '<link rel="icon" href="/static/frontend/favicon.svg" type="image/svg+xml">' in page

@@ -460,8 +460,10 @@ def test_the_group_form_follows_the_chosen_model_and_offers_a_transcoder_per_lay
     LanguageModel.objects.filter(pk=wide.pk).update(hidden_size=256, num_layers=4)
     dataset_create_from_texts(name="d", texts=["a b"], owner=writer, source="upload")
     page = signed_in(writer).get("/saes/groups/new/").content.decode()
-    data = re.search(r'<script id="group-suggestions" type="application/json">(.*?)</script>', page, re.S)
-    suggestions = json.loads(data.group(1))
+    import html
+
+    data = re.search(r'id="group-form" class="train-form" novalidate data-suggestions="([^"]*)"', page)
+    suggestions = json.loads(html.unescape(data.group(1)))
     mine, other = suggestions[tiny_model.id], suggestions[wide.pk]
     assert (mine["d_in"], other["d_in"]) == (64, 256) and other["k"] == 21 and other["d_sae"] == 4096
     assert other["transcoders"].splitlines() == [

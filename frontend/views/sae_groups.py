@@ -9,6 +9,7 @@ template of the first load) every two seconds while the group is queued or runni
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -104,7 +105,7 @@ def form_context(request, *, values=None, errors=None) -> dict[str, Any]:
         "chosen_model": chosen,
         "suggestion": suggested,
         # Every model's, for the page's script: the suggestion follows the model chosen.
-        "suggestions": {model.id: suggestion(model) for model in models},
+        "suggestions_json": json.dumps({model.id: suggestion(model) for model in models}),
         "form": shown,
         "errors": errors or {},
         "architectures": [(name, REGISTRY[name].label) for name in ARCHITECTURES],

@@ -133,6 +133,7 @@ MATRIX: dict[str, dict[str, tuple]] = {
     "v1/": {"GET": NO_SUCH_ROUTE},
     "v1/{unmatched}": {"GET": NO_SUCH_ROUTE},
     "healthz": {"GET": PUBLIC},
+    "favicon.ico": {"GET": PUBLIC},  # a redirect to the static icon
     "metrics": {"GET": (401, 403, 403, OK, 403, 403)},  # staff / model:admin, or the METRICS_TOKEN
     "docs/api/": {"GET": PAGE},
     "": {"GET": PAGE},

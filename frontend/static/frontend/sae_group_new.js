@@ -1,11 +1,11 @@
 // The group form follows the model chosen: its suggestion line and placeholders come from the JSON
-// of every model's suggestion the page embeds (the service's own defaults), and "one transcoder per
+// of every model's suggestion the form carries (data-suggestions) (the service's own defaults), and "one transcoder per
 // layer" fills the transcoders with the chosen model's layers.
 (() => {
-  const data = document.getElementById("group-suggestions");
+  const form = document.getElementById("group-form");
   const model = document.getElementById("group-model");
-  if (!data || !model) return;
-  const suggestions = JSON.parse(data.textContent);
+  if (!form || !form.dataset.suggestions || !model) return;
+  const suggestions = JSON.parse(form.dataset.suggestions);
   const hooks = document.getElementById("group-hooks");
   let shownHook = suggestions[model.value]?.hook || "";
 
