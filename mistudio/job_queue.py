@@ -38,8 +38,8 @@ def _entry(row: JobRow, viewer, *, status: str) -> dict[str, Any]:
 def queue_position(row: JobRow, *, viewer) -> dict[str, Any] | None:
     """``{position, ahead: [...], running: [...], starts_in_seconds}`` for a queued ``row`` (None
     otherwise): ``position`` 1 is next; ``starts_in_seconds`` None when some job ahead has no ETA."""
-    if row.status != JobStatus.QUEUED or not row.queue_name:
-        return None
+    if not isinstance(row, JobRow) or row.status != JobStatus.QUEUED or not row.queue_name:
+        return None  # running or ended, or a row that is not scheduled as a job (a generation)
     shared = shared_queue().name
     if row.queue_name == shared:
         workers = [beat["name"] for beat in read_heartbeats()]

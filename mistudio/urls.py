@@ -75,7 +75,12 @@ urlpatterns = [
     path("v1/", include("generation.openai_urls")),
     path("healthz", healthz, name="healthz"),
     # Browsers ask for /favicon.ico on every page whatever the page links: answered, never a 404.
-    path("favicon.ico", RedirectView.as_view(url=static("frontend/favicon.svg"), permanent=True)),
+    path(
+        "favicon.ico",
+        RedirectView.as_view(
+            url=static("frontend/favicon.svg"), permanent=True, http_method_names=["get", "head"]
+        ),
+    ),
     path("metrics", metrics, name="metrics"),  # Prometheus; METRICS_TOKEN or staff / model:admin
     path("", include("frontend.urls")),
 ]

@@ -123,9 +123,28 @@ def run_patching(
             "grid": result.grid,
             "normalized": [[normalized(value) for value in row] for row in result.grid],
             "all_positions": result.all_positions,
+            "warning": patching_warning(spread),
         }
 
     answer_call(request_id, compute, failure_code="PATCHING_FAILED")
+
+
+# Below this difference of logit differences between the clean and corrupted runs the corruption
+# barely moves the answer: normalized effects divide by it and read as noise (a spread of 0.035
+# turned a change of 0.034 into "1.972"). Half a logit is the answer's odds against the wrong one
+# changing by a factor of about 1.65.
+PATCHING_MIN_SPREAD = 0.5
+
+
+def patching_warning(spread: float) -> str | None:
+    """What to say when clean and corrupted barely differ (None when they differ enough)."""
+    if abs(spread) >= PATCHING_MIN_SPREAD:
+        return None
+    return (
+        f"The clean and corrupted runs differ by {abs(spread):.3g} in logit difference (under "
+        f"{PATCHING_MIN_SPREAD}): the corruption barely changes the answer, so normalized effects "
+        "divide by a small number and mostly show noise. Choose prompts whose answers differ."
+    )
 
 
 @worker_task(timeout=120)

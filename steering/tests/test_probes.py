@@ -10,6 +10,7 @@ from engine.registry import LOADED_MODELS
 from models_app.services import model_register
 from models_app.tests.burst_worker import answered as answered_by
 from models_app.tests.burst_worker import load_on_burst_worker
+from steering.tasks import PATCHING_MIN_SPREAD
 
 pytestmark = pytest.mark.django_db(transaction=True)
 WORKER = "probe-worker"
@@ -48,6 +49,10 @@ def test_patching_and_logit_lens_through_the_api(loaded_model, writer, client_fo
     spread = reference.clean_metric - reference.corrupted_metric
     expected = (reference.grid[0][1] - reference.corrupted_metric) / spread
     assert result["normalized"][0][1] == pytest.approx(expected, abs=1e-4)
+    # A warning when clean and corrupted barely differ (before, 1.972 was shown with none).
+    assert (result["warning"] is None) == (abs(spread) >= PATCHING_MIN_SPREAD)
+    same = answered(api, f"/api/models/{loaded_model.id}/patching", {**body, "corrupted": clean}).json()
+    assert same["clean_metric"] == same["corrupted_metric"] and "barely changes the answer" in same["warning"]
 
     # Refusals come back from the worker with their codes.
     for changes, code in [

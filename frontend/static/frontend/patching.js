@@ -176,6 +176,8 @@
       $("patch-scale-note").textContent = "clean and corrupted tie";
     }
     $("cell-readout").textContent = "Hover or focus a cell to read its value.";
+    $("patch-warning").textContent = result.warning || "";
+    $("patch-warning").hidden = !result.warning;
     $("patching-result").hidden = false;
   }
 
