@@ -282,10 +282,16 @@ def _examples(
     context_tokens = data.row(f"{prefix}_context_tokens", index)
     samples, positions = data.row(f"{prefix}_sample", index), data.row(f"{prefix}_position", index)
     examples = []
+    seen: set[tuple[int, ...]] = set()
     for slot, row in enumerate(rows):
         if row < 0:
             continue
         present = context_tokens[slot] >= 0
+        # A context the same as a stronger example's (a repeated sample) says nothing new: left out.
+        window = (int(present[:before].sum()), *(int(token) for token in context_tokens[slot][present]))
+        if window in seen:
+            continue
+        seen.add(window)
         example = {
             "row": int(row),
             "value": float(values[slot]),

@@ -142,3 +142,23 @@ def test_an_sae_with_neither_a_cache_nor_a_dataset_names_what_it_needs(tiny_mode
         f"/api/saes/{sae.id}/analyses", {"cache_id": "act_x", "dataset_id": "ds_x"}, format="json"
     )
     assert both.status_code in (400, 404)
+
+
+def test_top_examples_leave_out_repeated_contexts(tiny_model, writer, client_for):
+    """Before: a dataset with a repeated sample filled a dashboard with the same context again and
+    again (near-duplicates at equal strength)."""
+    texts = ["The cat sat on the mat because it was warm."] * 12 + local_corpus()[:4]
+    repeated = dataset_create_from_texts(name="repeats", texts=texts, owner=writer, source="upload")
+    sae = completed_sae_row(tiny_model, None, writer)
+    api = client_for(writer)
+    analysis = analyse(api, sae, {"dataset_id": repeated.id, "max_length": MAX_LENGTH})
+    arrays = load_file(str(analysis.data_path))
+    checked = 0
+    for index in np.argsort(-arrays["density"])[:8]:
+        stored = [tuple(row[row >= 0]) for row in arrays["top_context_tokens"][index] if (row >= 0).any()]
+        page = api.get(f"/api/saes/{sae.id}/features/{int(index)}", {"analysis": analysis.id}).json()
+        shown = [(example["center"], *example["token_ids"]) for example in page["top_examples"]]
+        assert len(shown) == len(set(shown))  # no context twice
+        assert {window[1:] for window in shown} == set(stored)  # and none lost
+        checked += len(stored) > len(set(stored))
+    assert checked  # the repeated sample did repeat in the stored top examples
