@@ -171,7 +171,9 @@ def measure_request(raw: Any, specs: list[dict[str, Any]], *, widths: dict[str, 
     if raw is None:
         for spec in specs:
             if "feature" in spec:  # an SAE feature an add or clamp writes
-                return {"sae": spec["sae"], "feature": spec["feature"], "hook": spec["hook"]}
+                return with_scale(
+                    {"sae": spec["sae"], "feature": spec["feature"], "hook": spec["hook"]}, user=user
+                )
         return {}
     if not isinstance(raw, dict) or set(raw) - {"sae", "feature"} or "sae" not in raw:
         raise ApplicationError(
@@ -189,7 +191,13 @@ def measure_request(raw: Any, specs: list[dict[str, Any]], *, widths: dict[str, 
         raise ApplicationError(
             "INVALID_MEASURE", f"The SAE reads {sae.hook_name}, which this model does not have.", status=400
         )
-    return {"sae": sae.id, "feature": feature, "hook": sae.hook_name}
+    return with_scale({"sae": sae.id, "feature": feature, "hook": sae.hook_name}, user=user)
+
+
+def with_scale(measure: dict[str, Any], *, user) -> dict[str, Any]:
+    """The measure with its feature's max activation (``scale``; None without an analysis): the
+    effect's mean is then also said as a fraction of it, a unit that compares across features."""
+    return {**measure, "scale": feature_scale(user, measure["sae"], measure["feature"])}
 
 
 def _mean_source(index: int, cache_id: Any, hook: str, width: int | None, user) -> str:

@@ -449,7 +449,10 @@ def measure_effects(model, rows: list[Generation], results, interventions, *, de
         except Exception as error:  # the generation stands without its measurement
             logger.exception("measuring the effect of %s failed", row.id)
             effect = {"error": f"{type(error).__name__}: {getattr(error, 'message', error)}"}
-        row.effect = {"sae": measure["sae"], "feature": measure["feature"], **effect}
+        scale, mean = measure.get("scale"), effect.get("activation_mean")
+        if scale and mean is not None:  # the mean in units of the feature's max activation
+            effect["activation_mean_of_max"] = round(mean / scale, 6)
+        row.effect = {"sae": measure["sae"], "feature": measure["feature"], "feature_max": scale, **effect}
 
 
 def generation_enqueue(*, host: str, generation_id: str) -> None:

@@ -168,7 +168,7 @@ def test_a_sweep_steers_in_units_of_max_activation_and_measures_each_output(live
     )  # fmt: skip
     assert status == 200, sweep
     assert (sweep["unit"], sweep["unit_scale"]) == ("max_activation", 0.5)
-    assert sweep["measure"] == {"sae": sae.id, "feature": feature, "hook": HOOK}
+    assert sweep["measure"] == {"sae": sae.id, "feature": feature, "hook": HOOK, "scale": 0.5}
     assert [row["coefficient"] for row in sweep["rows"]] == [0, 4, 16]
     assert [row["raw_coefficient"] for row in sweep["rows"]] == [0, 2, 8]
     assert isinstance(sweep["seed"], int)
@@ -188,6 +188,9 @@ def test_a_sweep_steers_in_units_of_max_activation_and_measures_each_output(live
             on_text = module.encode(hidden)[len(prompt_ids) :, feature]
         effect = row["effect"]
         assert effect["activation_mean"] == pytest.approx(float(on_text.mean()), abs=1e-4)
+        # In units of the feature's max activation too (the table's "× its max"), said as such.
+        assert effect["feature_max"] == 0.5
+        assert effect["activation_mean_of_max"] == pytest.approx(float(on_text.mean()) / 0.5, abs=2e-4)
         assert effect["generated_tokens"] == len(result["output_token_ids"])
         if raw == 0:
             assert effect["first_token_kl"] is None

@@ -713,7 +713,9 @@
     const what = table.intervention.steering_vector ? `vector ${table.intervention.steering_vector}` : `feature ${table.intervention.feature} of ${table.intervention.sae}`;
     const measured = table.measure ? `; measured on feature ${table.measure.feature}` : "";
     $("sweep-caption").textContent = `${what}, ${table.intervention.type === "add" ? "added" : "clamped"} (${unit}) · seed ${table.seed} for every row${measured}`;
-    const peak = Math.max(1e-9, ...table.rows.map((row) => row.effect?.activation_mean ?? 0));
+    const peak = Math.max(
+      1e-9, ...table.rows.map((row) => row.effect?.activation_mean_of_max ?? row.effect?.activation_mean ?? 0)
+    );
     for (const row of table.rows) {
       const tr = document.createElement("tr");
       tr.dataset.coefficient = String(row.coefficient);
@@ -728,7 +730,13 @@
       const effect = row.effect || {};
       cell(row.coefficient === 0 ? "baseline" : String(row.coefficient), "num");
       cell(row.coefficient === 0 ? "0" : fixed(row.raw_coefficient), "num");
-      const on = effect.activation_mean;
+      // The mean over the generated tokens in units of the feature's max activation where its
+      // analysis gives one (the header says so), raw otherwise.
+      const relative = effect.activation_mean_of_max !== undefined && effect.activation_mean_of_max !== null;
+      const on = relative ? effect.activation_mean_of_max : effect.activation_mean;
+      $("sweep-effect-unit").textContent = relative
+        ? "(mean over the generated tokens, × its max activation)"
+        : "(mean over the generated tokens, raw activation: no analysis gives its max)";
       const td = cell(on === null || on === undefined ? "—" : fixed(on), "effect");
       td.dataset.value = on ?? "";
       if (on !== null && on !== undefined) {
