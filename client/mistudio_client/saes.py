@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from mistudio_client.errors import MistudioError
 from mistudio_client.jobs import Job
 from mistudio_client.resources import _id, _layer, _poll, _Resource
 
@@ -32,6 +33,27 @@ class Saes(_Resource):
 
     def list(self, **filters: Any) -> list[dict[str, Any]]:
         return self.client.request("GET", "saes", params=filters)["saes"]
+
+    def transcoder_set(self, model: Any) -> list[dict[str, Any]]:
+        """One completed transcoder per layer of ``model``, in layer order: what an attribution
+        graph takes. Each layer's newest completed transcoder (cancelled, failed and running ones
+        left out); ``MistudioError`` naming the layers that have none."""
+        state = self.client.models.get(model)
+        completed = [
+            row for row in self.list(model=state["id"])
+            if row.get("hook_name_out") and row.get("status") == "completed" and _layer(row) is not None
+        ]  # fmt: skip
+        chosen: dict[int, dict[str, Any]] = {}
+        for row in sorted(completed, key=lambda row: row.get("created_at") or ""):
+            chosen[_layer(row)] = row  # the newest last
+        missing = [layer for layer in range(state.get("num_layers") or 0) if layer not in chosen]
+        if missing or not chosen:
+            raise MistudioError(
+                f"{state['name']} has no completed transcoder at layer(s) {missing or 'any'}: train one "
+                "per layer (mi.saes.train_group(..., transcoders=[...])) or import a set "
+                "(mi.saes.import_transcoders)."
+            )
+        return [chosen[layer] for layer in sorted(chosen)]
 
     def evaluate(
         self, sae: Any, *, cache: Any = None, wait: bool = True, timeout: float = 3600

@@ -51,7 +51,11 @@ def server(live_stack, monkeypatch, tmp_path):
 
 def test_every_readme_example_runs(server, tiny_gpt2_folder, django_user_model):
     model = LanguageModel.objects.get(pk=server.models["gpt2"])
-    transcoder_rows(model, tiny_gpt2_folder, django_user_model.objects.get(username="live-writer"))
+    owner = django_user_model.objects.get(username="live-writer")
+    transcoder_rows(model, tiny_gpt2_folder, owner)
+    # A cancelled set beside it: the snippet picked every transcoder and failed with SAE_NOT_READY.
+    for row in transcoder_rows(model, tiny_gpt2_folder, owner, seed=5):
+        type(row).objects.filter(pk=row.pk).update(status="cancelled")
     main = python_examples(section(ROOT / "README.md", "From Python"))
     assert len(main) == 1
     namespace: dict = {}
