@@ -381,6 +381,20 @@ def model_folder(model: LanguageModel) -> Path | None:
     return snapshot if model.commit_sha and snapshot.is_dir() else None
 
 
+def model_files_missing(model: LanguageModel) -> ApplicationError:
+    """Why :func:`model_folder` found no files, naming the setting this process read (a command
+    run without the server's environment reads other roots): never a path (errors reach users)."""
+    if model.source == LanguageModel.Source.LOCAL:
+        message = (
+            "The model's folder is not under LOCAL_MODEL_ROOTS as this process reads it: run it with "
+            "the server's settings (the same LOCAL_MODEL_ROOTS, or MISTUDIO_DATA_DIR for a converted "
+            "GGUF), or load the model once."
+        )
+    else:
+        message = "The model's files are not downloaded here (MODEL_CACHE_DIR): load the model once."
+    return ApplicationError("MODEL_FILES_MISSING", message, status=409)
+
+
 def cache_top_k(cache: ActivationCache, *, hook: str, neuron: int, k: int, context: int) -> dict[str, Any]:
     store = cache_store(cache, hook)
     width = store.shape(hook)[1]

@@ -11,7 +11,7 @@ from typing import Any
 
 from django.db import transaction
 
-from activations.selectors import model_folder, token_strings, tokenizer_for
+from activations.selectors import model_files_missing, model_folder, token_strings, tokenizer_for
 from circuits.models import AttributionGraph
 from circuits.selectors import graph_files_missing
 from engine import budgets
@@ -89,9 +89,7 @@ def prompt_tokens(model: LanguageModel, prompt: str) -> tuple[list[int], list[st
         )  # fmt: skip
     folder = model_folder(model)
     if folder is None:
-        raise ApplicationError(
-            "MODEL_FILES_MISSING", "The model's tokenizer is not on this machine.", status=409
-        )
+        raise model_files_missing(model)
     tokenizer = tokenizer_for(str(folder))
     tokens = attribution_tokens(tokenizer, prompt)
     context = min(MAX_GRAPH_TOKENS, config_context_length(model.config or {}) or MAX_GRAPH_TOKENS)

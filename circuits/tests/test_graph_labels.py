@@ -48,3 +48,21 @@ def test_nodes_of_transcoders_analysed_from_the_model_carry_their_automatic_labe
     FeatureLabel.objects.create(sae=transcoders[layer], index=index, label="mats", owner=writer)
     relabelled = api.get(f"/api/graphs/{graph.id}/nodes").json()
     assert next(n for n in relabelled["nodes"] if n["node_id"] == features[0]["node_id"])["clerp"] == "mats"
+
+
+def test_a_process_without_the_servers_model_roots_names_the_setting(
+    tiny_gpt2_folder, writer, settings, tmp_path
+):
+    """Before: ``attribute_prompt`` run without the server's LOCAL_MODEL_ROOTS said "The model's
+    tokenizer is not on this machine" although the files were there."""
+    from circuits.services import prompt_tokens
+    from mistudio.errors import ApplicationError
+    from models_app.services import model_register
+
+    model = model_register(source="local", identifier=str(tiny_gpt2_folder), name="tiny", owner=writer)
+    assert prompt_tokens(model, "The cat")[0]  # with the server's roots: its tokenizer
+    settings.LOCAL_MODEL_ROOTS = [tmp_path]  # as a command run with other settings sees them
+    with pytest.raises(ApplicationError) as missing:
+        prompt_tokens(model, "The cat")
+    assert missing.value.code == "MODEL_FILES_MISSING" and "LOCAL_MODEL_ROOTS" in missing.value.message
+    assert str(tiny_gpt2_folder) not in missing.value.message  # never a server path
