@@ -188,7 +188,7 @@ def test_a_sweep_steers_in_units_of_max_activation_and_measures_each_output(live
             on_text = module.encode(hidden)[len(prompt_ids) :, feature]
         effect = row["effect"]
         assert effect["activation_mean"] == pytest.approx(float(on_text.mean()), abs=1e-4)
-        # In units of the feature's max activation too (the table's "× its max"), said as such.
+        # In units of the feature's max activation too (what the table shows), said as such.
         assert effect["feature_max"] == 0.5
         assert effect["activation_mean_of_max"] == pytest.approx(float(on_text.mean()) / 0.5, abs=2e-4)
         assert effect["generated_tokens"] == len(result["output_token_ids"])
