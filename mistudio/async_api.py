@@ -14,10 +14,10 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from django.http import HttpRequest
 from rest_framework import exceptions
-from rest_framework.authentication import SessionAuthentication, TokenAuthentication
+from rest_framework.authentication import SessionAuthentication
 from rest_framework.request import Request
 
-from mistudio.authentication import BearerTokenAuthentication, JobTokenAuthentication
+from mistudio.authentication import ApiTokenAuthentication, BearerTokenAuthentication, JobTokenAuthentication
 from mistudio.errors import DRF_CODES, ApplicationError
 from mistudio.json_input import MalformedJSON, parse_json
 
@@ -37,7 +37,7 @@ class _SessionAuthentication(SessionAuthentication):
 
 def _authenticate(request: HttpRequest, session: bool) -> Any:
     # A job token first: the DRF token classes would refuse it as an unknown key.
-    authenticators = [JobTokenAuthentication(), TokenAuthentication(), BearerTokenAuthentication()]
+    authenticators = [JobTokenAuthentication(), ApiTokenAuthentication(), BearerTokenAuthentication()]
     if session:
         authenticators.append(_SessionAuthentication())  # enforces CSRF for unsafe methods
     drf_request = Request(request, authenticators=authenticators)

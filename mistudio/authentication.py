@@ -4,13 +4,25 @@ from importlib import import_module
 
 from django.conf import settings
 from django.contrib.auth import SESSION_KEY, get_user_model
+from rest_framework import exceptions
 from rest_framework.authentication import TokenAuthentication
-from rest_framework.authtoken.models import Token
 
+from mistudio.api_tokens import user_of_key
 from mistudio.jobs import job_is_active
 
 
-class BearerTokenAuthentication(TokenAuthentication):
+class ApiTokenAuthentication(TokenAuthentication):
+    """``Authorization: Token <key>``: DRF's token or one of the user's named tokens
+    (``mistudio.api_tokens.user_of_key``)."""
+
+    def authenticate_credentials(self, key: str):
+        user = user_of_key(key)
+        if user is None:
+            raise exceptions.AuthenticationFailed("Invalid token.")
+        return user, key
+
+
+class BearerTokenAuthentication(ApiTokenAuthentication):
     """The same API tokens as ``Authorization: Bearer <token>`` (what OpenAI clients send)."""
 
     keyword = "Bearer"
@@ -26,7 +38,7 @@ def token_key(authorization: str) -> str | None:
 def signed_in(*, session_key: str | None, authorization: str | None) -> bool:
     """Whether the session cookie or the API token names an active user (database reads only)."""
     key = token_key(authorization or "")
-    if key and Token.objects.filter(key=key, user__is_active=True).exists():
+    if key and user_of_key(key) is not None:
         return True
     if not session_key:
         return False

@@ -560,7 +560,7 @@ LOGOUT_REDIRECT_URL = "frontend:login"
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         # Token first: its WWW-Authenticate header makes a missing credential a 401, not a 403.
-        "rest_framework.authentication.TokenAuthentication",
+        "mistudio.authentication.ApiTokenAuthentication",
         "mistudio.authentication.BearerTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],

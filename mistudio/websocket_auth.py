@@ -14,17 +14,16 @@ from channels.security.websocket import WebsocketDenier
 from django.conf import settings
 from django.contrib.auth import SESSION_KEY, get_user_model
 from django.http.request import split_domain_port, validate_host
-from rest_framework.authtoken.models import Token
 
+from mistudio.api_tokens import user_of_key
 from mistudio.authentication import token_key
 
 DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
 def token_user(key: str):
-    """The active user the token names, or None."""
-    token = Token.objects.select_related("user").filter(key=key).first()
-    return token.user if token is not None and token.user.is_active else None
+    """The active user the token names (DRF's or a named one), or None."""
+    return user_of_key(key)
 
 
 def current_user(scope):
