@@ -136,8 +136,12 @@ class SaeGroupStopApi(APIView):
 
     permission_classes = [CanWrite]
 
-    @extend_schema(request=None, responses={202: SaeGroupOutputSerializer})
+    class InputSerializer(StrictSerializer):
+        """No fields: an empty body (anything else is refused, malformed JSON with a 400)."""
+
+    @extend_schema(request=InputSerializer, responses={202: SaeGroupOutputSerializer})
     def post(self, request, group_id: str):
+        self.InputSerializer(data=request.data).is_valid(raise_exception=True)
         group = selectors.group_get(user=request.user, group_id=group_id)
         group = groups.sae_group_stop(group=group, actor=request.user)
         return Response(sae_group_state(group, viewer=request.user), status=status.HTTP_202_ACCEPTED)

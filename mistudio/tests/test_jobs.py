@@ -162,7 +162,10 @@ def inputs_of_every_kind(model, writer, tiny_gpt2_folder):
         Feature(analysis=analysis, index=index, density=0.1, max_activation=1, mean_activation=0.5)
         for index in range(8)
     )
-    LanguageModel.objects.filter(pk=model.pk).update(status=LanguageModel.Status.READY)
+    # Ready, with a context the explanation prompts fit (the tiny model's own 128 tokens do not).
+    LanguageModel.objects.filter(pk=model.pk).update(
+        status=LanguageModel.Status.READY, config={**model.config, "n_positions": 4096}
+    )
     return {
         "model": model.id,
         "dataset": dataset_create_from_texts(name="texts", texts=["one two", "three"], owner=writer,
