@@ -194,6 +194,11 @@ class Job:
 
 
 def _progress_bar(description: str):
+    """One bar updated in place: tqdm's (its notebook widget where ipywidgets is installed); in a
+    notebook without ipywidgets, one display line updated in place (tqdm's text bar there printed
+    a line per update)."""
+    if _in_notebook() and not _has_widgets():
+        return _NotebookLine(description)
     try:
         from tqdm.auto import tqdm
     except ImportError:
@@ -201,6 +206,52 @@ def _progress_bar(description: str):
     return tqdm(
         total=100, desc=description, unit="%", bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f}% {postfix}"
     )
+
+
+def _in_notebook() -> bool:
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    shell = get_ipython()
+    return shell is not None and type(shell).__name__ == "ZMQInteractiveShell"
+
+
+def _has_widgets() -> bool:
+    try:
+        import ipywidgets  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+class _NotebookLine:
+    """A progress line in a notebook cell, drawn once and updated in place (``display_id``)."""
+
+    def __init__(self, description: str) -> None:
+        from IPython.display import display
+
+        self.description, self.n, self.postfix = description, 0.0, ""
+        self.handle = display(self._text(), display_id=True)
+
+    def _text(self):
+        from IPython.display import Pretty
+
+        filled = int(self.n / 100 * 20)
+        return Pretty(
+            f"{self.description}: [{'#' * filled}{'.' * (20 - filled)}] {self.n:.0f}% {self.postfix}"
+        )
+
+    def set_postfix_str(self, postfix: str, refresh: bool = True) -> None:
+        self.postfix = postfix
+        if refresh:
+            self.refresh()
+
+    def refresh(self) -> None:
+        self.handle.update(self._text())
+
+    def close(self) -> None:
+        self.refresh()
 
 
 def _where(state: dict[str, Any]) -> str:

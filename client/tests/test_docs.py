@@ -99,6 +99,16 @@ def test_the_quickstart_notebook_runs(server, tmp_path, monkeypatch):
         if output.output_type == "error"
     ]
     text = "\n".join(outputs)
+    # A wait draws one progress line, updated in place (before: a line per update, "0/100%").
+    waits = [cell for cell in notebook.cells if cell.cell_type == "code" and ".wait()" in cell.source]
+    assert waits
+    for cell in waits:
+        lines = [
+            output.get("data", {}).get("text/plain", "") for output in cell.outputs
+            if output.output_type == "display_data" and "%" in output.get("data", {}).get("text/plain", "")
+        ]  # fmt: skip
+        assert len(lines) == 1 and "100%" in lines[0], lines
+        assert not [output for output in cell.outputs if "/100%" in (output.get("text") or "")]
     assert "'api_version': 1" in text
     assert "live-gpt2 ready" in text and "blocks.1.hook_resid_post [" in text
     tokens = int(re.search(r"texts -> \((\d+), 64\) activations", text).group(1))
