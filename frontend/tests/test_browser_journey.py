@@ -4,7 +4,9 @@ activations (progress reaches 100 % and the cache appears) → open the activati
 top-tokens list shows) → the playground streams text → and then the research path on every
 default: extract the middle block (the picked hook, the default length), train an SAE (nothing
 typed), analyse it, open its densest feature, steer with it and sweep its strength, patch, export,
-train a group of SAEs straight from the model and compare them → sign out.
+train a group of SAEs straight from the model and compare them; then from the model to meaning with
+no cache (a transcoder per layer analysed when it ends, a graph whose nodes carry labels, a node's
+dashboard, explaining refused up front, search by meaning) → sign out.
 
 The other browser modules test each page in depth; this one proves the pages connect."""
 
@@ -17,11 +19,13 @@ from activations.models import ActivationCache
 from activations.services import dataset_create_from_texts
 from activations.store import ActivationStore
 from engine.sae import default_expansion
+from features.models import FeatureAnalysis
 from frontend.tests.browser import LIVE_TIMEOUT_MS
 from frontend.views.activations import TOP_K
 from generation.models import Generation
 from models_app.models import LanguageModel
-from saes.models import SparseAutoencoder
+from models_app.tests.live_stack import wait_until
+from saes.models import SaeGroup, SparseAutoencoder
 from saes.services import training_tokens
 
 pytestmark = pytest.mark.slow
@@ -196,3 +200,77 @@ def research_path_on_defaults(page, site, model, dataset) -> None:
     expect(page.locator("#group-members tbody tr")).to_have_count(4)
     expect(page.locator('[data-chart="explained_variance"] circle.dot')).to_have_count(4)
     expect(page.locator('[data-chart="ce_loss_recovered"] circle.dot')).to_have_count(4)
+
+    model_to_meaning(page, site, model, dataset)
+
+
+def model_to_meaning(page, site, model, dataset) -> None:
+    """From the model to meaning with no cache: a group of one transcoder per layer (one click),
+    analysed when it ends (the default) → an attribution graph whose feature nodes carry those
+    analyses' labels → a node's dashboard → explaining says before anything starts why the tiny
+    model cannot → search by meaning finds the automatic labels."""
+    caches_before = ActivationCache.objects.count()
+    page.goto(site.url("/saes/groups/new/"))
+    page.select_option("#group-model", model.id)
+    expect(page.locator("#group-suggestion")).to_contain_text("min on cpu")  # the time, before it starts
+    page.select_option("#group-dataset", dataset.id)
+    page.fill("#group-hooks", "")
+    page.click("#group-transcoder-per-layer")
+    expect(page.locator("#group-transcoders")).to_have_value(
+        "\n".join(f"blocks.{layer}.ln2.hook_normalized -> blocks.{layer}.hook_mlp_out" for layer in range(2))
+    )
+    expect(page.locator("#group-analyze")).to_be_checked()
+    page.fill("#group-tokens", "10240")  # the CPU default is ten minutes: a test has seconds
+    page.click("#group-submit")
+    page.wait_for_url(re.compile(r"/saes/groups/grp_\w+/$"))
+    expect(page.locator('[data-testid="group-status"]')).to_have_text("completed", timeout=LIVE_TIMEOUT_MS)
+    group = SaeGroup.objects.get(pk=page.url.rstrip("/").rsplit("/", 1)[-1])
+    members = list(group.members.order_by("group_index"))
+
+    def analysed() -> bool:
+        analyses = FeatureAnalysis.objects.filter(sae__in=members)
+        return analyses.count() == len(members) and all(row.status == "completed" for row in analyses)
+
+    wait_until(analysed, timeout=LIVE_TIMEOUT_MS / 1000, what="the members' analyses")
+    assert all(row.source == "model" for row in FeatureAnalysis.objects.filter(sae__in=members))
+    assert ActivationCache.objects.count() == caches_before  # nothing written to disk for them
+
+    # An attribution graph over the group's transcoders: its feature nodes carry labels.
+    page.goto(site.url("/graphs/"))
+    page.select_option("#graph-model", model.id)
+    page.select_option("#graph-group", group.id)
+    page.fill("#graph-prompt", "The residual stream is a sum")
+    page.click("#graph-start")
+    page.wait_for_url(re.compile(r"/graphs/ag_\w+/$"))
+    expect(page.locator('[data-testid="graph-status"]')).to_have_text("completed", timeout=LIVE_TIMEOUT_MS)
+    expect(page.locator("#graph-explorer")).to_have_attribute("data-loaded", "1", timeout=LIVE_TIMEOUT_MS)
+    graph_id = page.url.rstrip("/").rsplit("/", 1)[-1]
+    # Three steps of training leave weak features: every node kept (the slider at its end).
+    body = page.evaluate(f"fetch('/api/graphs/{graph_id}/nodes?node_threshold=1').then(r => r.json())")
+    labelled = [n for n in body["nodes"] if n["feature_type"] == "cross layer transcoder" and n["clerp"]]
+    assert labelled and all(node["clerp"].startswith("auto: ") for node in labelled)
+    page.locator("#node-threshold").fill("1")
+    node = page.locator(f'#graph-svg [data-node-id="{labelled[0]["node_id"]}"]')
+    expect(node).to_have_count(1, timeout=LIVE_TIMEOUT_MS)
+    node.click()
+    expect(page.locator("#node-label")).to_contain_text("auto: ")
+    page.click("#node-dashboard")  # its dashboard, from the analysis made through the model
+    page.wait_for_url(re.compile(r"/saes/sae_\w+/features/\d+/$"))
+    expect(page.locator("#feature-error")).to_have_count(0)
+    expect(page.locator("#feature-page")).to_be_visible()
+    sae_id = page.url.split("/saes/")[1].split("/")[0]
+
+    # Explaining: the tiny model's 128 tokens take no explanation prompt, said before anything starts.
+    page.goto(site.url(f"/saes/{sae_id}/explanations/new/"))
+    expect(page.locator("#explain-model-hint")).to_contain_text("No loaded model takes the prompts")
+    expect(page.locator("#explain-model-hint")).to_contain_text("MISTUDIO_EXPLAINER_ENDPOINTS")
+    expect(page.locator("#explain-model option").first).to_be_disabled()
+
+    # Search by meaning finds the features by their automatic labels (indexed by a worker).
+    def found() -> bool:
+        page.goto(site.url(f"/saes/{sae_id}/features/?meaning=the"))
+        return page.locator('[data-testid="auto-label-mark"]').count() > 0
+
+    wait_until(
+        found, timeout=2 * LIVE_TIMEOUT_MS / 1000, interval=2, what="automatic labels found by meaning"
+    )
