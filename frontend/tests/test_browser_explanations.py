@@ -40,7 +40,7 @@ def test_explain_the_top_features_see_scores_accept_a_label_and_search_by_meanin
     page.wait_for_url(re.compile(rf"/saes/{sae.id}/explanations/new/$"))
     expect(page.locator("#explain-count")).to_have_value("50")
     page.fill("#explain-count", str(COUNT))
-    page.fill("#explain-model", explainer)
+    page.select_option("#explain-model", explainer)  # the loaded models its prompts fit
     page.fill("#explain-per-prompt", "10")  # fewer, longer scoring prompts: a quicker test
     page.click("#explain-estimate-button")
     requests = COUNT * InterpretationConfig(per_prompt=10).requests_per_feature()
