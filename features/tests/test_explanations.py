@@ -160,6 +160,17 @@ def test_an_explainer_whose_context_the_prompts_do_not_fit_is_refused_before_any
     assert refused.status_code == 400 and refused.json()["error"]["code"] == "EXPLAINER_CONTEXT_TOO_SMALL"
     assert not ExplanationJob.objects.exists()
 
+    # The command says it too, before anything starts, even for an estimate (before: "0 of 3").
+    from django.core.management import CommandError, call_command
+
+    for extra in ([], ["--estimate"]):
+        with pytest.raises(CommandError, match="EXPLAINER_CONTEXT_TOO_SMALL: The explainer's prompt needs"):
+            call_command(
+                "explain_features", analysis.sae_id, "--model", analysis.sae.model_id, "--owner",
+                writer.username, "--top", "3", *extra,
+            )  # fmt: skip
+    assert not ExplanationJob.objects.exists()
+
     # Where the explanation prompt fits and a scoring prompt does not: a warning, before it starts.
     LanguageModel.objects.filter(pk=analysis.sae.model_id).update(config={"n_positions": 600})
     options = {"explain_examples": 1, "explain_max_tokens": 8, "per_prompt": 20, "score_max_tokens": 256}

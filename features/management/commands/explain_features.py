@@ -51,7 +51,12 @@ class Command(BaseCommand):
                 "explainer_model": options["model"], "scorer_model": options["scorer"],
                 "selection": selection, "options": settings,
             }  # fmt: skip
-            estimate = explanations.explanation_request(**request, dry_run=True)["estimate"]
+            verdict = explanations.explanation_request(**request, dry_run=True)
+            if verdict["refusal"]:  # the same answer the request would get: said before anything starts
+                raise CommandError(f"{verdict['refusal']['code']}: {verdict['refusal']['message']}")
+            for warning in verdict["warnings"]:
+                self.stdout.write(f"Warning: {warning}")
+            estimate = verdict["estimate"]
             self.stdout.write(
                 f"{estimate['features']} features: {estimate['requests']:,} requests, about "
                 f"{estimate['prompt_tokens']:,} prompt tokens, at most "
