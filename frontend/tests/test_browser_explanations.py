@@ -49,8 +49,9 @@ def test_explain_the_top_features_see_scores_accept_a_label_and_search_by_meanin
     page.click("#explain-start")
     page.wait_for_url(re.compile(rf"/saes/{sae.id}/explanations/xj_\w+/$"))
     page.evaluate("window.__marker = 1")  # gone if anything reloads the page
+    # "completed", or "completed with failures" where the tiny explainer's answer held none.
     expect(page.locator('[data-testid="explanation-status"]')).to_have_text(
-        "completed", timeout=3 * LIVE_TIMEOUT_MS
+        re.compile(r"^completed"), timeout=3 * LIVE_TIMEOUT_MS
     )
     assert page.evaluate("window.__marker") == 1
     job = ExplanationJob.objects.get()

@@ -73,6 +73,14 @@ def test_the_pages_show_explanations_scores_and_accept_one_as_label(sae, writer)
     assert re.search(r'data-testid="row-score">0\.90<', listing)
     assert indices(browser.get(f"/saes/{sae.id}/features/", {"score_min": "0.6"}).content.decode()) == [first]
 
+    # A job where some features failed says so in amber, on its page and in the feature list's
+    # list of jobs (before, a plain green "completed").
+    ExplanationJob.objects.filter(pk=job.pk).update(status="completed", features_failed=1)
+    for path in (f"/saes/{sae.id}/explanations/{job.id}/", f"/saes/{sae.id}/features/"):
+        shown = browser.get(path).content.decode()
+        assert 'class="badge status-warning" data-testid="explanation-status"' in shown, path
+        assert "completed with failures" in shown
+
 
 def test_the_new_job_form_estimates_and_says_what_is_wrong(sae, writer, reader):
     analysed(sae, writer)
