@@ -87,6 +87,7 @@ def explainer_choices(*, models: list[LanguageModel], analysis: FeatureAnalysis)
     """The loaded models an explainer may be on this workbench, each with its context and whether
     the job's prompts (default options) fit it: what the form offers, the ones that fit first."""
     config = interpretation_config(analysis, {})
+    needed = prompt_sizes(analysis, config)["explain"]
     choices = []
     for model in models:
         context = model_context_tokens(model)
@@ -94,7 +95,7 @@ def explainer_choices(*, models: list[LanguageModel], analysis: FeatureAnalysis)
         choices.append(
             {
                 "id": model.id, "name": model.name, "context_tokens": context, "fits": unfit is None,
-                "needed_tokens": prompt_sizes(analysis, config)["explain"],
+                "needed_tokens": needed,
             }
         )  # fmt: skip
     return sorted(choices, key=lambda choice: not choice["fits"])
@@ -206,12 +207,13 @@ def prompt_sizes(analysis: FeatureAnalysis, config: InterpretationConfig) -> dic
     def prompt(template: str, examples: int) -> int:
         return len(templates[template]) // CHARACTERS_PER_TOKEN + examples * (window + EXAMPLE_MARKS_TOKENS)
 
+    explain = prompt("explain", config.explain_examples)
+    score = max((prompt(kind, config.per_prompt) for kind in config.scorers), default=0)
     return {
-        "explain_prompt": prompt("explain", config.explain_examples),
-        "explain": prompt("explain", config.explain_examples) + config.explain_max_tokens,
-        "score_prompt": max((prompt(kind, config.per_prompt) for kind in config.scorers), default=0),
-        "score": max((prompt(kind, config.per_prompt) for kind in config.scorers), default=0)
-        + config.score_max_tokens,
+        "explain_prompt": explain,
+        "explain": explain + config.explain_max_tokens,
+        "score_prompt": score,
+        "score": score + config.score_max_tokens,
         "example": window + EXAMPLE_MARKS_TOKENS,
     }
 

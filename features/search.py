@@ -584,9 +584,13 @@ def _fresh_rows(analysis: FeatureAnalysis, manifest: dict[str, Any]) -> _Fresh:
     return _Fresh([key for key, _ in taken], [text for _, text in taken], complete=len(rows) <= FRESH_TEXTS)
 
 
+# Each searched row's source (its key's last digit) and its name in the answers.
+_SOURCE_OF = {Explanation: EXPLANATION, FeatureLabel: LABEL, Feature: AUTO_LABEL}
+SOURCE_NAMES = {EXPLANATION: "explanation", LABEL: "label", AUTO_LABEL: "auto_label"}
+
+
 def _hit_key(row: Explanation | FeatureLabel | Feature) -> int:
-    source = {Explanation: EXPLANATION, FeatureLabel: LABEL, Feature: AUTO_LABEL}[type(row)]
-    return _key(source, row.id)
+    return _key(_SOURCE_OF[type(row)], row.id)
 
 
 def _nearest(
@@ -645,7 +649,7 @@ def feature_search(*, user, sae, analysis, query: str, k: int) -> dict[str, Any]
     for row, cosine in hits:
         feature = features.get(row.index)
         explanation = row if isinstance(row, Explanation) else None
-        source = {Explanation: "explanation", FeatureLabel: "label", Feature: "auto_label"}[type(row)]
+        source = SOURCE_NAMES[_SOURCE_OF[type(row)]]
         results.append(
             {
                 "index": row.index,

@@ -35,6 +35,21 @@ def _entry(row: JobRow, viewer, *, status: str) -> dict[str, Any]:
     }
 
 
+def _live_workers() -> list[str]:
+    return [beat["name"] for beat in read_heartbeats()]
+
+
+def _running_on(workers: list[str]) -> list[JobRow]:
+    """The rows of every kind running on ``workers`` now."""
+    return [
+        found
+        for kind in job_kinds()
+        for found in kind.model.jobs()
+        .filter(status=JobStatus.RUNNING, host_worker__in=workers)
+        .select_related("owner")
+    ]
+
+
 def queue_position(row: JobRow, *, viewer) -> dict[str, Any] | None:
     """``{position, ahead: [...], running: [...], starts_in_seconds}`` for a queued ``row`` (None
     otherwise): ``position`` 1 is next; ``starts_in_seconds`` None when some job ahead has no ETA."""
@@ -42,7 +57,7 @@ def queue_position(row: JobRow, *, viewer) -> dict[str, Any] | None:
         return None  # running or ended, or a row that is not scheduled as a job (a generation)
     shared = shared_queue().name
     if row.queue_name == shared:
-        workers = [beat["name"] for beat in read_heartbeats()]
+        workers = _live_workers()
         lanes = sorted({name for worker in workers for name in worker_job_queues(worker)} | {shared})
     else:
         worker = row.queue_name.rsplit(".", 1)[-1]
@@ -60,13 +75,7 @@ def queue_position(row: JobRow, *, viewer) -> dict[str, Any] | None:
         served[_owner_key(chosen.owner_id)] = turn  # as the claim marks its owner served
         ahead.append(chosen)
     rows = [entry.model.objects.select_related("owner").get(pk=entry.pk) for entry in ahead[:SHOWN_AHEAD]]
-    running = [
-        found
-        for kind in job_kinds()
-        for found in kind.model.jobs()
-        .filter(status=JobStatus.RUNNING, host_worker__in=workers)
-        .select_related("owner")
-    ]
+    running = _running_on(workers)
     known = [each.eta_seconds for each in [*running, *rows]]
     per_worker = max(1, len(workers))
     starts = None if any(eta is None for eta in known) or len(ahead) > len(rows) else sum(known) / per_worker
@@ -82,14 +91,8 @@ def queue_position(row: JobRow, *, viewer) -> dict[str, Any] | None:
 def running_jobs(*, viewer) -> dict[str, Any]:
     """What the live workers run now (``running``, as :func:`queue_position` lists it): what a
     queued model load waits for (the running job yields to it at its next checkpoint)."""
-    workers = [beat["name"] for beat in read_heartbeats()]
-    running = [
-        _entry(found, viewer, status="running")
-        for kind in job_kinds()
-        for found in kind.model.jobs()
-        .filter(status=JobStatus.RUNNING, host_worker__in=workers)
-        .select_related("owner")
-    ]
+    workers = _live_workers()
+    running = [_entry(found, viewer, status="running") for found in _running_on(workers)]
     return {
         "position": None, "ahead": [], "running": running, "workers": len(workers), "starts_in_seconds": None,
     }  # fmt: skip

@@ -203,8 +203,14 @@ def group_total_tokens(
     if settings.total_tokens:
         return settings.total_tokens
     chosen = [(member_settings(settings, member), int(widths[member.hook])) for member in members]
-    wanted = default_live_tokens(max(each.d_sae or each.expansion_factor * d_in for each, d_in in chosen))
-    return min(wanted, device_tokens(model)["tokens"])
+    widest = max(each.d_sae or each.expansion_factor * d_in for each, d_in in chosen)
+    return default_group_tokens(widest, device_tokens(model))
+
+
+def default_group_tokens(widest_d_sae: int, sized: dict[str, Any]) -> int:
+    """A group's tokens unless asked: 4,000 a feature of its widest member, within what the device
+    of :func:`device_tokens` (``sized``) trains in minutes. The form's suggestion is this too."""
+    return min(default_live_tokens(widest_d_sae), sized["tokens"])
 
 
 def group_device(model: LanguageModel) -> str:

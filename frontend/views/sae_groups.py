@@ -23,7 +23,7 @@ from rest_framework.exceptions import ValidationError
 from activations import selectors as activation_selectors
 from activations.models import Dataset
 from activations.services.extractions import default_extraction_hook
-from engine.sae_architectures import DEFAULT_LIVE_EXPANSION, REGISTRY, default_live_k, default_live_tokens
+from engine.sae_architectures import DEFAULT_LIVE_EXPANSION, REGISTRY, default_live_k
 from engine.sae_architectures.defaults import k_rule
 from frontend.access import reader_required, writer_refusal
 from frontend.charts import scatter_chart_svg
@@ -63,7 +63,7 @@ def suggestion(model) -> dict[str, Any] | None:
     d_in = model.hidden_size
     d_sae = DEFAULT_LIVE_EXPANSION * d_in
     sized = groups.device_tokens(model)
-    tokens = min(default_live_tokens(d_sae), sized["tokens"])
+    tokens = groups.default_group_tokens(d_sae, sized)
     rate = sized["tokens_per_second"]
     layers = range(model.num_layers or 0)
     return {
