@@ -114,6 +114,27 @@ def load_transformer_lens(folder: Path, *, tokenizer: bool = True, model_class=N
     return model.eval()
 
 
+def load_circuit_tracer_clt(model_folder: Path, clt_folder: Path):
+    """circuit-tracer's TransformerLens replacement model of the folder's GPT-2 or Llama, with the
+    cross-layer transcoder in ``clt_folder`` (what engine.sae.clt.save_clt writes), read by its own
+    ``load_clt``: features read each MLP's input and write into its output and every later one's."""
+    import torch
+
+    import_circuit_tracer()
+    from circuit_tracer.replacement_model.replacement_model_transformerlens import (
+        TransformerLensReplacementModel,
+    )
+    from circuit_tracer.transcoder.cross_layer_transcoder import load_clt
+
+    clt = load_clt(
+        str(clt_folder), feature_input_hook="mlp.hook_in", feature_output_hook="mlp.hook_out",
+        scan="mistudio", device=torch.device("cpu"), dtype=torch.float32, lazy_decoder=False,
+    )  # fmt: skip
+    model = load_transformer_lens(model_folder, model_class=TransformerLensReplacementModel)
+    model._configure_replacement_model(clt)
+    return model
+
+
 def import_circuit_tracer():
     """circuit_tracer, imported in the benchmark environment. circuit-tracer 0.5 pins
     huggingface-hub < 1 and transformers <= 4.57 (bench/requirements-circuits.txt installs it

@@ -7,7 +7,8 @@ the error it made on that pass, held constant (computed as the recorded MLP outp
 change of the transcoder's output, which is the same sum with less rounding). Without
 interventions it computes the real logits; with them, each intervened feature takes its new value
 at its position, and every later transcoder recomputes its features from what it now receives
-(effects propagate through the transcoders).
+(effects propagate through the transcoders). A cross-layer transcoder's changed features write
+their change into their own layer's MLP output and every later one's.
 """
 
 from __future__ import annotations
@@ -58,11 +59,11 @@ def intervene(
     """Run the replacement model on ``tokens`` with ``interventions`` applied."""
     import torch
 
-    check_transcoders(model, transcoders)
+    transcoders = check_transcoders(model, transcoders)
     n_positions = len(tokens)
     for item in interventions:
-        if not (0 <= item.layer < len(transcoders) and 0 <= item.position < n_positions
-                and 0 <= item.feature < transcoders[item.layer].shape.d_sae):  # fmt: skip
+        if not (0 <= item.layer < transcoders.n_layers and 0 <= item.position < n_positions
+                and 0 <= item.feature < transcoders.d_sae(item.layer)):  # fmt: skip
             raise ValueError(f"no feature {item.feature} at layer {item.layer}, position {item.position}")
     device = next(model.parameters()).device
     ids = torch.tensor([list(tokens)], device=device)
@@ -70,25 +71,28 @@ def intervene(
     # Per layer: MLP input, MLP output [1, tokens, d], features [1, tokens, d_sae].
     recorded: list[tuple[Tensor, Tensor, Tensor]] = []
     finals: list[Tensor] = []  # the final norm's output [1, tokens, d], before and after
+    changes: list[Tensor | None] = []  # per layer, its features' change (None: unchanged)
 
     def record(layer: int, x_in: Tensor, out: Tensor) -> None:
-        recorded.append((x_in, out, transcoders[layer].encode(x_in)))
+        recorded.append((x_in, out, transcoders.encode(layer, x_in)))
 
     def replace(layer: int, x_in: Tensor, out: Tensor) -> Tensor:
-        # The recorded output plus what changed: the features (re-encoded, then set) through the
-        # decoder, and the skip path. An MLP whose input and features did not change gives its
-        # recorded output exactly, so only the intervention's effects move the logits.
-        transcoder = transcoders[layer]
+        # The recorded output plus what changed: the features reaching this MLP (re-encoded, then
+        # set) through their decoders, and the skip path. An MLP whose input and features did not
+        # change gives its recorded output exactly, so only the intervention's effects move the
+        # logits.
         real_in, real_out, real_features = recorded[layer]
-        features = transcoder.encode(x_in)
+        features = transcoders.encode(layer, x_in)
         for item in interventions:
             if item.layer == layer:
                 features[0, item.position, item.feature] = item.value
         changed = features - real_features
-        if not changed.any() and torch.equal(x_in, real_in):
+        changes.append(changed if changed.any() else None)
+        delta = transcoders.decode_change(layer, changes)
+        if delta is None and torch.equal(x_in, real_in):
             return real_out
-        delta = changed @ transcoder.W_dec
-        skip, real_skip = transcoder.skip_path(x_in), transcoder.skip_path(real_in)
+        delta = torch.zeros_like(real_out, dtype=real_features.dtype) if delta is None else delta
+        skip, real_skip = transcoders.skip_path(layer, x_in), transcoders.skip_path(layer, real_in)
         if skip is not None:
             delta = delta + (skip - real_skip)
         return real_out + delta.to(real_out.dtype)

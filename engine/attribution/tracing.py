@@ -1,5 +1,7 @@
 """Attribution: the direct effect of every active transcoder feature, error and input token on
-every feature and on the top logits, in circuit-tracer's conventions.
+every feature and on the top logits, in circuit-tracer's conventions, through one transcoder per
+layer or a cross-layer transcoder (whose features write into their layer's MLP output and every
+later one's: :mod:`engine.attribution.replacement` says which vectors reach which layer).
 
 One pass over the prompt (batch 1) records the frozen attention patterns and norm scales, the
 transcoders' activations, the errors and the logits. Position 0 is the attention sink (a special
@@ -30,20 +32,22 @@ from typing import TYPE_CHECKING, TypeAlias
 from engine.attribution.frozen import FrozenRun
 from engine.attribution.graph import AttributionGraph
 from engine.attribution.pruning import partial_influences
+from engine.attribution.replacement import Replacement, check_replacement, replacement_of
 from engine.budgets import attribution_feature_rows
-from engine.errors import EngineError
 from engine.readout import final_logit_cap, soft_cap
 
 if TYPE_CHECKING:
     from torch import Tensor
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+    from engine.sae.clt import CrossLayerTranscoder
     from engine.sae.model import SparseAutoencoder
 
 __all__ = ["AttributionConfig", "Transcoders", "attribute", "attribution_tokens", "check_transcoders"]
 
-# One transcoder per layer, layer 0 first: each reads the MLP's input and predicts its output.
-Transcoders: TypeAlias = "Sequence[SparseAutoencoder]"
+# One transcoder per layer, layer 0 first (each reads the MLP's input and predicts its output), or
+# one cross-layer transcoder (:mod:`engine.sae.clt`), whose features also write into later layers.
+Transcoders: TypeAlias = "Sequence[SparseAutoencoder] | CrossLayerTranscoder | Replacement"
 
 
 @dataclass(frozen=True)
@@ -73,23 +77,12 @@ def attribution_tokens(tokenizer: PreTrainedTokenizerBase, prompt: str) -> list[
     return ids if first is None else [int(first), *ids]
 
 
-def check_transcoders(model: PreTrainedModel, transcoders: Transcoders) -> None:
-    """``INVALID_TRANSCODERS`` unless there is one transcoder per layer, each as wide as the model."""
-    from engine.attribution.frozen import model_parts
-
-    n_layers = model_parts(model).n_layers
-    width = int(model.config.hidden_size)
-    problems = []
-    if len(transcoders) != n_layers:
-        problems.append(f"the model has {n_layers} layers and {len(transcoders)} transcoders were given")
-    for layer, transcoder in enumerate(transcoders):
-        shape = transcoder.shape
-        if not shape.is_transcoder or shape.d_in != width or shape.output_width != width:
-            problems.append(f"layer {layer}: not a {width}-wide transcoder")
-    if problems:
-        raise EngineError(
-            "INVALID_TRANSCODERS", "Attribution needs one transcoder per layer: " + "; ".join(problems)
-        )
+def check_transcoders(model: PreTrainedModel, transcoders: Transcoders) -> Replacement:
+    """The transcoders' :class:`Replacement`, or ``INVALID_TRANSCODERS`` unless there is one
+    transcoder per layer (or a CLT over every layer), as wide as the model."""
+    replacement = replacement_of(transcoders)
+    check_replacement(model, replacement)
+    return replacement
 
 
 @dataclass
@@ -100,7 +93,9 @@ class _Prompt:
     active: Tensor  # [n_active, 3] int64 (layer, position, feature), by layer
     values: Tensor  # [n_active]
     encoders: Tensor  # [n_active, d]
-    decoders: Tensor  # [n_active, d], activation times decoder row
+    # Per layer m: the active features writing into its MLP output, a contiguous range of
+    # ``active`` (start, end), and what each writes there (activation times decoder row) [end - start, d].
+    decoders: list[tuple[int, int, Tensor]]
     errors: Tensor  # [layers, positions, d]
     mlp_inputs: list[Tensor]  # per layer, [positions, d]
     mlp_outputs: list[Tensor]  # per layer, [positions, d]
@@ -121,11 +116,11 @@ def attribute(
     """
     import torch
 
-    check_transcoders(model, transcoders)
+    transcoders = check_transcoders(model, transcoders)
     device = next(model.parameters()).device
     ids = torch.tensor([list(tokens)], device=device)
     run = FrozenRun(model)
-    with _gradients_only_where_asked(model, transcoders):
+    with _gradients_only_where_asked(model, transcoders.modules):
         prompt = _record(run, transcoders, ids)
         unembedding = model.get_output_embeddings().weight
         # The model's own probabilities (Gemma 2's soft-cap included) choose the logits; each is
@@ -141,7 +136,7 @@ def attribute(
     n_active = len(prompt.active)
     n_logits = len(logit_ids)
     n_positions = ids.shape[1]
-    n_layers = len(transcoders)
+    n_layers = transcoders.n_layers
     return AttributionGraph(
         tokens=[int(t) for t in tokens],
         n_layers=n_layers,
@@ -164,9 +159,9 @@ def attribute(
 
 
 @contextlib.contextmanager
-def _gradients_only_where_asked(model: PreTrainedModel, transcoders: Transcoders) -> Iterator[None]:
+def _gradients_only_where_asked(model: PreTrainedModel, transcoders: list) -> Iterator[None]:
     """Gradients on (also under an outer inference or no-grad mode), none for the parameters of
-    the model and the transcoders, whose flags are restored after."""
+    the model and the transcoders' modules, whose flags are restored after."""
     import torch
 
     modules = [model, *transcoders]
@@ -181,7 +176,7 @@ def _gradients_only_where_asked(model: PreTrainedModel, transcoders: Transcoders
             parameter.requires_grad_(flag)
 
 
-def _record(run: FrozenRun, transcoders: Transcoders, ids: Tensor) -> _Prompt:
+def _record(run: FrozenRun, transcoders: Replacement, ids: Tensor) -> _Prompt:
     """The recorded pass over ``ids`` [1, positions]: activations, errors, encoder and decoder
     vectors, final norm output."""
     import torch
@@ -196,31 +191,39 @@ def _record(run: FrozenRun, transcoders: Transcoders, ids: Tensor) -> _Prompt:
 
     with torch.no_grad(), run.attached(mlp=mlp, final=final.append):
         run.forward(ids)
-    active, values, encoders, decoders, errors = [], [], [], [], []
+    active, values, encoders, errors, features = [], [], [], [], []
     with torch.no_grad():
-        for layer, transcoder in enumerate(transcoders):
+        for layer in range(transcoders.n_layers):
             x_in = mlp_inputs[layer]
-            activations = transcoder.encode(x_in)
-            reconstruction = transcoder.decode(activations)  # the transcoder's output, position 0 too
-            skip = transcoder.skip_path(x_in)
-            if skip is not None:
-                reconstruction = reconstruction + skip
-            activations[0] = 0
-            positions, features = activations.nonzero(as_tuple=True)
-            layer_values = activations[positions, features]
-            active.append(torch.stack([torch.full_like(positions, layer), positions, features], 1))
-            values.append(layer_values)
-            encoders.append(transcoder.W_enc[:, features].T)
-            decoders.append(transcoder.W_dec[features] * layer_values[:, None])
+            activations = transcoders.encode(layer, x_in)
+            activations[0] = 0  # (position 0 is constant: its features and error are dropped)
+            features.append(activations)
+            # The transcoders' output, from every feature reaching this layer, and its error.
+            reconstruction = transcoders.reconstruct(layer, features, x_in)
+            positions, indices = activations.nonzero(as_tuple=True)
+            active.append(torch.stack([torch.full_like(positions, layer), positions, indices], 1))
+            values.append(activations[positions, indices])
+            encoders.append(transcoders.encoder_rows(layer, indices))
             error = mlp_outputs[layer].to(reconstruction.dtype) - reconstruction
             error[0] = 0
             errors.append(error)
+        active_all, values_all = torch.cat(active), torch.cat(values)
+        decoders = []
+        bounds = torch.cumsum(torch.tensor([0] + [len(part) for part in active]), 0).tolist()
+        for target in range(transcoders.n_layers):
+            sources = [layer for layer in range(target + 1) if target in transcoders.targets(layer)]
+            start, end = bounds[sources[0]], bounds[sources[-1] + 1]
+            rows = [
+                transcoders.decoder_rows(layer, target, active[layer][:, 2]) * values[layer][:, None]
+                for layer in sources
+            ]
+            decoders.append((start, end, torch.cat(rows)))
     return _Prompt(
         ids=ids,
-        active=torch.cat(active),
-        values=torch.cat(values),
+        active=active_all,
+        values=values_all,
         encoders=torch.cat(encoders),
-        decoders=torch.cat(decoders),
+        decoders=decoders,
         errors=torch.stack(errors),
         mlp_inputs=mlp_inputs,
         mlp_outputs=mlp_outputs,
@@ -229,20 +232,25 @@ def _record(run: FrozenRun, transcoders: Transcoders, ids: Tensor) -> _Prompt:
 
 
 class _SourcesByPosition:
-    """One layer's source vectors (its active features' activation-scaled decoder rows, then its
-    error) laid out by position, [positions, most features at a position + 1, d], zero-padded, so
-    that one batched matrix product contracts a batch's gradients with all of them: no gathered
-    [batch, features, d] copy of the gradients."""
+    """The source vectors of one layer's MLP output (the activation-scaled decoder rows of the
+    active features writing into it, then its error) laid out by position, [positions, most
+    features at a position + 1, d], zero-padded, so that one batched matrix product contracts a
+    batch's gradients with all of them: no gathered [batch, features, d] copy of the gradients."""
 
-    def __init__(self, prompt: _Prompt, layer: int, start: int, end: int, n_positions: int) -> None:
+    def __init__(self, prompt: _Prompt, layer: int, n_positions: int) -> None:
         import torch
 
+        start, end, decoders = prompt.decoders[layer]
         positions = prompt.active[start:end, 1]
         counts = torch.bincount(positions, minlength=n_positions)
         first = torch.cumsum(counts, 0) - counts
-        ranks = torch.arange(end - start, device=positions.device) - first[positions]
+        # Each source's rank among those at its position (a CLT's range spans several layers,
+        # each sorted by position).
+        order = torch.argsort(positions, stable=True)
+        ranks = torch.empty_like(positions)
+        ranks[order] = torch.arange(end - start, device=positions.device) - first[positions[order]]
         self.width = int(counts.max()) if end > start else 0
-        decoders = prompt.decoders[start:end].float()
+        decoders = decoders.float()
         vectors = torch.zeros(n_positions, self.width + 1, decoders.shape[-1], device=decoders.device)
         vectors[positions, ranks] = decoders
         vectors[:, self.width] = prompt.errors[layer].float()
@@ -263,14 +271,13 @@ class _SourcesByPosition:
         result[:, error_offset : error_offset + n_positions] = products[:, :, self.width].T
         if self.end > self.start:
             features = products[:, :, : self.width].permute(1, 0, 2).reshape(len(gradient), -1)
-            result[:, self.start : self.end] = features[:, self.flat]
+            result[:, self.start : self.end] += features[:, self.flat]
 
 
 class _GradientGraph:
     """The batched pass with gradients, and the backward passes that give adjacency rows."""
 
-    def __init__(self, run: FrozenRun, transcoders: Transcoders, prompt: _Prompt, batch_size: int) -> None:
-        import torch
+    def __init__(self, run: FrozenRun, transcoders: Replacement, prompt: _Prompt, batch_size: int) -> None:
 
         self.prompt = prompt
         # Per layer [batch, positions, d]: the MLP inputs (where features' targets are injected)
@@ -282,7 +289,7 @@ class _GradientGraph:
         self.final: list[Tensor] = []
 
         def mlp(layer: int, x_in: Tensor, out: Tensor) -> Tensor:
-            skip = transcoders[layer].skip_path(x_in)
+            skip = transcoders.skip_path(layer, x_in)
             point = out.detach().requires_grad_(True) if skip is None else skip + (out - skip).detach()
             self.mlp_inputs.append(x_in)
             self.mlp_points.append(point)
@@ -298,15 +305,10 @@ class _GradientGraph:
         self.token_vectors = self.embedding[0][0].detach()
         n_positions = prompt.ids.shape[1]
         self.n_positions = n_positions
-        layers = prompt.active[:, 0].contiguous()
-        bounds = torch.arange(len(transcoders), device=layers.device)
-        starts = torch.searchsorted(layers, bounds).tolist()
-        ends = torch.searchsorted(layers, bounds, right=True).tolist()
         self.sources_by_position = [
-            _SourcesByPosition(prompt, layer, start, end, n_positions)
-            for layer, (start, end) in enumerate(zip(starts, ends, strict=True))
+            _SourcesByPosition(prompt, layer, n_positions) for layer in range(transcoders.n_layers)
         ]
-        self.n_sources = len(prompt.active) + (len(transcoders) + 1) * n_positions
+        self.n_sources = len(prompt.active) + (transcoders.n_layers + 1) * n_positions
 
     def rows(self, injections: list[tuple[int | None, int, Tensor]]) -> Tensor:
         """One adjacency row (over the sources) per ``(layer, position, vector [d])`` injection,
@@ -329,7 +331,7 @@ class _GradientGraph:
         grads = torch.autograd.grad(outputs, sources, gradients, retain_graph=True, allow_unused=True)
         prompt = self.prompt
         n = len(injections)
-        result = torch.zeros(n, self.n_sources, dtype=torch.float32, device=prompt.decoders.device)
+        result = torch.zeros(n, self.n_sources, dtype=torch.float32, device=prompt.errors.device)
         n_active = len(prompt.active)
         n_positions = self.n_positions
         for layer, gradient in enumerate(grads[1:]):
@@ -345,7 +347,7 @@ class _GradientGraph:
 
 def _edges(
     run: FrozenRun,
-    transcoders: Transcoders,
+    transcoders: Replacement,
     prompt: _Prompt,
     logit_vectors: Tensor,
     logit_probabilities: Tensor,
@@ -368,7 +370,7 @@ def _edges(
     if config.matrix_limit_bytes is not None:
         fitting = attribution_feature_rows(
             limit=config.matrix_limit_bytes, active=n_active, tokens=n_positions,
-            layers=len(transcoders), logits=n_logits,
+            layers=transcoders.n_layers, logits=n_logits,
         )  # fmt: skip
         max_features = min(max_features, fitting)
     total_batches = -(-n_logits // batch_size) + -(-max_features // batch_size)
@@ -436,7 +438,7 @@ def _edges(
 
 
 def _values_and_bias(
-    run: FrozenRun, transcoders: Transcoders, prompt: _Prompt, logit_vectors: Tensor, selected: Tensor
+    run: FrozenRun, transcoders: Replacement, prompt: _Prompt, logit_vectors: Tensor, selected: Tensor
 ) -> tuple[Tensor, Tensor]:
     """Each feature and logit node's value (pre-activation; logit minus the mean logit) and bias
     (its value with every source node at zero: token embeddings, the selected features' decodes
@@ -445,21 +447,21 @@ def _values_and_bias(
     [n_selected] indices into ``prompt.active``."""
     import torch
 
-    n_layers = len(transcoders)
+    n_layers = transcoders.n_layers
     inputs: list[Tensor] = []  # per layer, the MLP input [positions, d] with every source at zero
     final: list[Tensor] = []
     is_node = torch.zeros(len(prompt.active), dtype=torch.bool, device=prompt.active.device)
     is_node[selected.to(prompt.active.device)] = True
 
     def mlp(layer: int, x_in: Tensor, out: Tensor) -> Tensor:
-        transcoder = transcoders[layer]
         real_in = prompt.mlp_inputs[layer]
-        real_skip = transcoder.skip_path(real_in)
+        real_skip = transcoders.skip_path(layer, real_in)
         sources = prompt.errors[layer].clone()
-        in_layer = (prompt.active[:, 0] == layer) & is_node
-        sources.index_add_(0, prompt.active[in_layer, 1], prompt.decoders[in_layer])
+        start, end, decoders = prompt.decoders[layer]
+        writing = is_node[start:end]
+        sources.index_add_(0, prompt.active[start:end][writing, 1], decoders[writing].to(sources.dtype))
         constant = prompt.mlp_outputs[layer] - sources - (0 if real_skip is None else real_skip)
-        skip = transcoder.skip_path(x_in[0])
+        skip = transcoders.skip_path(layer, x_in[0])
         inputs.append(x_in[0])
         return (constant + (0 if skip is None else skip))[None].to(out.dtype)
 
@@ -471,14 +473,12 @@ def _values_and_bias(
     n_nodes = n_features + (n_layers + 1) * n_positions + len(logit_vectors)
     values = torch.zeros(n_nodes, dtype=torch.float64)
     bias = torch.zeros(n_nodes, dtype=torch.float64)
-    for layer, transcoder in enumerate(transcoders):
+    for layer in range(n_layers):
         nodes = (chosen[:, 0] == layer).nonzero(as_tuple=True)[0]
         positions, features = chosen[nodes, 1], chosen[nodes, 2]
         for out, x_in in ((values, prompt.mlp_inputs[layer]), (bias, inputs[layer])):
-            pre = (x_in[positions].to(transcoder.W_enc.dtype) * transcoder.W_enc[:, features].T).sum(-1)
-            if transcoder.shape.apply_b_dec_to_input:
-                pre = pre - transcoder.b_dec @ transcoder.W_enc[:, features]
-            out[nodes.cpu()] = (pre + transcoder.b_enc[features]).double().cpu()
+            pre = transcoders.pre_activations(layer, x_in[positions], features)
+            out[nodes.cpu()] = pre.double().cpu()
     logit_start = n_nodes - len(logit_vectors)
     last = n_positions - 1
     values[logit_start:] = (logit_vectors.double() @ prompt.final[last].double()).cpu()

@@ -54,6 +54,32 @@ def random_transcoders(
     return transcoders
 
 
+def random_clt(model, *, activation: str = "relu", skip: bool = False, expansion: int = 2, seed: int = 0):
+    """A random cross-layer transcoder over every layer of ``model`` (``expansion`` times the
+    hidden size per layer), drawn as :func:`random_transcoders` draws its transcoders, each decoder
+    into a later layer scaled by 1/2 per layer it skips."""
+    import math
+
+    import torch
+
+    from engine.sae.clt import CltShape, CrossLayerTranscoder
+
+    width = int(model.config.hidden_size)
+    n_layers = int(model.config.num_hidden_layers)
+    clt = CrossLayerTranscoder(
+        CltShape(n_layers=n_layers, d_model=width, d_sae=expansion * width, activation=activation, skip=skip)
+    )
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for parameter in clt.parameters():
+            parameter.copy_(torch.randn(parameter.shape, generator=generator) / math.sqrt(width))
+        for decoder in clt.W_dec:
+            decoder.mul_(0.5 ** torch.arange(decoder.shape[1])[None, :, None])
+        clt.b_enc.sub_(0.5)
+        clt.threshold.fill_(0.05)
+    return clt.eval()
+
+
 def trained_transcoders(
     model,
     token_batches,

@@ -12,7 +12,8 @@ import torch
 from engine.attribution import AttributionConfig, AttributionGraph, attribute, attribution_tokens
 from engine.attribution.intervention import FeatureIntervention, intervene
 from engine.errors import EngineError
-from engine.testing.tiny_saes import random_transcoders
+from engine.sae.clt import CrossLayerTranscoder
+from engine.testing.tiny_saes import random_clt, random_transcoders
 
 PROMPT = "The cat sat on the mat because it was warm, and the dog"
 
@@ -59,10 +60,37 @@ def test_every_node_is_its_incoming_edges_plus_its_bias(load_tiny, family, archi
 def _hand_written_replacement_logits(model, transcoders, tokens, interventions):
     """GPT-2 by hand in float64: a real run records attention patterns, LayerNorm scales and each
     transcoder's error; a second run replays them with the MLPs replaced by transcoder + error and
-    the features of ``interventions`` set."""
+    the features of ``interventions`` set. ``transcoders``: one per layer, or a CLT, whose
+    features write into their own layer's MLP output and every later one's."""
     config = model.config
     parameters = {name: tensor.double() for name, tensor in model.state_dict().items()}
-    coders = [{name: tensor.double() for name, tensor in coder.state_dict().items()} for coder in transcoders]
+    if isinstance(transcoders, CrossLayerTranscoder):
+        clt = {name: tensor.double() for name, tensor in transcoders.state_dict().items()}
+        jumprelu = transcoders.shape.activation == "jumprelu"
+
+        def encode(layer, x):
+            pre = x @ clt["W_enc"][layer] + clt["b_enc"][layer]
+            return pre * (pre > clt["threshold"][layer]) if jumprelu else pre.relu()
+
+        def transcode(layer, x, features):
+            written = sum(
+                features[source] @ clt[f"W_dec.{source}"][:, layer - source] for source in range(layer + 1)
+            )
+            return written + clt["b_dec"][layer]
+    else:
+        coders = [
+            {name: tensor.double() for name, tensor in coder.state_dict().items()} for coder in transcoders
+        ]
+
+        def encode(layer, x):
+            coder = coders[layer]
+            pre = x @ coder["W_enc"] + coder["b_enc"]
+            return pre.relu() * (pre > coder["threshold"])
+
+        def transcode(layer, x, features):
+            coder = coders[layer]
+            return features[layer] @ coder["W_dec"] + coder["b_dec"] + x @ coder["W_skip"].T
+
     heads, width = config.n_head, config.n_embd
     ids = torch.tensor(tokens)
     n = len(tokens)
@@ -74,17 +102,9 @@ def _hand_written_replacement_logits(model, transcoders, tokens, interventions):
             scales[key] = (centred.pow(2).mean(-1, keepdim=True) + config.layer_norm_epsilon).sqrt()
         return centred / scales[key] * parameters[f"{prefix}.weight"] + parameters[f"{prefix}.bias"]
 
-    def encode(layer, x):
-        coder = coders[layer]
-        pre = x @ coder["W_enc"] + coder["b_enc"]
-        return pre.relu() * (pre > coder["threshold"])
-
-    def transcode(layer, x, features):
-        coder = coders[layer]
-        return features @ coder["W_dec"] + coder["b_dec"] + x @ coder["W_skip"].T
-
     def run(patterns, scales, errors, chosen):
         h = parameters["transformer.wte.weight"][ids] + parameters["transformer.wpe.weight"][:n]
+        features = []
         for layer in range(config.n_layer):
             block = f"transformer.h.{layer}"
             x = layer_norm(h, f"{block}.ln_1", scales, (layer, 1))
@@ -100,7 +120,7 @@ def _hand_written_replacement_logits(model, transcoders, tokens, interventions):
                 + parameters[f"{block}.attn.c_proj.bias"]
             )
             x = layer_norm(h, f"{block}.ln_2", scales, (layer, 2))
-            features = encode(layer, x)
+            features.append(encode(layer, x))
             if errors is None:  # the real run: the model's own MLP
                 hidden = torch.nn.functional.gelu(
                     x @ parameters[f"{block}.mlp.c_fc.weight"] + parameters[f"{block}.mlp.c_fc.bias"],
@@ -113,7 +133,7 @@ def _hand_written_replacement_logits(model, transcoders, tokens, interventions):
             else:
                 for item in chosen:
                     if item.layer == layer:
-                        features[item.position, item.feature] = item.value
+                        features[layer][item.position, item.feature] = item.value
                 out = transcode(layer, x, features) + errors[layer]
             h = h + out
         h = layer_norm(h, "transformer.ln_f", scales, "final")
@@ -151,6 +171,28 @@ def test_an_intervention_equals_a_hand_written_replacement_forward(load_tiny):
     assert (ours.logits_before.double() - before).abs().max() <= 1e-5 * before.abs().max()
     assert (ours.logits_after.double() - after).abs().max() <= 1e-5 * after.abs().max()
     assert (after - before).abs().max() > 1e-2 * before.abs().max()  # the intervention does change them
+
+
+@pytest.mark.parametrize("activation", ["relu", "jumprelu"])
+def test_a_clt_intervention_equals_a_hand_written_clt_replacement_forward(load_tiny, activation):
+    weights = load_tiny("gpt2")
+    clt = random_clt(weights.model, activation=activation, seed=7)
+    tokens = _tokens(weights)
+    graph = attribute(weights.model, clt, tokens, AttributionConfig(batch_size=16))
+    assert graph.completeness_error() <= 1e-4
+    # A layer-0 feature ablated and another doubled: each writes into layer 0's MLP output and
+    # layer 1's, and layer 1's features are re-encoded from what they now receive.
+    layer_0 = graph.active_features[graph.active_features[:, 0] == 0]
+    values = graph.activation_values[graph.active_features[:, 0] == 0]
+    chosen = [
+        FeatureIntervention(*layer_0[-1].tolist(), value=0.0),
+        FeatureIntervention(*layer_0[-2].tolist(), value=2 * float(values[-2])),
+    ]
+    ours = intervene(weights.model, clt, tokens, chosen)
+    before, after = _hand_written_replacement_logits(weights.model, clt, tokens, chosen)
+    assert (ours.logits_before.double() - before).abs().max() <= 1e-5 * before.abs().max()
+    assert (ours.logits_after.double() - after).abs().max() <= 1e-5 * after.abs().max()
+    assert (after - before).abs().max() > 1e-2 * before.abs().max()
 
 
 def test_a_feature_cap_bounds_the_graph_and_a_graph_round_trips_through_its_files(load_tiny, tmp_path):
