@@ -48,6 +48,16 @@ class GraphListApi(APIView):
         max_n_logits = serializers.IntegerField(min_value=1, max_value=50, default=10)
         desired_logit_prob = serializers.FloatField(min_value=0.01, max_value=1.0, default=0.95)
         batch_size = serializers.IntegerField(min_value=1, max_value=1024, default=32)
+        # What the graph explains, instead of the top logits: these tokens' logits, or one target,
+        # the first token's logit minus the second's. Each text must be one token of the model.
+        target_tokens = serializers.ListField(
+            child=serializers.CharField(max_length=100, trim_whitespace=False), required=False,
+            min_length=1, max_length=services.MAX_TARGET_TOKENS,
+        )  # fmt: skip
+        target_difference = serializers.ListField(
+            child=serializers.CharField(max_length=100, trim_whitespace=False), required=False,
+            min_length=2, max_length=2,
+        )  # fmt: skip
         name = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")
         shared = serializers.BooleanField(default=False)
 

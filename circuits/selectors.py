@@ -73,12 +73,14 @@ def feature_names(
     for layer, feature in features:
         by_layer.setdefault(layer, []).append(feature)
     for layer, indices in by_layer.items():
-        if layer >= len(graph.transcoders):
+        if layer >= len(graph.transcoders):  # (a cross-layer transcoder's features have no analyses yet)
             continue
         sae_id = graph.transcoders[layer]
         if not may_see(user, SparseAutoencoder, sae_id):
             continue
         sae = SparseAutoencoder.objects.get(pk=sae_id)
+        if sae.is_cross_layer:
+            continue
         labels = labels_by_index(user=user, sae=sae, indices=indices)
         analysis = (
             analysis_list(user=user, sae=sae)

@@ -49,15 +49,21 @@ def transcoder_layer(sae: SparseAutoencoder) -> int | None:
 
 
 def check_transcoder_set(model: LanguageModel, transcoders: list[SparseAutoencoder]) -> None:
-    """One completed MLP transcoder of ``model`` per layer, in layer order (400
-    ``INVALID_TRANSCODERS`` saying what is wrong otherwise)."""
+    """One completed MLP transcoder of ``model`` per layer, in layer order, or one cross-layer
+    transcoder over all its layers (400 ``INVALID_TRANSCODERS`` saying what is wrong otherwise)."""
     problems = []
-    if len(transcoders) != (model.num_layers or 0):
+    if any(sae.is_cross_layer for sae in transcoders):
+        if len(transcoders) != 1:
+            problems.append("a cross-layer transcoder replaces every MLP alone: give only its id")
+        elif transcoders[0].n_layers != model.num_layers:
+            clt_layers = transcoders[0].n_layers
+            problems.append(f"{model.name} has {model.num_layers} layers and the CLT {clt_layers}")
+    elif len(transcoders) != (model.num_layers or 0):
         problems.append(
             f"{model.name} has {model.num_layers} layers and {len(transcoders)} transcoders were given"
         )
     for position, sae in enumerate(transcoders):
-        layer = transcoder_layer(sae)
+        layer = 0 if sae.is_cross_layer else transcoder_layer(sae)
         if layer != position:
             problems.append(
                 f"{sae.id} reads {sae.hook_name} and writes {sae.hook_name_out or 'its input'}, not layer "
@@ -104,15 +110,38 @@ def prompt_tokens(model: LanguageModel, prompt: str) -> tuple[list[int], list[st
     return tokens, token_strings(tokenizer, tokens)
 
 
+MAX_TARGET_TOKENS = 10
+
+
+def target_ids(model: LanguageModel, texts: list[str], field: str) -> tuple[int, ...]:
+    """The token id of each text (exactly one token each, as circuit-tracer asks of target
+    strings; 400 ``INVALID_TARGET`` naming the text and what it became otherwise)."""
+    tokenizer = tokenizer_for(str(model_folder(model)))
+    ids = []
+    for text in texts:
+        found = tokenizer(text, add_special_tokens=False)["input_ids"]
+        if len(found) != 1:
+            pieces = [tokenizer.decode([token]) for token in found]
+            raise ApplicationError(
+                "INVALID_TARGET",
+                f"{text!r} is {len(found)} tokens ({pieces!r}), not one: give single tokens (mind the "
+                "leading space a word after another has).",
+                details={"fields": {field: [f"{text!r} is not one token."]}},
+            )
+        ids.append(int(found[0]))
+    return tuple(ids)
+
+
 def graph_estimate(
     model: LanguageModel, transcoders: list[SparseAutoencoder], tokens: int, config: AttributionConfig
 ):
     """The job's peak memory (``engine.budgets.attribution``), with the active features a
     transcoder has per token taken from its evaluation's L0 when it has one."""
-    layers = len(transcoders)
+    layers = model.num_layers or len(transcoders)
     per_token = [
         min(sae.d_sae, int(2 * ((sae.evaluation or {}).get("l0") or ASSUMED_ACTIVE_PER_TOKEN / 2)) + 1)
         for sae in transcoders
+        for _ in range(sae.n_layers or 1)  # a cross-layer transcoder's features at each layer
     ]
     active = sum(per_token) * tokens
     feature_rows = min(config.max_feature_nodes or active, active)
@@ -133,12 +162,17 @@ def graph_request(
     max_n_logits: int = 10,
     desired_logit_prob: float = 0.95,
     batch_size: int = 32,
+    target_tokens: list[str] | None = None,
+    target_difference: list[str] | None = None,
     name: str = "",
     shared: bool = False,
 ) -> AttributionGraph:
     """Queue the attribution graph of ``prompt`` through ``transcoders`` (one per layer, each one
-    ``owner`` may use). The graph's matrices are kept within the worker's memory budget: past it,
-    fewer feature nodes are kept (the most influential), never a failure."""
+    ``owner`` may use; or one cross-layer transcoder). It explains the top logits, or the logits
+    of ``target_tokens``, or ``target_difference``: its first token's logit minus its second's
+    (texts of one token each, 400 ``INVALID_TARGET`` otherwise). The graph's matrices are kept
+    within the worker's memory budget: past it, fewer feature nodes are kept (the most
+    influential), never a failure."""
     check_label_text(name, field="name")
     actor = owner or OPERATOR
     transcoders = [reach(actor, sae) for sae in transcoders]
@@ -146,11 +180,17 @@ def graph_request(
         if sae.status != SparseAutoencoder.Status.COMPLETED:
             raise ApplicationError("SAE_NOT_READY", f"The transcoder {sae.id} is {sae.status}.", status=409)
     check_transcoder_set(model, transcoders)
+    if target_tokens is not None and target_difference is not None:
+        raise ApplicationError("INVALID_TARGET", "Give target_tokens or target_difference, not both.")
+    tokens, strings = prompt_tokens(model, prompt)
     config = AttributionConfig(
         max_n_logits=max_n_logits, desired_logit_prob=desired_logit_prob, batch_size=batch_size,
         max_feature_nodes=max_feature_nodes,
+        target_tokens=target_ids(model, target_tokens, "target_tokens") if target_tokens else None,
+        target_difference=(
+            target_ids(model, target_difference, "target_difference") if target_difference else None
+        ),
     )  # fmt: skip
-    tokens, strings = prompt_tokens(model, prompt)
     worker = model_worker_name(model)
     estimate = graph_estimate(model, transcoders, len(tokens), config)
     limit = memory_budget(worker_name=worker)
@@ -250,11 +290,13 @@ def graph_intervene(
     if graph.model is None:
         raise ApplicationError("MODEL_NOT_FOUND", "The graph's model is gone.", status=404)
     reach(actor, graph.model)
+    n_layers = 0
     for sae_id in graph.transcoders:
         sae = SparseAutoencoder.objects.filter(pk=sae_id).first()
         if sae is None:
             raise ApplicationError("SAE_NOT_FOUND", "One of the graph's transcoders is gone.", status=404)
         reach(actor, sae)
+        n_layers += sae.n_layers or 1
     if not isinstance(interventions, list) or not 1 <= len(interventions) <= MAX_INTERVENTIONS:
         raise ApplicationError("INVALID_INTERVENTIONS", f"Give 1 to {MAX_INTERVENTIONS} interventions.")
     checked = []
@@ -266,7 +308,7 @@ def graph_intervene(
             raise ApplicationError(
                 "INVALID_INTERVENTIONS", "Each intervention is {layer, position, feature, value}."
             ) from None
-        if not (0 <= layer < len(graph.transcoders) and 0 <= position < len(graph.tokens) and feature >= 0
+        if not (0 <= layer < n_layers and 0 <= position < len(graph.tokens) and feature >= 0
                 and abs(value) < 1e6):  # fmt: skip
             raise ApplicationError("INVALID_INTERVENTIONS", "An intervention is outside the graph.")
         checked.append({"layer": layer, "position": position, "feature": feature, "value": value})

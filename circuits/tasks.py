@@ -20,9 +20,12 @@ from models_app.tasks import model_in_this_worker, model_loaded_here
 from saes.tasks import sae_module_by_id
 
 
-def graph_transcoders(graph: AttributionGraph, model: Any) -> list[Any]:
-    """The graph's transcoders (layer 0 first) on the model's device, in its dtype: the worker's
-    cached modules where they already are, copies otherwise (the cache keeps its float32 ones)."""
+def graph_transcoders(graph: AttributionGraph, model: Any) -> Any:
+    """The graph's transcoders (layer 0 first; a cross-layer transcoder alone) on the model's
+    device, in its dtype: the worker's cached modules where they already are, copies otherwise
+    (the cache keeps its float32 ones)."""
+    from engine.sae.clt import CrossLayerTranscoder
+
     parameter = next(model.parameters())
     modules = []
     for sae_id in graph.transcoders:
@@ -30,6 +33,8 @@ def graph_transcoders(graph: AttributionGraph, model: Any) -> list[Any]:
         if module.W_enc.dtype != parameter.dtype or module.W_enc.device != parameter.device:
             module = copy.deepcopy(module).to(device=parameter.device, dtype=parameter.dtype)
         modules.append(module)
+    if len(modules) == 1 and isinstance(modules[0], CrossLayerTranscoder):
+        return modules[0]
     return modules
 
 
@@ -60,6 +65,9 @@ def run_attribution(graph: AttributionGraph, job: JobContext) -> None:
     view = save_graph_view(graph, result)
     kept = view.prune(min(graph.node_threshold, view.max_node_threshold), graph.edge_threshold)
     logit_ids = result.logit_tokens.tolist()
+    target = result.info.get("target")
+    if target:  # its tokens' text beside their ids
+        target = {**target, "token_strings": token_strings(loaded.tokenizer, target["tokens"])}
     summary = {
         **result.info,
         "seconds": round(seconds, 3),
@@ -68,6 +76,7 @@ def run_attribution(graph: AttributionGraph, job: JobContext) -> None:
         "pruned_edges": int(kept.edges.sum()),
         "view": view.info,
         "completeness_error": result.completeness_error(),
+        **({"target": target} if target else {}),
         "logits": [
             {"token_id": token, "token": text, "probability": round(float(probability), 6)}
             for token, text, probability in zip(
@@ -88,6 +97,8 @@ def save_graph_view(graph: AttributionGraph, full: Any):
 
     view = PrunableGraph.of(full, max_nodes=stored_nodes_cap(full.n_positions + full.n_logits))
     view.info = {"stored_nodes": view.n_stored, "max_node_threshold": view.max_node_threshold}
+    if "target" in full.info:  # what the logit nodes stand for, when not the top logits
+        view.info["target"] = full.info["target"]
     view.save(graph.directory)
     return view
 

@@ -29,7 +29,7 @@ from mistudio.workers import call_worker
 from models_app.services import model_host, model_job_queue, model_worker_name
 from saes.groups import DEFAULT_GROUP_MAX_LENGTH, FORWARD_TOKENS
 from saes.models import SaeGroup, SparseAutoencoder
-from saes.services import check_cache_for, default_cache
+from saes.services import check_cache_for, check_single_layer, default_cache
 
 logger = logging.getLogger(__name__)
 
@@ -98,6 +98,7 @@ def analysis_request(
     caps (as a training's evaluation)."""
     if sae.status != SparseAutoencoder.Status.COMPLETED:
         raise ApplicationError("SAE_NOT_READY", f"The SAE is {sae.status}.", status=409)
+    check_single_layer(sae, "a feature analysis")
     reader = owner or OPERATOR  # None: the operator (``manage.py analyze_sae``)
     if cache is not None and dataset is not None:
         raise ApplicationError("INVALID_SOURCE", "Name a cache or a dataset to analyse over, not both.")

@@ -209,8 +209,9 @@ class SaeUploadApi(APIView):
 
 class TranscoderSetImportApi(APIView):
     """Import a circuit-tracer transcoder set (``layer_{i}.safetensors`` per layer, and optionally its
-    ``config.yaml``) from a folder under LOCAL_MODEL_ROOTS as one transcoder per layer of the model:
-    202 with the queued rows (a worker reads each file), or 200 with your earlier import of them."""
+    ``config.yaml``) from a folder under LOCAL_MODEL_ROOTS as one transcoder per layer of the model,
+    or a cross-layer transcoder (``W_enc_{l}``/``W_dec_{l}.safetensors``) as one row over every
+    layer: 202 with the queued rows (a worker reads the files), or 200 with your earlier import."""
 
     permission_classes = [CanWrite]
 

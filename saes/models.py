@@ -64,6 +64,7 @@ class SparseAutoencoder(TrainingProgress, JobRow):
         SAELENS = "saelens", "a SAELens folder"
         GEMMA_SCOPE = "gemma_scope", "a Gemma Scope params.npz"
         CIRCUIT_TRACER = "circuit_tracer", "a circuit-tracer transcoder file"
+        CLT = "clt", "a cross-layer transcoder folder"
 
     id = models.CharField(primary_key=True, max_length=64, default=new_sae_id, editable=False)
     name = models.CharField(max_length=500, blank=True)
@@ -106,6 +107,11 @@ class SparseAutoencoder(TrainingProgress, JobRow):
     d_sae = models.PositiveIntegerField()
     d_out = models.PositiveIntegerField(null=True, blank=True, help_text="A transcoder's output width")
     k = models.PositiveIntegerField(null=True, blank=True, help_text="TopK / BatchTopK")
+    n_layers = models.PositiveIntegerField(
+        null=True, blank=True,
+        help_text="A cross-layer transcoder's layers: d_sae features each, read at hook_name's layer and "
+        "onward, writing into their own layer's MLP output and every later one's",
+    )  # fmt: skip
     hyperparameters = models.JSONField(default=dict, blank=True, help_text="The training configuration")
     scaling_factor = models.FloatField(null=True, blank=True, help_text="Folded into the weights")
     import_path = models.CharField(
@@ -141,6 +147,15 @@ class SparseAutoencoder(TrainingProgress, JobRow):
     @property
     def is_transcoder(self) -> bool:
         return bool(self.hook_name_out)
+
+    @property
+    def is_cross_layer(self) -> bool:
+        """A cross-layer transcoder (CLT): one row, ``d_sae`` features per layer."""
+        return self.n_layers is not None
+
+    @property
+    def total_features(self) -> int:
+        return self.d_sae * (self.n_layers or 1)
 
     @property
     def feature_hook(self) -> str:

@@ -17,6 +17,8 @@ from saes.serializers import sae_group_state, sae_state
 # What an export holds: the SAELens folder, never the training checkpoint.
 EXPORTED_FILES = ("cfg.json", "sae_weights.safetensors", "sparsity.safetensors")
 CIRCUIT_TRACER_FOLDER = "circuit_tracer"
+# A cross-layer transcoder's files, in circuit-tracer's layout (engine.sae.clt), in its row's folder.
+CLT_FOLDER = "clt"
 
 
 def sae_list(*, user, filters: dict[str, Any] | None = None) -> QuerySet[SparseAutoencoder]:
@@ -59,9 +61,10 @@ def completed_sae(*, user, sae_id: str) -> SparseAutoencoder:
 
 
 def sae_reference(user, sae_id: str) -> SaeReference | None:
-    """What an intervention needs of a completed SAE the user can see; None otherwise."""
+    """What an intervention needs of a completed single-layer SAE the user can see; None otherwise
+    (a cross-layer transcoder's features are steered through attribution graphs for now)."""
     sae = sae_list(user=user).filter(pk=sae_id, status=SparseAutoencoder.Status.COMPLETED).first()
-    if sae is None:
+    if sae is None or sae.is_cross_layer:
         return None
     return SaeReference(
         id=sae.id, hook_name=sae.hook_name, d_in=sae.d_in, d_sae=sae.d_sae,
@@ -91,7 +94,13 @@ def import_extras() -> tuple[Callable[[SparseAutoencoder, Path], None], ...]:
 
 def sae_export_files(sae: SparseAutoencoder, *, user) -> list[tuple[str, Path, bytes | None]]:
     """What an export holds: (file name, file, replacement bytes or None) for the SAELens folder,
-    then the registered extras (``labels.json``: the labels ``user`` sees)."""
+    then the registered extras (``labels.json``: the labels ``user`` sees). A cross-layer
+    transcoder's are its circuit-tracer files (``clt/W_enc_0.safetensors`` …)."""
+    if sae.is_cross_layer:
+        files = sorted((sae.directory / CLT_FOLDER).glob("W_*.safetensors"))
+        if len(files) != 2 * (sae.n_layers or 0):
+            raise ApplicationError("SAE_FILES_MISSING", "The SAE's files are missing.", status=409)
+        return [(f"{CLT_FOLDER}/{path.name}", path, None) for path in files]
     files = [sae.directory / name for name in EXPORTED_FILES]
     if not files[0].is_file() or not files[1].is_file():
         raise ApplicationError("SAE_FILES_MISSING", "The SAE's files are missing.", status=409)

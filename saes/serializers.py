@@ -42,6 +42,7 @@ def sae_state(sae: SparseAutoencoder, *, viewer=AUDIENCE, with_history: bool = T
         "d_in": sae.d_in,
         "d_out": sae.d_out,
         "d_sae": sae.d_sae,
+        "n_layers": sae.n_layers,
         "k": sae.k,
         "hyperparameters": sae.hyperparameters,
         "scaling_factor": sae.scaling_factor,
@@ -270,7 +271,10 @@ class SaeOutputSerializer(JobOutputSerializer):
     architecture = serializers.CharField()
     d_in = serializers.IntegerField()
     d_out = serializers.IntegerField(allow_null=True)
-    d_sae = serializers.IntegerField()
+    d_sae = serializers.IntegerField(help_text="Features (per layer, for a cross-layer transcoder)")
+    n_layers = serializers.IntegerField(
+        allow_null=True, help_text="A cross-layer transcoder's layers; null for a single-layer SAE"
+    )
     k = serializers.IntegerField(allow_null=True)
     hyperparameters = serializers.DictField()
     scaling_factor = serializers.FloatField(allow_null=True)

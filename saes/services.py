@@ -21,7 +21,12 @@ from engine import budgets
 from engine.errors import EngineError
 from engine.hooks import MAX_HOOK_NAME_LENGTH, is_hook_name, transcoder_hooks
 from engine.inspection import confined_folder_entries
-from engine.inspection.sae_folders import SaeFiles, inspect_circuit_tracer_folder, inspect_sae_folder
+from engine.inspection.sae_folders import (
+    SaeFiles,
+    inspect_circuit_tracer_folder,
+    inspect_clt_folder,
+    inspect_sae_folder,
+)
 from engine.sae_architectures import (
     DEFAULT_EXPANSION,
     K_SPARSE,
@@ -286,6 +291,7 @@ def sae_evaluate_request(
     worker has it). ``admit=False``: the follow-up of a training, not counted against the caps."""
     if sae.status != SparseAutoencoder.Status.COMPLETED:
         raise ApplicationError("SAE_NOT_READY", f"The SAE is {sae.status}.", status=409)
+    check_single_layer(sae, "an evaluation")
     reader = actor or OPERATOR  # None: the operator, or a system SAE's own follow-up
     cache = check_cache_for(
         sae, reach(reader, cache) if cache is not None else default_cache(sae=sae, user=reader),
@@ -454,11 +460,16 @@ def transcoder_set_import(
     of ``model``, each reading ``blocks.{i}.ln2.hook_normalized`` and writing
     ``blocks.{i}.hook_mlp_out`` (what an attribution graph takes). Headers only here, checked as
     :func:`sae_import` checks a folder; a worker reads each file. Returns the rows (layer 0 first)
-    and whether they are new: the owner's earlier import of the same files is reused."""
+    and whether they are new: the owner's earlier import of the same files is reused. A folder
+    holding a cross-layer transcoder (``W_enc_0.safetensors``…) is imported as its one row
+    (:func:`clt_import`)."""
     check_label_text(name, field="name")
     folder = path_inside_roots(local_path, settings.LOCAL_MODEL_ROOTS, setting="LOCAL_MODEL_ROOTS")
     if not folder.is_dir():
         raise ApplicationError("INVALID_LOCAL_PATH", "The local path is not a folder.")
+    if (folder / "W_enc_0.safetensors").exists():
+        sae, created = clt_import(owner=owner, local_path=local_path, model=model, name=name, shared=shared)
+        return [sae], created
     layers = sae_folder_files(folder, "circuit_tracer")
     if len(layers) != (model.num_layers or 0):
         raise ApplicationError(
@@ -504,6 +515,64 @@ def transcoder_set_import(
     return rows, True
 
 
+def clt_import(
+    *, owner, local_path: str, model: LanguageModel, name: str = "", shared: bool = False
+) -> tuple[SparseAutoencoder, bool]:
+    """Import a cross-layer transcoder in circuit-tracer's layout (``W_enc_{l}`` and
+    ``W_dec_{l}.safetensors`` per layer) from a folder under ``LOCAL_MODEL_ROOTS`` as one row over
+    every layer of ``model``: ``d_sae`` features per layer, reading each layer's MLP input
+    (``hook_name`` is layer 0's) and writing into that layer's MLP output and every later one's
+    (``hook_name_out`` is the last layer's). Headers only here; a worker reads the files. Returns
+    the row and whether it is new: the owner's earlier import of the same files is reused."""
+    check_label_text(name, field="name")
+    folder = path_inside_roots(local_path, settings.LOCAL_MODEL_ROOTS, setting="LOCAL_MODEL_ROOTS")
+    if not folder.is_dir():
+        raise ApplicationError("INVALID_LOCAL_PATH", "The local path is not a folder.")
+    files = sae_folder_files(folder, "clt")
+    n_layers = files.layer
+    if n_layers != (model.num_layers or 0):
+        raise ApplicationError(
+            "INVALID_TRANSCODERS",
+            f"The cross-layer transcoder has {n_layers} layers and {model.name} has {model.num_layers}.",
+        )
+    check_sae_size(files.d_in, files.d_sae)
+    hook_in, hook_out = transcoder_hooks(0)[0], transcoder_hooks(n_layers - 1)[1]
+    check_hook_width(model, hook_in, files.d_in)
+    check_hook_width(model, hook_out, files.d_out)
+    owner = owner if getattr(owner, "is_authenticated", False) else None
+    digest = files_digest(files.files)
+    with transaction.atomic():
+        take_turns("sae-import", getattr(owner, "pk", None), digest)
+        earlier = SparseAutoencoder.objects.filter(
+            owner=owner, content_hash=digest, model=model, source=SparseAutoencoder.Source.CLT,
+            status__in=[*SparseAutoencoder.ACTIVE, SparseAutoencoder.Status.COMPLETED],
+        ).first()  # fmt: skip
+        if earlier is not None:
+            return earlier, False
+        jobs.job_admit(owner=owner)
+        needed = budgets.sae_import(tensor_bytes=files.tensor_bytes)
+        estimate = memory_budget_check(needed, what="this import")
+        sae = SparseAutoencoder.objects.create(
+            name=name or folder.name, source=SparseAutoencoder.Source.CLT, model=model,
+            model_name=model.display_identifier, hook_name=hook_in, hook_name_out=hook_out,
+            architecture=files.architecture, d_in=files.d_in, d_sae=files.d_sae, d_out=files.d_out,
+            n_layers=n_layers, import_path=str(folder), content_hash=digest, memory_estimate_bytes=estimate,
+            owner=owner, shared=shared,
+        )  # fmt: skip
+        jobs.job_submit(sae, queue=shared_queue())
+    return sae, True
+
+
+def check_single_layer(sae: SparseAutoencoder, what: str) -> None:
+    """400 ``UNSUPPORTED_SAE`` for a cross-layer transcoder where only single-layer SAEs work yet."""
+    if sae.is_cross_layer:
+        raise ApplicationError(
+            "UNSUPPORTED_SAE",
+            f"{sae.name or sae.id} is a cross-layer transcoder: {what} works on single-layer SAEs and "
+            "transcoders for now. Attribution graphs take it whole (transcoder_ids: [its id]).",
+        )
+
+
 def source_of(files: SaeFiles) -> str:
     if files.format == "gemma_scope":
         return SparseAutoencoder.Source.GEMMA_SCOPE
@@ -540,6 +609,8 @@ def sae_folder_files(folder: Path, format: str, *, uploaded: bool = False) -> An
                 )
         if format == "circuit_tracer":
             return inspect_circuit_tracer_folder(entries)
+        if format == "clt":
+            return inspect_clt_folder(entries)
         return inspect_sae_folder(entries, format)
     except EngineError as error:
         raise ApplicationError(error.code, error.message, details=error.details) from None

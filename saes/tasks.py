@@ -49,7 +49,7 @@ from saes.cache_data import (
 )
 from saes.groups import GroupReading
 from saes.models import SaeEvaluation, SaeGroup, SparseAutoencoder
-from saes.selectors import CIRCUIT_TRACER_FOLDER, import_extras
+from saes.selectors import CIRCUIT_TRACER_FOLDER, CLT_FOLDER, import_extras
 from saes.services import (
     HOLDOUT_FRACTION,
     folder_size,
@@ -70,10 +70,16 @@ _SAE_MODULES: dict[str, tuple[float, Any]] = {}  # sae id -> (weights' mtime, mo
 def sae_module(sae: SparseAutoencoder) -> Any:
     """The SAE's module (eval mode), loaded once per worker (again if its weights file changed);
     the last few used are kept. Callers move it to their device."""
-    stamp = (sae.directory / "sae_weights.safetensors").stat().st_mtime
+    if sae.is_cross_layer:
+        from engine.sae.clt import load_clt
+
+        weights, load = sae.directory / CLT_FOLDER / "W_enc_0.safetensors", load_clt
+    else:
+        weights, load = sae.directory / "sae_weights.safetensors", lambda folder: load_saelens(folder)[0]
+    stamp = weights.stat().st_mtime
     cached = _SAE_MODULES.pop(sae.id, None)
     if cached is None or cached[0] != stamp:
-        module, _ = load_saelens(sae.directory)
+        module = load(weights.parent)
         cached = (stamp, module.eval())
     _SAE_MODULES[sae.id] = cached  # now the newest
     while len(_SAE_MODULES) > SAE_MODULES_KEPT:
@@ -241,6 +247,9 @@ def run_sae_training(sae: SparseAutoencoder, job: JobContext) -> None:
 def run_sae_import(sae: SparseAutoencoder, job: JobContext) -> None:
     """Read an imported SAE's arrays (its folder checked again: it may have changed since the
     request), refuse non-finite weights, and store it as a SAELens folder."""
+    if sae.source == sae.Source.CLT:
+        import_clt(sae, job)
+        return
     if sae.source == sae.Source.CIRCUIT_TRACER:  # one layer's file of a transcoder set
         path = Path(sae.import_path)
         folder = path.parent
@@ -277,6 +286,24 @@ def run_sae_import(sae: SparseAutoencoder, job: JobContext) -> None:
             logger.exception("reading the extras of the imported SAE %s failed", sae.id)
     if sae.uploaded_folder is not None:  # its files are in the SAE's own folder now
         shutil.rmtree(sae.uploaded_folder, ignore_errors=True)
+
+
+def import_clt(sae: SparseAutoencoder, job: JobContext) -> None:
+    """A cross-layer transcoder's import: its folder checked again, its files read (non-finite
+    weights refused) and stored in circuit-tracer's layout in the row's folder."""
+    from engine.sae.clt import load_clt, save_clt
+
+    folder = Path(sae.import_path)
+    files = sae_folder_files(folder, "clt")
+    if (files.d_in, files.d_sae, files.layer) != (sae.d_in, sae.d_sae, sae.n_layers):
+        raise ApplicationError("INVALID_SAE", "The folder changed since the import was requested.")
+    module = load_clt(folder)
+    job.check_cancel()
+    save_clt(module, sae.directory / CLT_FOLDER)
+    job_publish(
+        sae, "completed",
+        sae.mark_completed(evaluation={}, file_size_bytes=folder_size(sae.directory), scaling_factor=None),
+    )  # fmt: skip
 
 
 def held_out_evaluation(

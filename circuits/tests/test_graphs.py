@@ -185,6 +185,8 @@ def test_bad_requests_get_a_clear_4xx_and_write_nothing(loaded_model, tiny_gpt2_
         ({"transcoder_ids": None}, "TRANSCODERS_REQUIRED"),
         ({"prompt": "word " * 400}, "PROMPT_TOO_LONG"),
         ({"prompt": "   "}, "INVALID_PROMPT"),
+        ({"target_tokens": ["The cat sat"]}, "INVALID_TARGET"),  # three tokens, not one
+        ({"target_tokens": [" cat"], "target_difference": [" cat", " dog"]}, "INVALID_TARGET"),
     ):
         request = {key: value for key, value in {**body, **changes}.items() if value is not None}
         response = api.post("/api/graphs", request, format="json")
@@ -195,6 +197,32 @@ def test_bad_requests_get_a_clear_4xx_and_write_nothing(loaded_model, tiny_gpt2_
         == 404
     )
     assert not AttributionGraph.objects.exists()
+
+
+def test_a_logit_difference_target_is_one_node_the_difference_of_two_logits(
+    loaded_model, tiny_gpt2_folder, writer, client_for
+):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_gpt2_folder)
+    single = [text for text in (" cat", " dog", " mat", " warm", " the", " it")
+              if len(tokenizer(text, add_special_tokens=False)["input_ids"]) == 1][:2]  # fmt: skip
+    assert len(single) == 2
+    api = client_for(writer)
+    transcoders = transcoder_rows(loaded_model, tiny_gpt2_folder, writer)
+    response = api.post("/api/graphs", {"model_id": loaded_model.id, "prompt": PROMPT, "batch_size": 16,
+                                        "transcoder_ids": [sae.id for sae in transcoders],
+                                        "target_difference": single}, format="json")  # fmt: skip
+    assert response.status_code == 202, response.content
+    run_worker(name=WORKER, device="cpu", burst=True)
+    graph = api.get(f"/api/graphs/{response.json()['id']}").json()
+    assert graph["status"] == "completed", graph
+    ids = [tokenizer(text, add_special_tokens=False)["input_ids"][0] for text in single]
+    assert graph["summary"]["target"] == {"kind": "difference", "tokens": ids, "token_strings": single}
+    assert len(graph["summary"]["logits"]) == 1 and graph["summary"]["completeness_error"] <= 1e-4
+    nodes = json.loads(api.get(f"/api/graphs/{graph['id']}/nodes").content)["nodes"]
+    [logit] = [node for node in nodes if node["feature_type"] == "logit"]
+    assert logit["clerp"] == f'Output "{single[0]}" minus "{single[1]}"'
 
 
 def test_the_estimate_grows_with_the_prompt_and_the_feature_cap(loaded_model, tiny_gpt2_folder, writer):

@@ -60,11 +60,16 @@ def _node(graph: PrunableGraph, index: int, decode: Callable[[int], str],
         return {**base, "feature": position, "layer": "E", "ctx_idx": position, "feature_type": "embedding",
                 "jsNodeId": f"E_{token}-{position}"}  # fmt: skip
     token, position, probability = node["token"], node["position"], node["probability"]
+    target = graph.info.get("target") or {}
+    if target.get("kind") == "difference":  # one node: logit(a) - logit(b), weighted 1
+        first, second = target["tokens"]
+        clerp = f'Output "{decode(first)}" minus "{decode(second)}"'
+    else:
+        clerp = f'Output "{decode(token)}" (p={probability:.3f})'
     return {**base, "feature": token, "layer": str(graph.n_layers + 1), "ctx_idx": position,
             "feature_type": "logit", "token_prob": probability,
             "is_target_logit": int(graph.nodes[index]) == graph.logit_start,
-            "jsNodeId": f"L_{token}-{position}", "influence": None,
-            "clerp": f'Output "{decode(token)}" (p={probability:.3f})'}  # fmt: skip
+            "jsNodeId": f"L_{token}-{position}", "influence": None, "clerp": clerp}  # fmt: skip
 
 
 def graph_json(

@@ -34,6 +34,7 @@ from engine.attribution.graph import AttributionGraph
 from engine.attribution.pruning import partial_influences
 from engine.attribution.replacement import Replacement, check_replacement, replacement_of
 from engine.budgets import attribution_feature_rows
+from engine.errors import EngineError
 from engine.readout import final_logit_cap, soft_cap
 
 if TYPE_CHECKING:
@@ -62,6 +63,11 @@ class AttributionConfig:
     # Bytes the graph's matrices may take: fewer feature nodes are kept when they would not fit
     # (the graph's ``info`` says so), so a long prompt is pruned earlier rather than failing.
     matrix_limit_bytes: int | None = None
+    # What the graph explains (circuit-tracer's ``attribution_targets``), one of: nothing, the top
+    # logits as above; ``target_tokens``, these tokens' logits (weighted by their probabilities);
+    # ``target_difference`` (a, b), the one target logit(a) - logit(b), weighted 1.
+    target_tokens: tuple[int, ...] | None = None
+    target_difference: tuple[int, int] | None = None
 
 
 def attribution_tokens(tokenizer: PreTrainedTokenizerBase, prompt: str) -> list[int]:
@@ -123,15 +129,9 @@ def attribute(
     with _gradients_only_where_asked(model, transcoders.modules):
         prompt = _record(run, transcoders, ids)
         unembedding = model.get_output_embeddings().weight
-        # The model's own probabilities (Gemma 2's soft-cap included) choose the logits; each is
-        # attributed before the soft-cap, where the replacement model is linear.
         logits = soft_cap((prompt.final[-1] @ unembedding.T).float(), final_logit_cap(model))
-        probabilities = torch.softmax(logits, -1)
-        top, top_ids = probabilities.topk(min(config.max_n_logits, len(probabilities)))
-        cutoff = int(torch.searchsorted(top.cumsum(0), config.desired_logit_prob)) + 1
-        logit_ids = top_ids[:cutoff]
-        logit_vectors = unembedding[logit_ids] - unembedding.mean(0, keepdim=True)
-        edges, selected = _edges(run, transcoders, prompt, logit_vectors, top[:cutoff], config, progress)
+        logit_ids, weights, logit_vectors, target = _targets(config, logits, unembedding)
+        edges, selected = _edges(run, transcoders, prompt, logit_vectors, weights, config, progress)
         values, bias = _values_and_bias(run, transcoders, prompt, logit_vectors, selected)
     n_active = len(prompt.active)
     n_logits = len(logit_ids)
@@ -145,7 +145,7 @@ def attribute(
         selected_features=selected.cpu(),
         adjacency=edges,
         logit_tokens=logit_ids.cpu(),
-        logit_probabilities=top[:cutoff].float().cpu(),
+        logit_probabilities=weights.float().cpu(),
         bias=bias,
         values=values,
         info={
@@ -154,8 +154,50 @@ def attribute(
             "positions": n_positions,
             "logits": n_logits,
             "capped": len(selected) < n_active,
+            **({"target": target} if target else {}),
         },
     )
+
+
+def _targets(
+    config: AttributionConfig, logits: Tensor, unembedding: Tensor
+) -> tuple[Tensor, Tensor, Tensor, dict]:
+    """The logit nodes: their token ids [n], weights [n] (probabilities), input directions [n, d]
+    and, for targets other than the top logits, what they are (the graph's ``info["target"]``).
+
+    The model's own probabilities (Gemma 2's soft-cap included) choose and weigh the logits; each
+    is attributed before the soft-cap, where the replacement model is linear. A token's direction
+    is its demeaned unembedding row; a difference's, the difference of the two rows."""
+    import torch
+
+    probabilities = torch.softmax(logits, -1)
+    vocabulary = len(probabilities)
+    if config.target_difference is not None:
+        first, second = (int(token) for token in config.target_difference)
+        _check_tokens([first, second], vocabulary)
+        vectors = (unembedding[first] - unembedding[second])[None]
+        ids = torch.tensor([first], device=logits.device)
+        return (
+            ids,
+            torch.ones(1, device=logits.device),
+            vectors,
+            {"kind": "difference", "tokens": [first, second]},
+        )
+    if config.target_tokens is not None:
+        chosen = [int(token) for token in config.target_tokens]
+        _check_tokens(chosen, vocabulary)
+        ids = torch.tensor(chosen, device=logits.device)
+        vectors = unembedding[ids] - unembedding.mean(0, keepdim=True)
+        return ids, probabilities[ids], vectors, {"kind": "tokens", "tokens": chosen}
+    top, top_ids = probabilities.topk(min(config.max_n_logits, vocabulary))
+    cutoff = int(torch.searchsorted(top.cumsum(0), config.desired_logit_prob)) + 1
+    ids = top_ids[:cutoff]
+    return ids, top[:cutoff], unembedding[ids] - unembedding.mean(0, keepdim=True), {}
+
+
+def _check_tokens(tokens: list[int], vocabulary: int) -> None:
+    if not tokens or any(not 0 <= token < vocabulary for token in tokens):
+        raise EngineError("INVALID_TARGET", f"Target tokens must be 1 or more ids in [0, {vocabulary}).")
 
 
 @contextlib.contextmanager

@@ -359,3 +359,55 @@ def _circuit_tracer_layer(name: str, path: Path, layer: int, model_name: Any) ->
         d_out=d_model,
         layer=layer,
     )
+
+
+def inspect_clt_folder(entries: dict[str, Path]) -> SaeFiles:
+    """A cross-layer transcoder in circuit-tracer's layout (``W_enc_{l}.safetensors`` and
+    ``W_dec_{l}.safetensors`` per layer, from 0, none missing), described from its headers:
+    ``d_sae`` features per layer, ``layer`` holding the number of layers, a JumpReLU when it has
+    thresholds. What :func:`engine.sae.clt.load_clt` reads."""
+    n_layers = sum(name.startswith("W_enc_") and name.endswith(".safetensors") for name in entries)
+    names = [f"W_{kind}_{layer}.safetensors" for layer in range(n_layers) for kind in ("enc", "dec")]
+    missing = [name for name in names if name not in entries]
+    if not n_layers or missing:
+        raise _invalid(
+            "Not a cross-layer transcoder folder: W_enc_0.safetensors, W_dec_0.safetensors, W_enc_1…",
+            {"missing": missing[:8]},
+        )
+    first = safetensors_shapes(entries["W_enc_0.safetensors"])
+    if len(first.get("W_enc_0", ((),))[0]) != 2:
+        raise _invalid("W_enc_0.safetensors: W_enc_0 must be [d_sae, d_model].")
+    d_sae, d_model = first["W_enc_0"][0]
+    thresholded = "threshold_0" in first
+    total = 0
+    for layer in range(n_layers):
+        expected = {
+            f"W_enc_{layer}": (d_sae, d_model), f"b_enc_{layer}": (d_sae,), f"b_dec_{layer}": (d_model,),
+            **({f"threshold_{layer}": (d_sae,)} if thresholded else {}),
+        }  # fmt: skip
+        decoder = {f"W_dec_{layer}": (d_sae, n_layers - layer, d_model)}
+        for name, wanted in (
+            (f"W_enc_{layer}.safetensors", expected),
+            (f"W_dec_{layer}.safetensors", decoder),
+        ):
+            tensors = safetensors_shapes(entries[name])
+            wrong = [tensor for tensor, shape in wanted.items() if tensors.get(tensor, ((),))[0] != shape]
+            if wrong:
+                raise _invalid(
+                    f"{name}: the tensors' shapes do not agree with each other.", {"tensors": wrong}
+                )
+            total += sum(4 * math.prod(shape) for shape in wanted.values())
+    if not d_sae or not d_model:
+        raise _invalid("W_enc_0.safetensors: empty tensors.")
+    return SaeFiles(
+        "clt",
+        circuit_tracer_form(thresholded=thresholded).name,
+        d_model,
+        d_sae,
+        None,
+        None,
+        tuple(entries[name] for name in names),
+        total,
+        d_out=d_model,
+        layer=n_layers,
+    )

@@ -184,3 +184,36 @@ def test_an_intervention_on_the_last_layer_equals_circuit_tracers(setups, family
     their_logits, _ = theirs.feature_intervention(torch.tensor(tokens), [(layer, position, feature, 0.0)])
     assert torch.allclose(ours.logits_after, their_logits[0, -1].float(), atol=1e-5, rtol=1e-5)
     assert not torch.allclose(ours.logits_after, ours.logits_before, atol=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["random jumprelu with skip", "clt jumprelu"])
+def test_token_and_logit_difference_targets_equal_circuit_tracers(setups, kind):
+    """circuit-tracer's ``attribution_targets``: given token ids (weighted by their probabilities),
+    and a custom target, logit(a) - logit(b) weighted 1."""
+    from circuit_tracer.attribution.targets import CustomTarget
+
+    model, transcoders, theirs, tokens, _ = setups("llama", kind)
+    chosen = [5, 17, 300]
+    ours = attribute(
+        model, transcoders, tokens, AttributionConfig(batch_size=32, target_tokens=tuple(chosen))
+    )
+    reference = circuit_tracer_attribute(torch.tensor(tokens), theirs, batch_size=32,
+                                         attribution_targets=torch.tensor(chosen))  # fmt: skip
+    assert ours.logit_tokens.tolist() == chosen == [target.vocab_idx for target in reference.logit_targets]
+    assert torch.allclose(ours.logit_probabilities, reference.logit_probabilities, atol=1e-6)
+    _assert_same_adjacency(ours.adjacency, reference.adjacency_matrix)
+    assert ours.completeness_error() <= 1e-4
+
+    unembedding = model.get_output_embeddings().weight.detach()
+    ours = attribute(model, transcoders, tokens, AttributionConfig(batch_size=32, target_difference=(5, 17)))
+    difference = CustomTarget("logit(5)-logit(17)", 1.0, unembedding[5] - unembedding[17])
+    reference = circuit_tracer_attribute(torch.tensor(tokens), theirs, batch_size=32,
+                                         attribution_targets=[difference])  # fmt: skip
+    assert ours.n_logits == 1 and ours.info["target"] == {"kind": "difference", "tokens": [5, 17]}
+    _assert_same_adjacency(ours.adjacency, reference.adjacency_matrix)
+    assert torch.equal(prune(ours, 0.8, 0.98).nodes, prune_graph(reference, 0.8, 0.98).node_mask)
+    # The target's value is the difference of the two logits.
+    with torch.no_grad():
+        logits = model(torch.tensor([tokens])).logits[0, -1]
+    assert float(ours.values[-1]) == pytest.approx(float(logits[5] - logits[17]), abs=1e-4)
+    assert ours.completeness_error() <= 1e-4

@@ -35,19 +35,29 @@ from mistudio.errors import ApplicationError
 from mistudio.jobs import JobStatus
 from models_app.models import LanguageModel
 from models_app.selectors import model_list
-from saes.selectors import group_list
+from saes.selectors import group_list, sae_list
 
 EXAMPLE_PROMPT = "def add(a, b):\n    return a +"
 
 
+# The "Transcoders" choice of a cross-layer transcoder (one SAE row) rather than a group.
+CLT_CHOICE = "sae:"
+
+
 def _transcoder_groups(user) -> list[dict[str, Any]]:
-    """The SAE groups whose members include one MLP transcoder per layer of their model."""
+    """The SAE groups whose members include one MLP transcoder per layer of their model, then the
+    completed cross-layer transcoders (each replaces every MLP alone)."""
     groups = []
     for group in group_list(user=user).select_related("model").filter(status=JobStatus.COMPLETED):
         transcoders = services.transcoders_of_group(group)
         layers = group.model.num_layers if group.model else None
         if transcoders and len(transcoders) == layers:
-            groups.append({"id": group.id, "name": group.name or group.id, "model_id": group.model_id})
+            groups.append({"id": group.id, "name": f"{group.name or group.id} · one per layer",
+                           "model_id": group.model_id})  # fmt: skip
+    clts = sae_list(user=user).filter(status=JobStatus.COMPLETED, n_layers__isnull=False)
+    for sae in clts.order_by("-created_at")[:100]:
+        name = f"{sae.name or sae.id} · cross-layer, {sae.n_layers} layers of {sae.d_sae:,} features"
+        groups.append({"id": CLT_CHOICE + sae.id, "model_id": sae.model_id, "name": name})
     return groups
 
 
@@ -76,12 +86,18 @@ def graph_list_page(request):
         "name": post.get("name", ""),
         "shared": post.get("shared") == "on",
     }
-    if post.get("sae_group_id"):
+    if post.get("sae_group_id", "").startswith(CLT_CHOICE):
+        body["transcoder_ids"] = [post["sae_group_id"].removeprefix(CLT_CHOICE)]
+    elif post.get("sae_group_id"):
         body["sae_group_id"] = post["sae_group_id"]
     else:
         body["transcoder_ids"] = [
             part for part in post.get("transcoder_ids", "").replace(",", " ").split() if part
         ]
+    if post.get("target_kind") == "tokens":
+        body["target_tokens"] = [part for part in post.get("target_tokens", "").split("|") if part]
+    elif post.get("target_kind") == "difference":
+        body["target_difference"] = [post.get("target_first", ""), post.get("target_second", "")]
     if post.get("max_feature_nodes", "").strip():
         body["max_feature_nodes"] = post["max_feature_nodes"]
     try:
