@@ -10,6 +10,9 @@ geometry (4 layers, 256 wide, 256-token context, random weights), each with one 
 transcoder per layer (k 24, 4x; a JumpReLU at inference) trained here on its own MLP inputs and
 outputs. Prompts of 64 and 127 tokens
 on demo-gpt2 (all features), and of 256 tokens on the small model (at most 2,048 feature nodes).
+The ``clt-`` cases replace every MLP of demo-gpt2 with one cross-layer transcoder instead (random,
+JumpReLU, 4x per layer: engine.testing.tiny_saes.random_clt), read by circuit-tracer's own
+``load_clt``: its CLT path against ours.
 
 Each contender runs in a fresh process: it loads the model and transcoders, attributes a short
 prompt once (warm-up), resets the peak resident memory (``/proc/self/clear_refs``), then times the
@@ -42,6 +45,8 @@ CASES = {
     "demo-64": ("demo-gpt2", 64, None),
     "demo-127": ("demo-gpt2", 127, None),
     "small-256": ("small-gpt2", 256, 2048),
+    "clt-demo-64": ("demo-gpt2", 64, None),
+    "clt-demo-127": ("demo-gpt2", 127, 2048),
 }
 
 
@@ -86,6 +91,10 @@ def prepare(name: str) -> Path:
         model, [b for b in batches if b.shape[1] > 1], architecture="batchtopk", k=TRANSCODER_K, steps=400
     )
     save_circuit_tracer_set(transcoders, folder / "transcoders", model_name=name, scan=name)
+    from engine.sae.clt import save_clt
+    from engine.testing.tiny_saes import random_clt
+
+    save_clt(random_clt(model, activation="jumprelu", expansion=4, seed=1), folder / "clt")
     return folder
 
 
@@ -101,12 +110,16 @@ def run_one(contender: str, case: str, repeats: int) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(folder / "model")
     tokens = _prompt_tokens(tokenizer, n_tokens)
     assert len(tokens) == n_tokens, len(tokens)
+    cross_layer = case.startswith("clt-")
     if contender == "ours":
         from engine.attribution import AttributionConfig, attribute
+        from engine.sae.clt import load_clt
         from engine.sae.formats import load_circuit_tracer
 
         model = AutoModelForCausalLM.from_pretrained(folder / "model").eval()
-        transcoders, _ = load_circuit_tracer(folder / "transcoders")
+        transcoders = (
+            load_clt(folder / "clt") if cross_layer else load_circuit_tracer(folder / "transcoders")[0]
+        )
         config = AttributionConfig(batch_size=BATCH_SIZE, max_feature_nodes=max_features)
 
         def go(ids):
@@ -117,7 +130,12 @@ def run_one(contender: str, case: str, repeats: int) -> dict:
         import peers
 
         n_layers = AutoModelForCausalLM.from_pretrained(folder / "model").config.num_hidden_layers
-        replacement = peers.load_circuit_tracer(folder / "model", folder / "transcoders", n_layers=n_layers)
+        if cross_layer:
+            replacement = peers.load_circuit_tracer_clt(folder / "model", folder / "clt")
+        else:
+            replacement = peers.load_circuit_tracer(
+                folder / "model", folder / "transcoders", n_layers=n_layers
+            )
         from circuit_tracer import attribute as circuit_tracer_attribute
 
         def go(ids):
@@ -152,6 +170,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--quick", action="store_true", help="the 64-token case only, one repeat")
+    parser.add_argument("--cases", nargs="+", choices=list(CASES), help="only these cases")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--run", nargs=2, metavar=("CONTENDER", "CASE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -160,7 +179,7 @@ def main() -> None:
         return
     from safetensors.torch import load_file
 
-    cases = ["demo-64"] if args.quick else list(CASES)
+    cases = args.cases or (["demo-64"] if args.quick else list(CASES))
     repeats = 1 if args.quick else args.repeats
     for model_name in {CASES[case][0] for case in cases}:
         prepare(model_name)

@@ -124,7 +124,7 @@ def graph_view(
     up to the view's ``max_node_threshold`` (400 ``INVALID_THRESHOLD`` past it; the row's own
     threshold is taken down to it), within the web's memory budget for graph views (400
     ``GRAPH_VIEW_TOO_LARGE``, 503 ``GRAPH_VIEWS_BUSY``)."""
-    from engine.attribution.neuronpedia import graph_json
+    from engine.attribution.neuronpedia import graph_json, stored_positions
 
     view = graph_prunable(graph)
     if view is None:
@@ -153,12 +153,14 @@ def graph_view(
     )
     if own and (cached := cache.get(key)) is not None:
         return cached
-    count = view.kept_count(node_threshold)
+    # The pinned nodes stay whatever the thresholds (with their edges as strong as those shown).
+    pinned = stored_positions(view, graph.pinned)
+    count = view.kept_count_keeping(node_threshold, pinned)
     what = f"This view of {count:,} nodes"
     with view_memory(
         view_memory_bytes(count), what=what, advice="lower node_threshold.", viewer=getattr(user, "pk", None)
     ):
-        kept = view.prune(node_threshold, edge_threshold)
+        kept = view.prune(node_threshold, edge_threshold, keep=pinned)
         links = int(kept.edges.sum())
         if links > MAX_LINKS:
             raise ApplicationError(

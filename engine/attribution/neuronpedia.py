@@ -37,6 +37,14 @@ def _node_id(graph: AttributionGraph | PrunableGraph, node: dict[str, Any]) -> s
     return f"{graph.n_layers + 1}_{node['token']}_{node['position']}"
 
 
+def stored_positions(view: PrunableGraph, node_ids: Sequence[str]) -> list[int]:
+    """Where the view stores the nodes ``node_ids`` (those it stores)."""
+    wanted = set(node_ids)
+    if not wanted:
+        return []
+    return [index for index in range(view.n_stored) if node_id(view, index) in wanted]
+
+
 def _node(graph: PrunableGraph, index: int, decode: Callable[[int], str],
           labels: dict[str, str]) -> dict[str, Any]:  # fmt: skip
     node = graph.node(index)
@@ -107,8 +115,9 @@ def graph_json(
         if source in nodes and target in nodes
     ]
     connected = {link["source"] for link in links} | {link["target"] for link in links}
+    stay = {*pinned, *connected}  # a pinned node is shown even when none of its edges is
     used = [node for node in nodes.values()
-            if node["node_id"] in connected or node["feature_type"] in ("embedding", "logit")]  # fmt: skip
+            if node["node_id"] in stay or node["feature_type"] in ("embedding", "logit")]  # fmt: skip
     return {
         "metadata": {
             "slug": slug,

@@ -39,6 +39,8 @@ from engine.attribution.pruning import (
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from torch import Tensor
 
 __all__ = [
@@ -239,9 +241,16 @@ class PrunableGraph(NodeOrder):
         with safe_open(str(self.path), framework="pt") as stored:
             return stored.get_slice("adjacency")[:count, :count]
 
-    def prune(self, node_threshold: float = 0.8, edge_threshold: float = 0.98) -> KeptNodes:
+    def prune(
+        self, node_threshold: float = 0.8, edge_threshold: float = 0.98, *, keep: Sequence[int] = ()
+    ) -> KeptNodes:
         """circuit-tracer's ``prune_graph`` of the full graph, from the view (see the module's
-        docstring); its memory is :func:`prune_memory_bytes` of :meth:`kept_count`."""
+        docstring); its memory is :func:`prune_memory_bytes` of :meth:`kept_count` (of
+        :meth:`kept_count_keeping` with ``keep``).
+
+        ``keep``: stored nodes (a researcher's pinned ones) that stay whatever the thresholds,
+        with their edges to the other nodes shown that are at least as strong as the weakest edge
+        the prune keeps. Without them the prune is circuit-tracer's exactly."""
         import torch
 
         check_thresholds(node_threshold, edge_threshold)
@@ -255,6 +264,38 @@ class PrunableGraph(NodeOrder):
             adjacency, weights, edge_threshold, n_features=int((originals < self.n_features).sum()),
             n_sources=int((originals < self.token_start).sum()),
         )  # fmt: skip
+        kept = KeptNodes(positions=in_order, nodes=nodes, edges=edges, adjacency=adjacency)
+        keep = sorted({int(index) for index in keep if 0 <= int(index) < self.n_stored})
+        shown = set(in_order[nodes].tolist())
+        if all(index in shown for index in keep):
+            return kept
+        return self._keeping(kept, count, keep)
+
+    def kept_count_keeping(self, node_threshold: float, keep: Sequence[int]) -> int:
+        """The stored prefix a prune keeping ``keep`` reads."""
+        stored = [int(index) + 1 for index in keep if int(index) < self.n_stored]
+        return max([self.kept_count(node_threshold), *stored])
+
+    def _keeping(self, kept: KeptNodes, count: int, keep: list[int]) -> KeptNodes:
+        """``kept`` with the stored nodes ``keep`` added (see :meth:`prune`)."""
+        import torch
+
+        wider = max(count, keep[-1] + 1)
+        in_order = torch.argsort(self.nodes[:wider])
+        place = torch.empty(wider, dtype=torch.long)
+        place[in_order] = torch.arange(wider)
+        adjacency = self.kept_adjacency(wider).index_select(0, in_order).index_select(1, in_order)
+        old = place[kept.positions]  # where the first prune's nodes are now
+        nodes = torch.zeros(wider, dtype=torch.bool)
+        nodes[old[kept.nodes]] = True
+        edges = torch.zeros(wider, wider, dtype=torch.bool)
+        edges[old[:, None], old[None, :]] = kept.edges
+        forced = torch.zeros(wider, dtype=torch.bool)
+        forced[place[torch.tensor(keep)]] = True
+        nodes |= forced
+        weakest = kept.adjacency[kept.edges].abs().min() if kept.edges.any() else torch.tensor(0.0)
+        touching = (forced[:, None] | forced[None, :]) & nodes[:, None] & nodes[None, :]
+        edges |= touching & (adjacency.abs() >= weakest) & (adjacency != 0)
         return KeptNodes(positions=in_order, nodes=nodes, edges=edges, adjacency=adjacency)
 
 

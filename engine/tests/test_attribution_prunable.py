@@ -20,7 +20,7 @@ from engine.attribution import (
     attribution_tokens,
     prune,
 )
-from engine.attribution.neuronpedia import graph_json
+from engine.attribution.neuronpedia import graph_json, node_id, stored_positions
 from engine.attribution.prunable import VIEW_FILENAME, ThresholdOutOfRange, prune_memory_bytes
 from engine.testing.tiny_saes import random_transcoders
 
@@ -134,6 +134,35 @@ def test_a_saved_view_prunes_as_the_full_graph_without_it(graph, tmp_path):
     whole = PrunableGraph.of(graph)
     assert whole.max_node_threshold == 1.0 and whole.n_stored == graph.n_nodes
     assert _json(whole, 1.0, 1.0) == _json(graph, 1.0, 1.0)
+
+
+def test_pinned_nodes_stay_at_any_threshold_with_their_strong_edges(graph, tmp_path):
+    """A researcher's pinned nodes survive a prune that would drop them (the node slider moved to
+    0.5), read from a saved view; the rest of the prune is circuit-tracer's unchanged, and a kept
+    node's edges are those at least as strong as the weakest edge shown."""
+    PrunableGraph.of(graph, max_nodes=150).save(tmp_path)
+    view = PrunableGraph.open(tmp_path)
+    plain = view.prune(0.5, 0.98)
+    shown = set(plain.positions[plain.nodes].tolist())
+    dropped = [index for index in range(view.n_fixed, view.n_stored) if index not in shown][-3:]
+    assert len(dropped) == 3 and max(dropped) >= view.kept_count(0.5)  # one past the prefix read
+    kept = view.prune(0.5, 0.98, keep=dropped)
+    assert set(kept.positions[kept.nodes].tolist()) == shown | set(dropped)
+    place = {int(stored): at for at, stored in enumerate(kept.positions.tolist())}
+    old = torch.tensor([place[int(stored)] for stored in plain.positions.tolist()])
+    assert torch.equal(kept.edges[old[:, None], old[None, :]], plain.edges)
+    weakest = plain.adjacency[plain.edges].abs().min()
+    forced = torch.tensor([place[index] for index in dropped])
+    touching = torch.cat(
+        [kept.adjacency[forced][kept.edges[forced]], kept.adjacency[:, forced][kept.edges[:, forced]]]
+    )
+    assert len(touching) > 0 and (touching.abs() >= weakest).all()
+    # The JSON shows them, found by the node ids a graph row stores for its pins.
+    pinned = [node_id(view, index) for index in dropped]
+    assert stored_positions(view, pinned) == sorted(dropped)
+    json_nodes = graph_json(view, slug="g", scan="s", prompt=PROMPT, decode=_decode, node_threshold=0.5,
+                            kept=kept, pinned=pinned)["nodes"]  # fmt: skip
+    assert set(pinned) <= {node["node_id"] for node in json_nodes}
 
 
 def test_the_graph_json_is_the_full_graphs(graph):

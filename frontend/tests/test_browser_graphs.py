@@ -1,8 +1,10 @@
 """Circuits in one browser tab, against a live Daphne and a real worker holding the model: attribute
 a prompt through one transcoder per layer (the form), watch the job end and the graph appear
 without a reload, pin a path (a feature and a logit it reaches), group the pinned feature into a
-named supernode, show the pinned subgraph, prune live, intervene on the feature (the worker answers
-with the new top logits) and export the graph's JSON. Saves the "graph" screenshot."""
+named supernode (drawn as a box), show the pinned subgraph, prune live (the pinned nodes stay,
+the graph's thresholds change only when asked), intervene on the feature (the worker answers with
+the new top logits) and export the graph's JSON; then a cross-layer transcoder's graph of a logit
+difference, from the same form. Saves the "graph" screenshot."""
 
 import json
 import re
@@ -68,15 +70,24 @@ def test_attribute_pin_a_path_group_a_supernode_intervene_and_export(page, site,
     graph.refresh_from_db()
     assert graph.pinned == [feature, logit]
     assert graph.supernodes == [["cat detector", feature]]
+    expect(page.locator('#graph-svg rect.supernode[data-supernode="cat detector"]')).to_have_count(1)
     page.check("#subgraph-toggle")
     expect(nodes).to_have_count(2)
     page.uncheck("#subgraph-toggle")
 
-    # Prune live: a lower node threshold keeps fewer nodes.
+    # Prune live: a lower node threshold keeps fewer nodes, the pinned ones whatever it is; the
+    # graph's own threshold changes only when asked.
     shown = nodes.count()
     page.locator("#node-threshold").fill("0.3")
     expect(page.locator("#node-threshold-value")).to_have_text("0.3")
     wait_until(lambda: nodes.count() < shown, timeout=20, what="fewer nodes")
+    expect(page.locator(f'#graph-svg [data-node-id="{feature}"]')).to_have_count(1)
+    expect(page.locator(f'#pinned-list li[data-node-id="{feature}"]')).to_contain_text("Layer")
+    page.wait_for_timeout(1500)
+    graph.refresh_from_db()
+    assert graph.node_threshold == 0.8
+    page.click("#save-thresholds")
+    wait_until(lambda: (graph.refresh_from_db(), graph.node_threshold)[1] == 0.3, timeout=20, what="saved")
 
     # Intervene: ablate the feature; the worker answers with the new top logits.
     page.locator("#node-threshold").fill("0.8")
@@ -95,3 +106,40 @@ def test_attribute_pin_a_path_group_a_supernode_intervene_and_export(page, site,
     assert exported["qParams"]["pinnedIds"] == [feature, logit]
     assert exported["qParams"]["supernodes"] == [["cat detector", feature]]
     assert {node["node_id"] for node in exported["nodes"]} >= {feature, logit}
+
+    # A cross-layer transcoder, imported, chosen on the form, explaining a logit difference.
+    clt_graph_of_a_logit_difference(page, site, model, user, tiny_gpt2_folder)
+
+
+def clt_graph_of_a_logit_difference(page, site, model, user, tiny_gpt2_folder):
+    from types import SimpleNamespace
+
+    from django.conf import settings
+    from transformers import AutoConfig
+
+    from engine.sae.clt import save_clt
+    from engine.testing.tiny_saes import random_clt
+    from saes.models import SparseAutoencoder
+    from saes.services import transcoder_set_import
+
+    clt = random_clt(
+        SimpleNamespace(config=AutoConfig.from_pretrained(tiny_gpt2_folder)), activation="jumprelu"
+    )
+    folder = save_clt(clt, settings.LOCAL_MODEL_ROOTS[0] / "clts" / "browser-clt")
+    [row], _ = transcoder_set_import(owner=user, local_path=str(folder), model=model, name="browser CLT")
+    wait_until(
+        lambda: SparseAutoencoder.objects.get(pk=row.pk).status == "completed", timeout=60, what="the CLT"
+    )
+    page.goto(site.url("/graphs/"))
+    page.select_option("#graph-model", model.id)
+    page.select_option("#graph-group", f"sae:{row.id}")
+    page.fill("#graph-prompt", "The cat sat on the mat")
+    page.check("#graph-target-difference-choice")
+    page.fill("#graph-target-first", " mat")
+    page.fill("#graph-target-second", " the")
+    page.click("#graph-start")
+    page.wait_for_url(re.compile(r"/graphs/ag_\w+/$"))
+    expect(page.locator("#graph-explorer")).to_have_attribute("data-loaded", "1", timeout=LIVE_TIMEOUT_MS)
+    expect(page.locator("#logit-list li")).to_have_text(['Output " mat" minus " the"'])
+    graph = AttributionGraph.objects.get(pk=page.url.rstrip("/").split("/")[-1])
+    assert graph.transcoders == [row.id] and graph.summary["target"]["kind"] == "difference"

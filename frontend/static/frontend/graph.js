@@ -18,7 +18,7 @@
   const svg = $("graph-svg");
   const SVG = "http://www.w3.org/2000/svg";
   const state = { view: null, selected: null, pinned: [], supernodes: [], subgraph: false, ticket: 0 };
-  let started = false, reloadTimer = null, saveTimer = null;
+  let started = false, reloadTimer = null;
 
   const number = (value, digits = 3) => (value === null || value === undefined ? "—" : Number(value).toFixed(digits));
   const isFeature = (node) => node.feature_type === "cross layer transcoder";
@@ -67,7 +67,9 @@
       const column = Number(key.split(":")[1]);
       across[column] = Math.max(across[column], Math.min(perRow, cell.length));
     }
-    const widths = across.map((count) => Math.max(48, step * count + 16));
+    // A column is as wide as its token's text (up to 24 characters: longer ones are cut, whole on hover).
+    const tokenWidth = (column) => 8 + 7 * Math.min(24, view.metadata.prompt_tokens[column].length);
+    const widths = across.map((count, column) => Math.max(48, step * count + 16, tokenWidth(column)));
     const starts = widths.map((_, column) => left + widths.slice(0, column).reduce((sum, w) => sum + w, 0));
     const tallest = Math.max(1, ...[...cells.values()].map((cell) => Math.ceil(cell.length / perRow)));
     const rowHeight = Math.max(70, step * tallest + 30);
@@ -94,7 +96,7 @@
     }
     view.metadata.prompt_tokens.forEach((token, column) => {
       const text = element("text", { x: starts[column] + widths[column] / 2, y: height - 8, class: "token-label", "text-anchor": "middle" }, svg);
-      const fits = Math.max(3, Math.floor(widths[column] / 7));
+      const fits = Math.max(3, Math.floor((widths[column] - 8) / 7));
       text.textContent = token.length > fits ? token.slice(0, fits - 1) + "…" : token;
       text.append(element("title", {}));
       text.lastChild.textContent = `position ${column}: ${token}`;
@@ -114,7 +116,19 @@
     const pinned = new Set(state.pinned);
     const grouped = new Map();
     state.supernodes.forEach(([name, ...ids]) => ids.forEach((id) => grouped.set(id, name)));
+    // Supernodes: a box around their members, named.
+    const hulls = element("g", { class: "supernodes" }, svg);
+    for (const [name, ...ids] of state.supernodes) {
+      const members = ids.map((id) => place.get(id)).filter(Boolean);
+      if (!members.length) continue;
+      const xs = members.map((member) => member.x), ys = members.map((member) => member.y);
+      const x = Math.min(...xs) - 11, y = Math.min(...ys) - 11;
+      element("rect", { x, y, width: Math.max(...xs) - x + 11, height: Math.max(...ys) - y + 11, rx: 8, class: "supernode", "data-supernode": name }, hulls);
+      element("text", { x: x + 2, y: y - 3, class: "supernode-label" }, hulls).textContent = name;
+    }
     const group = element("g", { class: "nodes" }, svg);
+    const labelled = new Set(labelledNodes([...place.values()].map((entry) => entry.node)));
+    const labels = element("g", { class: "node-labels" }, svg);
     for (const { x, y, node } of place.values()) {
       const shape = isFeature(node) ? "circle" : "rect";
       const classes = ["node", node.feature_type.replace(/ /g, "-")];
@@ -128,12 +142,44 @@
       mark.addEventListener("focus", () => tooltip(node, x, y));
       mark.addEventListener("click", () => select(node));
       mark.addEventListener("keydown", (event) => { if (event.key === "Enter") select(node); });
+      if (labelled.has(node.node_id)) {
+        const text = shortName(node);
+        const label = element("text", { x: x + 8, y: y + 3, class: "node-name" }, labels);
+        label.textContent = text.length > 18 ? text.slice(0, 17) + "…" : text;
+        label.append(element("title", {}));
+        label.lastChild.textContent = describe(node);
+      }
     }
     $("graph-counts").textContent = `${nodes.length} nodes, ${links.length} edges shown`;
     if (!state.scrolled) {  // the last positions (the logits' side) in view first
       state.scrolled = true;
       $("graph-canvas").scrollLeft = $("graph-canvas").scrollWidth;
     }
+  }
+
+  // The feature's name as a reader would write it: a label, else its explanation, else the analysis's
+  // automatic one (marked), else nothing.
+  function shortName(node) {
+    if (!isFeature(node)) return "";
+    const name = state.view.mistudio.features[featureKey(node)];
+    return node.clerp || (name && (name.label || name.explanation || (name.auto_label && `auto: ${name.auto_label}`))) || "";
+  }
+
+  // The feature nodes named on the canvas: the pinned ones and the most influential named ones
+  // (at most 30, and none at a position whose cell is crowded), so that names do not cover each other.
+  function labelledNodes(nodes) {
+    const named = nodes.filter((node) => isFeature(node) && shortName(node));
+    named.sort((a, b) => (a.influence ?? 1) - (b.influence ?? 1));
+    const chosen = new Set(named.filter((node) => state.pinned.includes(node.node_id)).map((node) => node.node_id));
+    const perCell = new Map();
+    for (const node of named) {
+      const cell = `${node.layer}:${node.ctx_idx}`;
+      if (chosen.size >= 30) break;
+      if ((perCell.get(cell) || 0) >= 2) continue;
+      perCell.set(cell, (perCell.get(cell) || 0) + 1);
+      chosen.add(node.node_id);
+    }
+    return chosen;
   }
 
   function describe(node) {
@@ -171,7 +217,47 @@
     const pin = $("pin-node");
     if (pin) pin.textContent = state.pinned.includes(node.node_id) ? "Unpin" : "Pin";
     $("intervene-row").hidden = !isFeature(node);
+    featurePanel(node, name);
     draw();
+  }
+
+  // The feature's top examples and logit effects, from its dashboard, without leaving the graph.
+  async function featurePanel(node, name) {
+    const panel = $("node-feature");
+    panel.hidden = true;
+    panel.replaceChildren();
+    if (!isFeature(node) || !name || !name.sae_id) return;
+    const asked = node.node_id;
+    let detail;
+    try {
+      detail = await mi.api("GET", `saes/${encodeURIComponent(name.sae_id)}/features/${featureIndex(node)}`);
+    } catch (error) {
+      return;  // no analysis of its transcoder yet: the card says what the graph knows
+    }
+    if (state.selected !== asked) return;
+    const heading = (text) => Object.assign(document.createElement("h4"), { textContent: text });
+    const examples = document.createElement("ol");
+    examples.className = "feature-examples";
+    for (const example of (detail.top_examples || []).slice(0, 4)) {
+      const item = document.createElement("li");
+      example.tokens.forEach((token, at) => {
+        const span = document.createElement("span");
+        span.textContent = token;
+        if (at === example.center) span.className = "center";
+        item.append(span);
+      });
+      item.title = `activation ${number(example.value)}`;
+      examples.append(item);
+    }
+    panel.append(heading("Top examples"), examples);
+    const effects = detail.logit_effects;
+    if (effects) {
+      const promoted = document.createElement("p");
+      promoted.className = "mono small";
+      promoted.textContent = `promotes ${effects.top.slice(0, 6).map((effect) => JSON.stringify(effect.token)).join(" ")} · suppresses ${effects.bottom.slice(0, 6).map((effect) => JSON.stringify(effect.token)).join(" ")}`;
+      panel.append(heading("Logit effects"), promoted);
+    }
+    panel.hidden = false;
   }
 
   function lists() {
@@ -274,10 +360,16 @@
         $(output).textContent = $(slider).value;
         clearTimeout(reloadTimer);
         reloadTimer = setTimeout(load, 200);
-        clearTimeout(saveTimer);
-        saveTimer = setTimeout(() => save({ node_threshold: Number($("node-threshold").value), edge_threshold: Number($("edge-threshold").value) }), 800);
+        // A slider explores; the graph's own thresholds change only when asked (the button).
+        const saveThresholds = $("save-thresholds");
+        if (saveThresholds) saveThresholds.hidden = false;
       });
     }
+    $("save-thresholds")?.addEventListener("click", async () => {
+      await save({ node_threshold: Number($("node-threshold").value), edge_threshold: Number($("edge-threshold").value) });
+      $("save-thresholds").hidden = true;
+      mi.toast("Saved as this graph's thresholds.");
+    });
     $("subgraph-toggle").addEventListener("change", (event) => { state.subgraph = event.target.checked; draw(); });
     $("pin-node")?.addEventListener("click", () => {
       const id = state.selected;
