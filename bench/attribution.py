@@ -45,7 +45,7 @@ CASES = {
     "demo-64": ("demo-gpt2", 64, None),
     "demo-127": ("demo-gpt2", 127, None),
     "small-256": ("small-gpt2", 256, 2048),
-    "clt-demo-64": ("demo-gpt2", 64, None),
+    "clt-demo-64": ("demo-gpt2", 64, 2048),
     "clt-demo-127": ("demo-gpt2", 127, 2048),
 }
 

@@ -13,7 +13,11 @@ from circuits.serializers import (
     GraphOutputSerializer,
     GraphViewOutputSerializer,
     InterventionResultOutputSerializer,
+    SubgraphExportOutputSerializer,
+    SubgraphListOutputSerializer,
+    SubgraphOutputSerializer,
     graph_state,
+    subgraph_state,
 )
 from generation.services import generation_model
 from mistudio.errors import ApplicationError
@@ -27,6 +31,11 @@ from saes.selectors import completed_sae, group_get
 class ThresholdSerializer(StrictSerializer):
     node_threshold = serializers.FloatField(min_value=0.0, max_value=1.0, required=False)
     edge_threshold = serializers.FloatField(min_value=0.0, max_value=1.0, required=False)
+    subgraph = serializers.CharField(
+        max_length=64,
+        required=False,
+        help_text="A saved subgraph of this graph: its pins, supernodes, thresholds",
+    )
 
 
 class GraphListApi(APIView):
@@ -130,7 +139,13 @@ def _graph_view(request, graph_id: str, *, export: bool) -> tuple[AttributionGra
     thresholds = ThresholdSerializer(data=request.query_params)
     thresholds.is_valid(raise_exception=True)
     services.graph_view_prepare(graph=graph, actor=request.user)
-    body = selectors.graph_view(user=request.user, graph=graph, export=export, **thresholds.validated_data)
+    values = dict(thresholds.validated_data)
+    if "subgraph" in values:
+        subgraph = selectors.subgraph_get(user=request.user, subgraph_id=values["subgraph"])
+        if subgraph.graph_id != graph.id:
+            raise ApplicationError("SUBGRAPH_NOT_FOUND", "No such subgraph of this graph.", status=404)
+        values["subgraph"] = subgraph
+    body = selectors.graph_view(user=request.user, graph=graph, export=export, **values)
     return graph, HttpResponse(body, content_type="application/json")
 
 
@@ -177,3 +192,83 @@ class GraphInterveneApi(APIView):
         data = self.InputSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         return Response(services.graph_intervene(graph=graph, actor=request.user, **data.validated_data))
+
+
+class SubgraphFields(StrictSerializer):
+    """A subgraph's fields (each defaults to the graph row's reading at creation)."""
+
+    name = serializers.CharField(max_length=500)
+    notes = serializers.CharField(max_length=10_000, required=False, allow_blank=True)
+    annotations = serializers.DictField(
+        child=serializers.CharField(max_length=services.MAX_ANNOTATION_CHARACTERS, allow_blank=True),
+        required=False,
+    )
+    pinned = serializers.JSONField(required=False)
+    supernodes = serializers.JSONField(required=False)
+    node_threshold = serializers.FloatField(min_value=0.0, max_value=1.0, required=False)
+    edge_threshold = serializers.FloatField(min_value=0.0, max_value=1.0, required=False)
+    shared = serializers.BooleanField(required=False)
+
+
+class GraphSubgraphListApi(APIView):
+    """A graph's saved subgraphs you may see, or save one (yours; 201)."""
+
+    permission_classes = [CanWrite]
+
+    @extend_schema(responses={200: SubgraphListOutputSerializer})
+    def get(self, request, graph_id: str):
+        graph = selectors.graph_get(user=request.user, graph_id=graph_id)
+        return Response(
+            {
+                "subgraphs": [
+                    subgraph_state(row) for row in selectors.subgraph_list(user=request.user, graph=graph)
+                ]
+            }
+        )
+
+    @extend_schema(request=SubgraphFields, responses={201: SubgraphOutputSerializer})
+    def post(self, request, graph_id: str):
+        graph = selectors.graph_get(user=request.user, graph_id=graph_id)
+        data = SubgraphFields(data=request.data)
+        data.is_valid(raise_exception=True)
+        subgraph = services.subgraph_create(graph=graph, actor=request.user, **data.validated_data)
+        return Response(subgraph_state(subgraph), status=status.HTTP_201_CREATED)
+
+
+class SubgraphApi(APIView):
+    """A saved subgraph: read it, change it or delete it (its owner)."""
+
+    permission_classes = [CanWrite]
+
+    class ChangeSerializer(SubgraphFields):
+        name = serializers.CharField(max_length=500, required=False)
+
+    @extend_schema(responses={200: SubgraphOutputSerializer})
+    def get(self, request, subgraph_id: str):
+        return Response(subgraph_state(selectors.subgraph_get(user=request.user, subgraph_id=subgraph_id)))
+
+    @extend_schema(request=ChangeSerializer, responses={200: SubgraphOutputSerializer})
+    def patch(self, request, subgraph_id: str):
+        subgraph = selectors.subgraph_get(user=request.user, subgraph_id=subgraph_id)
+        data = self.ChangeSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        subgraph = services.subgraph_update(subgraph=subgraph, actor=request.user, **data.validated_data)
+        return Response(subgraph_state(subgraph))
+
+    def delete(self, request, subgraph_id: str):
+        subgraph = selectors.subgraph_get(user=request.user, subgraph_id=subgraph_id)
+        services.subgraph_delete(subgraph=subgraph, actor=request.user)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class SubgraphExportApi(APIView):
+    """The subgraph in Neuronpedia's subgraph form (the body its ``/api/graph/subgraph/save`` takes)."""
+
+    permission_classes = [CanRead]
+
+    @extend_schema(responses={200: SubgraphExportOutputSerializer})
+    def get(self, request, subgraph_id: str):
+        subgraph = selectors.subgraph_get(user=request.user, subgraph_id=subgraph_id)
+        response = Response(selectors.subgraph_export(subgraph))
+        response["Content-Disposition"] = f'attachment; filename="{subgraph.id}.json"'
+        return response

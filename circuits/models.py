@@ -3,7 +3,7 @@
 from django.conf import settings
 from django.db import models
 
-from mistudio.identifiers import new_graph_id
+from mistudio.identifiers import new_graph_id, new_subgraph_id
 from mistudio.jobs import JobRow
 
 
@@ -60,3 +60,35 @@ class AttributionGraph(JobRow):
     def mark_completed(self, *, summary: dict) -> list[str]:
         self.summary = summary
         return [*super().mark_completed(), "summary"]
+
+
+class Subgraph(models.Model):
+    """A researcher's saved reading of a graph: its pinned nodes, named supernodes, prune thresholds,
+    a name, notes and per-node annotations (node id to text, shown as the node's label). Seen by
+    its owner, and by those who may see its graph once shared. Exported in Neuronpedia's subgraph
+    form (``selectors.subgraph_export``)."""
+
+    OWNER_FIELDS = ("name", "notes", "annotations", "pinned", "supernodes", "node_threshold",
+                    "edge_threshold", "shared")  # fmt: skip
+
+    id = models.CharField(primary_key=True, max_length=64, default=new_subgraph_id, editable=False)
+    graph = models.ForeignKey(AttributionGraph, on_delete=models.CASCADE, related_name="subgraphs")
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.CASCADE, related_name="+"
+    )
+    name = models.CharField(max_length=500)
+    notes = models.TextField(blank=True)
+    annotations = models.JSONField(default=dict, blank=True, help_text="Node id to the owner's note on it")
+    pinned = models.JSONField(default=list, blank=True, help_text="Pinned node ids")
+    supernodes = models.JSONField(default=list, blank=True, help_text="[name, node id, ...] groups")
+    node_threshold = models.FloatField(default=0.8)
+    edge_threshold = models.FloatField(default=0.98)
+    shared = models.BooleanField(default=False, help_text="Visible to whoever may see its graph")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.id} ({self.name})"

@@ -11,7 +11,7 @@ from typing import Any
 from django.core.cache import cache
 from django.db.models import QuerySet
 
-from circuits.models import AttributionGraph
+from circuits.models import AttributionGraph, Subgraph
 from circuits.serializers import graph_state
 from circuits.view_memory import MAX_LINKS, view_memory, view_memory_bytes
 from features.models import Feature, FeatureAnalysis
@@ -40,6 +40,36 @@ def graph_get_to_change(*, user, graph_id: str) -> AttributionGraph:
 
 def completed_graph(*, user, graph_id: str) -> AttributionGraph:
     return completed_row(graph_get(user=user, graph_id=graph_id), code="GRAPH_NOT_READY", what="graph")
+
+
+def subgraph_list(*, user, graph: AttributionGraph) -> QuerySet[Subgraph]:
+    """The saved subgraphs of ``graph`` (one the user may see) that the user may see: their own,
+    and shared ones."""
+    return visible_rows(Subgraph.objects.filter(graph=graph).select_related("owner"), user, shareable=True)
+
+
+def subgraph_get(*, user, subgraph_id: str) -> Subgraph:
+    """A subgraph the user may see, of a graph the user may see (404 ``SUBGRAPH_NOT_FOUND``)."""
+    rows = visible_rows(Subgraph.objects.select_related("graph", "owner"), user, shareable=True)
+    return visible_row(
+        rows.filter(graph__in=graph_list(user=user)), subgraph_id, code="SUBGRAPH_NOT_FOUND", what="subgraph"
+    )
+
+
+def subgraph_export(subgraph: Subgraph) -> dict[str, Any]:
+    """The subgraph in Neuronpedia's form (its ``/api/graph/subgraph/save`` body): the graph's slug
+    is its id here; ``clerps`` are the annotations ([node id, text]); no density threshold."""
+    graph = subgraph.graph
+    return {
+        "modelId": graph.model.name if graph.model else "",
+        "slug": graph.id,
+        "displayName": subgraph.name,
+        "pinnedIds": subgraph.pinned,
+        "supernodes": subgraph.supernodes,
+        "clerps": [[node, text] for node, text in subgraph.annotations.items()],
+        "pruningThreshold": subgraph.node_threshold,
+        "densityThreshold": None,
+    }
 
 
 def graph_prunable(graph: AttributionGraph):
@@ -113,6 +143,7 @@ def graph_view(
     node_threshold: float | None = None,
     edge_threshold: float | None = None,
     export: bool = False,
+    subgraph: Subgraph | None = None,
 ) -> bytes:
     """The graph pruned at the thresholds (the row's by default) in the Neuronpedia graph JSON,
     rendered: feature nodes labelled (``clerp``) with what the viewer may see, the row's pinned
@@ -123,15 +154,19 @@ def graph_view(
     Pruned from the graph's bounded view, exactly as the full graph would be, at node thresholds
     up to the view's ``max_node_threshold`` (400 ``INVALID_THRESHOLD`` past it; the row's own
     threshold is taken down to it), within the web's memory budget for graph views (400
-    ``GRAPH_VIEW_TOO_LARGE``, 503 ``GRAPH_VIEWS_BUSY``)."""
+    ``GRAPH_VIEW_TOO_LARGE``, 503 ``GRAPH_VIEWS_BUSY``).
+
+    ``subgraph`` (one of this graph's): its reading instead of the row's (pins, supernodes,
+    thresholds), its annotations as the nodes' ``clerp``."""
     from engine.attribution.neuronpedia import graph_json, stored_positions
 
     view = graph_prunable(graph)
     if view is None:
         raise ApplicationError("GRAPH_VIEW_MISSING", "The graph's view is not made yet.", status=409)
+    reading = subgraph or graph
     widest = view.max_node_threshold
     if node_threshold is None:
-        node_threshold = min(graph.node_threshold, widest)
+        node_threshold = min(reading.node_threshold, widest)
     elif node_threshold > widest:
         raise ApplicationError(
             "INVALID_THRESHOLD",
@@ -139,22 +174,23 @@ def graph_view(
             f"{view.n_stored - view.n_fixed} most influential nodes (GRAPH_VIEW_MAX_NODES).",
             details={"max_node_threshold": widest, "fields": {"node_threshold": [f"At most {widest:.7g}."]}},
         )
-    edge_threshold = graph.edge_threshold if edge_threshold is None else edge_threshold
+    edge_threshold = reading.edge_threshold if edge_threshold is None else edge_threshold
     # The row's own view asked again (a page reloaded, a viewer polling) is served as rendered: a
     # loop of views costs bytes, not a prune each. Only at the row's thresholds: views at any other
     # (a slider moved) would fill Redis with renders of every threshold a client can spell. Per
     # viewer (labels are what the viewer may see); the row's pins and thresholds are in its
     # updated_at, and every change of a label, explanation or transcoder's sharing changes the names
     # version (``names_changed``).
-    own = node_threshold == min(graph.node_threshold, widest) and edge_threshold == graph.edge_threshold
+    own = node_threshold == min(reading.node_threshold, widest) and edge_threshold == reading.edge_threshold
     key = (
         f"graph-view:{graph.pk}:{graph.updated_at.timestamp()}:{getattr(user, 'pk', None)}:"
         f"{int(export)}:{cache.get(NAMES_VERSION_KEY)}"
+        + (f":{subgraph.pk}:{subgraph.updated_at.timestamp()}" if subgraph else "")
     )
     if own and (cached := cache.get(key)) is not None:
         return cached
     # The pinned nodes stay whatever the thresholds (with their edges as strong as those shown).
-    pinned = stored_positions(view, graph.pinned)
+    pinned = stored_positions(view, reading.pinned)
     count = view.kept_count_keeping(node_threshold, pinned)
     what = f"This view of {count:,} nodes"
     with view_memory(
@@ -183,9 +219,12 @@ def graph_view(
         body = graph_json(
             view, slug=graph.id, scan=graph.model.name if graph.model else "", prompt=graph.prompt,
             decode=lambda token: _decode(graph, token), node_threshold=node_threshold,
-            edge_threshold=edge_threshold, pinned=graph.pinned, supernodes=graph.supernodes, labels=labels,
-            kept=kept,
+            edge_threshold=edge_threshold, pinned=reading.pinned, supernodes=reading.supernodes,
+            labels=labels, kept=kept,
         )  # fmt: skip
+        if subgraph is not None:  # the subgraph's notes on its nodes name them
+            for node in body["nodes"]:
+                node["clerp"] = subgraph.annotations.get(node["node_id"]) or node["clerp"]
         if not export:
             body["mistudio"] = {
                 "graph_id": graph.id,

@@ -4,7 +4,7 @@ from typing import Any
 
 from rest_framework import serializers
 
-from circuits.models import AttributionGraph
+from circuits.models import AttributionGraph, Subgraph
 from mistudio.access import AUDIENCE, linked_id
 from mistudio.serializers import JobOutputSerializer, OutputSerializer
 from saes.models import SparseAutoencoder
@@ -104,3 +104,55 @@ class InterventionResultOutputSerializer(OutputSerializer):
     interventions = serializers.ListField(child=serializers.DictField())
     before = LogitOutputSerializer(many=True)
     after = LogitOutputSerializer(many=True)
+
+
+def subgraph_state(subgraph: Subgraph) -> dict[str, Any]:
+    """A saved subgraph as ``GET /api/subgraphs/{id}`` shows it."""
+    return {
+        "id": subgraph.id,
+        "graph_id": subgraph.graph_id,
+        "name": subgraph.name,
+        "notes": subgraph.notes,
+        "annotations": subgraph.annotations,
+        "pinned": subgraph.pinned,
+        "supernodes": subgraph.supernodes,
+        "node_threshold": subgraph.node_threshold,
+        "edge_threshold": subgraph.edge_threshold,
+        "owner": subgraph.owner.username if subgraph.owner_id else None,
+        "shared": subgraph.shared,
+        "created_at": iso(subgraph.created_at),
+        "updated_at": iso(subgraph.updated_at),
+    }
+
+
+class SubgraphOutputSerializer(OutputSerializer):
+    id = serializers.CharField()
+    graph_id = serializers.CharField()
+    name = serializers.CharField()
+    notes = serializers.CharField(allow_blank=True)
+    annotations = serializers.DictField(child=serializers.CharField(allow_blank=True))
+    pinned = serializers.ListField(child=serializers.CharField())
+    supernodes = serializers.ListField(child=serializers.ListField(child=serializers.CharField()))
+    node_threshold = serializers.FloatField()
+    edge_threshold = serializers.FloatField()
+    owner = serializers.CharField(allow_null=True)
+    shared = serializers.BooleanField()
+    created_at = serializers.CharField()
+    updated_at = serializers.CharField()
+
+
+class SubgraphListOutputSerializer(OutputSerializer):
+    subgraphs = SubgraphOutputSerializer(many=True)
+
+
+class SubgraphExportOutputSerializer(OutputSerializer):
+    """Neuronpedia's subgraph form (its ``/api/graph/subgraph/save`` body)."""
+
+    modelId = serializers.CharField()
+    slug = serializers.CharField()
+    displayName = serializers.CharField()
+    pinnedIds = serializers.ListField(child=serializers.CharField())
+    supernodes = serializers.ListField(child=serializers.ListField(child=serializers.CharField()))
+    clerps = serializers.ListField(child=serializers.ListField(child=serializers.CharField()))
+    pruningThreshold = serializers.FloatField()
+    densityThreshold = serializers.FloatField(allow_null=True)

@@ -12,7 +12,7 @@ from typing import Any
 from django.db import transaction
 
 from activations.selectors import model_files_missing, model_folder, token_strings, tokenizer_for
-from circuits.models import AttributionGraph
+from circuits.models import AttributionGraph, Subgraph
 from circuits.selectors import graph_files_missing
 from engine import budgets
 from engine.attribution import AttributionConfig, attribution_tokens
@@ -33,6 +33,7 @@ from saes.models import SparseAutoencoder
 MAX_PROMPT_CHARACTERS = 8000
 MAX_GRAPH_TOKENS = 1024
 MAX_PINNED = 500
+MAX_ANNOTATION_CHARACTERS = 2_000
 MAX_SUPERNODES = 100
 MAX_INTERVENTIONS = 64
 INTERVENTION_WAIT_SECONDS = 120
@@ -253,9 +254,10 @@ def _supernodes(values: Any) -> list[list[str]]:
     return groups
 
 
-def graph_update(*, graph: AttributionGraph, actor, **changes: Any) -> AttributionGraph:
-    """Change the owner's fields: name, shared, pinned node ids, supernodes ([name, node id, ...])
-    and the prune thresholds (fractions in [0, 1])."""
+def checked_reading(changes: dict[str, Any]) -> dict[str, Any]:
+    """A reading of a graph (a graph row's own, or a subgraph's) checked: pinned node ids,
+    supernodes ([name, node id, ...]), prune thresholds (fractions in [0, 1]), and a subgraph's
+    notes and per-node annotations (node id to text); 400 otherwise."""
     if "pinned" in changes:
         changes["pinned"] = _node_ids(changes["pinned"], "pinned", MAX_PINNED)
     if "supernodes" in changes:
@@ -263,8 +265,59 @@ def graph_update(*, graph: AttributionGraph, actor, **changes: Any) -> Attributi
     for field in ("node_threshold", "edge_threshold"):
         if field in changes and not 0.0 <= float(changes[field]) <= 1.0:
             raise ApplicationError("INVALID_THRESHOLD", f"{field} must be between 0 and 1.")
-    jobs.job_update(graph, actor=actor, changes=changes)
+    if "annotations" in changes:
+        notes = changes["annotations"]
+        fits = isinstance(notes, dict) and len(notes) <= MAX_PINNED
+        if not fits or not all(
+            isinstance(text, str) and len(text) <= MAX_ANNOTATION_CHARACTERS for text in notes.values()
+        ):
+            raise ApplicationError(
+                "INVALID_NODES",
+                f"annotations map at most {MAX_PINNED} node ids to texts of at most "
+                f"{MAX_ANNOTATION_CHARACTERS:,} characters.",
+            )
+        _node_ids(list(notes), "annotations", MAX_PINNED)
+    return changes
+
+
+def graph_update(*, graph: AttributionGraph, actor, **changes: Any) -> AttributionGraph:
+    """Change the owner's fields: name, shared, and its reading (:func:`checked_reading`)."""
+    jobs.job_update(graph, actor=actor, changes=checked_reading(changes))
     return graph
+
+
+def subgraph_create(*, graph: AttributionGraph, actor, name: str, **fields: Any) -> Subgraph:
+    """Save a reading of ``graph`` (one the actor may see) as the actor's subgraph: ``name``, and
+    ``notes``, ``annotations``, ``pinned``, ``supernodes``, the thresholds and ``shared``, each
+    defaulting to what the graph row holds now (what its page shows)."""
+    check_label_text(name, field="name")
+    if not name.strip():
+        raise ApplicationError(
+            "INVALID_NAME", "A subgraph needs a name.", details={"fields": {"name": ["Required."]}}
+        )
+    if graph.status != AttributionGraph.Status.COMPLETED:
+        raise ApplicationError("GRAPH_NOT_READY", f"The graph is {graph.status}.", status=409)
+    reading = {
+        field: getattr(graph, field) for field in ("pinned", "supernodes", "node_threshold", "edge_threshold")
+    }
+    fields = checked_reading({**reading, **fields})
+    owner = actor if getattr(actor, "is_authenticated", False) else None
+    return Subgraph.objects.create(graph=graph, owner=owner, name=name, **fields)
+
+
+def subgraph_update(*, subgraph: Subgraph, actor, **changes: Any) -> Subgraph:
+    check_may_change(subgraph, actor, what="subgraph")
+    if "name" in changes:
+        check_label_text(changes["name"], field="name")
+    for field, value in checked_reading(changes).items():
+        setattr(subgraph, field, value)
+    subgraph.save()
+    return subgraph
+
+
+def subgraph_delete(*, subgraph: Subgraph, actor) -> None:
+    check_may_change(subgraph, actor, what="subgraph")
+    subgraph.delete()
 
 
 def graph_cancel(*, graph: AttributionGraph, actor) -> AttributionGraph:

@@ -10,4 +10,7 @@ urlpatterns = [
     path("graphs/<str:graph_id>/nodes", apis.GraphNodesApi.as_view(), name="graph-nodes"),
     path("graphs/<str:graph_id>/export", apis.GraphExportApi.as_view(), name="graph-export"),
     path("graphs/<str:graph_id>/intervene", apis.GraphInterveneApi.as_view(), name="graph-intervene"),
+    path("graphs/<str:graph_id>/subgraphs", apis.GraphSubgraphListApi.as_view(), name="graph-subgraphs"),
+    path("subgraphs/<str:subgraph_id>", apis.SubgraphApi.as_view(), name="subgraph"),
+    path("subgraphs/<str:subgraph_id>/export", apis.SubgraphExportApi.as_view(), name="subgraph-export"),
 ]

@@ -56,3 +56,7 @@ def new_explanation_job_id() -> str:
 
 def new_graph_id() -> str:
     return new_id("ag")
+
+
+def new_subgraph_id() -> str:
+    return new_id("sg")

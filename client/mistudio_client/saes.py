@@ -385,15 +385,47 @@ class Graphs(_Resource):
         self._delete(f"graphs/{_id(graph)}")
 
     def nodes(
-        self, graph: Any, *, node_threshold: float | None = None, edge_threshold: float | None = None
+        self,
+        graph: Any,
+        *,
+        node_threshold: float | None = None,
+        edge_threshold: float | None = None,
+        subgraph: Any = None,
     ) -> dict:
-        """The graph pruned at the thresholds, in the Neuronpedia graph JSON."""
+        """The graph pruned at the thresholds, in the Neuronpedia graph JSON (as ``subgraph``, a
+        saved one of it, reads it: its pins, supernodes, thresholds and annotations)."""
         params = {
             key: value
-            for key, value in (("node_threshold", node_threshold), ("edge_threshold", edge_threshold))
+            for key, value in (
+                ("node_threshold", node_threshold),
+                ("edge_threshold", edge_threshold),
+                ("subgraph", _id(subgraph) if subgraph is not None else None),
+            )
             if value is not None
         }
         return self.client.request("GET", f"graphs/{_id(graph)}/nodes", params=params)
+
+    def subgraphs(self, graph: Any) -> list[dict[str, Any]]:
+        """The graph's saved subgraphs you may see."""
+        return self.client.request("GET", f"graphs/{_id(graph)}/subgraphs")["subgraphs"]
+
+    def save_subgraph(self, graph: Any, name: str, **fields: Any) -> dict[str, Any]:
+        """Save a reading of the graph (``notes``, ``annotations`` {node id: text}, ``pinned``,
+        ``supernodes``, thresholds, ``shared``; each defaults to the graph's own)."""
+        return self.client.request("POST", f"graphs/{_id(graph)}/subgraphs", json={"name": name, **fields})
+
+    def subgraph(self, subgraph: Any) -> dict[str, Any]:
+        return self.client.request("GET", f"subgraphs/{_id(subgraph)}")
+
+    def update_subgraph(self, subgraph: Any, **fields: Any) -> dict[str, Any]:
+        return self._update(f"subgraphs/{_id(subgraph)}", fields)
+
+    def delete_subgraph(self, subgraph: Any) -> None:
+        self._delete(f"subgraphs/{_id(subgraph)}")
+
+    def export_subgraph(self, subgraph: Any) -> dict[str, Any]:
+        """The subgraph in Neuronpedia's subgraph form (its ``/api/graph/subgraph/save`` body)."""
+        return self.client.request("GET", f"subgraphs/{_id(subgraph)}/export")
 
     def intervene(
         self, graph: Any, interventions: Sequence[dict[str, Any]], *, top: int = 10

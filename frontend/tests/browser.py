@@ -70,25 +70,41 @@ def monkeypatch_module():
 
 @pytest.fixture
 def site(transactional_db, live_processes) -> Site:
+
+    base_url, worker_name, _processes = live_processes
+    browser_user(USERNAME, "model:write")
+    return Site(base_url=base_url, worker_name=worker_name)
+
+
+def browser_user(username: str, role: str):
+    """A user who can sign in on the live server (with :data:`PASSWORD`)."""
     from django.contrib.auth import get_user_model
     from django.contrib.auth.hashers import PBKDF2PasswordHasher
     from django.contrib.auth.models import Group
 
-    base_url, worker_name, _processes = live_processes
     # The live server runs the production settings, which do not accept the test settings' fast
     # hasher; a PBKDF2 hash with few iterations is accepted (and upgraded) at sign-in.
     password = PBKDF2PasswordHasher().encode(PASSWORD, "browser-test-salt", iterations=1000)
-    user = get_user_model().objects.create(username=USERNAME, password=password)
-    user.groups.add(Group.objects.get(name="model:write"))
-    return Site(base_url=base_url, worker_name=worker_name)
+    user = get_user_model().objects.create(username=username, password=password)
+    user.groups.add(Group.objects.get(name=role))
+    return user
 
 
-def sign_in(page, site: Site) -> None:
+def sign_in(page, site: Site, username: str = USERNAME) -> None:
     page.goto(site.url("/login/"))
-    page.fill("#id_username", USERNAME)
+    page.fill("#id_username", username)
     page.fill("#id_password", PASSWORD)
     page.click("button[type=submit]")
     page.wait_for_url(site.url("/"))
+
+
+def page_of(page, site: Site, username: str):
+    """A second tab, in its own browser context, signed in as ``username``."""
+    context = page.context.browser.new_context(viewport=VIEWPORT, color_scheme="light")
+    context.set_default_timeout(20_000)
+    other = context.new_page()
+    sign_in(other, site, username)
+    return other
 
 
 @pytest.fixture

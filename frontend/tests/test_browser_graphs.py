@@ -1,10 +1,11 @@
 """Circuits in one browser tab, against a live Daphne and a real worker holding the model: attribute
 a prompt through one transcoder per layer (the form), watch the job end and the graph appear
 without a reload, pin a path (a feature and a logit it reaches), group the pinned feature into a
-named supernode (drawn as a box), show the pinned subgraph, prune live (the pinned nodes stay,
-the graph's thresholds change only when asked), intervene on the feature (the worker answers with
-the new top logits) and export the graph's JSON; then a cross-layer transcoder's graph of a logit
-difference, from the same form. Saves the "graph" screenshot."""
+named supernode (drawn as a box) and accept a suggested one, show the pinned subgraph, prune live
+(the pinned nodes stay, the graph's thresholds change only when asked), intervene on the feature
+(the worker answers with the new top logits), export the graph's JSON, save the reading as a
+shared subgraph that another user reopens from its link; then a cross-layer transcoder's graph of
+a logit difference, from the same form. Saves the "graph" screenshot."""
 
 import json
 import re
@@ -16,7 +17,7 @@ from playwright.sync_api import expect
 
 from circuits.models import AttributionGraph
 from circuits.tests.conftest import transcoder_rows
-from frontend.tests.browser import LIVE_TIMEOUT_MS, USERNAME, screenshot
+from frontend.tests.browser import LIVE_TIMEOUT_MS, USERNAME, browser_user, page_of, screenshot
 from models_app.models import LanguageModel
 from models_app.tests.live_stack import register_and_load, wait_until
 
@@ -75,6 +76,15 @@ def test_attribute_pin_a_path_group_a_supernode_intervene_and_export(page, site,
     expect(nodes).to_have_count(2)
     page.uncheck("#subgraph-toggle")
 
+    # A suggested supernode (features with one role: the same strongest target), grouped in one click.
+    suggestion = page.locator("#supernode-suggestions li").first
+    expect(suggestion).to_be_visible()
+    suggested = suggestion.get_attribute("data-suggestion")
+    suggestion.locator("button").click()
+    expect(page.locator("#supernode-list li")).to_have_count(2)
+    wait_until(lambda: (graph.refresh_from_db(), len(graph.supernodes))[1] == 2, timeout=20, what="saved")
+    assert graph.supernodes[1][0] == suggested and len(graph.supernodes[1]) >= 3
+
     # Prune live: a lower node threshold keeps fewer nodes, the pinned ones whatever it is; the
     # graph's own threshold changes only when asked.
     shown = nodes.count()
@@ -104,8 +114,23 @@ def test_attribute_pin_a_path_group_a_supernode_intervene_and_export(page, site,
     exported = json.loads(Path(download.value.path()).read_text())
     assert exported["metadata"]["slug"] == graph.id
     assert exported["qParams"]["pinnedIds"] == [feature, logit]
-    assert exported["qParams"]["supernodes"] == [["cat detector", feature]]
+    assert exported["qParams"]["supernodes"][0] == ["cat detector", feature]
     assert {node["node_id"] for node in exported["nodes"]} >= {feature, logit}
+
+    # The reading saved as a shared subgraph; another user reopens it from its link.
+    page.evaluate(f"mi.api('PATCH', 'graphs/{graph.id}', {{shared: true}})")
+    page.fill("#subgraph-name", "cat path")
+    page.fill("#subgraph-notes", "the feature and the logit it reaches")
+    page.check("#subgraph-shared")
+    page.click("#save-subgraph")
+    page.wait_for_url(re.compile(r"\?subgraph=sg_\w+$"))
+    expect(page.locator("#graph-explorer")).to_have_attribute("data-subgraph", re.compile(r"^sg_"))
+    browser_user("second-reader", "model:read")
+    other = page_of(page, site, "second-reader")
+    other.goto(page.url)
+    expect(other.locator("#subgraph-reading")).to_contain_text("cat path")
+    expect(other.locator(f'#pinned-list li[data-node-id="{feature}"]')).to_contain_text("Layer")
+    other.context.close()
 
     # A cross-layer transcoder, imported, chosen on the form, explaining a logit difference.
     clt_graph_of_a_logit_difference(page, site, model, user, tiny_gpt2_folder)

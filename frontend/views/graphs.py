@@ -30,6 +30,7 @@ from circuits.serializers import graph_state
 from frontend.access import reader_required, writer_refusal
 from frontend.views.features import validation_message
 from frontend.views.job_pages import cancel_form
+from mistudio import roles
 from mistudio.access import may_change
 from mistudio.errors import ApplicationError
 from mistudio.jobs import JobStatus
@@ -134,6 +135,7 @@ def graph_page(request, graph_id: str):
         "state": graph_state(graph, viewer=request.user),
         "active": graph.status in AttributionGraph.ACTIVE,
         "can_change": may_change(graph, request.user),
+        "can_write": request.user.has_perm(roles.WRITE),  # saving a subgraph of a graph one may see
     }
     if request.GET.get("fragment") == "live":
         return render(request, "frontend/partials/graph_live.html", context)

@@ -19,7 +19,7 @@ from rest_framework.test import APIClient
 
 from activations.models import ActivationCache, Dataset, ExtractionJob
 from activations.services import dataset_create_from_texts
-from circuits.models import AttributionGraph
+from circuits.models import AttributionGraph, Subgraph
 from conftest import make_user
 from features.models import Explanation, ExplanationJob, Feature, FeatureAnalysis
 from generation.models import Generation
@@ -124,6 +124,9 @@ MATRIX: dict[str, dict[str, tuple]] = {
     "api/graphs/{graph}/nodes": {"GET": OWNER_READS},
     "api/graphs/{graph}/export": {"GET": OWNER_READS},
     "api/graphs/{graph}/intervene": {"POST": OWNER_CHANGES},
+    "api/graphs/{graph}/subgraphs": {"GET": OWNER_READS, "POST": OWNER_CHANGES},
+    "api/subgraphs/{subgraph}": {"GET": OWNER_READS, "PATCH": OWNER_CHANGES, "DELETE": OWNER_CHANGES},
+    "api/subgraphs/{subgraph}/export": {"GET": OWNER_READS},
     "api/schema/": {"GET": ANY_READER},
     "api/{unmatched}": {"GET": NO_SUCH_ROUTE},
     "v1/models": {"GET": OPENAI_READ},
@@ -184,6 +187,7 @@ PLACEHOLDERS = {
     "job_id": "{job}",
     "explanation_id": "{explanation}",
     "graph_id": "{graph}",
+    "subgraph_id": "{subgraph}",
     "unmatched": "{unmatched}",
 }
 
@@ -260,8 +264,10 @@ def owned_rows(owner, folder) -> dict[str, str]:
     graph = AttributionGraph.objects.create(
         model=model, transcoders=[sae.id], prompt="a private prompt", status="completed", owner=owner
     )
+    subgraph = Subgraph.objects.create(graph=graph, owner=owner, name="a private reading")
     return {
         "{graph}": graph.id,
+        "{subgraph}": subgraph.id,
         "{vector}": vector.id,
         "{job}": explanation_job.id,
         "{explanation}": str(explanation.pk),

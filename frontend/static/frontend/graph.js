@@ -17,7 +17,11 @@
   const canChange = explorer.dataset.canChange === "1";
   const svg = $("graph-svg");
   const SVG = "http://www.w3.org/2000/svg";
-  const state = { view: null, selected: null, pinned: [], supernodes: [], subgraph: false, ticket: 0 };
+  const state = { view: null, selected: null, pinned: [], supernodes: [], subgraph: false, ticket: 0, annotations: {} };
+  // A saved subgraph read through ?subgraph=: its pins, supernodes, thresholds and notes; changes
+  // go to it (its owner's), not to the graph row.
+  const subgraphId = new URLSearchParams(window.location.search).get("subgraph");
+  let thresholdsFromView = Boolean(subgraphId);
   let started = false, reloadTimer = null;
 
   const number = (value, digits = 3) => (value === null || value === undefined ? "—" : Number(value).toFixed(digits));
@@ -217,6 +221,13 @@
     const pin = $("pin-node");
     if (pin) pin.textContent = state.pinned.includes(node.node_id) ? "Unpin" : "Pin";
     $("intervene-row").hidden = !isFeature(node);
+    const note = state.annotations[node.node_id] || "";
+    $("node-annotation-text").hidden = !note;
+    $("node-annotation-text").textContent = note ? `Note: ${note}` : "";
+    if ($("annotation-row")) {
+      $("annotation-row").hidden = !subgraphId;
+      $("node-annotation").value = note;
+    }
     featurePanel(node, name);
     draw();
   }
@@ -276,6 +287,68 @@
       return item;
     }));
     $("intervene-pinned").hidden = !state.pinned.some((id) => nodesById.has(id) && isFeature(nodesById.get(id)));
+    suggestions();
+  }
+
+  // Supernodes worth grouping, offered for one click: one feature active at several positions;
+  // features of one layer that carry the same name (label, explanation or automatic label) within
+  // three positions of each other; and features of one layer whose strongest edge goes to the same
+  // node (one role in the circuit). None already grouped; the most influential first.
+  function suggestSupernodes() {
+    const grouped = new Set(state.supernodes.flatMap(([, ...ids]) => ids));
+    const features = state.view.nodes.filter((node) => isFeature(node) && !grouped.has(node.node_id));
+    const found = new Map();
+    const add = (key, name, node) => {
+      if (!found.has(key)) found.set(key, { name, nodes: [] });
+      found.get(key).nodes.push(node);
+    };
+    const strongest = new Map();
+    for (const link of state.view.links) {
+      const best = strongest.get(link.source);
+      if (!best || Math.abs(link.weight) > Math.abs(best.weight)) strongest.set(link.source, link);
+    }
+    const byId = new Map(state.view.nodes.map((node) => [node.node_id, node]));
+    for (const node of features) {
+      add(`feature ${featureKey(node)}`, shortName(node) || `L${node.layer} #${featureIndex(node)}`, node);
+      const name = shortName(node);
+      if (name) add(`name ${node.layer} ${name}`, name, node);
+      const link = strongest.get(node.node_id);
+      if (link && byId.has(link.target)) {
+        const target = byId.get(link.target);
+        const label = (shortName(target) || describe(target)).slice(0, 40);
+        add(`role ${node.layer} ${link.target} ${link.weight >= 0}`, `L${node.layer} ${link.weight >= 0 ? "→" : "⊣"} ${label}`, node);
+      }
+    }
+    const suggestions = [], taken = new Set();
+    for (const [key, { name, nodes }] of found) {
+      const sameFeature = !key.startsWith("name ");
+      const near = nodes.filter((node, at) => nodes.some((other, at2) => at2 !== at && (sameFeature || Math.abs(other.ctx_idx - node.ctx_idx) <= 3)));
+      const ids = [...new Set(near.map((node) => node.node_id))];
+      if (ids.length < 2 || ids.every((id) => taken.has(id))) continue;
+      ids.forEach((id) => taken.add(id));
+      const weight = Math.min(...near.map((node) => node.influence ?? 1));
+      suggestions.push({ name, ids, weight });
+    }
+    return suggestions.sort((a, b) => a.weight - b.weight).slice(0, 5);
+  }
+
+  function suggestions() {
+    const list = $("supernode-suggestions");
+    if (!list || !state.view) return;
+    list.replaceChildren(...suggestSupernodes().map(({ name, ids }) => {
+      const item = document.createElement("li");
+      item.dataset.suggestion = name;
+      item.append(`${name}: ${ids.length} nodes `);
+      if (canChange) {
+        const button = document.createElement("button");
+        button.type = "button";
+        button.textContent = "Group";
+        button.addEventListener("click", () => save({ supernodes: [...state.supernodes, [name, ...ids]] }));
+        item.append(button);
+      }
+      return item;
+    }));
+    $("suggestions-title").hidden = !list.children.length;
   }
 
   function logits() {
@@ -290,13 +363,20 @@
 
   async function load() {
     const ticket = ++state.ticket;
-    const query = new URLSearchParams({ node_threshold: $("node-threshold").value, edge_threshold: $("edge-threshold").value });
+    const query = new URLSearchParams(thresholdsFromView ? {} : { node_threshold: $("node-threshold").value, edge_threshold: $("edge-threshold").value });
+    if (subgraphId) query.set("subgraph", subgraphId);
     try {
       const view = await mi.api("GET", `graphs/${encodeURIComponent(graphId)}/nodes?${query}`);
       if (ticket !== state.ticket) return;
       state.view = view;
       const slider = $("node-threshold");
       slider.max = String(view.mistudio.max_node_threshold);
+      if (thresholdsFromView) {  // the subgraph's thresholds, once
+        thresholdsFromView = false;
+        slider.value = String(view.metadata.node_threshold);
+        $("edge-threshold").value = String(view.mistudio.edge_threshold);
+        $("edge-threshold-value").textContent = $("edge-threshold").value;
+      }
       $("node-threshold-value").textContent = slider.value;  // (taken down to the new max)
       state.pinned = view.qParams.pinnedIds;
       state.supernodes = view.qParams.supernodes;
@@ -310,11 +390,13 @@
   }
 
   async function save(changes) {
-    if (!canChange) return;
+    if (!canChange && !subgraphId) return;
     try {
-      const graph = await mi.api("PATCH", `graphs/${encodeURIComponent(graphId)}`, changes);
+      const path = subgraphId ? `subgraphs/${encodeURIComponent(subgraphId)}` : `graphs/${encodeURIComponent(graphId)}`;
+      const graph = await mi.api("PATCH", path, changes);
       state.pinned = graph.pinned;
       state.supernodes = graph.supernodes;
+      if (graph.annotations) state.annotations = graph.annotations;
       lists();
       draw();
     } catch (error) {
@@ -400,7 +482,53 @@
       const nodes = state.view.nodes.filter((node) => state.pinned.includes(node.node_id) && isFeature(node));
       intervene(nodes.map((node) => featureOf(node, 0)), `${nodes.length} pinned feature${nodes.length === 1 ? "" : "s"} ablated`);
     });
+    $("save-subgraph")?.addEventListener("click", async () => {
+      const name = $("subgraph-name").value.trim();
+      if (!name) return mi.toast("Name the subgraph first.", "error");
+      try {
+        const saved = await mi.api("POST", `graphs/${encodeURIComponent(graphId)}/subgraphs`, {
+          name, notes: $("subgraph-notes").value, shared: $("subgraph-shared").checked, pinned: state.pinned,
+          supernodes: state.supernodes, node_threshold: Number($("node-threshold").value), edge_threshold: Number($("edge-threshold").value),
+        });
+        window.location.search = `?subgraph=${encodeURIComponent(saved.id)}`;
+      } catch (error) {
+        mi.toast(error.message, "error");
+      }
+    });
+    $("annotate-node")?.addEventListener("click", () => {
+      const id = state.selected;
+      if (!id) return;
+      const annotations = { ...state.annotations, [id]: $("node-annotation").value };
+      if (!annotations[id]) delete annotations[id];
+      save({ annotations }).then(() => select(selectedNode()));
+    });
+    subgraphs();
     load();
+  }
+
+  // The graph's saved subgraphs (links that read each), and the one read now.
+  async function subgraphs() {
+    try {
+      const answer = await mi.api("GET", `graphs/${encodeURIComponent(graphId)}/subgraphs`);
+      $("subgraph-list").replaceChildren(...answer.subgraphs.map((row) => {
+        const item = document.createElement("li");
+        const link = Object.assign(document.createElement("a"), { href: `?subgraph=${encodeURIComponent(row.id)}`, textContent: row.name });
+        link.dataset.subgraphId = row.id;
+        item.append(link, ` · ${row.owner || "system"}${row.shared ? " · shared" : ""} · `);
+        item.append(Object.assign(document.createElement("a"), { href: `/api/subgraphs/${encodeURIComponent(row.id)}/export`, textContent: "Neuronpedia JSON", download: `${row.id}.json` }));
+        return item;
+      }));
+      const reading = answer.subgraphs.find((row) => row.id === subgraphId);
+      if (reading) {
+        state.annotations = reading.annotations;
+        $("subgraph-reading").hidden = false;
+        $("subgraph-reading").textContent = `Reading the subgraph “${reading.name}”${reading.notes ? `: ${reading.notes}` : ""}. `;
+        $("subgraph-reading").append(Object.assign(document.createElement("a"), { href: "?", textContent: "Back to the graph" }));
+        explorer.dataset.subgraph = reading.id;
+      }
+    } catch (error) {
+      mi.toast(error.message, "error");
+    }
   }
 
   function maybeStart() {
