@@ -161,7 +161,8 @@ def group_members_analyze(sender, *, group: SaeGroup, **kwargs) -> list[FeatureA
     if not group.analyze_members or group.dataset_id is None:
         return []
     analyses = []
-    for member in group.members.filter(status=SparseAutoencoder.Status.COMPLETED).order_by("group_index"):
+    completed = group.members.filter(status=SparseAutoencoder.Status.COMPLETED, n_layers__isnull=True)
+    for member in completed.order_by("group_index"):  # (a cross-layer transcoder has no analysis yet)
         try:
             analyses.append(
                 analysis_request(owner=group.owner, sae=member, dataset=group.dataset, admit=False)

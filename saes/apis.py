@@ -271,6 +271,11 @@ class SaeGroupListApi(APIView):
         variants = serializers.ListField(
             child=VariantSerializer(), max_length=groups.MAX_GROUP_MEMBERS, default=list
         )
+        cross_layer_transcoder = serializers.BooleanField(
+            default=False,
+            help_text="Also train one cross-layer transcoder over every layer (TopK with k; JumpReLU with "
+            "the tanh penalty when the architecture is jumprelu)",
+        )
         batch_size = serializers.IntegerField(min_value=1, max_value=65536, default=4096)
         total_tokens = serializers.IntegerField(min_value=1, max_value=10**12, required=False)
         max_length = serializers.IntegerField(min_value=2, max_value=2**20, required=False)
@@ -308,7 +313,7 @@ def sae_group_train_from_body(*, user, body: dict[str, Any]) -> SaeGroup:
     model = model_get(user=user, model_id=values.pop("model_id"))
     dataset = dataset_get(user=user, dataset_id=values.pop("dataset_id"))
     name, shared, analyze = values.pop("name"), values.pop("shared"), values.pop("analyze_members")
-    settings, members = group_request(values)
+    settings, members = group_request(values, n_layers=model.num_layers)
     return groups.sae_group_train_request(
         owner=user, model=model, dataset=dataset, settings=settings, members=members, name=name,
         shared=shared, analyze_members=analyze,

@@ -20,10 +20,12 @@ from activations.selectors import hook_points
 from activations.services import hook_names_for
 from activations.services.extractions import default_max_length, storage_dtype_for
 from engine import budgets
+from engine.hooks import transcoder_hooks
 from engine.sae_architectures import (
     DEFAULT_ARCHITECTURE,
     DEFAULT_LIVE_EXPANSION,
     LIVE_TOKENS_BOUNDS,
+    architecture_named,
     default_live_k,
     default_live_tokens,
 )
@@ -111,16 +113,34 @@ class GroupSettings:
 @dataclass(frozen=True)
 class GroupMember:
     """One member of a group request: an SAE at ``hook``, or a transcoder from ``hook`` to
-    ``hook_out`` (``skip``: with a linear skip path), trained with its ``variant`` of the settings."""
+    ``hook_out`` (``skip``: with a linear skip path), trained with its ``variant`` of the settings;
+    with ``clt_layers``, a cross-layer transcoder over that many layers (``hook`` layer 0's MLP
+    input, ``hook_out`` the last one's MLP output: :func:`clt_member`)."""
 
     hook: str
     hook_out: str | None = None
     skip: bool = False
     variant: Variant = Variant()
+    clt_layers: int | None = None
 
     @property
     def label(self) -> str:
+        if self.clt_layers:
+            return f"cross-layer transcoder over {self.clt_layers} layers"
         return f"{self.hook} → {self.hook_out}" if self.hook_out else self.hook
+
+    @property
+    def hooks(self) -> list[str]:
+        if self.clt_layers:
+            return [name for layer in range(self.clt_layers) for name in transcoder_hooks(layer)]
+        return [self.hook, *([self.hook_out] if self.hook_out else [])]
+
+
+def clt_member(n_layers: int) -> GroupMember:
+    """A cross-layer transcoder over every one of ``n_layers`` layers."""
+    return GroupMember(
+        hook=transcoder_hooks(0)[0], hook_out=transcoder_hooks(n_layers - 1)[1], clt_layers=n_layers
+    )
 
 
 @dataclass(frozen=True)
@@ -245,6 +265,8 @@ def member_plan(
     """The member's widths and training configuration, validated (``training_hyperparameters``)."""
     chosen = member_settings(settings, member)
     d_in = int(widths[member.hook])
+    if member.clt_layers:
+        return clt_member_plan(member, chosen, d_model=d_in, total_tokens=total_tokens)
     d_out = int(widths[member.hook_out]) if member.hook_out else d_in
     config = training_hyperparameters(
         architecture=chosen.architecture,
@@ -269,6 +291,30 @@ def member_plan(
     return MemberPlan(member=member, d_in=d_in, d_out=d_out, config=config)
 
 
+CLT_KIND = "clt"  # a CLT member's hyperparameters say so (saes.tasks.training_config)
+
+
+def clt_member_plan(
+    member: GroupMember, chosen: GroupSettings, *, d_model: int, total_tokens: int
+) -> MemberPlan:
+    """A cross-layer transcoder's plan: TopK with the settings' k (JumpReLU with the tanh penalty
+    when the architecture asked learns a threshold, ``l0_coefficient`` its λ), ``d_sae`` features a
+    layer. Its row's ``hyperparameters`` are the CltTrainingConfig, with ``kind: clt``."""
+    from engine.sae.clt_training import CltTrainingConfig
+
+    d_sae = chosen.d_sae or chosen.expansion_factor * d_model
+    jumprelu = architecture_named(chosen.architecture).learns_threshold  # JumpReLU: the tanh recipe
+    config = CltTrainingConfig(
+        d_sae=d_sae, sparsity="jumprelu" if jumprelu else "topk",
+        k=None if jumprelu else (chosen.k or default_live_k(d_model)),
+        sparsity_coefficient=chosen.l0_coefficient or CltTrainingConfig.sparsity_coefficient,
+        lr=chosen.lr, batch_size=chosen.batch_size, steps=-(-total_tokens // chosen.batch_size),
+    )  # fmt: skip
+    check_sae_size(d_model, d_sae * member.clt_layers)
+    hyperparameters = {**asdict(config), "kind": CLT_KIND}
+    return MemberPlan(member=member, d_in=d_model, d_out=d_model, config=hyperparameters)
+
+
 def group_memory(
     model: LanguageModel, plans: Sequence[MemberPlan], *, reading: GroupReading
 ) -> budgets.MemoryEstimate:
@@ -277,10 +323,11 @@ def group_memory(
     parts: dict[str, int] = {}
     batch_size = plans[0].config["batch_size"]
     for plan in plans:
+        layers = plan.member.clt_layers or 1  # a CLT: as wide as its layers' features, twice
         estimate = budgets.sae_training(
-            architecture=plan.config["architecture"],
-            d_in=max(plan.d_in, plan.d_out),
-            d_sae=plan.config["d_sae"],
+            architecture=plan.config.get("architecture", "topk"),
+            d_in=max(plan.d_in, plan.d_out) * layers,
+            d_sae=plan.config["d_sae"] * layers,
             batch_size=batch_size,
             buffered_rows=0,
             sample_rows=0,
@@ -289,7 +336,11 @@ def group_memory(
         for name, size in estimate.parts.items():
             if name != "runtime":
                 parts[f"SAEs: {name}"] = parts.get(f"SAEs: {name}", 0) + size
-    widths = sum(plan.d_in + (plan.d_out if plan.d_out != plan.d_in else 0) for plan in plans)
+    widths = sum(
+        plan.d_in * 2 * plan.member.clt_layers if plan.member.clt_layers
+        else plan.d_in + (plan.d_out if plan.d_out != plan.d_in else 0)
+        for plan in plans
+    )  # fmt: skip
     tokens = reading.forward_batch_size * reading.max_length
     parts["the shuffle buffer"] = SHUFFLE_BUFFER_BATCHES * batch_size * widths * budgets.FLOAT
     parts["one forward pass"] = budgets.forward_pass(
@@ -326,7 +377,7 @@ def sae_group_train_request(
     :func:`default_analyze_members` of the members' features)."""
     check_label_text(name, field="name")
     check_group_members(members)
-    names = {member.hook for member in members} | {member.hook_out for member in members if member.hook_out}
+    names = {name for member in members for name in member.hooks}
     hook_names_for(model, hooks=sorted(names), layers=None)
     widths = {point["name"]: point["shape"][-1] for point in hook_points(model)["hook_points"]}
     reading = group_reading(model, dataset, max_length=settings.max_length)
@@ -374,18 +425,20 @@ def member_row_create(
         dataset=group.dataset,
         hook_name=plan.member.hook,
         hook_name_out=plan.member.hook_out or "",
-        architecture=plan.config["architecture"],
+        # A CLT is saved as the JumpReLU it is at inference.
+        architecture="jumprelu" if plan.member.clt_layers else plan.config["architecture"],
         d_in=plan.d_in,
         d_sae=plan.config["d_sae"],
         d_out=plan.d_out if plan.member.hook_out else None,
         k=plan.config.get("k"),
+        n_layers=plan.member.clt_layers,
         hyperparameters=plan.config,
         total_tokens=group.total_tokens,
         total_steps=total_steps,
         owner=group.owner,
         shared=group.shared,
     )
-    sae.name = f"{plan.config['architecture']} {plan.member.label} ({sae.id})"
+    sae.name = f"{sae.architecture} {plan.member.label} ({sae.id})"
     sae.save(update_fields=["name"])
     return sae
 

@@ -10,7 +10,7 @@ from engine.configs import config_from_dict
 from engine.sae_architectures import ARCHITECTURES
 from mistudio.access import AUDIENCE, linked_id
 from mistudio.serializers import JobOutputSerializer, OutputSerializer, StrictSerializer
-from saes.groups import GroupMember, GroupSettings, Variant, group_members
+from saes.groups import GroupMember, GroupSettings, Variant, clt_member, group_members
 from saes.models import SaeEvaluation, SaeGroup, SparseAutoencoder
 
 
@@ -222,25 +222,38 @@ def group_variant(values: dict[str, Any]) -> Variant:
 
 
 def group_request_members(
-    *, hooks: list[str], transcoders: list[dict[str, Any]], variants: list[dict[str, Any]]
+    *,
+    hooks: list[str],
+    transcoders: list[dict[str, Any]],
+    variants: list[dict[str, Any]],
+    cross_layer_transcoder: bool = False,
+    n_layers: int | None = None,
 ) -> tuple[GroupMember, ...]:
-    """Validated hooks, transcoders and variants as the group's members: every site once per variant."""
+    """Validated hooks, transcoders and variants as the group's members: every site once per
+    variant; ``cross_layer_transcoder``: one more site, a CLT over the model's ``n_layers``."""
     sites = [GroupMember(hook=hook) for hook in hooks]
     sites += [
         GroupMember(hook=each["hook_in"], hook_out=each["hook_out"], skip=bool(each.get("skip", False)))
         for each in transcoders
     ]
+    if cross_layer_transcoder:
+        sites.append(clt_member(n_layers or 0))
     return group_members(sites=sites, variants=[group_variant(variant) for variant in variants])
 
 
-def group_request(values: dict[str, Any]) -> tuple[GroupSettings, tuple[GroupMember, ...]]:
+def group_request(
+    values: dict[str, Any], *, n_layers: int | None = None
+) -> tuple[GroupSettings, tuple[GroupMember, ...]]:
     """A validated group request (the API's body less ``model_id``, ``dataset_id``, ``name`` and
-    ``shared``) as the service's settings and members; a key the settings lack is an error."""
+    ``shared``) as the service's settings and members (``n_layers``: the model's, for a CLT); a
+    key the settings lack is an error."""
     values = dict(values)
     members = group_request_members(
         hooks=values.pop("hooks", []),
         transcoders=values.pop("transcoders", []),
         variants=values.pop("variants", []),
+        cross_layer_transcoder=values.pop("cross_layer_transcoder", False),
+        n_layers=n_layers,
     )
     return config_from_dict(GroupSettings, frozen_widths(values)), members
 

@@ -47,7 +47,7 @@ from saes.cache_data import (
     spread_sample,
     training_batches,
 )
-from saes.groups import GroupReading
+from saes.groups import CLT_KIND, GroupReading
 from saes.models import SaeEvaluation, SaeGroup, SparseAutoencoder
 from saes.selectors import CIRCUIT_TRACER_FOLDER, CLT_FOLDER, import_extras
 from saes.services import (
@@ -101,9 +101,15 @@ RETIRED_TRAINING_KEYS: tuple[str, ...] = ()
 
 
 def training_config(sae: SparseAutoencoder):
-    """The SAE's stored ``hyperparameters`` as the engine's TrainingConfig (unknown keys refused)."""
+    """The SAE's stored ``hyperparameters`` as the engine's TrainingConfig, or a cross-layer
+    transcoder's as its CltTrainingConfig (unknown keys refused)."""
     from engine.sae import TrainingConfig
 
+    if sae.hyperparameters.get("kind") == CLT_KIND:
+        from engine.sae.clt_training import CltTrainingConfig
+
+        values = {key: value for key, value in sae.hyperparameters.items() if key != "kind"}
+        return config_from_dict(CltTrainingConfig, values)
     return config_from_dict(TrainingConfig, sae.hyperparameters, retired=RETIRED_TRAINING_KEYS)
 
 
@@ -423,7 +429,12 @@ def group_member_configs(group: SaeGroup) -> tuple[list[SparseAutoencoder], list
 
     members = list(group.members.order_by("group_index"))
     return members, [
-        GroupMember(hook_in=sae.hook_name, hook_out=sae.hook_name_out or None, config=training_config(sae))
+        GroupMember(
+            hook_in=sae.hook_name,
+            hook_out=sae.hook_name_out or None,
+            config=training_config(sae),
+            n_layers=sae.n_layers,
+        )
         for sae in members
     ]
 
@@ -515,7 +526,12 @@ def run_sae_group_training(group: SaeGroup, job: JobContext) -> None:
     for index, sae in enumerate(members):
         trained = results[index]
         evaluation = evaluations[index]
-        save_files(sae, trained.sae, evaluation.pop("feature_density"), prepend_bos=prepends_bos(loaded))
+        if sae.is_cross_layer:
+            from engine.sae.clt import save_clt
+
+            save_clt(trained.sae, sae.directory / CLT_FOLDER)
+        else:
+            save_files(sae, trained.sae, evaluation.pop("feature_density"), prepend_bos=prepends_bos(loaded))
         fields = sae.mark_completed(
             evaluation=evaluation,
             file_size_bytes=folder_size(sae.directory),
@@ -526,6 +542,39 @@ def run_sae_group_training(group: SaeGroup, job: JobContext) -> None:
     get_redis().delete(group.stop_key)
     job_publish(group, "completed", group.mark_completed())
     transaction.on_commit(lambda: group_completed.send(sender=SaeGroup, group=group))
+
+
+def clt_evaluation(model, clt, columns: dict[str, Any], sequences: list[list[int]], *, job) -> dict[str, Any]:
+    """A cross-layer transcoder judged as the CLT papers do, on the held-out tokens: explained
+    variance per layer (and their mean), features per token over all layers, and next-token loss
+    with every MLP replaced at once by it (``ce_loss_recovered``: against all MLPs zeroed)."""
+    import torch
+
+    from engine.hooks import transcoder_hooks
+    from engine.sae.clt_training import ce_loss_recovered_all_mlps, clt_explained_variance
+
+    layers = range(clt.n_layers)
+    inputs = torch.stack([columns[transcoder_hooks(layer)[0]] for layer in layers], 1).float()
+    outputs = torch.stack([columns[transcoder_hooks(layer)[1]] for layer in layers], 1).float()
+    explained = clt_explained_variance(clt, inputs, outputs)
+    with torch.no_grad():
+        l0 = sum(float((clt.encode(layer, inputs[:, layer]) > 0).float().sum(-1).mean()) for layer in layers)
+    device = next(model.parameters()).device
+    batches = [torch.tensor([ids], device=device) for ids in sequences]
+    ce = ce_loss_recovered_all_mlps(model, batches, clt.to(device), should_cancel=job.should_cancel)
+    clt.cpu()
+    return {
+        "explained_variance": round(sum(explained) / len(explained), 5),
+        "explained_variance_per_layer": explained,
+        "l0": round(l0, 3),
+        "held_out_tokens": len(inputs),
+        "ce_loss_clean": round(ce["clean"], 5),
+        "ce_loss_with_sae": round(ce["replaced"], 5),
+        "ce_loss_zero_ablation": round(ce["zero"], 5),
+        "ce_loss_recovered": round(ce["recovered"], 5),
+        "ce_note": "every MLP replaced at once by the cross-layer transcoder; zero ablation: every MLP "
+        "zeroed",
+    }
 
 
 def prepends_bos(loaded) -> bool:
@@ -570,6 +619,9 @@ def group_evaluation(
     evaluations = []
     for index, sae in enumerate(members):
         job.check_cancel()
+        if sae.is_cross_layer:
+            evaluations.append(clt_evaluation(loaded.model, results[index].sae, columns, sequences, job=job))
+            continue
         inputs = columns[sae.hook_name]
         chunk = (inputs, columns[sae.hook_name_out]) if sae.hook_name_out else inputs
         evaluations.append(

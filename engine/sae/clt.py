@@ -105,6 +105,10 @@ class CrossLayerTranscoder(nn.Module):
         skip = self.skip_path(layer, x)
         return out if skip is None else out + skip
 
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """The parameters by name (``W_dec.{layer}`` for each layer's decoders)."""
+        return {name: tensor.detach() for name, tensor in self.state_dict().items() if tensor is not None}
+
     def forward(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         """Every layer's predicted MLP output from every layer's MLP input (lists, layer 0 first)."""
         features = [self.encode(layer, x) for layer, x in enumerate(inputs)]

@@ -2,8 +2,10 @@
 disk or the model run over a dataset on the fly, shuffled in a bounded buffer on the training
 device, with checkpoints that resume a killed run to the very result of an uninterrupted one.
 
-* A **group** is a list of :class:`GroupMember`: each an SAE (one hook point) or a transcoder
-  (an input and an output hook point) with its own :class:`~engine.sae.training.TrainingConfig`.
+* A **group** is a list of :class:`GroupMember`: each an SAE (one hook point), a transcoder
+  (an input and an output hook point) with its own :class:`~engine.sae.training.TrainingConfig`,
+  or a cross-layer transcoder over the first ``n_layers`` layers (every layer's MLP input and
+  output) with its :class:`~engine.sae.clt_training.CltTrainingConfig`.
   Every member sees every batch (same rows, same order); members differ in hooks and
   hyper-parameters. They share ``batch_size``; a member whose ``total_tokens`` are reached stops
   while the others go on.
@@ -39,7 +41,7 @@ from safetensors.torch import load_file, save_file
 
 from engine.sae.checkpoint import TrainingCheckpoint, fsync_directory, replace_durably
 from engine.sae.data import ShuffleBuffer
-from engine.sae.training import SaeTrainer, StepMetrics, TrainedSae, TrainingConfig
+from engine.sae.training import SaeTrainer, StepMetrics, TrainedSae
 
 __all__ = [
     "GroupMember",
@@ -62,20 +64,36 @@ Source = Iterator[tuple[torch.Tensor, dict[str, Any]]]
 
 @dataclass(frozen=True)
 class GroupMember:
-    """One SAE (``hook_out`` None) or transcoder (``hook_in`` → ``hook_out``) of a group."""
+    """One SAE (``hook_out`` None) or transcoder (``hook_in`` → ``hook_out``) of a group, or with
+    ``n_layers`` a cross-layer transcoder (``config`` a CltTrainingConfig) reading every one of
+    those layers' MLP inputs and predicting their outputs (``hook_in`` layer 0's input,
+    ``hook_out`` the last one's output)."""
 
     hook_in: str
-    config: TrainingConfig
+    config: Any  # TrainingConfig, or CltTrainingConfig for a cross-layer transcoder
     hook_out: str | None = None
+    n_layers: int | None = None
+
+    @property
+    def hooks(self) -> list[str]:
+        """What it reads: its hook(s), or a CLT's every layer's MLP input and output."""
+        if self.n_layers is not None:
+            from engine.hooks import transcoder_hooks
+
+            return [name for layer in range(self.n_layers) for name in transcoder_hooks(layer)]
+        return [self.hook_in, *([self.hook_out] if self.hook_out is not None else [])]
+
+    def layer_hooks(self) -> tuple[list[str], list[str]]:
+        """A CLT's MLP inputs and outputs, layer 0 first."""
+        return self.hooks[0::2], self.hooks[1::2]
 
 
 def group_hooks(members: Sequence[GroupMember]) -> list[str]:
     """The hook points a group reads, each once, in the order members first name them."""
     hooks: dict[str, None] = {}
     for member in members:
-        hooks[member.hook_in] = None
-        if member.hook_out is not None:
-            hooks[member.hook_out] = None
+        for name in member.hooks:
+            hooks[name] = None
     return list(hooks)
 
 
@@ -326,6 +344,15 @@ class GroupRun:
         for index in self.spread.mine:
             member = self.members[index]
             checkpoint = TrainingCheckpoint.load(resume / f"member-{index}") if resume is not None else None
+            if member.n_layers is not None:
+                from engine.sae.clt_training import CltTrainer
+
+                inputs, outputs = self.layer_rows(member, cpu_sample)
+                self.trainers[index] = CltTrainer(
+                    member.config, sample_inputs=inputs, sample_outputs=outputs, resume=checkpoint,
+                    device=self.device,
+                )  # fmt: skip
+                continue
             transcoder = member.hook_out is not None
             self.trainers[index] = SaeTrainer(
                 member.config,
@@ -370,10 +397,13 @@ class GroupRun:
                 continue
             member = self.members[index]
             trainer.seconds = self.seconds()
-            metrics = trainer.step(
-                batch[:, self.offsets[member.hook_in]],
-                batch[:, self.offsets[member.hook_out]] if member.hook_out is not None else None,
-            )
+            if member.n_layers is not None:
+                metrics = trainer.step(*self.layer_rows(member, batch))
+            else:
+                metrics = trainer.step(
+                    batch[:, self.offsets[member.hook_in]],
+                    batch[:, self.offsets[member.hook_out]] if member.hook_out is not None else None,
+                )
             if self.on_step is not None:
                 self.on_step(index, metrics)
 
@@ -403,10 +433,22 @@ class GroupRun:
     def finish(self) -> dict[int, TrainedSae]:
         """Each trainer's SAE, its scaling measured on the initialisation sample."""
         cpu_sample = self.sample.float().cpu()
-        return {
-            index: trainer.finish(cpu_sample[:, self.offsets[self.members[index].hook_in]])
-            for index, trainer in self.trainers.items()
-        }
+        results = {}
+        for index, trainer in self.trainers.items():
+            member = self.members[index]
+            if member.n_layers is not None:
+                results[index] = trainer.finish(self.layer_rows(member, cpu_sample)[0])
+            else:
+                results[index] = trainer.finish(cpu_sample[:, self.offsets[member.hook_in]])
+        return results
+
+    def layer_rows(self, member: GroupMember, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A CLT's inputs and outputs in ``rows`` of the group's hooks: two [rows, layers, d]."""
+        inputs, outputs = member.layer_hooks()
+        return (
+            torch.stack([rows[:, self.offsets[name]] for name in inputs], 1),
+            torch.stack([rows[:, self.offsets[name]] for name in outputs], 1),
+        )
 
 
 def train_group(members: Sequence[GroupMember], **options: Any) -> dict[int, TrainedSae]:

@@ -1,6 +1,7 @@
-"""Training a group of SAEs and transcoders from one stream (engine.sae.group): from the model on
-the fly it equals training on the same activations read as a cache would give them; a group
-killed after a checkpoint resumes to the uninterrupted result; two gloo processes equal one."""
+"""Training a group of SAEs, transcoders and a cross-layer transcoder from one stream
+(engine.sae.group): from the model on the fly it equals training on the same activations read as a
+cache would give them; a group killed after a checkpoint resumes to the uninterrupted result; two
+gloo processes equal one."""
 
 import dataclasses
 import os
@@ -13,7 +14,8 @@ from safetensors.torch import load_file, save_file
 
 from engine.extraction import extract, plan_batches, tokenize_samples
 from engine.sae import TrainingConfig
-from engine.sae.group import GroupMember, latest_checkpoint, model_source, train_group
+from engine.sae.clt_training import CltTrainingConfig
+from engine.sae.group import GroupMember, group_hooks, latest_checkpoint, model_source, train_group
 
 HOOKS = ("blocks.0.hook_resid_post", "blocks.1.hook_resid_post")
 MLP_IN, MLP_OUT = "blocks.1.ln2.hook_normalized", "blocks.1.hook_mlp_out"
@@ -45,13 +47,21 @@ def _config(architecture="topk", **options):
     )  # fmt: skip
 
 
+CLT_CONFIG = CltTrainingConfig(d_sae=64, k=4, lr=3e-3, batch_size=BATCH, steps=STEPS, warmup_steps=2)
+
+
 def _members():
     return [
         GroupMember(HOOKS[0], _config()),
         GroupMember(HOOKS[1], _config(k=8)),
         GroupMember(MLP_IN, _config("batchtopk"), hook_out=MLP_OUT),
         GroupMember(HOOKS[1], _config("matryoshka_batchtopk", matryoshka_widths=(16, 64), skip=False)),
+        GroupMember("blocks.0.ln2.hook_normalized", hook_out=MLP_OUT, n_layers=2, config=CLT_CONFIG),
     ]
+
+
+# What the members read, in the group's order (the CLT adds layer 0's MLP input and output).
+GROUP_HOOKS = group_hooks(_members())
 
 
 def _live(gpt2, texts, hooks):
@@ -85,7 +95,7 @@ def _assert_same(first, second):
 
 def test_training_from_the_model_equals_training_on_the_same_activations_read_in_other_chunks(gpt2, texts):
     members = _members()
-    hooks = [HOOKS[0], HOOKS[1], MLP_IN, MLP_OUT]
+    hooks = GROUP_HOOKS
     live = train_group(
         members, widths=_widths(hooks), open_source=_live(gpt2, texts, hooks), buffer_rows=BUFFER
     )
@@ -109,7 +119,7 @@ def test_training_from_the_model_equals_training_on_the_same_activations_read_in
 
 def test_a_group_killed_after_a_checkpoint_resumes_to_the_uninterrupted_result(gpt2, texts, tmp_path):
     members = _members()
-    hooks = [HOOKS[0], HOOKS[1], MLP_IN, MLP_OUT]
+    hooks = GROUP_HOOKS
     arguments = dict(widths=_widths(hooks), open_source=_live(gpt2, texts, hooks), buffer_rows=BUFFER)
     whole = train_group(members, **arguments)
 
@@ -139,7 +149,7 @@ def test_a_group_that_yields_at_a_due_checkpoint_resumes_to_the_uninterrupted_re
     """``checkpoint_due`` checkpoints off the periodic schedule (a job's time slice ending); an
     ``on_checkpoint`` that raises stops the run, which resumes from there."""
     members = _members()
-    hooks = [HOOKS[0], HOOKS[1], MLP_IN, MLP_OUT]
+    hooks = GROUP_HOOKS
     arguments = dict(widths=_widths(hooks), open_source=_live(gpt2, texts, hooks), buffer_rows=BUFFER)
     whole = train_group(members, **arguments)
     asked = iter(range(10**6))
@@ -185,7 +195,7 @@ def _rank(rank, world, port, folder, texts, out):
         weights = (
             load_weights(folder, model_type="gpt2", quantization="none", device="cpu") if rank == 0 else None
         )
-        hooks = [HOOKS[0], HOOKS[1], MLP_IN, MLP_OUT]
+        hooks = GROUP_HOOKS
         results = train_group(
             _members(), widths=_widths(hooks), buffer_rows=BUFFER,
             open_source=_live(weights, texts, hooks) if rank == 0 else None,
@@ -200,7 +210,7 @@ def test_two_gloo_processes_train_a_group_as_one_process_does(gpt2, texts, tmp_p
     from engine.testing.tiny_models import build_tiny_model
 
     folder = build_tiny_model("gpt2", tmp_path / "gpt2", size="tiny", seed=0)
-    hooks = [HOOKS[0], HOOKS[1], MLP_IN, MLP_OUT]
+    hooks = GROUP_HOOKS
     single = train_group(
         _members(), widths=_widths(hooks), open_source=_live(gpt2, texts, hooks), buffer_rows=BUFFER
     )
@@ -216,9 +226,9 @@ def test_two_gloo_processes_train_a_group_as_one_process_does(gpt2, texts, tmp_p
     for process in processes:
         process.join(timeout=300)
         assert process.exitcode == 0
-    # Each rank trained its own half of the group: rank r the members r, r + 2.
+    # Each rank trained its own half of the group: rank r the members r, r + 2, r + 4.
     assert sorted(path.name for path in out.iterdir()) == [
-        "rank-0-member-0.safetensors", "rank-0-member-2.safetensors",
+        "rank-0-member-0.safetensors", "rank-0-member-2.safetensors", "rank-0-member-4.safetensors",
         "rank-1-member-1.safetensors", "rank-1-member-3.safetensors",
     ]  # fmt: skip
     gathered = {int(path.stem.rsplit("-", 1)[1]): load_file(path) for path in out.iterdir()}

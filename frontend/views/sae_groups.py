@@ -136,6 +136,7 @@ def sae_group_new_page(request):
         values["variants"] = parse_variants(shown["variants"])
         values["shared"] = request.POST.get("shared") == "on"
         values["analyze_members"] = request.POST.get("analyze_members") == "on"
+        values["cross_layer_transcoder"] = request.POST.get("cross_layer_transcoder") == "on"
         group = sae_group_train_from_body(user=request.user, body=values)
     except ValidationError as error:
         errors, status = _field_errors(error), 400
@@ -147,6 +148,7 @@ def sae_group_new_page(request):
         return redirect("frontend:sae-group", group.id)
     shown["shared"] = request.POST.get("shared") == "on"
     shown["analyze_members"] = request.POST.get("analyze_members") == "on"
+    shown["cross_layer_transcoder"] = request.POST.get("cross_layer_transcoder") == "on"
     return render(
         request,
         "frontend/sae_group_new.html",

@@ -138,6 +138,59 @@ def test_a_group_trains_from_the_model_and_each_member_is_evaluated_and_compared
     assert api.get(f"/api/saes/{members[0].id}").json()["dataset_id"] == texts_dataset.id
 
 
+def test_a_cross_layer_transcoder_trains_from_the_model_in_a_group_and_attributes(
+    tiny_gpt2_folder, tiny_model, writer, client_for, texts_dataset
+):
+    """A CLT member over every layer: trained beside an SAE from the same forward passes, judged
+    per layer and with every MLP replaced at once (recomputed independently from transformers'
+    MLPs on the held-out samples), saved in circuit-tracer's layout, not analysed, attributed."""
+    from engine.sae.clt import load_clt
+    from engine.sae.clt_training import ce_loss_recovered_all_mlps, clt_explained_variance, mlp_rows
+
+    api = client_for(writer)
+    response = _request(api, tiny_model, texts_dataset, transcoders=[], variants=[], k=4,
+                        cross_layer_transcoder=True)  # fmt: skip
+    assert response.status_code == 202, response.content
+    members = response.json()["members"]
+    assert [(m["hook_name"], m["hook_name_out"], m["architecture"]) for m in members] == [
+        (RESID, None, "topk"),
+        ("blocks.0.ln2.hook_normalized", MLP_OUT, "jumprelu"),
+    ]
+    burst()
+    group = SaeGroup.objects.get(pk=response.json()["id"])
+    assert group.status == "completed", (group.error_code, group.error_message)
+    clt_row = SaeRow.objects.get(pk=members[1]["id"])
+    assert clt_row.n_layers == 2 and clt_row.status == "completed" and clt_row.history[-1]["step"] == 10
+    assert clt_row.hyperparameters["kind"] == "clt" and clt_row.hyperparameters["k"] == 4
+    assert not FeatureAnalysis.objects.filter(sae=clt_row).exists()  # analyses are single-layer for now
+    clt = load_clt(clt_row.directory / "clt")
+
+    # Its evaluation, recomputed on the held-out samples read with transformers.
+    held_out_texts = [
+        json.loads(line)["text"] for line in texts_dataset.storage_path.read_text().splitlines()
+    ]
+    held_out_texts = held_out_texts[group.settings["train_samples"] :]
+    tokenizer = AutoTokenizer.from_pretrained(tiny_gpt2_folder)
+    reference = AutoModelForCausalLM.from_pretrained(tiny_gpt2_folder, use_safetensors=True).eval()
+    batches = [torch.tensor([ids]) for text in held_out_texts
+               if len(ids := tokenizer(text, truncation=True, max_length=32)["input_ids"]) >= 2]  # fmt: skip
+    inputs, outputs = mlp_rows(reference, batches)
+    evaluation = clt_row.evaluation
+    assert evaluation["explained_variance_per_layer"] == pytest.approx(
+        clt_explained_variance(clt, inputs, outputs), abs=1e-4
+    )
+    ce = ce_loss_recovered_all_mlps(reference, batches, clt)
+    assert evaluation["ce_loss_with_sae"] == pytest.approx(ce["replaced"], abs=1e-4)
+    assert evaluation["ce_loss_recovered"] == pytest.approx(ce["recovered"], abs=1e-3)
+
+    # An attribution graph through it.
+    body = {"model_id": tiny_model.id, "prompt": "The cat sat on the mat", "transcoder_ids": [clt_row.id]}
+    graph = api.post("/api/graphs", {**body, "batch_size": 8}, format="json")
+    assert graph.status_code == 202, graph.content
+    burst()
+    assert api.get(f"/api/graphs/{graph.json()['id']}").json()["status"] == "completed"
+
+
 def test_a_queued_group_cancelled_cancels_its_members_and_requests_are_checked(
     tiny_model, writer, client_for, texts_dataset
 ):
