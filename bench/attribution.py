@@ -47,6 +47,11 @@ CASES = {
     "small-256": ("small-gpt2", 256, 2048),
     "clt-demo-64": ("demo-gpt2", 64, 2048),
     "clt-demo-127": ("demo-gpt2", 127, 2048),
+    # Long prompts (issue 42): the kit's "small" Llama with a 4,096-token context, at most 2,048
+    # feature nodes: memory should grow at most linearly in the prompt once the cap is reached.
+    "long-128": ("long-llama", 128, 2048),
+    "long-512": ("long-llama", 512, 2048),
+    "long-2048": ("long-llama", 2048, 2048),
 }
 
 
@@ -61,7 +66,7 @@ def _prompt_tokens(tokenizer, n: int) -> list[int]:
     from engine.attribution import attribution_tokens
     from engine.testing.tiny_models import local_corpus
 
-    text = " ".join(local_corpus(40_000)[5:])
+    text = " ".join(local_corpus(40_000 if n < 1000 else 200_000)[5:])
     tokens = attribution_tokens(tokenizer, text)
     return tokens[:n]
 
@@ -82,6 +87,14 @@ def prepare(name: str) -> Path:
         from engine.demo_training import train_demo_gpt2
 
         train_demo_gpt2(folder / "model")
+    elif name == "long-llama":
+        import json as json_module
+
+        build_tiny_model("llama", folder / "model", size="small", seed=0)
+        config_path = folder / "model" / "config.json"
+        config = json_module.loads(config_path.read_text())
+        config["max_position_embeddings"] = 4096  # rotary positions: no weights to grow
+        config_path.write_text(json_module.dumps(config, indent=2))
     else:
         build_tiny_model("gpt2", folder / "model", size="small", seed=0)
     model = AutoModelForCausalLM.from_pretrained(folder / "model").eval()
@@ -171,6 +184,9 @@ def main() -> None:
     )
     parser.add_argument("--quick", action="store_true", help="the 64-token case only, one repeat")
     parser.add_argument("--cases", nargs="+", choices=list(CASES), help="only these cases")
+    parser.add_argument(
+        "--contenders", nargs="+", choices=["ours", "circuit-tracer"], default=["ours", "circuit-tracer"]
+    )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--run", nargs=2, metavar=("CONTENDER", "CASE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -186,12 +202,15 @@ def main() -> None:
     rows = []
     for case in cases:
         results = {}
-        for contender in ("ours", "circuit-tracer"):
+        for contender in args.contenders:
             output = subprocess.run(
                 [sys.executable, __file__, "--run", contender, case, "--repeats", str(repeats)],
                 check=True, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
             ).stdout  # fmt: skip
             results[contender] = json.loads(output.strip().splitlines()[-1])
+        if "circuit-tracer" not in results:
+            rows.append((case, results["ours"], None, None))
+            continue
         ours = load_file(WORK / f"ours-{case}.safetensors")["adjacency"]
         theirs = load_file(WORK / f"circuit-tracer-{case}.safetensors")["adjacency"]
         scale = theirs.abs().amax(1, keepdim=True).clamp_min(1e-6)
@@ -200,6 +219,10 @@ def main() -> None:
     print(f"{'case':<10} {'active':>7} {'nodes':>6} {'ours s':>8} {'ct s':>8} {'speed':>6} "
           f"{'ours MiB':>9} {'ct MiB':>8} same")  # fmt: skip
     for case, ours, theirs, same in rows:
+        if theirs is None:
+            print(f"{case:<10} {ours['active_features']:>7} {ours['nodes']:>6} {ours['seconds']:>8.2f} "
+                  f"{'—':>8} {'—':>6} {ours['peak_mib']:>9.0f} {'—':>8} —")  # fmt: skip
+            continue
         print(
             f"{case:<10} {ours['active_features']:>7} {ours['nodes']:>6} {ours['seconds']:>8.2f} "
             f"{theirs['seconds']:>8.2f} {theirs['seconds'] / ours['seconds']:>5.2f}x "

@@ -255,6 +255,7 @@ class SubgraphApi(APIView):
         subgraph = services.subgraph_update(subgraph=subgraph, actor=request.user, **data.validated_data)
         return Response(subgraph_state(subgraph))
 
+    @extend_schema(responses={204: None})
     def delete(self, request, subgraph_id: str):
         subgraph = selectors.subgraph_get(user=request.user, subgraph_id=subgraph_id)
         services.subgraph_delete(subgraph=subgraph, actor=request.user)

@@ -13,12 +13,12 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from engine.errors import EngineError
-from engine.sae.clt import CrossLayerTranscoder
 
 if TYPE_CHECKING:
     from torch import Tensor, nn
     from transformers import PreTrainedModel
 
+    from engine.sae.clt import CrossLayerTranscoder
     from engine.sae.model import SparseAutoencoder
 
 __all__ = ["CrossLayerReplacement", "PerLayerReplacement", "Replacement", "replacement_of"]
@@ -169,6 +169,8 @@ def replacement_of(
     transcoders: Sequence[SparseAutoencoder] | CrossLayerTranscoder | Replacement,
 ) -> Replacement:
     """The :class:`Replacement` of one transcoder per layer, or of a CLT."""
+    from engine.sae.clt import CrossLayerTranscoder  # (torch: imported where the work is done)
+
     if isinstance(transcoders, Replacement):
         return transcoders
     if isinstance(transcoders, CrossLayerTranscoder):

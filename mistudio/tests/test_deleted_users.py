@@ -20,7 +20,7 @@ from django.db.models import Model
 
 from activations.models import ActivationCache, Dataset, ExtractionJob
 from activations.services import dataset_create_from_texts
-from circuits.models import AttributionGraph
+from circuits.models import AttributionGraph, Subgraph
 from conftest import make_user
 from features.models import ExplanationJob, FeatureAnalysis, FeatureLabel
 from generation.models import Generation
@@ -113,8 +113,10 @@ def rows_of(user, olga) -> dict[type[Model], list[Model]]:
         model=olga["model"], transcoders=[olga["sae"].id], prompt="a prompt", status="completed", owner=user,
         shared=True,
     )  # fmt: skip
+    subgraph = Subgraph.objects.create(graph=graph, owner=user, name="a reading", shared=True)
     return {
         AttributionGraph: [graph],
+        Subgraph: [subgraph],
         ExplanationJob: [explanations],
         SaeGroup: [group],
         LanguageModel: [model],
