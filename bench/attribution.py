@@ -47,7 +47,7 @@ CASES = {
     "small-256": ("small-gpt2", 256, 2048),
     "clt-demo-64": ("demo-gpt2", 64, 2048),
     "clt-demo-127": ("demo-gpt2", 127, 2048),
-    # Long prompts (issue 42): the kit's "small" Llama with a 4,096-token context, at most 2,048
+    # Long prompts: the kit's "small" Llama with a 4,096-token context, at most 2,048
     # feature nodes: memory should grow at most linearly in the prompt once the cap is reached.
     "long-128": ("long-llama", 128, 2048),
     "long-512": ("long-llama", 512, 2048),
