@@ -150,8 +150,6 @@
         const text = shortName(node);
         const label = element("text", { x: x + 8, y: y + 3, class: "node-name" }, labels);
         label.textContent = text.length > 18 ? text.slice(0, 17) + "…" : text;
-        label.append(element("title", {}));
-        label.lastChild.textContent = describe(node);
       }
     }
     $("graph-counts").textContent = `${nodes.length} nodes, ${links.length} edges shown`;
