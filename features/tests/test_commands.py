@@ -2,13 +2,15 @@
 
 import io
 import threading
+import time
 
 import pytest
 from django.core.management import CommandError, call_command
 
 from features.models import Feature, FeatureAnalysis
+from features.services import analysis_cancel
+from mistudio.access import OPERATOR
 from mistudio.workers import run_worker, shared_queue
-from models_app.tests.live_stack import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -19,12 +21,27 @@ def run(*arguments) -> str:
     return out.getvalue()
 
 
-def test_analyze_then_show_a_feature_from_the_command_line(sae_row):
-    def worker_when_queued() -> None:
-        wait_until(lambda: shared_queue().count > 0, timeout=30, what="the analysis job")
-        run_worker(name="feature-cli-worker", device="cpu", burst=True)
+ENDED = ("completed", "failed", "cancelled")
 
-    worker = threading.Thread(target=worker_when_queued)
+
+def worker_until_the_analysis_ends() -> None:
+    """Burst workers until the command's analysis has ended: one burst worker that found the queue
+    empty just before the job arrived once left the command following forever (CI hung). Past the
+    deadline the analysis is cancelled, so the command ends and the test fails plainly."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if FeatureAnalysis.objects.filter(status__in=ENDED).exists():
+            return
+        if shared_queue().count > 0:
+            run_worker(name="feature-cli-worker", device="cpu", burst=True)
+        else:
+            time.sleep(0.2)
+    for analysis in FeatureAnalysis.objects.exclude(status__in=ENDED):
+        analysis_cancel(analysis=analysis, actor=OPERATOR)
+
+
+def test_analyze_then_show_a_feature_from_the_command_line(sae_row):
+    worker = threading.Thread(target=worker_until_the_analysis_ends)
     worker.start()
     output = run("analyze_sae", sae_row.id)
     worker.join(timeout=60)
@@ -59,11 +76,7 @@ def test_analyze_over_a_dataset_through_the_model_from_the_command_line(sae_row,
         name="prose", texts=["The cat sat on the mat.", "A dog ran home."] * 5, owner=writer, source="upload"
     )
 
-    def worker_when_queued() -> None:
-        wait_until(lambda: shared_queue().count > 0, timeout=30, what="the analysis job")
-        run_worker(name="feature-cli-worker", device="cpu", burst=True)
-
-    worker = threading.Thread(target=worker_when_queued)
+    worker = threading.Thread(target=worker_until_the_analysis_ends)
     worker.start()
     output = run("analyze_sae", sae_row.id, "--dataset", prose.id, "--samples", "6", "--max-length", "16")
     worker.join(timeout=60)
