@@ -438,10 +438,12 @@ def test_requests_waiting_for_a_worker_hold_no_database_connection(live_stack):
     ]
     for thread in threads:
         thread.start()
-    waiting = Generation.objects.filter(prompt="Wait", status="queued")
-    wait_until(lambda: waiting.count() == 14, timeout=30, what="fourteen waiting requests")
-    assert get(live_stack, "models")  # answered while fourteen requests wait
-    assert waiting.count() == 14
+    # All fourteen accepted (each holds its row while it waits). Under CI's load the first may
+    # already have had their silence checked (5 s) when the last arrives, so the rows are counted
+    # whatever their status; a waiting request that held a pooled connection shows in the codes.
+    asked = Generation.objects.filter(prompt="Wait")
+    wait_until(lambda: asked.count() == 14, timeout=30, what="fourteen requests")
+    assert get(live_stack, "models")  # answered while the requests wait
     for thread in threads:
         thread.join(60)
     # Each ends when its silence is checked (the worker is gone, or its model was unloaded for it);
