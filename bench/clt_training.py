@@ -41,8 +41,11 @@ def main() -> None:
         CltTrainingConfig,
         ce_loss_recovered_all_mlps,
         clt_explained_variance,
+        clt_l0,
+        layer_explained_variance,
         mlp_rows,
     )
+    from engine.sae.training import l0
     from engine.testing.tiny_models import local_corpus
     from engine.testing.tiny_saes import trained_transcoders
 
@@ -87,28 +90,20 @@ def main() -> None:
     clt_seconds = time.perf_counter() - started
 
     with torch.no_grad():
-        per_layer_ev, per_layer_l0 = [], []
-        for layer, transcoder in enumerate(per_layer):
-            truth = test_outputs[:, layer]
-            guess = transcoder(test_inputs[:, layer])
-            per_layer_ev.append(
-                round(float(1 - (truth - guess).pow(2).sum() / (truth - truth.mean(0)).pow(2).sum()), 4)
-            )
-            per_layer_l0.append(
-                round(float((transcoder.encode(test_inputs[:, layer]) > 0).float().sum(-1).mean()), 2)
-            )
-        clt_l0 = [round(float((clt.encode(layer, test_inputs[:, layer]) > 0).float().sum(-1).mean()), 2)
-                  for layer in range(clt.n_layers)]  # fmt: skip
+        guesses = torch.stack([transcoder(test_inputs[:, at]) for at, transcoder in enumerate(per_layer)], 1)
+    per_layer_ev = [round(float(value), 4) for value in layer_explained_variance(test_outputs, guesses)]
+    per_layer_l0 = [round(l0(transcoder, test_inputs[:, at]), 2) for at, transcoder in enumerate(per_layer)]
+    clt_layer_l0 = [round(value, 2) for value in clt_l0(clt, test_inputs)]
     clt_ev = clt_explained_variance(clt, test_inputs, test_outputs)
     ce_per_layer = ce_loss_recovered_all_mlps(model, held_out, per_layer)
     ce_clt = ce_loss_recovered_all_mlps(model, held_out, clt)
     header = f"{'':<12} {'train s':>8} {'L0 per layer':<28} {'EV per layer':<32} {'CE replaced':>11}"
     print(header, f"{'recovered':>9}")
-    for name, seconds, l0, ev, ce in (
+    for name, seconds, features, ev, ce in (
         ("per-layer", per_layer_seconds, per_layer_l0, per_layer_ev, ce_per_layer),
-        ("CLT", clt_seconds, clt_l0, clt_ev, ce_clt),
+        ("CLT", clt_seconds, clt_layer_l0, clt_ev, ce_clt),
     ):
-        layers = f"{l0!s:<28} {ev!s:<32}"
+        layers = f"{features!s:<28} {ev!s:<32}"
         print(f"{name:<12} {seconds:>8.1f} {layers} {ce['replaced']:>11.4f} {ce['recovered']:>9.3f}")
     print(f"clean CE {ce_clt['clean']:.4f}, every MLP zeroed {ce_clt['zero']:.4f}")
 

@@ -328,6 +328,12 @@ def transcoder_hooks(layer: int) -> tuple[str, str]:
     return f"blocks.{layer}.{MLP_IN}", f"blocks.{layer}.{MLP_OUT}"
 
 
+def every_transcoder_hook(n_layers: int) -> list[str]:
+    """Every layer's :func:`transcoder_hooks`, layer 0 first, input before output: what a
+    cross-layer transcoder (or one transcoder per layer) reads and writes."""
+    return [name for layer in range(n_layers) for name in transcoder_hooks(layer)]
+
+
 def layer_of_transcoder_hooks(hook_in: Any, hook_out: Any) -> int | None:
     """The layer whose MLP a transcoder reading ``hook_in`` and writing ``hook_out`` stands in
     for; None when the pair is not :func:`transcoder_hooks` of any layer."""

@@ -20,7 +20,7 @@ from activations.selectors import hook_points
 from activations.services import hook_names_for
 from activations.services.extractions import default_max_length, storage_dtype_for
 from engine import budgets
-from engine.hooks import transcoder_hooks
+from engine.hooks import every_transcoder_hook, transcoder_hooks
 from engine.sae_architectures import (
     DEFAULT_ARCHITECTURE,
     DEFAULT_LIVE_EXPANSION,
@@ -132,7 +132,7 @@ class GroupMember:
     @property
     def hooks(self) -> list[str]:
         if self.clt_layers:
-            return [name for layer in range(self.clt_layers) for name in transcoder_hooks(layer)]
+            return every_transcoder_hook(self.clt_layers)
         return [self.hook, *([self.hook_out] if self.hook_out else [])]
 
 

@@ -468,7 +468,7 @@ def transcoder_set_import(
     if not folder.is_dir():
         raise ApplicationError("INVALID_LOCAL_PATH", "The local path is not a folder.")
     if (folder / "W_enc_0.safetensors").exists():
-        sae, created = clt_import(owner=owner, local_path=local_path, model=model, name=name, shared=shared)
+        sae, created = clt_import(owner=owner, folder=folder, model=model, name=name, shared=shared)
         return [sae], created
     layers = sae_folder_files(folder, "circuit_tracer")
     if len(layers) != (model.num_layers or 0):
@@ -516,18 +516,14 @@ def transcoder_set_import(
 
 
 def clt_import(
-    *, owner, local_path: str, model: LanguageModel, name: str = "", shared: bool = False
+    *, owner, folder: Path, model: LanguageModel, name: str, shared: bool
 ) -> tuple[SparseAutoencoder, bool]:
-    """Import a cross-layer transcoder in circuit-tracer's layout (``W_enc_{l}`` and
-    ``W_dec_{l}.safetensors`` per layer) from a folder under ``LOCAL_MODEL_ROOTS`` as one row over
-    every layer of ``model``: ``d_sae`` features per layer, reading each layer's MLP input
-    (``hook_name`` is layer 0's) and writing into that layer's MLP output and every later one's
-    (``hook_name_out`` is the last layer's). Headers only here; a worker reads the files. Returns
-    the row and whether it is new: the owner's earlier import of the same files is reused."""
-    check_label_text(name, field="name")
-    folder = path_inside_roots(local_path, settings.LOCAL_MODEL_ROOTS, setting="LOCAL_MODEL_ROOTS")
-    if not folder.is_dir():
-        raise ApplicationError("INVALID_LOCAL_PATH", "The local path is not a folder.")
+    """:func:`transcoder_set_import` of a cross-layer transcoder in circuit-tracer's layout
+    (``W_enc_{l}`` and ``W_dec_{l}.safetensors`` per layer; ``folder`` already resolved inside the
+    roots) as one row over every layer of ``model``: ``d_sae`` features per layer, reading each
+    layer's MLP input (``hook_name`` is layer 0's) and writing into that layer's MLP output and every
+    later one's (``hook_name_out`` is the last layer's). Headers only here; a worker reads the files.
+    Returns the row and whether it is new: the owner's earlier import of the same files is reused."""
     files = sae_folder_files(folder, "clt")
     n_layers = files.layer
     if n_layers != (model.num_layers or 0):

@@ -550,15 +550,14 @@ def clt_evaluation(model, clt, columns: dict[str, Any], sequences: list[list[int
     with every MLP replaced at once by it (``ce_loss_recovered``: against all MLPs zeroed)."""
     import torch
 
-    from engine.hooks import transcoder_hooks
-    from engine.sae.clt_training import ce_loss_recovered_all_mlps, clt_explained_variance
+    from engine.hooks import every_transcoder_hook
+    from engine.sae.clt_training import ce_loss_recovered_all_mlps, clt_explained_variance, clt_l0
 
-    layers = range(clt.n_layers)
-    inputs = torch.stack([columns[transcoder_hooks(layer)[0]] for layer in layers], 1).float()
-    outputs = torch.stack([columns[transcoder_hooks(layer)[1]] for layer in layers], 1).float()
+    hooks = every_transcoder_hook(clt.n_layers)
+    inputs = torch.stack([columns[name] for name in hooks[0::2]], 1).float()
+    outputs = torch.stack([columns[name] for name in hooks[1::2]], 1).float()
     explained = clt_explained_variance(clt, inputs, outputs)
-    with torch.no_grad():
-        l0 = sum(float((clt.encode(layer, inputs[:, layer]) > 0).float().sum(-1).mean()) for layer in layers)
+    l0 = sum(clt_l0(clt, inputs))
     device = next(model.parameters()).device
     batches = [torch.tensor([ids], device=device) for ids in sequences]
     ce = ce_loss_recovered_all_mlps(model, batches, clt.to(device), should_cancel=job.should_cancel)

@@ -77,6 +77,10 @@ class Replacement:
     def skip_path(self, layer: int, x: Tensor) -> Tensor | None:
         raise NotImplementedError
 
+    def problems(self, n_layers: int, width: int) -> list[str]:
+        """What keeps it from replacing every MLP of a model of ``n_layers`` layers, ``width`` wide."""
+        raise NotImplementedError
+
 
 class PerLayerReplacement(Replacement):
     """One transcoder per layer, layer 0 first (circuit-tracer's ``TranscoderSet``)."""
@@ -124,6 +128,16 @@ class PerLayerReplacement(Replacement):
     def skip_path(self, layer: int, x: Tensor) -> Tensor | None:
         return self.transcoders[layer].skip_path(x)
 
+    def problems(self, n_layers: int, width: int) -> list[str]:
+        problems = []
+        if self.n_layers != n_layers:
+            problems.append(f"the model has {n_layers} layers and {self.n_layers} transcoders were given")
+        for layer, transcoder in enumerate(self.transcoders):
+            shape = transcoder.shape
+            if not shape.is_transcoder or shape.d_in != width or shape.output_width != width:
+                problems.append(f"layer {layer}: not a {width}-wide transcoder")
+        return problems
+
 
 class CrossLayerReplacement(Replacement):
     """One cross-layer transcoder (:mod:`engine.sae.clt`)."""
@@ -164,6 +178,14 @@ class CrossLayerReplacement(Replacement):
     def skip_path(self, layer: int, x: Tensor) -> Tensor | None:
         return self.clt.skip_path(layer, x)
 
+    def problems(self, n_layers: int, width: int) -> list[str]:
+        problems = []
+        if self.n_layers != n_layers:
+            problems.append(f"the model has {n_layers} layers and the CLT {self.n_layers}")
+        if self.width() != (width, width):
+            problems.append(f"the CLT is {self.width()[0]} wide, the model {width}")
+        return problems
+
 
 def replacement_of(
     transcoders: Sequence[SparseAutoencoder] | CrossLayerTranscoder | Replacement,
@@ -182,23 +204,7 @@ def check_replacement(model: PreTrainedModel, replacement: Replacement) -> None:
     """``INVALID_TRANSCODERS`` unless the replacement covers every layer, as wide as the model."""
     from engine.attribution.frozen import model_parts
 
-    n_layers = model_parts(model).n_layers
-    width = int(model.config.hidden_size)
-    problems = []
-    if isinstance(replacement, CrossLayerReplacement):
-        if replacement.n_layers != n_layers:
-            problems.append(f"the model has {n_layers} layers and the CLT {replacement.n_layers}")
-        if replacement.width() != (width, width):
-            problems.append(f"the CLT is {replacement.width()[0]} wide, the model {width}")
-    else:
-        if replacement.n_layers != n_layers:
-            problems.append(
-                f"the model has {n_layers} layers and {replacement.n_layers} transcoders were given"
-            )
-        for layer, transcoder in enumerate(replacement.transcoders):
-            shape = transcoder.shape
-            if not shape.is_transcoder or shape.d_in != width or shape.output_width != width:
-                problems.append(f"layer {layer}: not a {width}-wide transcoder")
+    problems = replacement.problems(model_parts(model).n_layers, int(model.config.hidden_size))
     if problems:
         raise EngineError(
             "INVALID_TRANSCODERS",

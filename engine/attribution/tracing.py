@@ -176,23 +176,18 @@ def _targets(
         first, second = (int(token) for token in config.target_difference)
         _check_tokens([first, second], vocabulary)
         vectors = (unembedding[first] - unembedding[second])[None]
-        ids = torch.tensor([first], device=logits.device)
-        return (
-            ids,
-            torch.ones(1, device=logits.device),
-            vectors,
-            {"kind": "difference", "tokens": [first, second]},
-        )
+        ids, weights = torch.tensor([first], device=logits.device), torch.ones(1, device=logits.device)
+        return ids, weights, vectors, {"kind": "difference", "tokens": [first, second]}
     if config.target_tokens is not None:
         chosen = [int(token) for token in config.target_tokens]
         _check_tokens(chosen, vocabulary)
         ids = torch.tensor(chosen, device=logits.device)
-        vectors = unembedding[ids] - unembedding.mean(0, keepdim=True)
-        return ids, probabilities[ids], vectors, {"kind": "tokens", "tokens": chosen}
-    top, top_ids = probabilities.topk(min(config.max_n_logits, vocabulary))
-    cutoff = int(torch.searchsorted(top.cumsum(0), config.desired_logit_prob)) + 1
-    ids = top_ids[:cutoff]
-    return ids, top[:cutoff], unembedding[ids] - unembedding.mean(0, keepdim=True), {}
+        weights, target = probabilities[ids], {"kind": "tokens", "tokens": chosen}
+    else:
+        top, top_ids = probabilities.topk(min(config.max_n_logits, vocabulary))
+        cutoff = int(torch.searchsorted(top.cumsum(0), config.desired_logit_prob)) + 1
+        ids, weights, target = top_ids[:cutoff], top[:cutoff], {}
+    return ids, weights, unembedding[ids] - unembedding.mean(0, keepdim=True), target
 
 
 def _check_tokens(tokens: list[int], vocabulary: int) -> None:
@@ -320,7 +315,6 @@ class _GradientGraph:
     """The batched pass with gradients, and the backward passes that give adjacency rows."""
 
     def __init__(self, run: FrozenRun, transcoders: Replacement, prompt: _Prompt, batch_size: int) -> None:
-
         self.prompt = prompt
         # Per layer [batch, positions, d]: the MLP inputs (where features' targets are injected)
         # and the points their outputs pass through (where sources' gradients are read).

@@ -90,7 +90,7 @@ class CrossLayerTranscoder(nn.Module):
         """What layer ``source``'s ``features`` [..., d_sae] write into layer ``target``'s MLP
         output (no bias; zero before ``source``)."""
         if target < source:
-            return torch.zeros(*features.shape[:-1], self.shape.d_model, dtype=features.dtype)
+            return features.new_zeros(*features.shape[:-1], self.shape.d_model)
         return features.to(self.W_enc.dtype) @ self.W_dec[source][:, target - source]
 
     def skip_path(self, layer: int, x: torch.Tensor) -> torch.Tensor | None:

@@ -42,6 +42,8 @@ __all__ = [
     "CltTrainingConfig",
     "ce_loss_recovered_all_mlps",
     "clt_explained_variance",
+    "clt_l0",
+    "layer_explained_variance",
     "mlp_rows",
 ]
 
@@ -163,9 +165,13 @@ class CltTrainer:
     def elapsed_seconds(self) -> float:
         return self.elapsed_before + self.seconds
 
-    def encode(self, inputs: torch.Tensor, *, training: bool = True) -> torch.Tensor:
+    def pre_activations(self, inputs: torch.Tensor) -> torch.Tensor:
+        """[batch, layers, d_sae] pre-activations of ``inputs`` [batch, layers, d_model]."""
+        return torch.einsum("bld,ldf->blf", inputs.to(self.device).float(), self.W_enc) + self.b_enc
+
+    def encode(self, inputs: torch.Tensor) -> torch.Tensor:
         """[batch, layers, d_sae] features of ``inputs`` [batch, layers, d_model]."""
-        pre = torch.einsum("bld,ldf->blf", inputs, self.W_enc) + self.b_enc
+        pre = self.pre_activations(inputs)
         if self.config.sparsity == "topk":
             values, indices = pre.relu().topk(self.config.k, dim=-1)
             return torch.zeros_like(pre).scatter(-1, indices, values)
@@ -211,9 +217,7 @@ class CltTrainer:
         loss.backward()
         self.optimizer.step()
         with torch.no_grad():
-            residual = (outputs - reconstruction).pow(2).sum((0, 2))
-            variance = (outputs - outputs.mean(0)).pow(2).sum((0, 2)).clamp_min(1e-12)
-            explained = float((1 - residual / variance).mean())
+            explained = float(layer_explained_variance(outputs, reconstruction).mean())
         self.step_count += 1
         self.tokens += len(inputs)
         self.seconds += time.perf_counter() - started
@@ -259,11 +263,8 @@ class CltTrainer:
             for layer, decoder in enumerate(self.W_dec):
                 clt.W_dec[layer].copy_(decoder)
             if self.config.sparsity == "topk":
-                pre = (
-                    torch.einsum("bld,ldf->blf", sample_inputs.to(self.device).float(), self.W_enc)
-                    + self.b_enc
-                )
-                kth = pre.relu().topk(self.config.k, dim=-1).values[..., -1]  # [rows, layers]
+                pre = self.pre_activations(sample_inputs).relu()
+                kth = pre.topk(self.config.k, dim=-1).values[..., -1]  # [rows, layers]
                 clt.threshold.copy_(kth.mean(0)[:, None].expand(-1, self.config.d_sae))
             else:
                 clt.threshold.copy_(self.log_threshold.exp())
@@ -282,24 +283,33 @@ def clt_explained_variance(
     """Each layer's explained variance of its MLP outputs ``outputs`` [rows, layers, d] from
     ``inputs`` (the same rows' MLP inputs)."""
     with torch.no_grad():
-        predicted = clt([inputs[:, layer].float() for layer in range(clt.n_layers)])
-        result = []
-        for layer, guess in enumerate(predicted):
-            truth = outputs[:, layer].float()
-            residual = (truth - guess).pow(2).sum()
-            total = (truth - truth.mean(0)).pow(2).sum().clamp_min(1e-12)
-            result.append(round(float(1 - residual / total), 5))
-    return result
+        predicted = torch.stack(clt([inputs[:, layer].float() for layer in range(clt.n_layers)]), 1)
+        return [round(float(value), 5) for value in layer_explained_variance(outputs.float(), predicted)]
+
+
+def layer_explained_variance(truth: torch.Tensor, predicted: torch.Tensor) -> torch.Tensor:
+    """[layers]: each layer's ``1 - sum((truth - predicted)^2) / sum((truth - mean truth)^2)`` over
+    the rows of ``truth`` and ``predicted`` [rows, layers, d]."""
+    residual = (truth - predicted).pow(2).sum((0, 2))
+    return 1 - residual / (truth - truth.mean(0)).pow(2).sum((0, 2)).clamp_min(1e-12)
+
+
+def clt_l0(clt: CrossLayerTranscoder, inputs: torch.Tensor) -> list[float]:
+    """Each layer's features a row uses, averaged, from ``inputs`` [rows, layers, d]."""
+    with torch.no_grad():
+        return [
+            float((clt.encode(layer, inputs[:, layer].float()) > 0).float().sum(-1).mean())
+            for layer in range(clt.n_layers)
+        ]
 
 
 def mlp_rows(model: Any, token_batches: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """Every layer's MLP inputs and outputs over ``token_batches`` ([batch, tokens] id tensors,
     unpadded): two [rows, layers, d_model] float32 tensors, rows in token order."""
-    from engine.hooks import hook_sites, transcoder_hooks
+    from engine.hooks import every_transcoder_hook, hook_sites
     from engine.runtime import HookRuntime
 
-    n_layers = int(model.config.num_hidden_layers)
-    names = [name for layer in range(n_layers) for name in transcoder_hooks(layer)]
+    names = every_transcoder_hook(int(model.config.num_hidden_layers))
     rows: dict[str, list[torch.Tensor]] = {name: [] for name in names}
 
     def keep(name: str, tensor: torch.Tensor) -> None:
@@ -310,8 +320,8 @@ def mlp_rows(model: Any, token_batches: Sequence[torch.Tensor]) -> tuple[torch.T
         for ids in token_batches:
             runtime.begin_pass(*ids.shape)
             runtime.run(model, input_ids=ids)
-    inputs = torch.stack([torch.cat(rows[transcoder_hooks(layer)[0]]) for layer in range(n_layers)], 1)
-    outputs = torch.stack([torch.cat(rows[transcoder_hooks(layer)[1]]) for layer in range(n_layers)], 1)
+    inputs = torch.stack([torch.cat(rows[name]) for name in names[0::2]], 1)
+    outputs = torch.stack([torch.cat(rows[name]) for name in names[1::2]], 1)
     return inputs, outputs
 
 
@@ -348,16 +358,11 @@ def ce_loss_recovered_all_mlps(
 
 def _run_with_mlps(model: Any, ids: torch.Tensor, replacement: Any, mode: str) -> torch.Tensor:
     """The logits of ``ids`` with every MLP as it is (``clean``), zeroed, or ``replaced``."""
-    from engine.hooks import hook_sites, transcoder_hooks
+    from engine.hooks import every_transcoder_hook, hook_sites
     from engine.runtime import HookRuntime
 
-    n_layers = replacement.n_layers
-    names = [name for layer in range(n_layers) for name in transcoder_hooks(layer)]
-    layer_of = {
-        name: (layer, index)
-        for layer in range(n_layers)
-        for index, name in enumerate(transcoder_hooks(layer))
-    }
+    names = every_transcoder_hook(replacement.n_layers)
+    layer_of = {name: divmod(at, 2) for at, name in enumerate(names)}  # (layer, 0 input / 1 output)
     features: list[torch.Tensor] = []
     inputs: dict[int, torch.Tensor] = {}
 

@@ -78,9 +78,9 @@ class GroupMember:
     def hooks(self) -> list[str]:
         """What it reads: its hook(s), or a CLT's every layer's MLP input and output."""
         if self.n_layers is not None:
-            from engine.hooks import transcoder_hooks
+            from engine.hooks import every_transcoder_hook
 
-            return [name for layer in range(self.n_layers) for name in transcoder_hooks(layer)]
+            return every_transcoder_hook(self.n_layers)
         return [self.hook_in, *([self.hook_out] if self.hook_out is not None else [])]
 
     def layer_hooks(self) -> tuple[list[str], list[str]]:

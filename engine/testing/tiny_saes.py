@@ -95,28 +95,14 @@ def trained_transcoders(
     k-sparse architectures (a BatchTopK one is a JumpReLU at inference, which circuit-tracer reads)."""
     import torch
 
-    from engine.hooks import hook_sites, transcoder_hooks
-    from engine.runtime import HookRuntime
+    from engine.sae.clt_training import mlp_rows
     from engine.sae.training import SaeTrainer, TrainingConfig
 
-    n_layers = int(model.config.num_hidden_layers)
-    names = [name for layer in range(n_layers) for name in transcoder_hooks(layer)]
-    rows: dict[str, list] = {name: [] for name in names}
-
-    def keep(name, tensor):
-        rows[name].append(tensor.detach().flatten(0, 1))
-
-    runtime = HookRuntime(model, hook_sites(model, names), keep, purpose="read")
-    with torch.no_grad(), runtime.attached():
-        for ids in token_batches:
-            runtime.begin_pass(*ids.shape)
-            runtime.run(model, input_ids=ids)
+    every_input, every_output = mlp_rows(model, token_batches)
     width = int(model.config.hidden_size)
     transcoders = []
-    for layer in range(n_layers):
-        hook_in, hook_out = transcoder_hooks(layer)
-        inputs = torch.cat(rows[hook_in]).float()
-        outputs = torch.cat(rows[hook_out]).float()
+    for layer in range(every_input.shape[1]):
+        inputs, outputs = every_input[:, layer], every_output[:, layer]
         config = TrainingConfig(architecture=architecture, d_sae=expansion * width, k=k, batch_size=256,
                                 total_tokens=256 * steps, warmup_steps=10, lr=3e-3, skip=skip)  # fmt: skip
         trainer = SaeTrainer(config, d_in=width, sample=inputs, d_out=width, sample_out=outputs)

@@ -186,8 +186,7 @@
 
   function describe(node) {
     if (isFeature(node)) {
-      const name = state.view.mistudio.features[featureKey(node)];
-      const text = node.clerp || (name && (name.label || name.explanation || (name.auto_label && `auto: ${name.auto_label}`))) || "";
+      const text = shortName(node);
       return `Layer ${node.layer} feature ${featureIndex(node)} at position ${node.ctx_idx}${text ? `: ${text}` : ""}`;
     }
     if (node.feature_type === "embedding") return `Token “${state.view.metadata.prompt_tokens[node.ctx_idx]}” at position ${node.ctx_idx}`;
