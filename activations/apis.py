@@ -55,6 +55,11 @@ class DatasetListApi(APIView):
         local_path = serializers.CharField(max_length=4096, required=False)
         format = serializers.ChoiceField(choices=list(DATASET_FORMATS), required=False)
         field = serializers.CharField(max_length=200, required=False)
+        label_field = serializers.CharField(
+            max_length=200, required=False,
+            help_text="The JSONL key or CSV / Parquet column of each sample's class: a labelled dataset "
+            "(sparse probing reads it)",
+        )  # fmt: skip
         shared = serializers.BooleanField(default=False, help_text="Visible to every reader")
 
         def validate(self, attrs):
@@ -95,6 +100,7 @@ class DatasetListApi(APIView):
                 format=values.get("format"),
                 field=values.get("field"),
                 shared=values["shared"],
+                label_field=values.get("label_field"),
             )
         else:
             dataset = services.dataset_create_from_local(
@@ -104,6 +110,7 @@ class DatasetListApi(APIView):
                 format=values.get("format"),
                 field=values.get("field"),
                 shared=values["shared"],
+                label_field=values.get("label_field"),
             )
         return Response(DatasetOutputSerializer(dataset).data, status=status.HTTP_201_CREATED)
 

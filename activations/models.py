@@ -29,6 +29,10 @@ class Dataset(models.Model):
         max_length=50, blank=True, help_text="text_lines, text_paragraphs, jsonl, csv, hf_disk"
     )
     field = models.CharField(max_length=200, blank=True, help_text="JSONL field or CSV / dataset column")
+    label_field = models.CharField(
+        max_length=200, blank=True, help_text="The key or column of each sample's class (a labelled dataset)"
+    )
+    classes = models.JSONField(default=dict, blank=True, help_text="Class name to sample count (labelled)")
     sample_count = models.PositiveIntegerField()
     size_bytes = models.BigIntegerField()
     content_hash = models.CharField(max_length=64, db_index=True, help_text="sha256 of the stored samples")

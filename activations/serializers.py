@@ -83,6 +83,8 @@ class DatasetOutputSerializer(serializers.ModelSerializer):
             "original_name",
             "format",
             "field",
+            "label_field",
+            "classes",
             "sample_count",
             "size_bytes",
             "content_hash",

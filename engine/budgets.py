@@ -230,3 +230,42 @@ def attribution(
             "runtime": RUNTIME_BYTES,
         }
     )
+
+
+def saebench_core(
+    *, d_in: int, d_sae: int, vocab: int, prompts: int, context: int, hidden: int, layers: int, heads: int
+) -> MemoryEstimate:
+    """SAEBench's core metrics on one batch of ``prompts`` x ``context`` tokens
+    (``engine.sae.saebench_core``): the clean and an edited run's logits, a prompt's
+    log-probabilities (three at once), a forward pass, and the batch's SAE features."""
+    tokens = prompts * context
+    return MemoryEstimate(
+        {
+            "two runs' logits": 2 * tokens * vocab * FLOAT,
+            "a prompt's log-probabilities": 3 * context * vocab * FLOAT,
+            "forward pass": forward_pass(
+                tokens=tokens, hidden=hidden, layers=layers, heads=heads, longest=context
+            ),
+            "SAE features": ENCODING_TENSORS * tokens * d_sae * FLOAT,
+            "SAE parameters": sae_parameters(d_in, d_sae) * FLOAT,
+            "runtime": RUNTIME_BYTES,
+        }
+    )
+
+
+def sparse_probing(*, d_in: int, d_sae: int, texts: int, context: int, hidden: int, layers: int, heads: int,
+                   batch: int) -> MemoryEstimate:  # fmt: skip
+    """Sparse probing over ``texts`` texts of at most ``context`` tokens: each text's mean model
+    activation and mean SAE features kept (the probes read them), one batch's forward pass and
+    features at a time."""
+    return MemoryEstimate(
+        {
+            "mean activations and features": texts * (d_in + d_sae) * FLOAT,
+            "one batch's features": ENCODING_TENSORS * batch * context * d_sae * FLOAT,
+            "forward pass": forward_pass(
+                tokens=batch * context, hidden=hidden, layers=layers, heads=heads, longest=context
+            ),
+            "SAE parameters": sae_parameters(d_in, d_sae) * FLOAT,
+            "runtime": RUNTIME_BYTES,
+        }
+    )

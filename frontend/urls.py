@@ -15,6 +15,7 @@ from frontend.views import (
     playground,
     probes,
     sae_groups,
+    saebench,
     saes,
     workers,
 )
@@ -31,6 +32,7 @@ urlpatterns = [
     path("activations/<str:cache_id>/", activations.cache_browser_page, name="cache"),
     path("saes/", saes.sae_list_page, name="saes"),
     path("saes/import/", saes.sae_import_page, name="sae-import"),
+    path("saes/compare/", saebench.sae_compare_page, name="sae-compare"),
     path("saes/groups/new/", sae_groups.sae_group_new_page, name="sae-group-new"),
     path("saes/groups/<str:group_id>/", sae_groups.sae_group_page, name="sae-group"),
     path("saes/<str:sae_id>/", saes.sae_detail_page, name="sae"),

@@ -60,3 +60,7 @@ def new_graph_id() -> str:
 
 def new_subgraph_id() -> str:
     return new_id("sg")
+
+
+def new_bench_run_id() -> str:
+    return new_id("sb")

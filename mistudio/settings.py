@@ -157,6 +157,7 @@ SAE_CHECKPOINT_EVERY_STEPS = int(env_number("SAE_CHECKPOINT_EVERY_STEPS", 200, m
 FEATURES_DIR = env_directory("FEATURES_DIR", DATA_DIR / "features")
 STEERING_DIR = env_directory("STEERING_DIR", DATA_DIR / "steering")
 GRAPH_DIR = env_directory("GRAPH_DIR", DATA_DIR / "graphs")
+BENCH_DIR = env_directory("BENCH_DIR", DATA_DIR / "bench")
 # Graph views in the web process (circuits/view_memory.py): the memory all the views running at
 # once may take, how long a view waits for others to leave it room, and the most nodes besides the
 # tokens and logits a graph's view keeps (the widest node threshold it shows follows from them).
@@ -349,6 +350,7 @@ INSTALLED_APPS = [
     "features",
     "steering",
     "circuits",
+    "evaluations",
     "frontend",
 ]
 

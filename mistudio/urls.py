@@ -64,6 +64,7 @@ api_patterns = [
     path("", include("features.urls")),
     path("", include("steering.urls")),
     path("", include("circuits.urls")),
+    path("", include("evaluations.urls")),
     path("schema/", SpectacularJSONAPIView.as_view(), name="schema"),
     path("<path:unmatched>", api_not_found),
 ]

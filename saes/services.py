@@ -581,6 +581,7 @@ PRIVATE_DIRECTORIES = (
     "FEATURES_DIR",
     "STEERING_DIR",
     "GRAPH_DIR",
+    "BENCH_DIR",
     "ACTIVATION_CACHE_DIR",
     "DATASET_DIR",
     "SAE_UPLOAD_DIR",  # other users' uploads waiting for their import

@@ -2,6 +2,7 @@
 
 import json
 import logging
+from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,8 @@ logger = logging.getLogger(__name__)
 
 
 DATASET_ERROR_STATUS = {"DATASET_TOO_LARGE": 413}
+# A labelled dataset's classes (each probed one against the rest).
+MAX_CLASSES = 100
 
 
 def dataset_error(error: EngineError) -> ApplicationError:
@@ -45,14 +48,32 @@ def dataset_create_from_texts(
     format: str = "",
     field: str = "",
     shared: bool = False,
+    labels: list[str] | None = None,
+    label_field: str = "",
 ) -> Dataset:
-    """Store the non-empty samples as JSON Lines and register them as a dataset."""
+    """Store the non-empty samples as JSON Lines and register them as a dataset; with ``labels``
+    (one class per text), a labelled dataset (each line's ``label``)."""
     check_label_text(name, field="name")
 
-    samples = [text for text in texts if text.strip()]
+    texts = list(texts)
+    if labels is not None and len(labels) != len(texts):
+        raise ValueError("one label per text")
+    rows = [
+        {"text": text, **({"label": labels[index]} if labels is not None else {})}
+        for index, text in enumerate(texts)
+        if text.strip()
+    ]
+    samples = [row["text"] for row in rows]
     if not samples:
         raise ApplicationError("EMPTY_DATASET", "The dataset has no non-empty samples.")
-    payload = "".join(json.dumps({"text": text}, ensure_ascii=False) + "\n" for text in samples).encode()
+    classes = dict(Counter(row["label"] for row in rows)) if labels is not None else {}
+    if labels is not None and len(classes) > MAX_CLASSES:
+        raise ApplicationError(
+            "TOO_MANY_CLASSES",
+            f"The labels name {len(classes)} classes; a labelled dataset may have at most {MAX_CLASSES}.",
+            details={"classes": len(classes), "max_classes": MAX_CLASSES},
+        )
+    payload = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows).encode()
     settings.DATASET_DIR.mkdir(parents=True, exist_ok=True)
     with transaction.atomic():
         dataset = Dataset(
@@ -61,6 +82,8 @@ def dataset_create_from_texts(
             original_name=original_name,
             format=format,
             field=field,
+            label_field=label_field if labels is not None else "",
+            classes=classes,
             sample_count=len(samples),
             size_bytes=len(payload),
             content_hash=content_hash(samples),
@@ -82,8 +105,10 @@ def dataset_create_from_upload(
     format: str | None = None,
     field: str | None = None,
     shared: bool = False,
+    label_field: str | None = None,
 ) -> Dataset:
-    """Parse an uploaded file (plain text, JSONL, CSV) into a dataset."""
+    """Parse an uploaded file (plain text, JSONL, CSV, Parquet) into a dataset; with
+    ``label_field``, a labelled one (each sample's class from that key or column)."""
 
     try:
         chosen = format or guess_format(filename, data[:GUESS_HEAD_BYTES])
@@ -93,6 +118,7 @@ def dataset_create_from_upload(
             field=field,
             max_bytes=settings.DATASET_MAX_UPLOAD_BYTES,
             max_sample_bytes=settings.DATASET_MAX_SAMPLE_BYTES,
+            label_field=label_field or None,
         )
     except EngineError as error:
         raise dataset_error(error) from None
@@ -105,6 +131,8 @@ def dataset_create_from_upload(
         format=parsed.format,
         field=parsed.field or "",
         shared=shared,
+        labels=parsed.labels,
+        label_field=parsed.label_field or "",
     )
 
 
@@ -116,8 +144,10 @@ def dataset_create_from_local(
     format: str | None = None,
     field: str | None = None,
     shared: bool = False,
+    label_field: str | None = None,
 ) -> Dataset:
-    """A file or folder under LOCAL_DATA_ROOTS: text / JSONL / CSV files or a ``save_to_disk`` folder."""
+    """A file or folder under LOCAL_DATA_ROOTS: text / JSONL / CSV files or a ``save_to_disk`` folder
+    (with ``label_field``, one labelled JSONL, CSV or Parquet file)."""
 
     resolved = local_data_path(path)
     try:
@@ -127,6 +157,7 @@ def dataset_create_from_local(
             field=field,
             max_bytes=settings.DATASET_MAX_LOCAL_BYTES,
             max_sample_bytes=settings.DATASET_MAX_SAMPLE_BYTES,
+            label_field=label_field or None,
         )
     except EngineError as error:
         raise dataset_error(error) from None
@@ -139,7 +170,19 @@ def dataset_create_from_local(
         format=parsed.format,
         field=parsed.field or "",
         shared=shared,
+        labels=parsed.labels,
+        label_field=parsed.label_field or "",
     )
+
+
+def dataset_labelled_samples(dataset: Dataset) -> list[tuple[str, str]]:
+    """A labelled dataset's (text, class) pairs, in order."""
+    pairs = []
+    with open(dataset.storage_path, encoding="utf-8") as handle:
+        for line in handle:
+            row = json.loads(line)
+            pairs.append((row["text"], row["label"]))
+    return pairs
 
 
 def dataset_samples(dataset: Dataset, *, limit: int | None = None) -> list[str]:

@@ -51,6 +51,52 @@ def test_upload_parquet_reads_its_text_column(api):
     assert samples == ["one row", "another row"]
 
 
+def test_a_labelled_upload_keeps_each_samples_class_in_every_format(api):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from activations.services.datasets import dataset_labelled_samples
+
+    csv = upload(
+        api, b'text,topic\n"a cat",animals\n"a dog",animals\n"a car",things\n', "t.csv", label_field="topic"
+    )
+    assert csv.status_code == 201, csv.content
+    assert csv.json()["label_field"] == "topic" and csv.json()["classes"] == {"animals": 2, "things": 1}
+    jsonl = upload(
+        api, b'{"text": "yes", "stars": 5}\n{"text": "no", "stars": 1}\n', "r.jsonl", label_field="stars"
+    )
+    assert jsonl.json()["classes"] == {"5": 1, "1": 1}  # numbers are read as their text
+    buffer = io.BytesIO()
+    pq.write_table(pa.table({"text": ["up", "down"], "sign": [True, False]}), buffer)
+    parquet = upload(api, buffer.getvalue(), "s.parquet", label_field="sign")
+    assert parquet.json()["classes"] == {"true": 1, "false": 1}
+    stored = Dataset.objects.get(pk=csv.json()["id"])
+    assert dataset_labelled_samples(stored) == [
+        ("a cat", "animals"),
+        ("a dog", "animals"),
+        ("a car", "things"),
+    ]
+    # the samples read as any dataset's (extraction and training read the text only)
+    assert api.get(f"/api/datasets/{stored.id}/samples").json()["samples"] == ["a cat", "a dog", "a car"]
+
+
+@pytest.mark.parametrize(
+    ("content", "filename", "code"),
+    [
+        (b'text,topic\n"a cat",animals\n', "t.txt", "LABELS_UNSUPPORTED"),  # plain text has no columns
+        (b'{"text": "yes"}\n', "r.jsonl", "FIELD_NOT_FOUND"),
+        (b'text,kind\n"a",x\n', "t.csv", "FIELD_NOT_FOUND"),
+        (b'{"text": "yes", "topic": ""}\n', "r.jsonl", "INVALID_LABEL"),
+        (b'{"text": "yes", "topic": [1]}\n', "r.jsonl", "INVALID_LABEL"),
+    ],
+)
+def test_a_bad_label_column_is_a_clear_400_and_writes_nothing(api, content, filename, code):
+    response = upload(api, content, filename, label_field="topic")
+    assert response.status_code == 400, response.content
+    assert response.json()["error"]["code"] == code
+    assert not Dataset.objects.exists()
+
+
 def test_the_same_samples_have_the_same_content_hash(api):
     first = upload(api, b"alpha\nbeta\n", "a.txt").json()
     second = upload(api, b'{"text": "alpha"}\n{"text": "beta"}\n', "b.jsonl").json()

@@ -22,7 +22,7 @@ from mistudio_client.errors import ApiError, MistudioError, VersionMismatch, err
 from mistudio_client.generation import Generation, GenerationStream, _generation_body
 from mistudio_client.jobs import Job
 from mistudio_client.resources import Caches, Datasets, Extractions, Generations, Models, _id
-from mistudio_client.saes import Features, Graphs, Saes, SteeringVectors
+from mistudio_client.saes import Features, Graphs, SaeBench, Saes, SteeringVectors
 
 API_VERSION = 1
 DEFAULT_URL = "http://127.0.0.1:8000"
@@ -57,6 +57,7 @@ class Client:
         self.saes = Saes(self)
         self.features = Features(self)
         self.graphs = Graphs(self)
+        self.saebench = SaeBench(self)
         self.steering_vectors = SteeringVectors(self)
         self.generations = Generations(self)
         self._job_kinds: dict[str, dict[str, str]] | None = None

@@ -438,3 +438,79 @@ class Graphs(_Resource):
     def export(self, graph: Any, path: str | Path) -> Path:
         """The graph JSON that Neuronpedia's viewer and circuit-tracer's local server load."""
         return self._download(f"graphs/{_id(graph)}/export", path)
+
+
+# --- SAEBench --------------------------------------------------------------------------------------
+
+
+class SaeBench(_Resource):
+    """``/api/saebench``: judge SAEs by SAEBench's metrics (a job), compare them, export the results."""
+
+    def run(
+        self,
+        saes: Sequence[Any] | None = None,
+        *,
+        group: Any = None,
+        methods: Sequence[str] | None = None,
+        dataset: Any = None,
+        probing_dataset: Any = None,
+        **options: Any,
+    ) -> Job:
+        """Judge ``saes`` (or a ``group``'s members) by ``methods`` (default: the core metrics) over
+        ``dataset`` (default: the group's text); ``probing_dataset`` (a labelled dataset) for sparse
+        probing. ``options``: ``core`` / ``sparse_probing`` settings, ``name``, ``shared``."""
+        body: dict[str, Any] = dict(options)
+        if group is not None:
+            body["sae_group_id"] = _id(group)
+        else:
+            body["sae_ids"] = [_id(sae) for sae in saes or []]
+        if methods is not None:
+            body["methods"] = list(methods)
+        if dataset is not None:
+            body["dataset_id"] = _id(dataset)
+        if probing_dataset is not None:
+            body["probing_dataset_id"] = _id(probing_dataset)
+        return Job(self.client, "bench", self.client.request("POST", "saebench", json=body)["id"])
+
+    def get(self, run: Any) -> dict[str, Any]:
+        return self.client.request("GET", f"saebench/{_id(run)}")
+
+    def list(self, **filters: Any) -> list[dict[str, Any]]:
+        return self.client.request("GET", "saebench", params=filters)["runs"]
+
+    def update(self, run: Any, **fields: Any) -> dict[str, Any]:
+        return self._update(f"saebench/{_id(run)}", fields)
+
+    def delete(self, run: Any) -> None:
+        self._delete(f"saebench/{_id(run)}")
+
+    def results(self, run: Any) -> list[dict[str, Any]]:
+        """Each (SAE, method) result the run finished, for the SAEs you may see."""
+        return self.client.request("GET", f"saebench/{_id(run)}/results")["results"]
+
+    def compare(
+        self,
+        saes: Sequence[Any] | None = None,
+        *,
+        group: Any = None,
+        run: Any = None,
+        sort: str | None = None,
+        descending: bool = True,
+    ) -> dict[str, Any]:
+        """Every method's newest numbers per SAE (``columns`` and ``rows``), sorted by a column key."""
+        params: dict[str, Any] = {"descending": descending}
+        if run is not None:
+            params["run_id"] = _id(run)
+        elif group is not None:
+            params["sae_group_id"] = _id(group)
+        else:
+            params["sae_ids"] = ",".join(_id(sae) for sae in saes or [])
+        if sort is not None:
+            params["sort"] = sort
+        return self.client.request("GET", "saebench/compare", params=params)
+
+    def export(self, run: Any, sae: Any, method: str = "core") -> dict[str, Any]:
+        """One SAE's result in SAEBench's results JSON."""
+        return self.client.request(
+            "GET", f"saebench/{_id(run)}/export", params={"sae_id": _id(sae), "method": method}
+        )

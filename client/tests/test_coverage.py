@@ -8,7 +8,7 @@ import pytest
 from mistudio_client import Client, HookArray, Job
 from mistudio_client.coverage import OPERATIONS
 from mistudio_client.resources import Caches, Datasets, Extractions, Generations, Models
-from mistudio_client.saes import Features, Graphs, Saes, SteeringVectors
+from mistudio_client.saes import Features, Graphs, SaeBench, Saes, SteeringVectors
 
 pytestmark = pytest.mark.django_db
 
@@ -36,6 +36,7 @@ def test_every_operation_has_a_client_call_or_a_reason():
 RESOURCES = {
     "models": Models, "datasets": Datasets, "extractions": Extractions, "caches": Caches, "saes": Saes,
     "features": Features, "graphs": Graphs, "steering_vectors": SteeringVectors, "generations": Generations,
+    "saebench": SaeBench,
 }  # fmt: skip
 CLASSES = {"Client": Client, "Job": Job, "HookArray": HookArray}
 

@@ -45,8 +45,10 @@ def parse_path(
     max_samples: int | None = None,
     max_sample_bytes: int | None = None,
     split: str | None = None,
+    label_field: str | None = None,
 ) -> ParsedDataset:
-    """Parse a file, or a folder: a ``save_to_disk`` folder or a folder of text files.
+    """Parse a file, or a folder: a ``save_to_disk`` folder or a folder of text files. Labels
+    (``label_field``) are read from one JSONL, CSV or Parquet file only.
 
     A file's format is guessed from its name when ``format`` is None. A folder is an ``hf_disk``
     dataset when ``format`` says so or (``format`` None) when it holds ``state.json`` and
@@ -70,6 +72,10 @@ def parse_path(
     except OSError as error:
         raise DatasetError("UNREADABLE", f"The dataset path cannot be read ({error.strerror}).") from None
     if stat.S_ISDIR(path_stat.st_mode):
+        if label_field is not None:
+            raise DatasetError(
+                "LABELS_UNSUPPORTED", "Labels are read from one JSONL, CSV or Parquet file, not a folder."
+            )
         root = Path(os.path.realpath(path))
         if format == "hf_disk" or (format is None and _is_saved_dataset(root)):
             return _parse_saved_dataset(
@@ -101,6 +107,7 @@ def parse_path(
         max_bytes=max_bytes,
         max_samples=max_samples,
         max_sample_bytes=max_sample_bytes,
+        label_field=label_field,
     )
 
 

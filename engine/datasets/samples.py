@@ -10,6 +10,8 @@ from engine.errors import EngineError
 
 FORMATS: tuple[str, ...] = ("text_lines", "text_paragraphs", "jsonl", "csv", "parquet", "hf_disk")
 DEFAULT_FIELD = "text"
+# A class name (a labelled dataset's label) is at most this long.
+MAX_LABEL_CHARS = 200
 # An error listing the fields, columns or splits a file has shows this many, each this long at most.
 _LISTED_NAMES = 50
 _LISTED_NAME_CHARS = 200
@@ -33,21 +35,29 @@ class ParsedDataset:
     size_bytes: int
     skipped_empty: int
     split: str | None = None
+    # One class name per sample, where a label field was read (``label_field``); None otherwise.
+    labels: list[str] | None = None
+    label_field: str | None = None
 
 
 class _Collector:
     """Accumulates samples across files; enforces ``max_samples`` as soon as it is passed and
     ``max_sample_bytes`` (the UTF-8 size of one sample) on every sample."""
 
-    def __init__(self, max_samples: int | None, max_sample_bytes: int | None = None) -> None:
+    def __init__(
+        self, max_samples: int | None, max_sample_bytes: int | None = None, *, labelled: bool = False
+    ) -> None:
         self.samples: list[str] = []
+        self.labels: list[str] | None = [] if labelled else None
         self.skipped_empty = 0
         self.max_samples = max_samples
         self.max_sample_bytes = max_sample_bytes
 
-    def add(self, value: str, *, line: int | None = None, row: int | None = None) -> None:
-        """Add one sample; ``line`` (where it starts in its file) or ``row`` (of an Arrow column)
-        locate it in a refusal."""
+    def add(
+        self, value: str, *, line: int | None = None, row: int | None = None, label: str | None = None
+    ) -> None:
+        """Add one sample (and its class, ``label``, for a labelled dataset); ``line`` (where it
+        starts in its file) or ``row`` (of an Arrow column) locate it in a refusal."""
         if not value.strip():
             self.skipped_empty += 1
             return
@@ -59,6 +69,15 @@ class _Collector:
                 {"max_samples": self.max_samples},
             )
         self.samples.append(value)
+        if self.labels is not None:
+            if label is None or not label.strip() or len(label) > MAX_LABEL_CHARS:
+                where = f"line {line}" if line is not None else f"row {row}"
+                raise DatasetError(
+                    "INVALID_LABEL",
+                    f"The sample on {where} has no label, or one over {MAX_LABEL_CHARS} characters.",
+                    {"line": line, "row": row},
+                )
+            self.labels.append(label.strip())
 
     def _check_sample_size(self, value: str, *, line: int | None, row: int | None) -> None:
         limit = self.max_sample_bytes
@@ -151,5 +170,6 @@ def _finish(
         field=field,
         size_bytes=size_bytes,
         skipped_empty=collector.skipped_empty,
+        labels=collector.labels,
         **extra,
     )

@@ -52,10 +52,13 @@ def parse_bytes(
     max_bytes: int,
     max_samples: int | None = None,
     max_sample_bytes: int | None = None,
+    label_field: str | None = None,
 ) -> ParsedDataset:
     """Parse the bytes of one file in ``format`` (any format but ``hf_disk``, which is a folder).
 
     ``field`` is the JSON key or CSV column (default ``"text"``) and is ignored for text formats.
+    ``label_field`` names the key or column holding each sample's class (a labelled dataset:
+    JSONL, CSV or Parquet only; a JSON number or boolean is read as its text).
     ``max_sample_bytes`` bounds the UTF-8 size of each sample (``SAMPLE_TOO_LARGE``). Raises
     :class:`DatasetError`.
     """
@@ -67,19 +70,38 @@ def parse_bytes(
             {"format": format},
         )
     _check_size(len(data), max_bytes)
-    collector = _Collector(max_samples, max_sample_bytes)
+    if label_field is not None and format not in LABELLED_FORMATS:
+        raise DatasetError(
+            "LABELS_UNSUPPORTED",
+            f"Labels are read from JSONL, CSV or Parquet files, not {format}.",
+            {"format": format, "label_field": label_field},
+        )
+    collector = _Collector(max_samples, max_sample_bytes, labelled=label_field is not None)
     if format == "parquet":
-        used_field = _parse_parquet(data, field or DEFAULT_FIELD, collector)
+        used_field = _parse_parquet(data, field or DEFAULT_FIELD, collector, label_field)
     else:
-        used_field = _parse_text(_decode(data), format, field, collector)
-    return _finish(collector, format=format, field=used_field, size_bytes=len(data))
+        used_field = _parse_text(_decode(data), format, field, collector, label_field)
+    return _finish(collector, format=format, field=used_field, size_bytes=len(data), label_field=label_field)
+
+
+# The formats a labelled dataset may come in (its label is a key or column beside the text).
+LABELLED_FORMATS = ("jsonl", "csv", "parquet")
+
+
+def _label_text(value: Any) -> str | None:
+    """A class name from a JSON or Arrow value: text, a number or a boolean as its text."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, int | float | str):
+        return str(value)
+    return None
 
 
 # Arrow's text column types (Parquet's BYTE_ARRAY with a UTF8 annotation reads as one of them).
 _ARROW_TEXT_TYPES = ("string", "large_string", "string_view")
 
 
-def _parse_parquet(data: bytes, field: str, collector: _Collector) -> str:
+def _parse_parquet(data: bytes, field: str, collector: _Collector, label_field: str | None = None) -> str:
     """The ``field`` column of a Parquet file, a row group at a time (pyarrow; nothing in it is
     unpickled: pyarrow does not load pickled extension types)."""
     import pyarrow as pa  # lazily: only this format needs it
@@ -92,21 +114,25 @@ def _parse_parquet(data: bytes, field: str, collector: _Collector) -> str:
         raise DatasetError(
             "INVALID_FORMAT", "Not a Parquet file this can read.", {"error": type(error).__name__}
         ) from None
-    if field not in schema.names:
-        listed, details = _listing("fields", list(schema.names))
-        raise DatasetError(
-            "FIELD_NOT_FOUND",
-            f"The Parquet file has no column {field!r}; it has {listed}.",
-            {"field": field, **details},
-        )
+    for wanted in (field, label_field):
+        if wanted is not None and wanted not in schema.names:
+            listed, details = _listing("fields", list(schema.names))
+            raise DatasetError(
+                "FIELD_NOT_FOUND",
+                f"The Parquet file has no column {wanted!r}; it has {listed}.",
+                {"field": wanted, **details},
+            )
     kind = str(schema.field(field).type)
     if kind not in _ARROW_TEXT_TYPES:
         raise DatasetError("INVALID_FORMAT", f"Column {field!r} holds {kind}, not text.", {"field": field})
     row = 0
     try:
-        for batch in parquet.iter_batches(columns=[field]):
-            for value in batch.column(0).to_pylist():
-                collector.add(value if value is not None else "", row=row)
+        columns = [field] if label_field is None else [field, label_field]
+        for batch in parquet.iter_batches(columns=columns):
+            labels = batch.column(1).to_pylist() if label_field is not None else None
+            for number, value in enumerate(batch.column(0).to_pylist()):
+                label = _label_text(labels[number]) if labels is not None else None
+                collector.add(value if value is not None else "", row=row, label=label)
                 row += 1
     except pa.ArrowException as error:
         raise DatasetError(
@@ -184,7 +210,9 @@ def _lines(text: str) -> Iterator[tuple[int, str]]:
 # --- formats ------------------------------------------------------------------------------------
 
 
-def _parse_text(text: str, format: str, field: str | None, collector: _Collector) -> str | None:
+def _parse_text(
+    text: str, format: str, field: str | None, collector: _Collector, label_field: str | None = None
+) -> str | None:
     """Add the samples of ``text`` to ``collector``; returns the field used (None for text formats)."""
     if format == "text_lines":
         for number, line in _lines(text):
@@ -196,9 +224,9 @@ def _parse_text(text: str, format: str, field: str | None, collector: _Collector
         return None
     field = field or DEFAULT_FIELD
     if format == "jsonl":
-        _parse_jsonl(text, field, collector)
+        _parse_jsonl(text, field, collector, label_field)
     else:
-        _parse_csv(text, field, collector)
+        _parse_csv(text, field, collector, label_field)
     return field
 
 
@@ -227,7 +255,7 @@ def _paragraphs_dominate(head: bytes) -> bool:
     return multi_line * 2 > len(paragraphs) and total_lines <= _MAX_GUESSED_PARAGRAPH_LINES * len(paragraphs)
 
 
-def _parse_jsonl(text: str, field: str, collector: _Collector) -> None:
+def _parse_jsonl(text: str, field: str, collector: _Collector, label_field: str | None = None) -> None:
     for number, line in _lines(text):
         if not line.strip():
             continue
@@ -251,14 +279,7 @@ def _parse_jsonl(text: str, field: str, collector: _Collector) -> None:
                 f"Line {number} is a JSON {_json_type(record)}, not an object.",
                 {"line": number},
             )
-        if field not in record:
-            listed, details = _listing("fields", sorted(record))
-            raise DatasetError(
-                "FIELD_NOT_FOUND",
-                f"Line {number} has no field {field!r}; it has {listed}.",
-                {"line": number, "field": field, **details},
-            )
-        value = record[field]
+        value = _field_of(record, field, number, what="field")
         if not isinstance(value, str):
             raise DatasetError(
                 "INVALID_FORMAT",
@@ -271,10 +292,25 @@ def _parse_jsonl(text: str, field: str, collector: _Collector) -> None:
                 f"Field {field!r} on line {number} holds an unpaired surrogate escape (\\ud800-\\udfff).",
                 {"line": number, "field": field},
             )
-        collector.add(value, line=number)
+        label = None
+        if label_field is not None:
+            label = _label_text(_field_of(record, label_field, number, what="label field"))
+        collector.add(value, line=number, label=label)
 
 
-def _parse_csv(text: str, field: str, collector: _Collector) -> None:
+def _field_of(record: dict[str, Any], field: str, number: int, *, what: str) -> Any:
+    """``record[field]``; ``FIELD_NOT_FOUND`` naming the line and the fields it has otherwise."""
+    if field not in record:
+        listed, details = _listing("fields", sorted(record))
+        raise DatasetError(
+            "FIELD_NOT_FOUND",
+            f"Line {number} has no {what} {field!r}; it has {listed}.",
+            {"line": number, "field": field, **details},
+        )
+    return record[field]
+
+
+def _parse_csv(text: str, field: str, collector: _Collector, label_field: str | None = None) -> None:
     # The whole input is already bounded by max_bytes, so one cell may be as large as that; the
     # limit is process-wide and only ever raised here.
     csv.field_size_limit(max(csv.field_size_limit(), len(text) + 1))
@@ -290,18 +326,21 @@ def _parse_csv(text: str, field: str, collector: _Collector) -> None:
                 f"The CSV header names column {field!r} twice.",
                 {"line": reader.line_num, "field": field},
             )
-        if field not in header:
-            listed, details = _listing("fields", header)
-            raise DatasetError(
-                "FIELD_NOT_FOUND",
-                f"The CSV has no column {field!r}; it has {listed}.",
-                {"field": field, **details},
-            )
+        for wanted in (field, label_field):
+            if wanted is not None and wanted not in header:
+                listed, details = _listing("fields", header)
+                raise DatasetError(
+                    "FIELD_NOT_FOUND",
+                    f"The CSV has no column {wanted!r}; it has {listed}.",
+                    {"field": wanted, **details},
+                )
         column = header.index(field)
+        label_column = header.index(label_field) if label_field is not None else None
         row_start = reader.line_num + 1
         for row in reader:
             if len(row) == len(header):
-                collector.add(row[column], line=row_start)
+                label = row[label_column] if label_column is not None else None
+                collector.add(row[column], line=row_start, label=label)
             elif any(cell.strip() for cell in row):  # (a blank line is no record)
                 raise DatasetError(
                     "INVALID_FORMAT",

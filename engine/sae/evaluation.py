@@ -36,6 +36,7 @@ __all__ = [
     "EvaluationCancelled",
     "EvaluationError",
     "ce_loss_recovered",
+    "edited_logits",
     "evaluate_activations",
     "log_feature_density",
 ]
@@ -302,7 +303,7 @@ def ce_loss_recovered(
         edits = _edits(sae, arguments["attention_mask"].bool(), output_hook=hook_name, input_hook=input_hook)
         with grad_free():
             for run, edit in edits.items():
-                logits = _logits(model, sites, edit, arguments)
+                logits = edited_logits(model, sites, edit, arguments)
                 summed[run] += _summed_loss(logits, arguments["input_ids"], lengths)
     clean, spliced, zero = (summed[run] / tokens for run in ("clean", "sae", "zero"))
     return CeLossRecovered(
@@ -384,7 +385,7 @@ def _reconstruction(sae: SparseAutoencoder, value: torch.Tensor, name: str) -> t
     return reconstruction.to(device=value.device, dtype=value.dtype)
 
 
-def _logits(
+def edited_logits(
     model: Any, sites: dict, edit: Callable[[str, Any], Any] | None, arguments: dict[str, Any]
 ) -> torch.Tensor:
     """The model's logits on ``arguments``, with ``edit`` (a visitor) applied at ``sites``."""

@@ -181,8 +181,15 @@ def list_context(request, *, train_values=None, train_errors=None, import_values
         sae_row_numbers(sae, analysed=analysed)
         for sae in selectors.sae_list(user=request.user, filters=filters).select_related("cache")
     ]
+    compare_models = {
+        sae.model_id: sae.model.name
+        for sae in selectors.sae_list(user=request.user, filters=filters).filter(status="completed")
+        if sae.model_id
+    }
     return {
         "saes": saes,
+        # SAEBench's comparison of each model's SAEs (the compare page).
+        "compare_models": sorted(compare_models.items(), key=lambda item: item[1]),
         "filtered": any(filters.values()),
         "caches": caches,
         "chosen_cache": chosen,

@@ -438,11 +438,12 @@ def test_requests_waiting_for_a_worker_hold_no_database_connection(live_stack):
     ]
     for thread in threads:
         thread.start()
-    # All fourteen accepted (each holds its row while it waits). Under CI's load the first may
-    # already have had their silence checked (5 s) when the last arrives, so the rows are counted
-    # whatever their status; a waiting request that held a pooled connection shows in the codes.
+    # More than the pool holds are accepted (each holds its row while it waits). Under CI's load
+    # the first may already have had their silence checked (5 s) before the last arrives, so rows
+    # are counted whatever their status, and the count that matters is past the pool's ten; a
+    # waiting request that held a pooled connection shows in the codes.
     asked = Generation.objects.filter(prompt="Wait")
-    wait_until(lambda: asked.count() == 14, timeout=30, what="fourteen requests")
+    wait_until(lambda: asked.count() > 10, timeout=60, what="more requests than the pool holds")
     assert get(live_stack, "models")  # answered while the requests wait
     for thread in threads:
         thread.join(60)
@@ -450,3 +451,4 @@ def test_requests_waiting_for_a_worker_hold_no_database_connection(live_stack):
     # none ran out of database connections.
     codes = [answer["error"]["code"] for _, answer in answers]
     assert len(codes) == 14 and set(codes) <= {"WORKER_LOST", "MODEL_NOT_LOADED"}, codes
+    assert asked.count() == 14

@@ -22,6 +22,7 @@ from activations.models import ActivationCache, Dataset, ExtractionJob
 from activations.services import dataset_create_from_texts
 from circuits.models import AttributionGraph, Subgraph
 from conftest import make_user
+from evaluations.models import BenchRun
 from features.models import ExplanationJob, FeatureAnalysis, FeatureLabel
 from generation.models import Generation
 from mistudio.access import _VISIBILITY, DELETED_USERS_ACCOUNT, may_see, owned_models
@@ -114,7 +115,16 @@ def rows_of(user, olga) -> dict[type[Model], list[Model]]:
         shared=True,
     )  # fmt: skip
     subgraph = Subgraph.objects.create(graph=graph, owner=user, name="a reading", shared=True)
+    bench = BenchRun.objects.create(
+        model=olga["model"],
+        saes=[olga["sae"].id],
+        methods=["core"],
+        status="completed",
+        owner=user,
+        shared=True,
+    )
     return {
+        BenchRun: [bench],
         AttributionGraph: [graph],
         Subgraph: [subgraph],
         ExplanationJob: [explanations],

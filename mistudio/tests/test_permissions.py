@@ -21,6 +21,7 @@ from activations.models import ActivationCache, Dataset, ExtractionJob
 from activations.services import dataset_create_from_texts
 from circuits.models import AttributionGraph, Subgraph
 from conftest import make_user
+from evaluations.models import BenchRun
 from features.models import Explanation, ExplanationJob, Feature, FeatureAnalysis
 from generation.models import Generation
 from models_app.models import LanguageModel
@@ -127,6 +128,12 @@ MATRIX: dict[str, dict[str, tuple]] = {
     "api/graphs/{graph}/subgraphs": {"GET": OWNER_READS, "POST": OWNER_CHANGES},
     "api/subgraphs/{subgraph}": {"GET": OWNER_READS, "PATCH": OWNER_CHANGES, "DELETE": OWNER_CHANGES},
     "api/subgraphs/{subgraph}/export": {"GET": OWNER_READS},
+    "api/saebench": {"GET": ANY_READER, "POST": WRITERS},
+    "api/saebench/compare": {"GET": ANY_READER},
+    "api/saebench/{bench}": {"GET": OWNER_READS, "PATCH": OWNER_CHANGES, "DELETE": OWNER_CHANGES},
+    "api/saebench/{bench}/cancel": {"POST": OWNER_CHANGES},
+    "api/saebench/{bench}/results": {"GET": OWNER_READS},
+    "api/saebench/{bench}/export": {"GET": OWNER_READS},
     "api/schema/": {"GET": ANY_READER},
     "api/{unmatched}": {"GET": NO_SUCH_ROUTE},
     "v1/models": {"GET": OPENAI_READ},
@@ -150,6 +157,7 @@ MATRIX: dict[str, dict[str, tuple]] = {
     "saes/": {"GET": PAGE, "POST": PAGE_WRITERS},
     "saes/import/": {"POST": PAGE_WRITERS},
     "saes/groups/new/": {"GET": PAGE, "POST": PAGE_WRITERS},
+    "saes/compare/": {"GET": PAGE, "POST": PAGE_WRITERS},
     "saes/groups/{group}/": {"GET": OWNER_PAGE, "POST": OWNER_PAGE_CHANGES},
     "saes/{sae}/": {"GET": OWNER_PAGE, "POST": OWNER_PAGE_CHANGES},
     "saes/{sae}/analyses/": {"POST": OWNER_PAGE_CHANGES},  # run or cancel a feature analysis
@@ -188,6 +196,7 @@ PLACEHOLDERS = {
     "explanation_id": "{explanation}",
     "graph_id": "{graph}",
     "subgraph_id": "{subgraph}",
+    "run_id": "{bench}",
     "unmatched": "{unmatched}",
 }
 
@@ -265,7 +274,11 @@ def owned_rows(owner, folder) -> dict[str, str]:
         model=model, transcoders=[sae.id], prompt="a private prompt", status="completed", owner=owner
     )
     subgraph = Subgraph.objects.create(graph=graph, owner=owner, name="a private reading")
+    bench = BenchRun.objects.create(
+        model=model, saes=[sae.id], methods=["core"], status="completed", owner=owner
+    )
     return {
+        "{bench}": bench.id,
         "{graph}": graph.id,
         "{subgraph}": subgraph.id,
         "{vector}": vector.id,

@@ -1,4 +1,4 @@
-// A job's page (an SAE group's training, an explanation job): while the job is queued or running,
+// A job's page (an SAE group's training, an explanation job, a SAEBench run): while the job is queued or running,
 // fetch its changing part again (`?fragment=live`, rendered by the server with the template of the
 // first load) every 2 s. The part is `[data-live]` (with `data-active` while the job is), its
 // status `[data-live-status]`; `[data-live-cancel]` (the cancel form) hides once the job has ended.
@@ -9,7 +9,9 @@
   async function refresh() {
     if (!live.hasAttribute("data-active")) return;
     try {
-      const response = await fetch("?fragment=live", { headers: { "X-Requested-With": "fetch" } });
+      const url = new URL(window.location.href); // its own query kept (a comparison's ?run=)
+      url.searchParams.set("fragment", "live");
+      const response = await fetch(url, { headers: { "X-Requested-With": "fetch" } });
       if (response.ok) {
         live.innerHTML = await response.text();
         const status = live.querySelector("[data-live-status]");

@@ -1,0 +1,246 @@
+"""SAEBench run workflows: a request (a job on the model's worker over the SAEs chosen or a
+group's members), the owner's changes (name, sharing), cancel and delete. Every front door (API,
+the comparison page, admin, ``manage.py saebench``) calls these."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import transaction
+
+from activations.models import Dataset
+from engine import budgets
+from engine.sae.bench_methods import METHODS, bench_method
+from engine.sae.saebench_results import CoreConfig
+from evaluations.models import BenchRun
+from mistudio import jobs
+from mistudio.access import check_may_change, reach
+from mistudio.budgets import memory_budget_check
+from mistudio.errors import ApplicationError
+from models_app.models import LanguageModel
+from models_app.services import model_heads, model_job_queue, model_worker_name
+from saes.models import SaeGroup, SparseAutoencoder
+from saes.services import check_single_layer
+
+MAX_SAES = 64
+DEFAULT_METHODS = tuple(name for name, method in METHODS.items() if not method.opt_in)
+# Sparse probing's settings (SAEBench's defaults, smaller sets: a user's dataset is small).
+PROBING_DEFAULTS: dict[str, Any] = {
+    "k_values": [1, 2, 5],
+    "context_length": 128,
+    "train_fraction": 0.8,
+    "max_per_class": 500,
+    "seed": 42,
+}
+MAX_PROBING_TEXTS = 20_000
+
+
+def core_settings(values: dict[str, Any] | None) -> CoreConfig:
+    """The core metrics' settings: SAEBench's defaults, with the batch sizes a request gives."""
+    given = {key: value for key, value in (values or {}).items() if value is not None}
+    return CoreConfig(**given)
+
+
+def probing_settings(values: dict[str, Any] | None) -> dict[str, Any]:
+    settings = {
+        **PROBING_DEFAULTS,
+        **{key: value for key, value in (values or {}).items() if value is not None},
+    }
+    settings["k_values"] = sorted({int(k) for k in settings["k_values"]})
+    return settings
+
+
+def check_methods(methods: list[str] | None) -> list[str]:
+    chosen = list(dict.fromkeys(methods or DEFAULT_METHODS))
+    unknown = [name for name in chosen if name not in METHODS]
+    if unknown or not chosen:
+        raise ApplicationError(
+            "INVALID_METHOD",
+            f"Unknown method {', '.join(unknown) or '(none)'}: choose among {', '.join(METHODS)}.",
+            details={"fields": {"methods": [f"One of {', '.join(METHODS)}."]}},
+        )
+    return chosen
+
+
+def check_saes(saes: list[SparseAutoencoder]) -> LanguageModel:
+    """The SAEs' one model: every SAE completed, single-layer, of one registered model (400 / 409)."""
+    if not saes or len(saes) > MAX_SAES:
+        raise ApplicationError(
+            "INVALID_SAES",
+            f"Choose 1 to {MAX_SAES} SAEs.",
+            details={"fields": {"sae_ids": ["1 to 64 SAEs."]}},
+        )
+    for sae in saes:
+        if sae.status != SparseAutoencoder.Status.COMPLETED:
+            raise ApplicationError("SAE_NOT_READY", f"{sae.name or sae.id} is {sae.status}.", status=409)
+        check_single_layer(sae, "SAEBench")
+    models = {sae.model_id for sae in saes}
+    if None in models:
+        raise ApplicationError("MODEL_REQUIRED", "Every SAE must name its registered model.")
+    if len(models) > 1:
+        raise ApplicationError(
+            "MIXED_MODELS", "The SAEs belong to different models: judge one model's SAEs at a time.",
+            details={"model_ids": sorted(models)},
+        )  # fmt: skip
+    return saes[0].model
+
+
+def default_text_dataset(*, saes: list[SparseAutoencoder], group: SaeGroup | None, user) -> Dataset | None:
+    """The text a group trained on, or the first SAE's training cache's, when ``user`` may read it."""
+    candidates = [group.dataset if group is not None else None]
+    candidates += [
+        sae.cache.dataset if sae.cache_id and sae.cache and sae.cache.dataset_id else None for sae in saes
+    ]
+    for dataset in candidates:
+        if dataset is None:
+            continue
+        try:
+            return reach(user, dataset)
+        except ApplicationError:
+            continue
+    return None
+
+
+def check_probing_dataset(dataset: Dataset | None) -> Dataset:
+    if dataset is None:
+        raise ApplicationError(
+            "DATASET_REQUIRED", "Sparse probing needs a labelled dataset (probing_dataset_id).",
+            details={"fields": {"probing_dataset_id": ["A dataset with a label column."]}},
+        )  # fmt: skip
+    if not dataset.label_field or len(dataset.classes or {}) < 2:
+        raise ApplicationError(
+            "DATASET_NOT_LABELLED",
+            f"{dataset.name} has no labels of two classes or more: upload it with its label column named "
+            "(label_field).",
+            details={"fields": {"probing_dataset_id": ["A dataset with a label column of 2+ classes."]}},
+        )
+    return dataset
+
+
+def bench_estimate(
+    model: LanguageModel, saes: list[SparseAutoencoder], methods: list[str], config: dict
+) -> int:
+    """The run's peak memory: the largest of its methods' on its largest SAE (refused over budget)."""
+    widest = max(saes, key=lambda sae: sae.d_sae)
+    shape = {
+        "hidden": model.hidden_size or widest.d_in,
+        "layers": model.num_layers or 1,
+        "heads": model_heads(model),
+    }
+    estimates = []
+    if "core" in methods:
+        core = CoreConfig(**config["core"])
+        estimates.append(
+            budgets.saebench_core(
+                d_in=widest.d_in,
+                d_sae=widest.d_sae,
+                vocab=model.vocab_size or 50_000,
+                prompts=core.batch_size_prompts,
+                context=core.context_size,
+                **shape,
+            )
+        )
+    if "sparse_probing" in methods:
+        probing = config["sparse_probing"]
+        estimates.append(
+            budgets.sparse_probing(
+                d_in=widest.d_in,
+                d_sae=widest.d_sae,
+                texts=probing["texts"],
+                context=probing["context_length"],
+                batch=8,
+                **shape,
+            )
+        )
+    largest = max(estimates, key=lambda estimate: estimate.total)
+    return memory_budget_check(largest, what="this SAEBench run", worker_name=model_worker_name(model))
+
+
+def bench_tokens(saes: list[SparseAutoencoder], methods: list[str], config: dict) -> int:
+    """Tokens the run puts through the model (three passes a core batch; one a probing text)."""
+    tokens = 0
+    if "core" in methods:
+        core = CoreConfig(**config["core"])
+        tokens += 3 * core.batches * core.batch_size_prompts * core.context_size
+    if "sparse_probing" in methods:
+        tokens += config["sparse_probing"]["texts"] * config["sparse_probing"]["context_length"]
+    return tokens * len(saes)
+
+
+def bench_request(
+    *,
+    owner,
+    saes: list[SparseAutoencoder],
+    group: SaeGroup | None = None,
+    methods: list[str] | None = None,
+    dataset: Dataset | None = None,
+    probing_dataset: Dataset | None = None,
+    core: dict[str, Any] | None = None,
+    probing: dict[str, Any] | None = None,
+    name: str = "",
+    shared: bool = False,
+) -> BenchRun:
+    """Queue SAEBench's ``methods`` (default: those not opt-in) over ``saes`` (rows the caller may
+    use, resolved by the caller) on their model's worker. The core metrics run the model over
+    ``dataset`` (default: the group's or the first SAE's training text); sparse probing reads
+    ``probing_dataset``'s labels. Refused before anything is queued: unknown methods, SAEs not
+    completed or of different models, a missing or unlabelled dataset, too many tokens, too much
+    memory."""
+    chosen = check_methods(methods)
+    model = check_saes(saes)
+    config: dict[str, Any] = {}
+    if "core" in chosen:
+        dataset = dataset or default_text_dataset(saes=saes, group=group, user=owner)
+        if dataset is None:
+            raise ApplicationError(
+                "DATASET_REQUIRED", "Name a text dataset for the core metrics (dataset_id).",
+                details={"fields": {"dataset_id": ["The text the model runs over."]}},
+            )  # fmt: skip
+        config["core"] = core_settings(core).to_dict()
+    if "sparse_probing" in chosen:
+        probing_dataset = check_probing_dataset(probing_dataset)
+        settings = probing_settings(probing)
+        per_class = settings["max_per_class"]
+        settings["texts"] = min(
+            MAX_PROBING_TEXTS, sum(min(count, per_class) for count in probing_dataset.classes.values())
+        )
+        config["sparse_probing"] = settings
+    with transaction.atomic():
+        jobs.job_admit(owner=owner, tokens=bench_tokens(saes, chosen, config))
+        estimate = bench_estimate(model, saes, chosen, config)
+        run = BenchRun.objects.create(
+            name=name,
+            model=model,
+            group=group,
+            saes=[sae.id for sae in saes],
+            methods=chosen,
+            dataset=dataset if "core" in chosen else None,
+            probing_dataset=probing_dataset if "sparse_probing" in chosen else None,
+            config=config,
+            memory_estimate_bytes=estimate,
+            owner=owner if getattr(owner, "is_authenticated", False) else None,
+            shared=shared,
+        )
+        jobs.job_submit(run, queue=model_job_queue(model.id))
+    return run
+
+
+def bench_update(*, run: BenchRun, actor, **changes: Any) -> BenchRun:
+    jobs.job_update(run, actor=actor, changes=changes)
+    return run
+
+
+def bench_cancel(*, run: BenchRun, actor) -> BenchRun:
+    return jobs.job_cancel(run, actor=actor)
+
+
+def bench_delete(*, run: BenchRun, actor) -> None:
+    """Delete the run and its results; a run in progress must be cancelled first."""
+    check_may_change(run, actor, what="SAEBench run")
+    if run.status in BenchRun.ACTIVE:
+        raise ApplicationError("BENCH_BUSY", "The run is in progress; cancel it first.", status=409)
+    run.delete()
+
+
+def method_labels() -> list[tuple[str, str]]:
+    return [(name, bench_method(name).label) for name in METHODS]

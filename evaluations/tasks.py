@@ -1,0 +1,232 @@
+"""The SAEBench run's body, on the model's worker: each (SAE, method) pair in turn, each stored as
+a :class:`BenchResult` as soon as it is done (a resumed run skips the pairs it has)."""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from activations.models import Dataset
+from activations.services.datasets import DatasetReader, dataset_labelled_samples
+from engine.sae.bench_methods import bench_method
+from evaluations.models import BenchResult, BenchRun
+from mistudio.errors import ApplicationError
+from mistudio.events import ProgressThrottle
+from mistudio.job_runner import JobContext, job_task
+from mistudio.jobs import job_publish
+from models_app.tasks import model_in_this_worker
+from saes.models import SparseAutoencoder
+from saes.tasks import sae_module
+
+# Samples read at first from the end of a dataset for the core metrics' tokens (doubled until enough).
+TAIL_SAMPLES = 256
+
+
+@dataclass
+class RunContext:
+    """What the pairs of one run share: the loaded model, inputs made once, progress reporting."""
+
+    run: BenchRun
+    loaded: Any
+    report: Callable[[float], None]
+    made: dict[str, Any] = field(default_factory=dict)
+
+    def once(self, key: str, make: Callable[[], Any]) -> Any:
+        if key not in self.made:
+            self.made[key] = make()
+        return self.made[key]
+
+
+@dataclass
+class MethodOutput:
+    metrics: dict[str, Any]
+    details: dict[str, Any] = field(default_factory=dict)
+    feature_metrics: dict[str, list[float]] = field(default_factory=dict)
+
+
+def on_model_device(module: Any, model: Any) -> Any:
+    """The SAE module on the model's device (a copy when the worker's cached one is elsewhere)."""
+    from engine.placement import input_device
+
+    device = input_device(model)
+    return module if module.W_enc.device == device else copy.deepcopy(module).to(device)
+
+
+def tail_texts(dataset: Dataset, tokenizer: Any, needed_tokens: int) -> list[list[int]]:
+    """Token ids (no special tokens) of the last samples of ``dataset`` — the part training reads
+    last, if at all — enough of them for ``needed_tokens`` when the dataset has that many."""
+    count = dataset.sample_count
+    take = min(TAIL_SAMPLES, count)
+    with DatasetReader(dataset) as reader:
+        while True:
+            texts = reader(count - take, count)
+            ids = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts]
+            if sum(len(row) for row in ids) >= needed_tokens or take >= count:
+                return ids
+            take = min(count, take * 2)
+
+
+def ignored_tokens(tokenizer: Any) -> set[int | None]:
+    """SAEBench's ``ignore_tokens``: the tokenizer's pad, EOS and BOS ids."""
+    return {tokenizer.pad_token_id, tokenizer.eos_token_id, tokenizer.bos_token_id}
+
+
+def run_core(context: RunContext, sae: SparseAutoencoder, module: Any) -> MethodOutput:
+    """SAEBench's core metrics of one SAE (``engine.sae.saebench_core``) over the run's text."""
+    from engine.sae.saebench_core import context_batches, core_metrics
+    from engine.sae.saebench_results import CoreConfig
+
+    config = CoreConfig(**context.run.config["core"])
+    tokenizer = context.loaded.tokenizer
+    if context.run.dataset is None:
+        raise ApplicationError("DATASET_NOT_FOUND", "The run's text dataset is gone.")
+
+    def batches():
+        needed = config.batches * config.batch_size_prompts * config.context_size
+        return context_batches(
+            tail_texts(context.run.dataset, tokenizer, needed),
+            context_size=config.context_size,
+            batch_size=config.batch_size_prompts,
+            batches=config.batches,
+            bos_token_id=tokenizer.bos_token_id,
+        )
+
+    made = context.once("core batches", batches)
+    result = core_metrics(
+        context.loaded.model,
+        on_model_device(module, context.loaded.model),
+        made,
+        hook_name=sae.hook_name_out or sae.hook_name,
+        input_hook=sae.hook_name if sae.hook_name_out else None,
+        ignore_tokens=ignored_tokens(tokenizer),
+        config=config,
+        progress=lambda done, total: context.report(done / total),
+    )
+    return MethodOutput(
+        metrics=result.metrics,
+        details={"batches": len(made)},
+        feature_metrics=result.feature_metrics,
+    )
+
+
+def run_sparse_probing(context: RunContext, sae: SparseAutoencoder, module: Any) -> MethodOutput:
+    """SAEBench's sparse probing of one SAE (``engine.sae.sparse_probing``) on the run's labelled
+    dataset: the split is made once per run, so every SAE is probed on the same texts."""
+    from engine.sae.sparse_probing import sparse_probing, split_by_class
+
+    settings = context.run.config["sparse_probing"]
+    if context.run.probing_dataset is None:
+        raise ApplicationError("DATASET_NOT_FOUND", "The run's labelled dataset is gone.")
+
+    def split():
+        return split_by_class(
+            dataset_labelled_samples(context.run.probing_dataset),
+            train_fraction=settings["train_fraction"],
+            max_per_class=settings["max_per_class"],
+            seed=settings["seed"],
+        )
+
+    made = context.once("probing split", split)
+    found = sparse_probing(
+        context.loaded.model,
+        context.loaded.tokenizer,
+        on_model_device(module, context.loaded.model),
+        made,
+        hook_name=sae.hook_name,
+        k_values=settings["k_values"],
+        context_length=settings["context_length"],
+        seed=settings["seed"],
+        progress=lambda done, total: context.report(done / total),
+    )
+    detail = {
+        "dataset_name": context.run.probing_dataset.name,
+        **{name: value for group in found["metrics"].values() for name, value in group.items()},
+    }
+    return MethodOutput(
+        metrics=found["metrics"],
+        details={
+            "per_class": found["per_class"],
+            "classes": {label: [len(made.train[label]), len(made.test[label])] for label in made.train},
+            "eval_result_details": [detail],
+        },
+    )
+
+
+RUNNERS: dict[str, Callable[[RunContext, SparseAutoencoder, Any], MethodOutput]] = {
+    "core": run_core,
+    "sparse_probing": run_sparse_probing,
+}
+
+
+@job_task(BenchRun, timeout=2 * 24 * 3600)
+def run_bench(run: BenchRun, job: JobContext) -> None:
+    """Judge each of the run's SAEs by each of its methods, storing each result as it is done; a
+    resumed run goes on from the first pair without a result."""
+    if run.model_id is None:
+        raise ApplicationError("MODEL_NOT_FOUND", "The run's model is gone.")
+    loaded = model_in_this_worker(run.model_id, run, purpose="a SAEBench run")
+    pairs = [(sae_id, method) for sae_id in run.saes for method in run.methods]
+    done = set(run.results.values_list("sae_id", "method"))
+    throttle = ProgressThrottle(min_step=1.0, min_interval=0.5)
+    seconds: dict[str, float] = dict(run.summary.get("seconds", {}))
+    skipped: list[str] = list(run.summary.get("skipped", []))
+    position = {"index": 0}
+
+    def report(fraction: float) -> None:
+        job.check_cancel()
+        percent = 100 * (position["index"] + fraction) / len(pairs)
+        if throttle.ready(percent):
+            run.progress = round(percent, 2)
+            job_publish(run, "progress", ["progress"])
+
+    context = RunContext(run=run, loaded=loaded, report=report)
+    for index, (sae_id, method) in enumerate(pairs):
+        position["index"] = index
+        if (sae_id, method) in done:
+            continue
+        job.check_cancel()
+        sae = SparseAutoencoder.objects.filter(pk=sae_id, status=SparseAutoencoder.Status.COMPLETED).first()
+        if sae is None:  # deleted meanwhile: the others go on
+            skipped.append(sae_id)
+            continue
+        started = time.monotonic()
+        output = RUNNERS[method](context, sae, sae_module(sae))
+        elapsed = time.monotonic() - started
+        seconds[method] = round(seconds.get(method, 0.0) + elapsed, 3)
+        store_result(run, sae, method, output, seconds=elapsed)
+        run.summary = {**run.summary, "seconds": seconds, "skipped": skipped, "done": len(done) + 1}
+        done.add((sae_id, method))
+        job_publish(run, "progress", [*run.mark_progress(done=index + 1, total=len(pairs)), "summary"])
+        job.checkpoint_saved()  # yield here if another user's job waits: the next pair resumes
+    summary = {"seconds": seconds, "skipped": skipped, "done": len(done), "pairs": len(pairs)}
+    job_publish(run, "completed", run.mark_completed(summary=summary))
+
+
+def store_result(
+    run: BenchRun, sae: SparseAutoencoder, method: str, output: MethodOutput, *, seconds: float
+) -> None:
+    """The pair's row, with the per-feature lists (if any) in the run's folder, written first."""
+    result = BenchResult(
+        run=run,
+        sae=sae,
+        method=method,
+        method_version=bench_method(method).version,
+        metrics=output.metrics,
+        details=output.details,
+        seconds=round(seconds, 3),
+    )
+    if output.feature_metrics:
+        import numpy as np
+        from safetensors.numpy import save_file
+
+        run.directory.mkdir(parents=True, exist_ok=True)
+        arrays = {
+            name: np.asarray(values, dtype=np.float32) for name, values in output.feature_metrics.items()
+        }
+        temporary = result.feature_file.with_suffix(".partial")
+        save_file(arrays, str(temporary))
+        temporary.replace(result.feature_file)
+    result.save()
