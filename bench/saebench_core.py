@@ -1,4 +1,4 @@
-"""SAEBench's core suite on one SAE: miStudio's (engine.sae.saebench_core) against sae-bench
+"""SAEBench's core suite on one SAE: miStudio's (engine.saebench.core) against sae-bench
 0.6.0's own ``run_evals``, on the same SAE, model, token batches and CPU.
 
     HF_HUB_OFFLINE=1 PYTHONPATH=. .venv-bench/bin/python bench/saebench_core.py [--size gpt2-small]
@@ -36,7 +36,7 @@ def main() -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from engine.sae.formats import save_saelens
-    from engine.sae.saebench_core import CoreConfig, context_batches, core_metrics
+    from engine.saebench.core import CoreConfig, context_batches, core_metrics
     from engine.testing.corpus import local_corpus
     from engine.testing.tiny_models import build_tiny_model
     from engine.testing.tiny_saes import random_sae

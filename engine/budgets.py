@@ -236,7 +236,7 @@ def saebench_core(
     *, d_in: int, d_sae: int, vocab: int, prompts: int, context: int, hidden: int, layers: int, heads: int
 ) -> MemoryEstimate:
     """SAEBench's core metrics on one batch of ``prompts`` x ``context`` tokens
-    (``engine.sae.saebench_core``): the clean and an edited run's logits, a prompt's
+    (``engine.saebench.core``): the clean and an edited run's logits, a prompt's
     log-probabilities (three at once), a forward pass, and the batch's SAE features."""
     tokens = prompts * context
     return MemoryEstimate(

@@ -69,6 +69,20 @@ def demo_corpus(max_chars: int = 2_000_000) -> list[str]:
     return local_corpus(max_chars=max_chars)
 
 
+def demo_topics(per_topic: int = 250) -> list[tuple[str, str]]:
+    """The demo's labelled dataset (sparse probing's): docstring paragraphs and the topic of their
+    module (networking, concurrency, files, text, numbers), at most ``per_topic`` of each."""
+    from engine.testing.corpus import topic_corpus
+
+    taken: dict[str, int] = {}
+    pairs = []
+    for text, topic in topic_corpus():
+        if taken.get(topic, 0) < per_topic:
+            taken[topic] = taken.get(topic, 0) + 1
+            pairs.append((text, topic))
+    return pairs
+
+
 def _pack_sequences(tokenizer: Any, corpus: list[str], sequence_length: int) -> Any:
     """Tokenize the corpus, join paragraphs with eos, and cut it into equal-length rows.
 

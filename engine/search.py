@@ -84,6 +84,20 @@ class SentenceEmbedder:
                 show_progress_bar=False,
             )
 
+    def similarities(self, query: str, texts: list[str]) -> list[float]:
+        """The model's own similarity (cosine, for MiniLM) of ``query`` to each of ``texts``, each
+        encoded with the model's defaults, exactly as delphi's ``EmbeddingScorer`` computes them."""
+
+        def compute() -> list[float]:
+            import torch
+
+            with torch.inference_mode():
+                return self.model.similarity(self.model.encode(query), self.model.encode(texts))[0].tolist()
+
+        if self._runner_pid != os.getpid():
+            self._runner, self._runner_pid = ThreadPoolExecutor(max_workers=1), os.getpid()
+        return self._runner.submit(compute).result()
+
     def embed(self, texts: list[str]) -> np.ndarray:
         """float32 [len(texts), dimension], each row of unit length."""
         if not texts:

@@ -11,7 +11,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from activations.selectors import dataset_get
-from engine.sae.bench_methods import METHODS
+from engine.saebench.methods import METHODS
 from evaluations import selectors, services
 from evaluations.models import BenchRun
 from evaluations.serializers import (

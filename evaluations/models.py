@@ -9,7 +9,7 @@ from mistudio.jobs import JobRow
 
 
 class BenchRun(JobRow):
-    """SAEBench's methods (``engine.sae.bench_methods``) over SAEs of one model, chosen one by one
+    """SAEBench's methods (``engine.saebench.methods``) over SAEs of one model, chosen one by one
     or as a group's members: a job on the model's worker, SAE after SAE, method after method. Each
     finished (SAE, method) pair is a :class:`BenchResult` at once, so a resumed run goes on from
     the next pair and a cancelled one keeps what it finished."""
@@ -29,7 +29,7 @@ class BenchRun(JobRow):
         "saes.SaeGroup", null=True, blank=True, on_delete=models.SET_NULL, related_name="bench_runs"
     )
     saes = models.JSONField(default=list, help_text="The SAE ids judged, in order")
-    methods = models.JSONField(default=list, help_text="engine.sae.bench_methods names, in order")
+    methods = models.JSONField(default=list, help_text="engine.saebench.methods names, in order")
     dataset = models.ForeignKey(
         "activations.Dataset", null=True, on_delete=models.SET_NULL, related_name="+",
         help_text="The text the core metrics run the model over",

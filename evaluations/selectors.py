@@ -10,8 +10,8 @@ from typing import Any
 
 from django.db.models import QuerySet
 
-from engine.sae.bench_methods import METHODS
-from engine.sae.saebench_results import core_feature_details, saebench_results_json
+from engine.saebench.methods import METHODS
+from engine.saebench.results import core_feature_details, saebench_results_json
 from evaluations.models import BenchResult, BenchRun
 from evaluations.serializers import bench_state
 from mistudio.access import check_may_change, visible_row, visible_rows

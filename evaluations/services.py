@@ -10,8 +10,8 @@ from django.db import transaction
 
 from activations.models import Dataset
 from engine import budgets
-from engine.sae.bench_methods import METHODS, bench_method
-from engine.sae.saebench_results import CoreConfig
+from engine.saebench.methods import METHODS, bench_method
+from engine.saebench.results import CoreConfig
 from evaluations.models import BenchRun
 from mistudio import jobs
 from mistudio.access import check_may_change, reach

@@ -11,7 +11,7 @@ from typing import Any
 
 from activations.models import Dataset
 from activations.services.datasets import DatasetReader, dataset_labelled_samples
-from engine.sae.bench_methods import bench_method
+from engine.saebench.methods import bench_method
 from evaluations.models import BenchResult, BenchRun
 from mistudio.errors import ApplicationError
 from mistudio.events import ProgressThrottle
@@ -75,9 +75,9 @@ def ignored_tokens(tokenizer: Any) -> set[int | None]:
 
 
 def run_core(context: RunContext, sae: SparseAutoencoder, module: Any) -> MethodOutput:
-    """SAEBench's core metrics of one SAE (``engine.sae.saebench_core``) over the run's text."""
-    from engine.sae.saebench_core import context_batches, core_metrics
-    from engine.sae.saebench_results import CoreConfig
+    """SAEBench's core metrics of one SAE (``engine.saebench.core``) over the run's text."""
+    from engine.saebench.core import context_batches, core_metrics
+    from engine.saebench.results import CoreConfig
 
     config = CoreConfig(**context.run.config["core"])
     tokenizer = context.loaded.tokenizer
@@ -113,9 +113,9 @@ def run_core(context: RunContext, sae: SparseAutoencoder, module: Any) -> Method
 
 
 def run_sparse_probing(context: RunContext, sae: SparseAutoencoder, module: Any) -> MethodOutput:
-    """SAEBench's sparse probing of one SAE (``engine.sae.sparse_probing``) on the run's labelled
+    """SAEBench's sparse probing of one SAE (``engine.saebench.sparse_probing``) on the run's labelled
     dataset: the split is made once per run, so every SAE is probed on the same texts."""
-    from engine.sae.sparse_probing import sparse_probing, split_by_class
+    from engine.saebench.sparse_probing import sparse_probing, split_by_class
 
     settings = context.run.config["sparse_probing"]
     if context.run.probing_dataset is None:
@@ -197,7 +197,8 @@ def run_bench(run: BenchRun, job: JobContext) -> None:
         elapsed = time.monotonic() - started
         seconds[method] = round(seconds.get(method, 0.0) + elapsed, 3)
         store_result(run, sae, method, output, seconds=elapsed)
-        run.summary = {**run.summary, "seconds": seconds, "skipped": skipped, "done": len(done) + 1}
+        run.summary = {**run.summary, "seconds": seconds, "skipped": skipped, "done": len(done) + 1,
+                       "pairs": len(pairs)}  # fmt: skip
         done.add((sae_id, method))
         job_publish(run, "progress", [*run.mark_progress(done=index + 1, total=len(pairs)), "summary"])
         job.checkpoint_saved()  # yield here if another user's job waits: the next pair resumes

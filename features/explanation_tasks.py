@@ -27,7 +27,7 @@ from engine.generation.prompts import render_prompt
 from features.explanations import LOCAL, explanation_summary
 from features.models import Explanation, ExplanationJob, FeatureAnalysis
 from features.rows import analysis_rows, token_table
-from features.search import search_index_refresh
+from features.search import embedder, search_index_refresh
 from features.selectors import FeatureFile, analysis_tokenizer
 from mistudio.authentication import job_token_for
 from mistudio.errors import ApplicationError
@@ -283,6 +283,7 @@ def job_endpoints(row: ExplanationJob, config: InterpretationConfig) -> Endpoint
         scorer=scorer,
         explainer_fits=fits(row.explainer_model, config.explain_max_tokens),
         scorer_fits=fits(row.scorer_model, config.score_max_tokens),
+        similarities=embedder().similarities if "embedding" in config.scorers else None,
     )
 
 
@@ -350,7 +351,7 @@ def store_result(row: ExplanationJob, result: FeatureResult) -> Explanation:
         "prompt_version": PROMPT_VERSION,
         "prompt": result.prompt,
         **{
-            column: result.scores[name].balanced_accuracy if name in result.scores else None
+            column: result.scores[name].value if name in result.scores else None
             for name, column in Explanation.SCORE_COLUMNS.items()
         },
         "score": result.score,

@@ -19,6 +19,7 @@ from engine.autointerp.prompts import PROMPT_VERSION
 from engine.autointerp.scoring import prompt_templates, scorer_names
 from engine.generation.params import config_context_length
 from features.models import Explanation, ExplanationJob, Feature, FeatureAnalysis, FeatureLabel
+from features.search import check_embedding_model
 from features.services import feature_label_set
 from generation.services import generation_model
 from mistudio import jobs
@@ -188,6 +189,8 @@ def interpretation_config(analysis: FeatureAnalysis, options: dict[str, Any]) ->
     values["scorers"] = tuple(values["scorers"])
     if not set(values["scorers"]) <= set(scorer_names()):
         raise ApplicationError("INVALID_REQUEST", f"Scorers are {', '.join(scorer_names())}.", status=400)
+    if "embedding" in values["scorers"]:
+        check_embedding_model()
     top_k = analysis.config.get("top_k", 20)
     interval_examples = analysis.config.get("intervals", 5) * analysis.config.get("per_interval", 4)
     values["explain_examples"] = max(1, min(values["explain_examples"], top_k))

@@ -232,6 +232,8 @@ class Explanation(models.Model):
     prompt = models.JSONField(default=list, blank=True, help_text="The messages the explainer was sent")
     detection = models.FloatField(null=True, blank=True, help_text="Balanced accuracy, delphi's detection")
     fuzzing = models.FloatField(null=True, blank=True, help_text="Balanced accuracy, delphi's fuzzing")
+    intruder = models.FloatField(null=True, blank=True, help_text="Intruders found, delphi's intruder scorer")
+    embedding = models.FloatField(null=True, blank=True, help_text="ROC AUC, delphi's embedding scorer")
     score = models.FloatField(null=True, blank=True, help_text="Mean of the scores it has")
     scoring = models.JSONField(default=dict, blank=True, help_text="Per scorer: counts, failed prompts")
     error_code = models.CharField(max_length=100, blank=True)
@@ -239,8 +241,13 @@ class Explanation(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
 
     # The scorers (engine.autointerp.scoring) with a column of their own, and that column; every
-    # scorer's counts are in ``scoring`` and its balanced accuracy counts in ``score``.
-    SCORE_COLUMNS: ClassVar[dict[str, str]] = {"detection": "detection", "fuzzing": "fuzzing"}
+    # scorer's counts are in ``scoring``; the classifiers' balanced accuracies make ``score``.
+    SCORE_COLUMNS: ClassVar[dict[str, str]] = {
+        "detection": "detection",
+        "fuzzing": "fuzzing",
+        "intruder": "intruder",
+        "embedding": "embedding",
+    }
 
     class Meta:
         ordering = ["analysis", "index", "-created_at"]

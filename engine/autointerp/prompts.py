@@ -83,6 +83,20 @@ FUZZING_SYSTEM = (
     "<<like this>> fits the explanation, else 0 (some examples are marked at random)."
 )
 
+# Intruder detection (delphi's IntruderScorer): all examples but one come from the feature; which?
+INTRUDER_SYSTEM = (
+    "All text examples but one share a feature; tokens may be marked <<like this>>. Find the one that "
+    "does not belong: reply [RESPONSE]: followed by its number only."
+)
+INTRUDER_WORKED_EXAMPLE = (
+    "Example 0: the quarterback threw a<< touchdown>>\nExample 1: a<< field goal>> in the last minute\n"
+    "Example 2: mix the<< flour>> and sugar\nExample 3: the<< linebacker>> made the tackle",
+    "[RESPONSE]: 2",
+)
+# The embedding scorer's query (delphi's EmbeddingScorer, for instruction-tuned embedding models):
+# the explanation after it is embedded, and so is each example's text.
+EMBEDDING_QUERY = "Instruct: Retrieve sentences that could be related to the explanation.\nQuery:"
+
 
 class PromptTooLong(EngineError):
     """Not even the compact prompt with one example fits the model's context."""
@@ -249,6 +263,19 @@ def scorer_messages(system: str, explanation: str, texts: list[str]) -> list[dic
         f"Reply with only a Python list of {count} (0 or 1), one per example, in order."
     )
     return [{"role": "system", "content": system}, {"role": "user", "content": question}]
+
+
+def intruder_messages(texts: list[str]) -> list[dict]:
+    """The intruder scorer's chat messages: its question, one worked example, then ``texts`` (the
+    feature's examples with the intruder among them) as ``Example i:text`` from 0, as in delphi."""
+    examples = "\n".join(f"Example {index}:{text}" for index, text in enumerate(texts))
+    worked_question, worked_answer = INTRUDER_WORKED_EXAMPLE
+    return [
+        {"role": "system", "content": INTRUDER_SYSTEM},
+        {"role": "user", "content": worked_question},
+        {"role": "assistant", "content": worked_answer},
+        {"role": "user", "content": f"Examples:\n\n{examples}\n"},
+    ]
 
 
 def messages_as_text(messages: list[dict]) -> str:

@@ -28,14 +28,18 @@ import re
 import struct
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
-from typing import ClassVar, TypeVar
+from itertools import cycle
+from typing import ClassVar, Protocol, TypeVar
 
 from engine.autointerp.prompts import (
     DETECTION_SYSTEM,
+    EMBEDDING_QUERY,
     EXPLAIN_TEMPLATE,
     FUZZING_SYSTEM,
+    INTRUDER_SYSTEM,
     Example,
     highlight,
+    intruder_messages,
     messages_as_text,
     scorer_messages,
 )
@@ -176,6 +180,10 @@ class Score:
     false_negatives: int
     failed: int
     total: int
+    # The scorer's one number: a classifier's balanced accuracy, the intruder scorer's accuracy, the
+    # embedding scorer's ROC AUC; None when nothing could be scored.
+    value: float | None = None
+    metric: str = "balanced_accuracy"
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -211,7 +219,26 @@ def balanced_accuracy(outcomes: Iterable[tuple[bool, bool | None]]) -> Score:
         false_negatives=counts["fn"],
         failed=failed,
         total=total,
+        value=accuracy,
     )
+
+
+class Asking(Protocol):
+    """What a scorer may ask of the job that runs it (``engine.autointerp.pipeline``)."""
+
+    per_prompt: int
+    seed: int
+
+    def classify(
+        self, scorer: Scorer, explanation: str, batch: list[Sample]
+    ) -> list[tuple[bool, bool | None]]:
+        """(truth, prediction) of each sample of ``batch``, from the scorer endpoint."""
+
+    def reply(self, messages: list[dict]) -> str | None:
+        """The scorer endpoint's answer to ``messages`` (None: the request failed)."""
+
+    def similarities(self, query: str, texts: list[str]) -> list[float]:
+        """The embedding model's similarity of ``query`` to each of ``texts``."""
 
 
 class UnknownScorer(EngineError, ValueError):
@@ -237,9 +264,29 @@ class Scorer:
     name: ClassVar[str]
     system: ClassVar[str]
     placeholder: ClassVar[str] = "{text}"
+    # Run when a job names no scorers (the others are asked for by name: they cost more, or need
+    # more than the scorer endpoint).
+    default_on: ClassVar[bool] = True
 
     def samples(self, test: list[Example], non_activating: list[Example]) -> list[Sample]:
         raise NotImplementedError
+
+    def requests(self, *, test: int, non_activating: int, per_prompt: int) -> int:
+        """Requests to the scorer endpoint for one feature (a classifier's: one per prompt)."""
+        return -(-(test + non_activating) // per_prompt)
+
+    def score(
+        self, test: list[Example], non_activating: list[Example], explanation: str, asking: Asking
+    ) -> Score | None:
+        """The balanced accuracy of the endpoint's answers on the shuffled samples, ``per_prompt`` a
+        request; None without an activating sample to show."""
+        samples = self.samples(test, non_activating)
+        if not samples or not any(sample.activating for sample in samples):
+            return None
+        outcomes: list[tuple[bool, bool | None]] = []
+        for batch in scoring_batches(samples, per_prompt=asking.per_prompt, seed=asking.seed):
+            outcomes.extend(asking.classify(self, explanation, batch))
+        return balanced_accuracy(outcomes)
 
     def messages(self, explanation: str, batch: list[Sample]) -> list[dict]:
         return scorer_messages(self.system, explanation, [sample.text for sample in batch])
@@ -276,6 +323,11 @@ def scorer_names() -> tuple[str, ...]:
     return tuple(_SCORERS)
 
 
+def default_scorers() -> tuple[str, ...]:
+    """The scorers a job runs when it names none."""
+    return tuple(name for name, scorer_class in _SCORERS.items() if scorer_class.default_on)
+
+
 def scorer_named(name: str) -> Scorer:
     """The scorer registered as ``name``; :class:`UnknownScorer` for any other name."""
     scorer_class = _SCORERS.get(name)
@@ -308,6 +360,184 @@ class FuzzingScorer(Scorer):
 
     def samples(self, test: list[Example], non_activating: list[Example]) -> list[Sample]:
         return fuzzing_samples(test, non_activating, threshold=self.threshold, seed=self.seed)
+
+
+# --- intruder detection --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class IntruderSentence:
+    """One intruder prompt: the texts shown, which is the intruder, and the strength group (quantile)
+    its activating examples came from."""
+
+    texts: tuple[str, ...]
+    intruder: int
+    quantile: int
+
+
+def quantiles(test: list[Example], size: int) -> list[tuple[int, Example]]:
+    """(quantile, example) of each test example: the examples by their maximum, strongest first, in
+    groups of ``size`` (0 is the strongest; the last may be smaller). delphi's sampler tags its test
+    examples with the quantile they were drawn from; ours are spread over the activation range."""
+    ranked = sorted(range(len(test)), key=lambda index: -test[index].max_activation)
+    group = {index: rank // max(1, size) for rank, index in enumerate(ranked)}
+    return [(group[index], example) for index, example in enumerate(test)]
+
+
+def intruder_sentences(
+    tagged: list[tuple[int, Example]],
+    non_activating: list[Example],
+    *,
+    shown: int,
+    seed: int = SHUFFLE_SEED,
+    threshold: float = FUZZ_THRESHOLD,
+) -> list[IntruderSentence]:
+    """delphi's ``IntruderScorer._prepare_and_batch`` (its default type): one prompt per
+    non-activating example, cycling over the quantiles of the (quantile, example) pairs in the
+    order they first appear; each shows ``shown - 1`` examples of its quantile drawn with
+    ``random.Random(seed)`` (fewer if the quantile has fewer), marked where the feature fires, and
+    the intruder at a random place, marked at as many random tokens as those examples have active
+    ones on average (where the feature fires, for a contrastive intruder)."""
+    if shown < 2:
+        raise ValueError("an intruder prompt shows at least two examples")
+    groups: dict[int, list[Example]] = {}
+    for quantile, example in tagged:
+        groups.setdefault(quantile, []).append(example)
+    if not groups:
+        return []
+    rng = random.Random(seed)  # noqa: S311  (delphi's draws, not a secret)
+    sentences = []
+    for (quantile, examples), intruder in zip(cycle(groups.items()), non_activating):
+        count = min(shown - 1, len(examples))
+        chosen = rng.sample(examples, count)
+        texts = [_marked_above(example, threshold) for example in chosen]
+        active = sum(sum(value > 0 for value in example.values) for example in chosen)
+        marked = 0 if intruder.activating else active // len(chosen)
+        if marked == 0:
+            intruder_text = _marked_above(intruder, threshold)
+        else:
+            intruder_text = _marked_at_random(intruder, marked, threshold, FUZZ_SEED)
+        place = rng.randint(0, count)
+        texts.insert(place, intruder_text)
+        sentences.append(IntruderSentence(texts=tuple(texts), intruder=place, quantile=quantile))
+    return sentences
+
+
+_RESPONSE = re.compile(r"\[RESPONSE\]:")
+
+
+def parse_intruder(text: str, shown: int) -> int | None:
+    """The index after the first ``[RESPONSE]:`` (delphi's ``IntruderScorer._parse``): None when
+    there is none, it is not a whole number, or it is outside ``0 .. shown - 1``."""
+    match = _RESPONSE.search(text)
+    if match is None:
+        return None
+    try:
+        prediction = int(text[match.end() :].strip())
+    except ValueError:
+        return None
+    return prediction if 0 <= prediction < shown else None
+
+
+def intruder_accuracy(sentences: list[IntruderSentence], predictions: list[int | None]) -> Score:
+    """The fraction of prompts whose intruder was found; a failed or unreadable answer counts as
+    wrong (delphi's default ``IntruderResult``)."""
+    correct = sum(
+        prediction == sentence.intruder for sentence, prediction in zip(sentences, predictions, strict=True)
+    )
+    failed = sum(prediction is None for prediction in predictions)
+    total = len(sentences)
+    return Score(
+        balanced_accuracy=None, true_positives=correct, true_negatives=0,
+        false_positives=total - correct - failed, false_negatives=0, failed=failed, total=total,
+        value=correct / total if total else None, metric="accuracy",
+    )  # fmt: skip
+
+
+@register_scorer
+@dataclass(frozen=True)
+class IntruderScorer(Scorer):
+    """Which of these examples is not one of the feature's? (delphi's ``IntruderScorer``): it asks
+    for no explanation, so it judges the feature itself, how coherent its examples are."""
+
+    name: ClassVar[str] = "intruder"
+    system: ClassVar[str] = INTRUDER_SYSTEM
+    default_on: ClassVar[bool] = False
+    threshold: float = FUZZ_THRESHOLD
+
+    def requests(self, *, test: int, non_activating: int, per_prompt: int) -> int:
+        return non_activating
+
+    def score(
+        self, test: list[Example], non_activating: list[Example], explanation: str, asking: Asking
+    ) -> Score | None:
+        shown = max(2, asking.per_prompt)
+        sentences = intruder_sentences(
+            quantiles(test, shown - 1),
+            non_activating,
+            shown=shown,
+            seed=asking.seed,
+            threshold=self.threshold,
+        )
+        if not sentences:
+            return None
+        predictions = []
+        for sentence in sentences:
+            answer = asking.reply(intruder_messages(list(sentence.texts)))
+            predictions.append(None if answer is None else parse_intruder(answer, shown))
+        return intruder_accuracy(sentences, predictions)
+
+    def template(self) -> str:
+        return messages_as_text(intruder_messages(["{text}", "{text with <<marked tokens>>}", "{…}"]))
+
+
+# --- embedding -----------------------------------------------------------------------------------
+
+
+def embedding_auc(activating: list[bool], similarities: list[float]) -> float | None:
+    """The ROC AUC of ``similarities`` telling activating texts from the others (scikit-learn's
+    ``roc_auc_score``, as delphi's result analysis computes its AUC); None with one class only."""
+    if len(set(activating)) < 2:
+        return None
+    from sklearn.metrics import roc_auc_score
+
+    return float(roc_auc_score(activating, similarities))
+
+
+@register_scorer
+class EmbeddingScorer(Scorer):
+    """How much nearer the explanation are the feature's examples than the others, to a sentence
+    embedding model? (delphi's ``EmbeddingScorer``): no language model is asked."""
+
+    name = "embedding"
+    system = EMBEDDING_QUERY
+    default_on = False
+
+    def samples(self, test: list[Example], non_activating: list[Example]) -> list[Sample]:
+        return detection_samples(test, non_activating)
+
+    def requests(self, *, test: int, non_activating: int, per_prompt: int) -> int:
+        return 0
+
+    def score(
+        self, test: list[Example], non_activating: list[Example], explanation: str, asking: Asking
+    ) -> Score | None:
+        samples = self.samples(test, non_activating)
+        if not samples:
+            return None
+        similarities = asking.similarities(EMBEDDING_QUERY + explanation, [sample.text for sample in samples])
+        truth = [sample.activating for sample in samples]
+        return Score(
+            balanced_accuracy=None, true_positives=0, true_negatives=0, false_positives=0, false_negatives=0,
+            failed=0, total=len(samples), value=embedding_auc(truth, similarities), metric="auc",
+        )  # fmt: skip
+
+    def template(self) -> str:
+        return (
+            "(no language model: a sentence embedding model embeds)\n\n"
+            f"{EMBEDDING_QUERY}{{explanation}}\n\nand each example's text; the score is the ROC AUC of the "
+            "similarities, the feature's examples against the others."
+        )
 
 
 def prompt_templates() -> dict[str, str]:

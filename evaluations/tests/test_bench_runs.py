@@ -12,9 +12,9 @@ from activations.services.datasets import dataset_create_from_texts, dataset_lab
 from conftest import make_user
 from engine.registry import LOADED_MODELS
 from engine.sae.formats import save_saelens
-from engine.sae.saebench_core import context_batches, core_metrics
-from engine.sae.saebench_results import CoreConfig
-from engine.sae.sparse_probing import sparse_probing, split_by_class
+from engine.saebench.core import context_batches, core_metrics
+from engine.saebench.results import CoreConfig
+from engine.saebench.sparse_probing import sparse_probing, split_by_class
 from engine.testing.corpus import local_corpus
 from engine.testing.tiny_saes import random_sae
 from evaluations.models import BenchResult, BenchRun

@@ -161,6 +161,61 @@ def test_explain_score_show_accept_export(live_stack, analysed, client_for):
     assert entry["explanations"][1]["score"] == explained.score
 
 
+def test_the_intruder_and_embedding_scorers_through_a_job(live_stack, analysed, client_for):
+    """The opt-in scorers: the intruder scorer asks the workbench's own model one question per
+    non-activating example; the embedding scorer asks none, and its score is the AUC of MiniLM's
+    similarities of the explanation to the feature's examples against the others."""
+    from engine.autointerp.prompts import EMBEDDING_QUERY
+    from engine.autointerp.scoring import detection_samples, embedding_auc
+    from features.search import embedder
+
+    user, sae, analysis = analysed
+    api = client_for(user)
+    options = {**OPTIONS, "non_activating": 4, "scorers": ["intruder", "embedding"]}
+    config = InterpretationConfig(**options)
+    assert config.requests_per_feature() == 1 + 4  # the explanation, then one per intruder prompt
+    # Two features with held-out examples and quiet contexts: both scorers have something to score.
+    data, tokenizer = FeatureFile(analysis), analysis_tokenizer(sae)
+    candidates = [feature.index for feature in Feature.objects.filter(analysis=analysis, density__gt=0)]
+    quiet = non_activating_examples(analysis, candidates, config, tokenizer=tokenizer, device="cpu")
+    chosen = [
+        index
+        for index in candidates
+        if quiet[index] and feature_examples(data, index, config, tokenizer, quiet[index]).test
+    ][:2]
+    assert len(chosen) == 2
+    body = {"explainer_model": live_stack.models["llama"], "options": options,
+            "selection": {"kind": "list", "indices": chosen}}  # fmt: skip
+    started = api.post(f"/api/saes/{sae.id}/explanations", body, format="json")
+    assert started.status_code == 202, started.content
+    job = finished(ExplanationJob.objects.get(pk=started.json()["id"]))
+    assert job.status == "completed", (job.error_code, job.error_message)
+    rows = [row for row in Explanation.objects.filter(job=job) if not row.error_code]
+    assert rows, "no feature was explained"
+    scored = 0
+    for row in rows:
+        examples = feature_examples(data, row.index, config, tokenizer, quiet[row.index])
+        if not examples.test or not examples.non_activating:  # nothing held out, or no quiet context
+            assert "intruder" not in row.scoring, (len(examples.test), len(examples.non_activating))
+            continue
+        scored += 1
+        intruder = row.scoring["intruder"]
+        assert intruder["total"] == len(examples.non_activating) and intruder["metric"] == "accuracy"
+        assert row.intruder == pytest.approx(intruder["true_positives"] / intruder["total"])
+        samples = detection_samples(examples.test, examples.non_activating)
+        similarities = embedder().similarities(
+            EMBEDDING_QUERY + row.text, [sample.text for sample in samples]
+        )
+        expected = embedding_auc([sample.activating for sample in samples], similarities)
+        assert (
+            row.embedding == pytest.approx(expected, abs=1e-6) and row.scoring["embedding"]["metric"] == "auc"
+        )
+        assert row.detection is None and row.score is None  # no classifier ran: no balanced accuracy
+    assert scored > 0
+    shown = api.get(f"/api/saes/{sae.id}/explanations/{job.id}/results").json()
+    assert {"intruder", "embedding"} <= set(shown["explanations"][0])
+
+
 def test_held_out_and_non_activating_examples(analysed):
     """The scorers' activating examples are ones the explainer did not see; the non-activating
     contexts are zero for the feature on every token (checked by encoding them again)."""

@@ -61,7 +61,7 @@ def test_each_scorer_with_a_column_stores_its_score_there(job):
     a result's scores land in those columns; a scorer that gave none leaves its column empty."""
     assert set(Explanation.SCORE_COLUMNS) <= set(scorer_names())
     score = Score(balanced_accuracy=0.75, true_positives=3, true_negatives=3, false_positives=1,
-                  false_negatives=1, failed=0, total=8)  # fmt: skip
+                  false_negatives=1, failed=0, total=8, value=0.75)  # fmt: skip
     row = store_result(job, FeatureResult(index=1, explanation="ships", scores={"detection": score}))
     assert (row.detection, row.fuzzing, row.score) == (0.75, None, 0.75)
     assert row.scoring == {"detection": score.as_dict()}

@@ -10,7 +10,9 @@ dashboard, explaining refused up front, search by meaning) → sign out.
 
 The other browser modules test each page in depth; this one proves the pages connect."""
 
+import json
 import re
+from pathlib import Path
 
 import pytest
 from playwright.sync_api import expect
@@ -20,7 +22,7 @@ from activations.services import dataset_create_from_texts
 from activations.store import ActivationStore
 from engine.sae import default_expansion
 from features.models import FeatureAnalysis
-from frontend.tests.browser import LIVE_TIMEOUT_MS
+from frontend.tests.browser import LIVE_TIMEOUT_MS, screenshot
 from frontend.views.activations import TOP_K
 from generation.models import Generation
 from models_app.models import LanguageModel
@@ -200,8 +202,37 @@ def research_path_on_defaults(page, site, model, dataset) -> None:
     expect(page.locator("#group-members tbody tr")).to_have_count(4)
     expect(page.locator('[data-chart="explained_variance"] circle.dot')).to_have_count(4)
     expect(page.locator('[data-chart="ce_loss_recovered"] circle.dot')).to_have_count(4)
+    judged_side_by_side(page, site, dataset)
 
     model_to_meaning(page, site, model, dataset)
+
+
+def judged_side_by_side(page, site, dataset) -> None:
+    """The group's members judged by SAEBench's core metrics from its page, then sorted by a column
+    (best first), each member's result downloaded as SAEBench's JSON."""
+    page.click("#group-saebench")
+    page.wait_for_url(re.compile(r"/saes/compare/\?group=grp_\w+$"))
+    expect(page.locator("#compare-table tbody tr")).to_have_count(4)  # not judged yet
+    page.select_option("#bench-dataset", dataset.id)
+    page.fill("#bench-batch", "4")
+    page.fill("#bench-context", "32")
+    page.fill("#bench-batches", "2")
+    page.click("#bench-start")
+    page.wait_for_url(re.compile(r"/saes/compare/\?run=sb_\w+$"))
+    expect(page.locator('[data-testid="run-status"]')).to_have_text("completed", timeout=LIVE_TIMEOUT_MS)
+    expect(page.locator('#compare-table td[data-metric="core.l0"]').first).not_to_have_text("—")
+    expect(page.locator('[data-chart="core.ce_loss_score"] circle.dot')).to_have_count(4)
+    page.click('th[data-column="core.explained_variance"] a')
+    expect(page.locator("#compare-table")).to_have_attribute("data-sort", "core.explained_variance")
+    shown = [
+        float(text) for text in page.locator('td[data-metric="core.explained_variance"]').all_inner_texts()
+    ]
+    assert shown == sorted(shown, reverse=True)
+    with page.expect_download() as download:
+        page.locator('[data-export="core"]').first.click()
+    document = json.loads(Path(download.value.path()).read_text())
+    assert document["eval_type_id"] == "core" and len(document["eval_result_details"]) > 0
+    screenshot(page, "saebench-compare")
 
 
 def model_to_meaning(page, site, model, dataset) -> None:

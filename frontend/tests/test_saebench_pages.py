@@ -10,7 +10,7 @@ from django.test import Client
 
 from activations.services.datasets import dataset_create_from_texts
 from conftest import make_user
-from engine.sae.saebench_results import CoreConfig
+from engine.saebench.results import CoreConfig
 from evaluations.models import BenchResult, BenchRun
 from models_app.services import model_register
 from saes.models import SaeGroup, SparseAutoencoder

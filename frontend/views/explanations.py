@@ -26,10 +26,10 @@ from rest_framework.exceptions import ValidationError
 
 from engine.autointerp.pipeline import InterpretationConfig
 from engine.autointerp.prompts import PROMPT_VERSION
-from engine.autointerp.scoring import prompt_templates, scorer_names
+from engine.autointerp.scoring import default_scorers, prompt_templates, scorer_names
 from features import explanation_selectors, explanations, selectors
 from features.explanation_apis import ExplanationJobListApi
-from features.models import ExplanationJob
+from features.models import Explanation, ExplanationJob
 from features.serializers import explanation_job_state, explanation_state
 from frontend.access import reader_required, sae_or_404, writer_refusal
 from frontend.charts import histogram_svg
@@ -90,7 +90,7 @@ def explanation_new_page(request, sae_id: str):
         "prompt_version": PROMPT_VERSION,
         "templates": prompt_templates(),
         "scorers": scorer_names(),
-        "values": {"kind": "top", "count": "50", "scorers": list(scorer_names()), "endpoint": "local"},
+        "values": {"kind": "top", "count": "50", "scorers": list(default_scorers()), "endpoint": "local"},
         "concurrency_max": explanations.option_bounds()["concurrency"][1],
         "concurrency_default": InterpretationConfig().concurrency,
     }
@@ -143,13 +143,28 @@ def job_context(request, sae, job: ExplanationJob) -> dict[str, Any]:
     rows = list(job.explanations.defer("prompt").order_by("index")[:RESULTS_SHOWN])
     scores = [row.score for row in rows if row.score is not None]
     state = explanation_job_state(job, viewer=request.user)
+    shown = [explanation_state(row) for row in rows]
+    # The scorers the job ran (their columns), or the default ones before any result.
+    columns = [
+        column
+        for column in Explanation.SCORE_COLUMNS.values()
+        if any(row.get(column) is not None for row in shown)
+    ] or [Explanation.SCORE_COLUMNS[name] for name in default_scorers()]
     return {
+        "score_columns": columns,
         "sae": sae,
         "job": job,
         "state": state,
         "active": job.status in ExplanationJob.ACTIVE,
         "can_change": may_change(job, request.user),
-        "rows": [{**explanation_state(row), "url": feature_url(sae.id, row.index)} for row in rows],
+        "rows": [
+            {
+                **row,
+                "url": feature_url(sae.id, row["index"]),
+                "cells": [row.get(column) for column in columns],
+            }
+            for row in shown
+        ],
         "more": job.explanations.count() - len(rows),
         "score_histogram": score_histogram(scores),
         "queue": queue_position(job, viewer=request.user),

@@ -21,8 +21,8 @@ from django.views.decorators.http import require_http_methods
 from rest_framework.exceptions import ValidationError
 
 from activations import selectors as activation_selectors
-from engine.sae.bench_methods import METHODS
-from engine.sae.saebench_results import CoreConfig
+from engine.saebench.methods import METHODS
+from engine.saebench.results import CoreConfig
 from evaluations import selectors
 from evaluations.apis import bench_from_body, compared
 from evaluations.models import BenchRun

@@ -25,7 +25,16 @@ def tiny_model(tiny_gpt2_folder, writer):
 
 def test_every_kind_with_an_edge_is_routed_from_its_registration():
     index = job_kinds_index()
-    assert set(index) == {"extraction", "sae", "sae_group", "analysis", "explanation", "graph", "vector"}
+    assert set(index) == {
+        "extraction",
+        "sae",
+        "sae_group",
+        "analysis",
+        "explanation",
+        "graph",
+        "vector",
+        "bench",
+    }
     for kind in jobs.job_kinds():
         if kind.api is None:
             continue

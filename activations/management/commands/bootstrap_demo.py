@@ -1,4 +1,5 @@
-"""``manage.py bootstrap_demo``: the demo-gpt2 model, a demo dataset and (embedded default) a demo user.
+"""``manage.py bootstrap_demo``: the demo-gpt2 model, a demo dataset, a labelled one (docstrings by
+their module's topic, for sparse probing) and (embedded default) a demo user.
 
 Idempotent: a second run reuses the trained model, the dataset and the rows.
 """
@@ -15,13 +16,14 @@ from tqdm import tqdm
 
 from activations.models import Dataset
 from activations.services import dataset_create_from_texts
-from engine.demo_training import demo_corpus, train_demo_gpt2
+from engine.demo_training import demo_corpus, demo_topics, train_demo_gpt2
 from models_app.models import LanguageModel
 from models_app.services import model_register
 
 DEMO_MODEL_NAME = "demo-gpt2"
 DEMO_DATASET_NAME = "demo-docstrings"
 DEMO_DATASET_SAMPLES = 2000
+DEMO_TOPICS_NAME = "demo-docstring-topics"
 
 
 class Command(BaseCommand):
@@ -63,6 +65,17 @@ class Command(BaseCommand):
                 source=Dataset.Source.BUILTIN,
             )  # fmt: skip
             self.stdout.write(f"Registered dataset {dataset.id} ({dataset.sample_count} samples).")
+        if not Dataset.objects.filter(name=DEMO_TOPICS_NAME).exists():
+            pairs = demo_topics()
+            labelled = dataset_create_from_texts(
+                name=DEMO_TOPICS_NAME, texts=[text for text, _ in pairs],
+                labels=[topic for _, topic in pairs], label_field="topic", owner=owner,
+                source=Dataset.Source.BUILTIN,
+            )  # fmt: skip
+            self.stdout.write(
+                f"Registered labelled dataset {labelled.id} ({labelled.sample_count} samples, "
+                f"{len(labelled.classes)} topics: sparse probing reads it)."
+            )
         summary = json.loads(report_file.read_text()) if report_file.exists() else {}
         if summary:
             self.stdout.write(f"Demo ready (final training loss {summary.get('final_loss', 0):.2f}).")

@@ -1,7 +1,7 @@
 """SAEBench's settings and results, torch-free (the web process reads them): the core metrics'
 settings (:class:`CoreConfig`), a result (:class:`CoreResult`) and :func:`saebench_results_json`,
 a result in SAEBench's results JSON (``CoreEvalOutput`` and its siblings), the file
-Neuronpedia-style viewers read. The maths is in :mod:`engine.sae.saebench_core`."""
+Neuronpedia-style viewers read. The maths is in :mod:`engine.saebench.core`."""
 
 from __future__ import annotations
 

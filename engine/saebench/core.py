@@ -25,7 +25,7 @@ hook to read the activations), this runs it three times: the clean run also capt
 point's value, and the spliced run reuses that reconstruction; the log-probabilities of each run
 are computed once and give both the CE loss and the KL divergence.
 
-Importing this module imports torch; it needs no Django (:mod:`engine.sae.saebench_results`, the
+Importing this module imports torch; it needs no Django (:mod:`engine.saebench.results`, the
 settings, results and their SAEBench JSON, imports neither).
 """
 
@@ -44,7 +44,7 @@ from engine.placement import input_device
 from engine.runtime import HookRuntime, grad_free_mode
 from engine.sae.evaluation import EvaluationCancelled, EvaluationError, edited_logits
 from engine.sae.model import SparseAutoencoder
-from engine.sae.saebench_results import CoreConfig, CoreResult
+from engine.saebench.results import CoreConfig, CoreResult
 
 __all__ = ["CoreConfig", "CoreResult", "context_batches", "core_metrics", "misc_metrics", "weight_metrics"]
 
