@@ -42,6 +42,7 @@ def main() -> None:
     parser.add_argument("--keep", default="", help="a data directory to use (and keep)")
     args = parser.parse_args()
     data = Path(args.keep or tempfile.mkdtemp(prefix="mistudio-newcomer-"))
+    data.mkdir(parents=True, exist_ok=True)
     port = free_port()
     environment = {
         key: value for key, value in os.environ.items() if key not in ("DATABASE_URL", "REDIS_URL")

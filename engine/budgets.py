@@ -232,6 +232,10 @@ def attribution(
     )
 
 
+# The logits one stacked SAEBench pass holds at most (three runs of a few prompts).
+SAEBENCH_LOGITS_BYTES = 2 * GiB
+
+
 def saebench_core(
     *, d_in: int, d_sae: int, vocab: int, prompts: int, context: int, hidden: int, layers: int, heads: int
 ) -> MemoryEstimate:
@@ -244,7 +248,7 @@ def saebench_core(
             "two runs' logits": 2 * tokens * vocab * FLOAT,
             "a prompt's log-probabilities": 3 * context * vocab * FLOAT,
             "forward pass": forward_pass(
-                tokens=tokens, hidden=hidden, layers=layers, heads=heads, longest=context
+                tokens=3 * tokens, hidden=hidden, layers=layers, heads=heads, longest=context
             ),
             "SAE features": ENCODING_TENSORS * tokens * d_sae * FLOAT,
             "SAE parameters": sae_parameters(d_in, d_sae) * FLOAT,

@@ -45,11 +45,16 @@ class HookRuntime:
     ``purpose`` ("extracted", "captured", ...) completes the ``INVALID_HOOK`` message.
     """
 
-    def __init__(self, model: Any, sites: dict[str, HookSite], visit: Visitor, *, purpose: str) -> None:
+    def __init__(
+        self, model: Any, sites: dict[str, HookSite], visit: Visitor, *, purpose: str, widens: bool = False
+    ) -> None:
         self.model = model
         self.sites = sites
         self.visit = visit
         self.purpose = purpose
+        # A replacement may stack several versions of the batch (rows a multiple of the batch's):
+        # the rest of the pass then runs them all, their shared prefix computed once.
+        self.widens = widens
         self.visited: set[str] = set()
         self._shape: tuple[int, int] | None = None
         self._stop_when_complete = False
@@ -77,6 +82,15 @@ class HookRuntime:
         finally:
             for handle in handles:
                 handle.remove()
+
+    def _fits(self, replacement: Any, tensor: Any) -> bool:
+        if tuple(replacement.shape) == tuple(tensor.shape):
+            return True
+        return (
+            self.widens
+            and tuple(replacement.shape[1:]) == tuple(tensor.shape[1:])
+            and replacement.shape[0] % tensor.shape[0] == 0
+        )
 
     def run(self, forward: Callable[..., Any], /, **arguments: Any) -> Any:
         """``forward(**arguments)``; None when the pass was stopped after its last hook point."""
@@ -110,7 +124,7 @@ class HookRuntime:
                 {"invalid": [name]},
             )
         replacement = self.visit(name, tensor)
-        if replacement is not None and tuple(replacement.shape) != tuple(tensor.shape):
+        if replacement is not None and not self._fits(replacement, tensor):
             raise HookError(
                 "INVALID_HOOK",
                 f"A replacement for {name} must keep its shape {tuple(tensor.shape)}.",

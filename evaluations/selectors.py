@@ -11,7 +11,7 @@ from typing import Any
 from django.db.models import QuerySet
 
 from engine.saebench.methods import METHODS
-from engine.saebench.results import core_feature_details, saebench_results_json
+from engine.saebench.results import core_feature_details, saebench_results_json, sparse_probing_output
 from evaluations.models import BenchResult, BenchRun
 from evaluations.serializers import bench_state
 from mistudio.access import check_may_change, visible_row, visible_rows
@@ -137,6 +137,7 @@ def result_export(result: BenchResult) -> dict[str, Any]:
     sae = result.sae
     config = result.run.config.get(result.method, {})
     model_name = result.run.model.name if result.run.model_id else sae.model_name
+    metrics = result.metrics
     if result.method == "core":
         eval_config = {
             "model_name": model_name,
@@ -147,12 +148,14 @@ def result_export(result: BenchResult) -> dict[str, Any]:
         }
         details = core_feature_details(feature_metrics(result))
     else:
-        eval_config = {"model_name": model_name, **config}
-        details = result.details.get("eval_result_details", [])
+        dataset = result.run.probing_dataset.name if result.run.probing_dataset_id else ""
+        eval_config, metrics, details = sparse_probing_output(
+            result.metrics, config, model_name=model_name, dataset=dataset
+        )
     return saebench_results_json(
         eval_type_id=METHODS[result.method].eval_type_id,
         eval_config=eval_config,
-        metrics=result.metrics,
+        metrics=metrics,
         details=details,
         eval_id=result.run_id,
         sae_id=sae.id,

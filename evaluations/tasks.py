@@ -141,16 +141,11 @@ def run_sparse_probing(context: RunContext, sae: SparseAutoencoder, module: Any)
         seed=settings["seed"],
         progress=lambda done, total: context.report(done / total),
     )
-    detail = {
-        "dataset_name": context.run.probing_dataset.name,
-        **{name: value for group in found["metrics"].values() for name, value in group.items()},
-    }
     return MethodOutput(
         metrics=found["metrics"],
         details={
             "per_class": found["per_class"],
             "classes": {label: [len(made.train[label]), len(made.test[label])] for label in made.train},
-            "eval_result_details": [detail],
         },
     )
 

@@ -21,9 +21,11 @@ Tokens equal to the tokenizer's pad, EOS or BOS id are left out of every metric 
 (``exclude_special_tokens_from_reconstruction=False``) does.
 
 Where SAEBench runs the model four times a batch (clean, spliced, ablated, and once more up to the
-hook to read the activations), this runs it three times: the clean run also captures the hook
-point's value, and the spliced run reuses that reconstruction; the log-probabilities of each run
-are computed once and give both the CE loss and the KL divergence.
+hook to read the activations), this runs it once up to the hook point, then the clean value, the
+SAE's reconstruction and zeros stacked as three batches through the rest of the model (on the
+residual stream; elsewhere, and for a family whose later layers are sized to the batch, three
+passes: the clean one captures the hook point's value, the spliced one reuses its reconstruction).
+Each run's log-probabilities give both its CE loss and its KL divergence.
 
 Importing this module imports torch; it needs no Django (:mod:`engine.saebench.results`, the
 settings, results and their SAEBench JSON, imports neither).
@@ -39,6 +41,7 @@ from typing import Any
 
 import torch
 
+from engine.budgets import SAEBENCH_LOGITS_BYTES
 from engine.hooks import hook_sites
 from engine.placement import input_device
 from engine.runtime import HookRuntime, grad_free_mode
@@ -47,6 +50,9 @@ from engine.sae.model import SparseAutoencoder
 from engine.saebench.results import CoreConfig, CoreResult
 
 __all__ = ["CoreConfig", "CoreResult", "context_batches", "core_metrics", "misc_metrics", "weight_metrics"]
+
+# The logits one stacked pass may hold (three runs of a few prompts): engine.budgets counts them.
+LOGITS_BYTES = SAEBENCH_LOGITS_BYTES
 
 
 def context_batches(
@@ -130,6 +136,7 @@ def core_metrics(
     config: CoreConfig | None = None,
     should_cancel: Callable[[], bool] | None = None,
     progress: Callable[[int, int], None] | None = None,
+    stack: bool = True,
 ) -> CoreResult:
     """SAEBench's core metrics of ``sae`` spliced into ``model`` at ``hook_name`` over ``batches``
     (each ``[prompts, context]`` token ids): the first ``n_eval_reconstruction_batches`` give the
@@ -138,6 +145,8 @@ def core_metrics(
     A transcoder names the hook point it reads, ``input_hook``: it is encoded from there, and its
     output, compared with (and spliced in place of) ``hook_name``'s value, is what is measured.
     ``should_cancel()`` is asked before every batch; ``progress(done, total)`` after each.
+    ``stack=False`` runs three passes a batch even where one stacked pass could do (the result's
+    ``stacked`` says which ran).
     """
     config = config or CoreConfig()
     started = time.perf_counter()
@@ -156,6 +165,8 @@ def core_metrics(
     sae_dtype = _at_least_float32(sae.W_enc.dtype)
     totals = _Accumulator(sae.shape.d_sae, sae_device)
     kl_wanted, ce_wanted = config.compute_kl, config.compute_ce_loss
+    splice_mask_wanted = config.exclude_special_tokens_from_reconstruction
+    shared_prefix = {"works": stack and _residual(hook_name) and reads == hook_name}
     with grad_free_mode(model)(), torch.no_grad():
         for number, tokens in enumerate(batches[:wanted]):
             if should_cancel is not None and should_cancel():
@@ -164,23 +175,35 @@ def core_metrics(
             measured = number < config.n_eval_sparsity_variance_batches
             tokens = tokens.to(device)
             keep = _kept(tokens, ignored)
-            captured, clean_logits = _clean_run(model, sites, tokens, reads, hook_name, full=downstream)
-            x = captured[reads].to(device=sae_device, dtype=sae_dtype)
-            target = captured[hook_name].to(device=sae_device, dtype=sae_dtype)
-            features = sae.encode(x)
-            reconstruction = _output(sae, x, features)
+            encoded = None
+            if downstream and shared_prefix["works"]:
+                try:
+                    encoded = _shared_prefix_runs(
+                        totals, config, model, sites[hook_name], sae, tokens, keep, hook_name=hook_name,
+                        dtype=sae_dtype, splice_mask=keep if splice_mask_wanted else None,
+                    )  # fmt: skip
+                except RuntimeError:  # a family whose later layers are sized to the batch: three passes
+                    shared_prefix["works"] = False
+            if encoded is None:
+                captured, clean_logits = _clean_run(model, sites, tokens, reads, hook_name, full=downstream)
+                x = captured[reads].to(device=sae_device, dtype=sae_dtype)
+                target = captured[hook_name].to(device=sae_device, dtype=sae_dtype)
+                features = sae.encode(x)
+                encoded = (target, features, _output(sae, x, features))
+                if downstream:
+                    _downstream(
+                        totals, config, model, sites, tokens, keep,
+                        clean_logits=clean_logits, reconstruction=encoded[2], hook_name=hook_name,
+                    )  # fmt: skip
             if measured:
+                target, features, reconstruction = encoded
                 _measure(
                     totals, config, x=target, features=features, reconstruction=reconstruction, keep=keep
                 )
-            if downstream:
-                _downstream(
-                    totals, config, model, sites, tokens, keep,
-                    clean_logits=clean_logits, reconstruction=reconstruction, hook_name=hook_name,
-                )  # fmt: skip
             if progress is not None:
                 progress(number + 1, wanted)
     result = _finish(totals, config, batches=min(len(batches), wanted))
+    result.stacked = shared_prefix["works"]
     if config.compute_featurewise_weight_based_metrics:
         result.feature_metrics.update(weight_metrics(sae))
     if config.compute_featurewise_density_statistics or config.compute_featurewise_weight_based_metrics:
@@ -274,19 +297,65 @@ def _measure(
         totals.tokens += int(keep.sum())
 
 
+def _residual(hook_name: str) -> bool:
+    """Whether ``hook_name`` is on the residual stream between blocks (what a stacked batch can be
+    handed to: the later blocks act on each row alone)."""
+    return hook_name == "hook_embed" or hook_name.endswith((".hook_resid_post", ".hook_resid_pre"))
+
+
+def _shared_prefix_runs(
+    totals: _Accumulator, config: CoreConfig, model: Any, site: Any, sae: SparseAutoencoder,
+    tokens: torch.Tensor, keep: torch.Tensor, *, hook_name: str, dtype: torch.dtype,
+    splice_mask: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """The three runs of a batch in one pass: up to ``hook_name`` once, then the clean value, the
+    SAE's reconstruction and zeros stacked as three batches through the rest of the model (a few
+    prompts at a time, so that their logits stay under ``LOGITS_BYTES``). Adds the batch's CE and
+    KL terms; returns its values at the hook, features and reconstructions (all prompts)."""
+    vocabulary = int(model.get_output_embeddings().weight.shape[0])
+    per_prompt = 3 * tokens.shape[1] * vocabulary * 4
+    step = max(1, min(tokens.shape[0], LOGITS_BYTES // per_prompt))
+    parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+    for start in range(0, tokens.shape[0], step):
+        rows = tokens[start : start + step]
+        found: dict[str, torch.Tensor] = {}
+
+        def stack(name: str, value: torch.Tensor, start=start, rows=rows, found=found) -> torch.Tensor:
+            x = value.detach().to(device=sae.W_enc.device, dtype=dtype)
+            features = sae.encode(x)
+            reconstruction = _output(sae, x, features)
+            found.update(x=x, features=features, reconstruction=reconstruction)
+            spliced = reconstruction.to(value.device, value.dtype)
+            if splice_mask is not None:
+                mask = splice_mask[start : start + len(rows)].to(value.device).unsqueeze(-1)
+                spliced = torch.where(mask, spliced, value)
+            return torch.cat([value, spliced, torch.zeros_like(value)])
+
+        runtime = HookRuntime(model, {hook_name: site}, stack, purpose="evaluated", widens=True)
+        runtime.begin_pass(*rows.shape)
+        with runtime.attached():
+            output = runtime.run(model, input_ids=rows, **_forward_options(model))
+        clean, spliced, ablated = output.logits.split(len(rows))
+        _losses(
+            totals,
+            config,
+            rows,
+            keep[start : start + len(rows)],
+            clean,
+            {"sae": spliced, "ablation": ablated},
+        )
+        parts.append((found["x"], found["features"], found["reconstruction"]))
+    return tuple(torch.cat(column) for column in zip(*parts, strict=True))  # type: ignore[return-value]
+
+
 def _downstream(
     totals: _Accumulator, config: CoreConfig, model: Any, sites: dict, tokens: torch.Tensor,
     keep: torch.Tensor, *, clean_logits: torch.Tensor, reconstruction: torch.Tensor, hook_name: str,
 ) -> None:  # fmt: skip
     """One batch's CE losses and KL divergences with the SAE spliced in and the point ablated
-    (SAEBench's ``get_recons_loss``), kept tokens only. Log-probabilities are taken a prompt at a
-    time, so beside the logits only one prompt's [context, vocabulary] floats are ever made."""
-    keep_predicted = keep[:, :-1]
+    (SAEBench's ``get_recons_loss``) from two more passes, kept tokens only."""
     splice_mask = keep if config.exclude_special_tokens_from_reconstruction else None
-    if config.compute_ce_loss:
-        for row in range(tokens.shape[0]):
-            clean = torch.log_softmax(_widened(clean_logits[row]), dim=-1)
-            totals.add("ce_loss_without_sae", _token_losses(clean, tokens[row])[keep_predicted[row]])
+    edited = {}
     for run, replacement in (("sae", reconstruction), ("ablation", None)):
 
         def edit(name: str, value: torch.Tensor, replacement=replacement) -> torch.Tensor | None:
@@ -300,15 +369,31 @@ def _downstream(
             return new
 
         arguments = {"input_ids": tokens, **_forward_options(model)}
-        logits = edited_logits(model, {hook_name: sites[hook_name]}, edit, arguments)
-        for row in range(tokens.shape[0]):
+        edited[run] = edited_logits(model, {hook_name: sites[hook_name]}, edit, arguments)
+    _losses(totals, config, tokens, keep, clean_logits, edited)
+
+
+def _losses(
+    totals: _Accumulator, config: CoreConfig, tokens: torch.Tensor, keep: torch.Tensor,
+    clean_logits: torch.Tensor, edited: dict[str, torch.Tensor],
+) -> None:  # fmt: skip
+    """The CE losses of the clean and edited runs and the edited runs' KL divergences from the clean
+    one, kept tokens only. Log-probabilities are taken a prompt at a time, so beside the logits only
+    a prompt's [context, vocabulary] floats are ever made."""
+    keep_predicted = keep[:, :-1]
+    for row in range(tokens.shape[0]):
+        clean = torch.log_softmax(_widened(clean_logits[row]), dim=-1)
+        if config.compute_ce_loss:
+            totals.add("ce_loss_without_sae", _token_losses(clean, tokens[row])[keep_predicted[row]])
+        clean_probabilities = clean.exp() if config.compute_kl else None
+        for run, logits in edited.items():
             log_probabilities = torch.log_softmax(_widened(logits[row]), dim=-1)
             if config.compute_ce_loss:
-                losses = _token_losses(log_probabilities, tokens[row])
-                totals.add(f"ce_loss_with_{run}", losses[keep_predicted[row]])
-            if config.compute_kl:
-                clean = torch.log_softmax(_widened(clean_logits[row]), dim=-1)
-                divergence = (clean.exp() * (clean - log_probabilities)).sum(dim=-1)
+                totals.add(
+                    f"ce_loss_with_{run}", _token_losses(log_probabilities, tokens[row])[keep_predicted[row]]
+                )
+            if clean_probabilities is not None:
+                divergence = (clean_probabilities * (clean - log_probabilities)).sum(dim=-1)
                 totals.add(f"kl_div_with_{run}", divergence[keep[row]])
 
 
@@ -376,7 +461,7 @@ def _finish(totals: _Accumulator, config: CoreConfig, *, batches: int) -> CoreRe
     return CoreResult(metrics=metrics, feature_metrics=features)
 
 
-def weight_metrics(sae: SparseAutoencoder, chunk: int = 100) -> dict[str, list[float]]:
+def weight_metrics(sae: SparseAutoencoder, chunk: int = 1024) -> dict[str, list[float]]:
     """Per feature: encoder bias and norm, the cosine of its encoder and decoder directions, and
     its largest cosine with any other feature's encoder and decoder (SAEBench's
     ``get_featurewise_weight_based_metrics``; a transcoder whose output width differs from its

@@ -13,7 +13,7 @@ from typing import Any
 
 __all__ = [
     "SAEBENCH_VERSION", "CoreConfig", "CoreResult", "core_eval_config", "core_feature_details",
-    "saebench_results_json",
+    "saebench_results_json", "sparse_probing_output",
 ]  # fmt: skip
 
 # The sae-bench release whose arithmetic this follows (and the equality tests check against).
@@ -55,6 +55,8 @@ class CoreResult:
     metrics: dict[str, dict[str, float]]
     feature_metrics: dict[str, list[float]] = field(default_factory=dict)
     seconds: float = 0.0
+    # Whether each batch's three runs shared one pass up to the hook point (engine.saebench.core).
+    stacked: bool = False
 
     def flat(self) -> dict[str, float]:
         """Every scalar metric by its name (SAEBench's names are unique across categories)."""
@@ -134,3 +136,21 @@ def core_eval_config(config: CoreConfig, *, model_name: str, dataset: str) -> di
         **config.to_dict(),
         "verbose": False,
     }
+
+
+def sparse_probing_output(
+    metrics: dict[str, dict[str, float]], settings: dict[str, Any], *, model_name: str, dataset: str
+) -> tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]]]:
+    """Sparse probing's ``eval_config``, ``eval_result_metrics`` and ``eval_result_details`` as
+    SAEBench's ``SparseProbingEvalOutput`` holds them. The probes on every dimension
+    (``llm_test_accuracy``, ``sae_test_accuracy``) are not run here: -1, SAEBench's mark for none."""
+    llm = {"llm_test_accuracy": -1, **metrics.get("llm", {})}
+    sae = {"sae_test_accuracy": -1, **metrics.get("sae", {})}
+    config = {
+        "model_name": model_name,
+        "random_seed": settings.get("seed"),
+        "dataset_names": [dataset],
+        "context_length": settings.get("context_length"),
+        "k_values": settings.get("k_values"),
+    }
+    return config, {"llm": llm, "sae": sae}, [{"dataset_name": dataset, **llm, **sae}]

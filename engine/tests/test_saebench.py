@@ -220,5 +220,22 @@ def test_sparse_probing_equals_saebench(setup, architecture):
                 checked += 1
             assert abs(ours["metrics"][source][name] - sum(theirs.values()) / len(theirs)) <= 1e-6
     assert checked == 2 * len(k_values) * len(split.train)
+    from sae_bench.evals.sparse_probing.eval_output import SparseProbingEvalOutput
+
+    from engine.saebench.results import sparse_probing_output
+
+    config, metrics, details = sparse_probing_output(
+        ours["metrics"], {"seed": seed, "context_length": context, "k_values": k_values}, model_name="tiny",
+        dataset="words",
+    )  # fmt: skip
+    exported = saebench_results_json(
+        eval_type_id="sparse_probing", eval_config=config, metrics=metrics, details=details, eval_id="e",
+        sae_id="s", sae_set="miStudio", sae_cfg=their_sae.cfg.to_dict(),
+    )  # fmt: skip
+    parsed = SparseProbingEvalOutput(**exported)  # SAEBench's own schema accepts the file
+    assert (
+        parsed.eval_result_metrics.sae.sae_top_1_test_accuracy
+        == ours["metrics"]["sae"]["sae_top_1_test_accuracy"]
+    )
     accuracies = [value for group in ours["metrics"].values() for value in group.values()]
     assert max(accuracies) > 0.5 and min(accuracies) < 1.0  # the probes learn something, not everything
