@@ -11,7 +11,8 @@ a random TopK with 16 x d_model features at the middle layer's resid_post, read 
 through its SAELens folder. Batches are SAEBench's defaults (16 prompts of 128 tokens, every
 metric on), cut from local English text. Each contender runs ``--repeats`` times (the best is
 reported), after one warm-up; the largest relative difference between the two results is printed
-beside the times, so a faster wrong answer shows.
+beside the times, so a faster wrong answer shows. ``--saes N`` judges N SAEs at the hook together
+(one stacked pass a batch for all) against N runs of sae-bench (its time for the first, times N).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def main() -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from engine.sae.formats import save_saelens
-    from engine.saebench.core import CoreConfig, context_batches, core_metrics
+    from engine.saebench.core import CoreConfig, context_batches, core_metrics_many
     from engine.testing.corpus import local_corpus
     from engine.testing.tiny_models import build_tiny_model
     from engine.testing.tiny_saes import random_sae
@@ -48,6 +49,10 @@ def main() -> None:
     parser.add_argument("--reconstruction-batches", type=int, default=10)
     parser.add_argument("--sparsity-batches", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument(
+        "--saes", type=int, default=1,
+        help="SAEs at the hook in one run (ours: together; sae-bench: its time for one, times this)",
+    )  # fmt: skip
     args = parser.parse_args()
     torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "2")))
 
@@ -64,7 +69,8 @@ def main() -> None:
     theirs_model = peers.load_transformer_lens(folder)
     d_model, layers = model.config.n_embd, model.config.n_layer
     hook = f"blocks.{layers // 2}.hook_resid_post"
-    sae = random_sae(d_model, "topk", k=32, expansion=16, seed=3)
+    saes = [random_sae(d_model, "topk", k=32, expansion=16, seed=3 + index) for index in range(args.saes)]
+    sae = saes[0]
     sae_folder = save_saelens(sae, WORK / f"sae-{args.size}", hook_name=hook, model_name=f"bench-{args.size}")
     config = CoreConfig(
         n_eval_reconstruction_batches=args.reconstruction_batches,
@@ -100,7 +106,7 @@ def main() -> None:
             self.position = 0
 
     def ours():
-        return core_metrics(model, sae, batches, hook_name=hook, ignore_tokens=ignore, config=config)
+        return core_metrics_many(model, saes, batches, hook_name=hook, ignore_tokens=ignore, config=config)[0]
 
     def theirs():
         metrics, features = saebench.run_evals(
@@ -135,6 +141,8 @@ def main() -> None:
         f"{config.n_eval_sparsity_variance_batches} sparsity/variance, "
         f"{config.batch_size_prompts} x {config.context_size} tokens ({tokens:,} tokens)"
     )
+    their_seconds *= args.saes  # sae-bench judges one SAE a run
+    print(f"SAEs       {args.saes}{' (sae-bench: its time for one, times that)' if args.saes > 1 else ''}")
     print(f"miStudio   {our_seconds:7.2f} s")
     print(f"sae-bench  {their_seconds:7.2f} s")
     print(

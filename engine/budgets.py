@@ -237,21 +237,27 @@ SAEBENCH_LOGITS_BYTES = 2 * GiB
 
 
 def saebench_core(
-    *, d_in: int, d_sae: int, vocab: int, prompts: int, context: int, hidden: int, layers: int, heads: int
-) -> MemoryEstimate:
-    """SAEBench's core metrics on one batch of ``prompts`` x ``context`` tokens
-    (``engine.saebench.core``): the clean and an edited run's logits, a prompt's
-    log-probabilities (three at once), a forward pass, and the batch's SAE features."""
+    *, d_in: int, d_sae: int, vocab: int, prompts: int, context: int, hidden: int, layers: int, heads: int,
+    saes: int = 1,
+) -> MemoryEstimate:  # fmt: skip
+    """SAEBench's core metrics of ``saes`` SAEs at one hook point on one batch of ``prompts`` x
+    ``context`` tokens (``engine.saebench.core``): the stacked runs' logits (clean, ablated and one
+    per SAE, a few prompts at a time: at most :data:`SAEBENCH_LOGITS_BYTES`, at least one prompt's),
+    a prompt's log-probabilities (three at once), a forward pass of the stacked rows those logits
+    allow, and every SAE's features of the batch."""
     tokens = prompts * context
+    runs = saes + 2
+    logits = max(runs * context * vocab * FLOAT, min(runs * tokens * vocab * FLOAT, SAEBENCH_LOGITS_BYTES))
+    stacked_tokens = logits // (vocab * FLOAT)
     return MemoryEstimate(
         {
-            "two runs' logits": 2 * tokens * vocab * FLOAT,
+            "stacked runs' logits": logits,
             "a prompt's log-probabilities": 3 * context * vocab * FLOAT,
             "forward pass": forward_pass(
-                tokens=3 * tokens, hidden=hidden, layers=layers, heads=heads, longest=context
+                tokens=stacked_tokens, hidden=hidden, layers=layers, heads=heads, longest=context
             ),
-            "SAE features": ENCODING_TENSORS * tokens * d_sae * FLOAT,
-            "SAE parameters": sae_parameters(d_in, d_sae) * FLOAT,
+            "SAE features": saes * ENCODING_TENSORS * tokens * d_sae * FLOAT,
+            "SAE parameters": saes * sae_parameters(d_in, d_sae) * FLOAT,
             "runtime": RUNTIME_BYTES,
         }
     )

@@ -4,6 +4,7 @@ the comparison page, admin, ``manage.py saebench``) calls these."""
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 from django.db import transaction
@@ -130,6 +131,7 @@ def bench_estimate(
     estimates = []
     if "core" in methods:
         core = CoreConfig(**config["core"])
+        together = Counter((sae.hook_name, sae.hook_name_out) for sae in saes)  # judged in one pass
         estimates.append(
             budgets.saebench_core(
                 d_in=widest.d_in,
@@ -137,6 +139,7 @@ def bench_estimate(
                 vocab=model.vocab_size or 50_000,
                 prompts=core.batch_size_prompts,
                 context=core.context_size,
+                saes=max(together.values()),
                 **shape,
             )
         )

@@ -32,6 +32,7 @@ class RunContext:
     run: BenchRun
     loaded: Any
     report: Callable[[float], None]
+    done: set[tuple[str, str]] = field(default_factory=set)
     made: dict[str, Any] = field(default_factory=dict)
 
     def once(self, key: str, make: Callable[[], Any]) -> Any:
@@ -45,6 +46,7 @@ class MethodOutput:
     metrics: dict[str, Any]
     details: dict[str, Any] = field(default_factory=dict)
     feature_metrics: dict[str, list[float]] = field(default_factory=dict)
+    seconds: float | None = None  # its share of work done for several SAEs at once
 
 
 def on_model_device(module: Any, model: Any) -> Any:
@@ -74,9 +76,30 @@ def ignored_tokens(tokenizer: Any) -> set[int | None]:
     return {tokenizer.pad_token_id, tokenizer.eos_token_id, tokenizer.bos_token_id}
 
 
+def hook_pair(sae: SparseAutoencoder) -> tuple[str, str]:
+    """What an SAE reads and what it writes (a transcoder's two hook points; an SAE's one, twice)."""
+    return sae.hook_name, sae.hook_name_out or sae.hook_name
+
+
 def run_core(context: RunContext, sae: SparseAutoencoder, module: Any) -> MethodOutput:
-    """SAEBench's core metrics of one SAE (``engine.saebench.core``) over the run's text."""
-    from engine.saebench.core import context_batches, core_metrics
+    """SAEBench's core metrics of one SAE (``engine.saebench.core``) over the run's text, computed
+    together with every other SAE of the run at the same hook point still to be judged: they share
+    each batch's pass, and the clean and ablated runs are computed once for all of them."""
+    pair = hook_pair(sae)
+    outputs = context.once(f"core {pair}", lambda: core_of_hook(context, pair))
+    return outputs[sae.id] if sae.id in outputs else core_of_saes(context, [sae])[sae.id]
+
+
+def core_of_hook(context: RunContext, pair: tuple[str, str]) -> dict[str, MethodOutput]:
+    run = context.run
+    rows = SparseAutoencoder.objects.filter(pk__in=run.saes, status=SparseAutoencoder.Status.COMPLETED)
+    pending = {row.id: row for row in rows if hook_pair(row) == pair and (row.id, "core") not in context.done}
+    return core_of_saes(context, [pending[sae_id] for sae_id in run.saes if sae_id in pending])
+
+
+def core_of_saes(context: RunContext, saes: list[SparseAutoencoder]) -> dict[str, MethodOutput]:
+    from engine.sae.evaluation import EvaluationError
+    from engine.saebench.core import context_batches, core_metrics_many
     from engine.saebench.results import CoreConfig
 
     config = CoreConfig(**context.run.config["core"])
@@ -86,30 +109,48 @@ def run_core(context: RunContext, sae: SparseAutoencoder, module: Any) -> Method
 
     def batches():
         needed = config.batches * config.batch_size_prompts * config.context_size
-        return context_batches(
-            tail_texts(context.run.dataset, tokenizer, needed),
-            context_size=config.context_size,
-            batch_size=config.batch_size_prompts,
-            batches=config.batches,
-            bos_token_id=tokenizer.bos_token_id,
-        )
+        try:
+            made = context_batches(
+                tail_texts(context.run.dataset, tokenizer, needed),
+                context_size=config.context_size,
+                batch_size=config.batch_size_prompts,
+                batches=config.batches,
+                bos_token_id=tokenizer.bos_token_id,
+            )
+        except EvaluationError:  # not one batch: said below, with the dataset's name
+            made = []
+        if len(made) < config.batches:
+            raise ApplicationError(
+                "NOT_ENOUGH_TOKENS",
+                f"{context.run.dataset.name} gives {len(made)} batches of {config.batch_size_prompts} x "
+                f"{config.context_size} tokens; {config.batches} are needed: choose a larger text, or fewer "
+                "or smaller batches.",
+            )
+        return made
 
     made = context.once("core batches", batches)
-    result = core_metrics(
+    first = saes[0]
+    started = time.monotonic()
+    results = core_metrics_many(
         context.loaded.model,
-        on_model_device(module, context.loaded.model),
+        [on_model_device(sae_module(sae), context.loaded.model) for sae in saes],
         made,
-        hook_name=sae.hook_name_out or sae.hook_name,
-        input_hook=sae.hook_name if sae.hook_name_out else None,
+        hook_name=first.hook_name_out or first.hook_name,
+        input_hook=first.hook_name if first.hook_name_out else None,
         ignore_tokens=ignored_tokens(tokenizer),
         config=config,
         progress=lambda done, total: context.report(done / total),
     )
-    return MethodOutput(
-        metrics=result.metrics,
-        details={"batches": len(made)},
-        feature_metrics=result.feature_metrics,
-    )
+    share = (time.monotonic() - started) / len(saes)
+    return {
+        sae.id: MethodOutput(
+            metrics=result.metrics,
+            details={"batches": len(made), "judged_together": len(saes), "stacked": result.stacked},
+            feature_metrics=result.feature_metrics,
+            seconds=share,
+        )
+        for sae, result in zip(saes, results, strict=True)
+    }
 
 
 def run_sparse_probing(context: RunContext, sae: SparseAutoencoder, module: Any) -> MethodOutput:
@@ -177,7 +218,7 @@ def run_bench(run: BenchRun, job: JobContext) -> None:
             run.progress = round(percent, 2)
             job_publish(run, "progress", ["progress"])
 
-    context = RunContext(run=run, loaded=loaded, report=report)
+    context = RunContext(run=run, loaded=loaded, report=report, done=done)
     for index, (sae_id, method) in enumerate(pairs):
         position["index"] = index
         if (sae_id, method) in done:
@@ -189,7 +230,7 @@ def run_bench(run: BenchRun, job: JobContext) -> None:
             continue
         started = time.monotonic()
         output = RUNNERS[method](context, sae, sae_module(sae))
-        elapsed = time.monotonic() - started
+        elapsed = output.seconds if output.seconds is not None else time.monotonic() - started
         seconds[method] = round(seconds.get(method, 0.0) + elapsed, 3)
         store_result(run, sae, method, output, seconds=elapsed)
         run.summary = {**run.summary, "seconds": seconds, "skipped": skipped, "done": len(done) + 1,

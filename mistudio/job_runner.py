@@ -48,7 +48,7 @@ from mistudio.jobs import (
     job_publish,
     job_submit,
 )
-from mistudio.redis_client import get_redis
+from mistudio.redis_client import get_redis, reset_redis_pools
 from mistudio.structured_logging import job_context
 from mistudio.worker_clock import CLOCK
 from mistudio.workers import (
@@ -362,6 +362,8 @@ def job_task(
             except JobCancelled:
                 job_discard(row)
             except JobTimeLimit:
+                # The limit's exception may have landed anywhere, a Redis pool's lock included.
+                reset_redis_pools()
                 job_fail(
                     row,
                     code="JOB_TIMEOUT",

@@ -69,6 +69,13 @@ def get_redis() -> redis.Redis:
     )
 
 
+def reset_redis_pools() -> None:
+    """Forget this process's pools: the next call makes new ones. For after an exception raised
+    from a signal handler (a job's time limit), which may have landed inside a pool's own lock
+    and left it held: every later command through that pool would wait for it forever."""
+    _connection.cache_clear()
+
+
 def hub_redis() -> redis.Redis:
     """A pool of its own for the stream hub's quick commands (``mistudio.stream_hub``: its wake,
     its leases), called on the event loop: when every connection of :func:`get_redis`'s pool is

@@ -37,6 +37,7 @@ import inspect
 import math
 import time
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -49,7 +50,10 @@ from engine.sae.evaluation import EvaluationCancelled, EvaluationError, edited_l
 from engine.sae.model import SparseAutoencoder
 from engine.saebench.results import CoreConfig, CoreResult
 
-__all__ = ["CoreConfig", "CoreResult", "context_batches", "core_metrics", "misc_metrics", "weight_metrics"]
+__all__ = [
+    "CoreConfig", "CoreResult", "context_batches", "core_metrics", "core_metrics_many", "misc_metrics",
+    "weight_metrics",
+]  # fmt: skip
 
 # The logits one stacked pass may hold (three runs of a few prompts): engine.budgets counts them.
 LOGITS_BYTES = SAEBENCH_LOGITS_BYTES
@@ -126,8 +130,16 @@ class _Accumulator:
 
 
 def core_metrics(
+    model: Any, sae: SparseAutoencoder, batches: Sequence[torch.Tensor], **options: Any
+) -> CoreResult:
+    """SAEBench's core metrics of ``sae`` spliced into ``model`` at ``hook_name`` over ``batches``:
+    :func:`core_metrics_many` of one SAE (the same ``options``)."""
+    return core_metrics_many(model, [sae], batches, **options)[0]
+
+
+def core_metrics_many(
     model: Any,
-    sae: SparseAutoencoder,
+    saes: Sequence[SparseAutoencoder],
     batches: Sequence[torch.Tensor],
     *,
     hook_name: str,
@@ -137,16 +149,20 @@ def core_metrics(
     should_cancel: Callable[[], bool] | None = None,
     progress: Callable[[int, int], None] | None = None,
     stack: bool = True,
-) -> CoreResult:
-    """SAEBench's core metrics of ``sae`` spliced into ``model`` at ``hook_name`` over ``batches``
-    (each ``[prompts, context]`` token ids): the first ``n_eval_reconstruction_batches`` give the
-    KL and CE metrics, the first ``n_eval_sparsity_variance_batches`` the rest, as in SAEBench.
+) -> list[CoreResult]:
+    """SAEBench's core metrics of each of ``saes`` spliced into ``model`` at ``hook_name`` over
+    ``batches`` (each ``[prompts, context]`` token ids), each result what it would be alone: the
+    first ``n_eval_reconstruction_batches`` give the KL and CE metrics, the first
+    ``n_eval_sparsity_variance_batches`` the rest, as in SAEBench.
 
-    A transcoder names the hook point it reads, ``input_hook``: it is encoded from there, and its
-    output, compared with (and spliced in place of) ``hook_name``'s value, is what is measured.
-    ``should_cancel()`` is asked before every batch; ``progress(done, total)`` after each.
-    ``stack=False`` runs three passes a batch even where one stacked pass could do (the result's
-    ``stacked`` says which ran).
+    On the residual stream the SAEs share each batch's pass: up to the hook once, then the clean
+    value, zeros and every SAE's reconstruction stacked through the rest, so the clean and ablated
+    runs (which no SAE changes) are computed once for all of them. A transcoder names the hook
+    point it reads, ``input_hook``: it is encoded from there, and its output, compared with (and
+    spliced in place of) ``hook_name``'s value, is what is measured (three passes a batch: its
+    point is off the residual stream). ``should_cancel()`` is asked before every batch;
+    ``progress(done, total)`` after each. ``stack=False`` runs three passes a batch even where one
+    stacked pass could do (each result's ``stacked`` says which ran).
     """
     config = config or CoreConfig()
     started = time.perf_counter()
@@ -161,55 +177,88 @@ def core_metrics(
     sites = hook_sites(model, [reads] if reads == hook_name else [reads, hook_name])
     ignored = sorted({int(token) for token in ignore_tokens if token is not None})
     device = input_device(model)
-    sae_device = sae.W_enc.device
-    sae_dtype = _at_least_float32(sae.W_enc.dtype)
-    totals = _Accumulator(sae.shape.d_sae, sae_device)
-    kl_wanted, ce_wanted = config.compute_kl, config.compute_ce_loss
-    splice_mask_wanted = config.exclude_special_tokens_from_reconstruction
-    shared_prefix = {"works": stack and _residual(hook_name) and reads == hook_name}
+    dtypes = [_at_least_float32(sae.W_enc.dtype) for sae in saes]
+    totals = [_Accumulator(sae.shape.d_sae, sae.W_enc.device) for sae in saes]
+    batch = _BatchJudge(
+        model=model, saes=saes, dtypes=dtypes, totals=totals, config=config, sites=sites, reads=reads,
+        hook_name=hook_name, stacked=stack and _residual(hook_name) and reads == hook_name,
+    )  # fmt: skip
     with grad_free_mode(model)(), torch.no_grad():
         for number, tokens in enumerate(batches[:wanted]):
             if should_cancel is not None and should_cancel():
                 raise EvaluationCancelled
-            downstream = number < config.n_eval_reconstruction_batches and (kl_wanted or ce_wanted)
-            measured = number < config.n_eval_sparsity_variance_batches
             tokens = tokens.to(device)
-            keep = _kept(tokens, ignored)
-            encoded = None
-            if downstream and shared_prefix["works"]:
-                try:
-                    encoded = _shared_prefix_runs(
-                        totals, config, model, sites[hook_name], sae, tokens, keep, hook_name=hook_name,
-                        dtype=sae_dtype, splice_mask=keep if splice_mask_wanted else None,
-                    )  # fmt: skip
-                except RuntimeError:  # a family whose later layers are sized to the batch: three passes
-                    shared_prefix["works"] = False
-            if encoded is None:
-                captured, clean_logits = _clean_run(model, sites, tokens, reads, hook_name, full=downstream)
-                x = captured[reads].to(device=sae_device, dtype=sae_dtype)
-                target = captured[hook_name].to(device=sae_device, dtype=sae_dtype)
-                features = sae.encode(x)
-                encoded = (target, features, _output(sae, x, features))
-                if downstream:
-                    _downstream(
-                        totals, config, model, sites, tokens, keep,
-                        clean_logits=clean_logits, reconstruction=encoded[2], hook_name=hook_name,
-                    )  # fmt: skip
-            if measured:
-                target, features, reconstruction = encoded
-                _measure(
-                    totals, config, x=target, features=features, reconstruction=reconstruction, keep=keep
-                )
+            batch.judge(tokens, _kept(tokens, ignored), number=number)
             if progress is not None:
                 progress(number + 1, wanted)
-    result = _finish(totals, config, batches=min(len(batches), wanted))
-    result.stacked = shared_prefix["works"]
-    if config.compute_featurewise_weight_based_metrics:
-        result.feature_metrics.update(weight_metrics(sae))
-    if config.compute_featurewise_density_statistics or config.compute_featurewise_weight_based_metrics:
-        result.metrics["misc_metrics"] = misc_metrics(result.feature_metrics)
-    result.seconds = time.perf_counter() - started
-    return result
+    results = []
+    for sae, total in zip(saes, totals, strict=True):
+        result = _finish(total, config, batches=min(len(batches), wanted))
+        result.stacked = batch.stacked
+        if config.compute_featurewise_weight_based_metrics:
+            result.feature_metrics.update(weight_metrics(sae))
+        if config.compute_featurewise_density_statistics or config.compute_featurewise_weight_based_metrics:
+            result.metrics["misc_metrics"] = misc_metrics(result.feature_metrics)
+        result.seconds = time.perf_counter() - started
+        results.append(result)
+    return results
+
+
+@dataclass
+class _BatchJudge:
+    """What :func:`core_metrics_many` does with each batch: its runs (one stacked pass, or three
+    passes where stacking cannot be), then each SAE's sparsity and variance terms."""
+
+    model: Any
+    saes: Sequence[SparseAutoencoder]
+    dtypes: list[torch.dtype]
+    totals: list[_Accumulator]
+    config: CoreConfig
+    sites: dict
+    reads: str
+    hook_name: str
+    stacked: bool
+
+    def judge(self, tokens: torch.Tensor, keep: torch.Tensor, *, number: int) -> None:
+        config = self.config
+        downstream = number < config.n_eval_reconstruction_batches and (
+            config.compute_kl or config.compute_ce_loss
+        )
+        encoded = None
+        if downstream and self.stacked:
+            try:
+                encoded = _shared_prefix_runs(
+                    self.totals, config, self.model, self.sites[self.hook_name], self.saes, tokens, keep,
+                    hook_name=self.hook_name, dtypes=self.dtypes,
+                    splice_mask=keep if config.exclude_special_tokens_from_reconstruction else None,
+                )  # fmt: skip
+            except RuntimeError:  # a family whose later layers are sized to the batch: three passes
+                self.stacked = False
+        if encoded is None:
+            encoded = self._three_passes(tokens, keep, downstream=downstream)
+        if number < config.n_eval_sparsity_variance_batches:
+            for total, (target, features, reconstruction) in zip(self.totals, encoded, strict=True):
+                _measure(total, config, x=target, features=features, reconstruction=reconstruction, keep=keep)
+
+    def _three_passes(
+        self, tokens: torch.Tensor, keep: torch.Tensor, *, downstream: bool
+    ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """The clean pass (capturing the hook points), and per SAE the spliced and ablated ones."""
+        captured, clean_logits = _clean_run(
+            self.model, self.sites, tokens, self.reads, self.hook_name, full=downstream
+        )
+        encoded = []
+        for sae, dtype, total in zip(self.saes, self.dtypes, self.totals, strict=True):
+            x = captured[self.reads].to(device=sae.W_enc.device, dtype=dtype)
+            target = captured[self.hook_name].to(device=sae.W_enc.device, dtype=dtype)
+            features = sae.encode(x)
+            encoded.append((target, features, _output(sae, x, features)))
+            if downstream:
+                _downstream(
+                    total, self.config, self.model, self.sites, tokens, keep,
+                    clean_logits=clean_logits, reconstruction=encoded[-1][2], hook_name=self.hook_name,
+                )  # fmt: skip
+        return encoded
 
 
 def _kept(tokens: torch.Tensor, ignored: list[int]) -> torch.Tensor:
@@ -304,48 +353,45 @@ def _residual(hook_name: str) -> bool:
 
 
 def _shared_prefix_runs(
-    totals: _Accumulator, config: CoreConfig, model: Any, site: Any, sae: SparseAutoencoder,
-    tokens: torch.Tensor, keep: torch.Tensor, *, hook_name: str, dtype: torch.dtype,
+    totals: list[_Accumulator], config: CoreConfig, model: Any, site: Any, saes: Sequence[SparseAutoencoder],
+    tokens: torch.Tensor, keep: torch.Tensor, *, hook_name: str, dtypes: list[torch.dtype],
     splice_mask: torch.Tensor | None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
-    """The three runs of a batch in one pass: up to ``hook_name`` once, then the clean value, the
-    SAE's reconstruction and zeros stacked as three batches through the rest of the model (a few
-    prompts at a time, so that their logits stay under ``LOGITS_BYTES``). Adds the batch's CE and
-    KL terms; returns its values at the hook, features and reconstructions (all prompts)."""
+) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:  # fmt: skip
+    """A batch's runs in one pass: up to ``hook_name`` once, then the clean value, zeros and each
+    SAE's reconstruction stacked as batches through the rest of the model (a few prompts at a time,
+    so that their logits stay under ``LOGITS_BYTES``). Adds the batch's CE and KL terms to each
+    SAE's totals; returns each SAE's values at the hook, features and reconstructions."""
     vocabulary = int(model.get_output_embeddings().weight.shape[0])
-    per_prompt = 3 * tokens.shape[1] * vocabulary * 4
+    per_prompt = (2 + len(saes)) * tokens.shape[1] * vocabulary * 4
     step = max(1, min(tokens.shape[0], LOGITS_BYTES // per_prompt))
-    parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+    parts: list[list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = []
     for start in range(0, tokens.shape[0], step):
         rows = tokens[start : start + step]
-        found: dict[str, torch.Tensor] = {}
+        found: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
 
         def stack(name: str, value: torch.Tensor, start=start, rows=rows, found=found) -> torch.Tensor:
-            x = value.detach().to(device=sae.W_enc.device, dtype=dtype)
-            features = sae.encode(x)
-            reconstruction = _output(sae, x, features)
-            found.update(x=x, features=features, reconstruction=reconstruction)
-            spliced = reconstruction.to(value.device, value.dtype)
-            if splice_mask is not None:
-                mask = splice_mask[start : start + len(rows)].to(value.device).unsqueeze(-1)
-                spliced = torch.where(mask, spliced, value)
-            return torch.cat([value, spliced, torch.zeros_like(value)])
+            stacked = [value, torch.zeros_like(value)]
+            mask = None if splice_mask is None else splice_mask[start : start + len(rows)].to(value.device)
+            for sae, dtype in zip(saes, dtypes, strict=True):
+                x = value.detach().to(device=sae.W_enc.device, dtype=dtype)
+                features = sae.encode(x)
+                reconstruction = _output(sae, x, features)
+                found.append((x, features, reconstruction))
+                spliced = reconstruction.to(value.device, value.dtype)
+                stacked.append(spliced if mask is None else torch.where(mask.unsqueeze(-1), spliced, value))
+            return torch.cat(stacked)
 
         runtime = HookRuntime(model, {hook_name: site}, stack, purpose="evaluated", widens=True)
         runtime.begin_pass(*rows.shape)
         with runtime.attached():
             output = runtime.run(model, input_ids=rows, **_forward_options(model))
-        clean, spliced, ablated = output.logits.split(len(rows))
-        _losses(
-            totals,
-            config,
-            rows,
-            keep[start : start + len(rows)],
-            clean,
-            {"sae": spliced, "ablation": ablated},
-        )
-        parts.append((found["x"], found["features"], found["reconstruction"]))
-    return tuple(torch.cat(column) for column in zip(*parts, strict=True))  # type: ignore[return-value]
+        clean, ablated, *spliced = output.logits.split(len(rows))
+        _losses(totals, config, rows, keep[start : start + len(rows)], clean, ablated, spliced)
+        parts.append(found)
+    return [
+        tuple(torch.cat(column) for column in zip(*pieces, strict=True))
+        for pieces in zip(*parts, strict=True)
+    ]  # type: ignore[misc]
 
 
 def _downstream(
@@ -370,31 +416,48 @@ def _downstream(
 
         arguments = {"input_ids": tokens, **_forward_options(model)}
         edited[run] = edited_logits(model, {hook_name: sites[hook_name]}, edit, arguments)
-    _losses(totals, config, tokens, keep, clean_logits, edited)
+    _losses([totals], config, tokens, keep, clean_logits, edited["ablation"], [edited["sae"]])
 
 
 def _losses(
-    totals: _Accumulator, config: CoreConfig, tokens: torch.Tensor, keep: torch.Tensor,
-    clean_logits: torch.Tensor, edited: dict[str, torch.Tensor],
+    totals: list[_Accumulator], config: CoreConfig, tokens: torch.Tensor, keep: torch.Tensor,
+    clean_logits: torch.Tensor, ablated_logits: torch.Tensor, spliced_logits: list[torch.Tensor],
 ) -> None:  # fmt: skip
-    """The CE losses of the clean and edited runs and the edited runs' KL divergences from the clean
-    one, kept tokens only. Log-probabilities are taken a prompt at a time, so beside the logits only
-    a prompt's [context, vocabulary] floats are ever made."""
-    keep_predicted = keep[:, :-1]
+    """The CE losses of the clean, ablated and spliced runs and the KL divergences of the last two
+    from the clean one, kept tokens only: the clean and ablated terms go to every SAE's totals, each
+    spliced run's to its own. Log-probabilities are taken a prompt at a time, so beside the logits
+    only a prompt's [context, vocabulary] floats are ever made."""
     for row in range(tokens.shape[0]):
         clean = torch.log_softmax(_widened(clean_logits[row]), dim=-1)
-        if config.compute_ce_loss:
-            totals.add("ce_loss_without_sae", _token_losses(clean, tokens[row])[keep_predicted[row]])
-        clean_probabilities = clean.exp() if config.compute_kl else None
-        for run, logits in edited.items():
-            log_probabilities = torch.log_softmax(_widened(logits[row]), dim=-1)
-            if config.compute_ce_loss:
-                totals.add(
-                    f"ce_loss_with_{run}", _token_losses(log_probabilities, tokens[row])[keep_predicted[row]]
-                )
-            if clean_probabilities is not None:
-                divergence = (clean_probabilities * (clean - log_probabilities)).sum(dim=-1)
-                totals.add(f"kl_div_with_{run}", divergence[keep[row]])
+        prompt = _Prompt(config, tokens[row], keep[row], clean)
+        ablation = prompt.terms(ablated_logits[row])
+        for total, logits in zip(totals, spliced_logits, strict=True):
+            for run, (losses, divergence) in (("ablation", ablation), ("sae", prompt.terms(logits[row]))):
+                if losses is not None:
+                    total.add(f"ce_loss_with_{run}", losses)
+                if divergence is not None:
+                    total.add(f"kl_div_with_{run}", divergence)
+            if prompt.clean_losses is not None:
+                total.add("ce_loss_without_sae", prompt.clean_losses)
+
+
+class _Prompt:
+    """One prompt's clean log-probabilities, and an edited run's CE and KL terms against them."""
+
+    def __init__(self, config: CoreConfig, tokens: torch.Tensor, keep: torch.Tensor, clean: torch.Tensor):
+        self.config, self.tokens, self.keep, self.clean = config, tokens, keep, clean
+        self.probabilities = clean.exp() if config.compute_kl else None
+        self.clean_losses = _token_losses(clean, tokens)[keep[:-1]] if config.compute_ce_loss else None
+
+    def terms(self, logits: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        log_probabilities = torch.log_softmax(_widened(logits), dim=-1)
+        losses = None
+        if self.config.compute_ce_loss:
+            losses = _token_losses(log_probabilities, self.tokens)[self.keep[:-1]]
+        divergence = None
+        if self.probabilities is not None:
+            divergence = (self.probabilities * (self.clean - log_probabilities)).sum(dim=-1)[self.keep]
+        return losses, divergence
 
 
 def _at_least_float32(dtype: torch.dtype) -> torch.dtype:

@@ -89,3 +89,27 @@ def test_a_cancel_stops_between_batches(tmp_path_factory):
     with pytest.raises(EvaluationCancelled):
         core_metrics(model, sae, batches, hook_name=HOOK, config=CONFIG, should_cancel=should_cancel)
     assert len(asked) == 2
+
+
+def test_several_saes_share_each_pass_and_score_as_they_would_alone(tmp_path_factory):
+    from engine.saebench.core import core_metrics_many
+
+    model, batches = _setup(tmp_path_factory, "llama")
+    width = model.config.hidden_size
+    saes = [random_sae(width, "topk", k=k, seed=seed) for k, seed in ((4, 3), (8, 4), (16, 5))]
+    together = core_metrics_many(model, saes, batches, hook_name=HOOK, config=CONFIG)
+    for sae, result in zip(saes, together, strict=True):
+        alone = core_metrics(model, sae, batches, hook_name=HOOK, config=CONFIG)
+        assert result.stacked and alone.stacked
+        assert result.flat() == pytest.approx(alone.flat(), rel=1e-6, nan_ok=True)
+        assert result.feature_metrics["feature_density"] == pytest.approx(
+            alone.feature_metrics["feature_density"]
+        )
+    assert [result.metrics["sparsity"]["l0"] for result in together] == [4.0, 8.0, 16.0]
+    # the clean and ablated runs are the same for all: computed once, the same numbers in each
+    assert (
+        len(
+            {result.metrics["model_performance_preservation"]["ce_loss_with_ablation"] for result in together}
+        )
+        == 1
+    )

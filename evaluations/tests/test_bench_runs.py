@@ -236,3 +236,19 @@ def test_bad_requests_get_a_clear_4xx_and_queue_nothing(loaded_model, writer, cl
     refused({"sae_ids": [sae.id], "core": {"context_size": 2}}, "VALIDATION_ERROR")
     assert not BenchRun.objects.exists()
     assert api.get("/api/saebench/sb_nothing").status_code == 404
+
+
+def test_a_text_too_short_for_the_batches_fails_the_run_saying_what_to_change(
+    loaded_model, writer, client_for
+):
+    api = client_for(writer)
+    sae = sae_row(loaded_model, writer)
+    texts = ["one two three", "four five six"]
+    short = dataset_create_from_texts(name="six words", texts=texts, owner=writer, source="upload")
+    response = api.post(
+        "/api/saebench", {"sae_ids": [sae.id], "dataset_id": short.id, "core": CORE}, format="json"
+    )
+    run_worker(name=WORKER, device="cpu", burst=True)
+    run = BenchRun.objects.get(pk=response.json()["id"])
+    assert run.status == "failed" and run.error_code == "NOT_ENOUGH_TOKENS"
+    assert "six words" in run.error_message and not run.results.exists()

@@ -214,8 +214,8 @@ def judged_side_by_side(page, site, dataset) -> None:
     page.wait_for_url(re.compile(r"/saes/compare/\?group=grp_\w+$"))
     expect(page.locator("#compare-table tbody tr")).to_have_count(4)  # not judged yet
     page.select_option("#bench-dataset", dataset.id)
-    page.fill("#bench-batch", "4")
-    page.fill("#bench-context", "32")
+    page.fill("#bench-batch", "2")  # the journey's text is six sentences: 2 batches of 2 x 16 tokens
+    page.fill("#bench-context", "16")
     page.fill("#bench-batches", "2")
     page.click("#bench-start")
     page.wait_for_url(re.compile(r"/saes/compare/\?run=sb_\w+$"))
