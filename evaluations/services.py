@@ -11,7 +11,7 @@ from django.db import transaction
 
 from activations.models import Dataset
 from engine import budgets
-from engine.saebench.methods import METHODS, bench_method
+from engine.saebench.methods import METHODS
 from engine.saebench.results import CoreConfig
 from evaluations.models import BenchRun
 from mistudio import jobs
@@ -243,7 +243,3 @@ def bench_delete(*, run: BenchRun, actor) -> None:
     if run.status in BenchRun.ACTIVE:
         raise ApplicationError("BENCH_BUSY", "The run is in progress; cancel it first.", status=409)
     run.delete()
-
-
-def method_labels() -> list[tuple[str, str]]:
-    return [(name, bench_method(name).label) for name in METHODS]

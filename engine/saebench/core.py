@@ -243,10 +243,12 @@ class _BatchJudge:
     def _three_passes(
         self, tokens: torch.Tensor, keep: torch.Tensor, *, downstream: bool
     ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-        """The clean pass (capturing the hook points), and per SAE the spliced and ablated ones."""
+        """The clean pass (capturing the hook points), the ablated one (no SAE changes it: once for
+        all), and per SAE the spliced one."""
         captured, clean_logits = _clean_run(
             self.model, self.sites, tokens, self.reads, self.hook_name, full=downstream
         )
+        ablated = self._edited_logits(tokens, keep, None) if downstream else None
         encoded = []
         for sae, dtype, total in zip(self.saes, self.dtypes, self.totals, strict=True):
             x = captured[self.reads].to(device=sae.W_enc.device, dtype=dtype)
@@ -254,11 +256,27 @@ class _BatchJudge:
             features = sae.encode(x)
             encoded.append((target, features, _output(sae, x, features)))
             if downstream:
-                _downstream(
-                    total, self.config, self.model, self.sites, tokens, keep,
-                    clean_logits=clean_logits, reconstruction=encoded[-1][2], hook_name=self.hook_name,
-                )  # fmt: skip
+                spliced = self._edited_logits(tokens, keep, encoded[-1][2])
+                _losses([total], self.config, tokens, keep, clean_logits, ablated, [spliced])
         return encoded
+
+    def _edited_logits(
+        self, tokens: torch.Tensor, keep: torch.Tensor, reconstruction: torch.Tensor | None
+    ) -> torch.Tensor:
+        """The logits with ``reconstruction`` spliced in at the hook point (zeros there: None);
+        SAEBench's ``get_recons_loss`` splices at every token unless told to keep the ignored ones."""
+        keep_ignored = self.config.exclude_special_tokens_from_reconstruction
+
+        def edit(name: str, value: torch.Tensor) -> torch.Tensor | None:
+            if name != self.hook_name:
+                return None
+            if reconstruction is None:
+                return torch.zeros_like(value)
+            new = reconstruction.to(value.device, value.dtype)
+            return torch.where(keep.to(value.device).unsqueeze(-1), new, value) if keep_ignored else new
+
+        arguments = {"input_ids": tokens, **_forward_options(self.model)}
+        return edited_logits(self.model, {self.hook_name: self.sites[self.hook_name]}, edit, arguments)
 
 
 def _kept(tokens: torch.Tensor, ignored: list[int]) -> torch.Tensor:
@@ -392,31 +410,6 @@ def _shared_prefix_runs(
         tuple(torch.cat(column) for column in zip(*pieces, strict=True))
         for pieces in zip(*parts, strict=True)
     ]  # type: ignore[misc]
-
-
-def _downstream(
-    totals: _Accumulator, config: CoreConfig, model: Any, sites: dict, tokens: torch.Tensor,
-    keep: torch.Tensor, *, clean_logits: torch.Tensor, reconstruction: torch.Tensor, hook_name: str,
-) -> None:  # fmt: skip
-    """One batch's CE losses and KL divergences with the SAE spliced in and the point ablated
-    (SAEBench's ``get_recons_loss``) from two more passes, kept tokens only."""
-    splice_mask = keep if config.exclude_special_tokens_from_reconstruction else None
-    edited = {}
-    for run, replacement in (("sae", reconstruction), ("ablation", None)):
-
-        def edit(name: str, value: torch.Tensor, replacement=replacement) -> torch.Tensor | None:
-            if name != hook_name:
-                return None
-            if replacement is None:
-                return torch.zeros_like(value)
-            new = replacement.to(value.device, value.dtype)
-            if splice_mask is not None:
-                new = torch.where(splice_mask.to(value.device).unsqueeze(-1), new, value)
-            return new
-
-        arguments = {"input_ids": tokens, **_forward_options(model)}
-        edited[run] = edited_logits(model, {hook_name: sites[hook_name]}, edit, arguments)
-    _losses([totals], config, tokens, keep, clean_logits, edited["ablation"], [edited["sae"]])
 
 
 def _losses(

@@ -106,6 +106,10 @@ def test_several_saes_share_each_pass_and_score_as_they_would_alone(tmp_path_fac
             alone.feature_metrics["feature_density"]
         )
     assert [result.metrics["sparsity"]["l0"] for result in together] == [4.0, 8.0, 16.0]
+    # three passes a batch (the ablated one once for all SAEs) give the same numbers
+    unstacked = core_metrics_many(model, saes, batches, hook_name=HOOK, config=CONFIG, stack=False)
+    for result, passes in zip(together, unstacked, strict=True):
+        assert not passes.stacked and passes.flat() == pytest.approx(result.flat(), rel=1e-6, nan_ok=True)
     # the clean and ablated runs are the same for all: computed once, the same numbers in each
     assert (
         len(
