@@ -286,6 +286,7 @@ def sampling_params(generation: Generation, *, prompt_tokens: int, context: int 
         stop=tuple(parameters["stop"]),
         logprobs=parameters["logprobs"],
         top_logprobs=parameters["top_logprobs"],
+        prompt_logprobs=parameters.get("prompt_logprobs"),
         ignore_eos=parameters.get("ignore_eos", False),
     )
 
@@ -781,6 +782,8 @@ def finish_row(
     extra: dict[str, Any] = {"output_text": result.text}
     if result.logprobs is not None:
         extra["logprobs"] = [token_payload(event) for event in result.logprobs]
+    if result.prompt_logprobs is not None:
+        extra["prompt_logprobs"] = [token_payload(event) for event in result.prompt_logprobs]
     if capture and result.activations is not None:
         if row.store_activations:
             try:

@@ -53,6 +53,8 @@ class Row:
     prompt_tokens: int
     token_ids: list[int] = field(default_factory=list)
     events: list[TokenEvent] | None = None
+    # params.prompt_logprobs: the prompt's tokens with their logprobs (set by the prefill).
+    prompt_events: list[TokenEvent] | None = None
     finish_reason: str | None = None
     last_token_at: float = 0.0
 
@@ -294,7 +296,8 @@ def _run(
     ]  # fmt: skip
     layout = _layout(model, rows, [len(tokens) for tokens in fed], device)
     run = _Run(rows, layout, _Forward.of(model, layout.mask), hooks, eos_ids, tokenizer, on_token)
-    run.prefill(keep_last=not _hooks_outside_base(model, hooks))
+    wants_prompt = any(row.params.prompt_logprobs is not None for row in rows)
+    run.prefill(keep_last=not (wants_prompt or _hooks_outside_base(model, hooks)))
     run.decode(cancelled_rows, should_yield)
     activations = run.capture_last(device) if hooks is not None and hooks.recorder is not None else None
     return run.results(activations)
@@ -419,6 +422,9 @@ class _Run:
             prompt_ids, layout.prompt_length, layout.prompt_positions, None, keep_last=keep_last
         )
         self.past = output.past_key_values
+        for row in self.rows:
+            if row.params.prompt_logprobs is not None:
+                row.prompt_events = _prompt_logprobs(row, output.logits[row.index], self.tokenizer)
         self.first_token_at = self._sample(output.logits[:, -1, :], layout.prompt_length)
         del output
 
@@ -492,6 +498,7 @@ class _Run:
                 decode_seconds=max(0.0, row.last_token_at - self.first_token_at),
                 activations=activations,
                 progress=_progress(row) if row.finish_reason == FINISH_YIELDED else None,
+                prompt_logprobs=row.prompt_events,
             )
             for row in self.rows
         ]
@@ -636,10 +643,46 @@ def _step_logprobs(
         chosen[row.index] = chosen_values[position]
         count = row.params.top_logprobs
         if count:
-            alternatives[row.index] = [
-                TopLogprob(token_id=token_id, token=tokenizer.decode([token_id]), logprob=value)
-                for token_id, value in zip(
-                    top_ids[position][:count], top_values[position][:count], strict=True
-                )
-            ]
+            alternatives[row.index] = _alternatives(
+                tokenizer, top_ids[position][:count], top_values[position][:count]
+            )
     return chosen, alternatives
+
+
+def _prompt_logprobs(row: Row, logits: Any, tokenizer: Any) -> list[TokenEvent]:
+    """Each prompt token of ``row`` with its logprob given the tokens before it (None for the
+    first) and ``params.prompt_logprobs`` alternatives, from the prefill's ``logits`` [columns,
+    vocab] of the row; each event's text is what the token adds to the decoded prompt."""
+    import torch
+
+    tokens = row.prompt[: row.prompt_tokens]
+    count = row.params.prompt_logprobs or 0
+    # Column start + i holds token i; its logits predict token i + 1.
+    logprobs = torch.log_softmax(logits[row.start : row.start + len(tokens) - 1].float(), -1)
+    chosen = logprobs.gather(1, torch.tensor(tokens[1:], dtype=torch.long, device=logprobs.device)[:, None])[
+        :, 0
+    ].tolist()
+    top_values: list[list[float]] = []
+    top_ids: list[list[int]] = []
+    if count:
+        values, ids = logprobs.topk(count, -1)
+        top_values, top_ids = values.tolist(), ids.tolist()
+    stream = TextStream(tokenizer, ())
+    events = []
+    for position, token_id in enumerate(tokens):
+        text, _stopped = stream.push(token_id, final=position == len(tokens) - 1)
+        event = TokenEvent(row=row.index, index=position, token_id=token_id, text=text)
+        if position:
+            event.logprob = chosen[position - 1]
+            if count:
+                event.top_logprobs = _alternatives(tokenizer, top_ids[position - 1], top_values[position - 1])
+        events.append(event)
+    return events
+
+
+def _alternatives(tokenizer: Any, token_ids: list[int], values: list[float]) -> list[TopLogprob]:
+    """The most likely tokens, each decoded alone (raw: it may hold the replacement character)."""
+    return [
+        TopLogprob(token_id=token_id, token=tokenizer.decode([token_id]), logprob=value)
+        for token_id, value in zip(token_ids, values, strict=True)
+    ]

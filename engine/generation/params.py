@@ -59,6 +59,9 @@ class SamplingParams:
     logprobs: bool = False
     # And this many most likely alternatives (0..MAX_TOP_LOGPROBS).
     top_logprobs: int = 0
+    # vLLM's prompt_logprobs: None, or each prompt token's logprob given the tokens before it
+    # (None for the first) with this many most likely alternatives (0..MAX_TOP_LOGPROBS).
+    prompt_logprobs: int | None = None
     # Treat end-of-sequence as an ordinary token (vLLM's ignore_eos): fixed-length runs for
     # benchmarks and long probes; the EOS token's text is then decoded like any other.
     ignore_eos: bool = False
@@ -164,6 +167,9 @@ class GenerationResult:
     activations: dict[str, torch.Tensor] | None = None
     # "yielded" only: where the row stood, to go on from (``generate(progress=…)``).
     progress: Progress | None = None
+    # When params.prompt_logprobs is set: one event per prompt token (``index`` its position,
+    # ``text`` its decoding without special tokens); the first token's logprob is None.
+    prompt_logprobs: list[TokenEvent] | None = None
 
 
 def context_length(model: Any) -> int | None:
@@ -231,6 +237,11 @@ _PARAMETER_CHECKS: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
         "top_logprobs",
         lambda value: is_int(value) and 0 <= value <= MAX_TOP_LOGPROBS,
         f"top_logprobs must be in 0..{MAX_TOP_LOGPROBS}.",
+    ),
+    (
+        "prompt_logprobs",
+        lambda value: value is None or (is_int(value) and 0 <= value <= MAX_TOP_LOGPROBS),
+        f"prompt_logprobs must be None or in 0..{MAX_TOP_LOGPROBS}.",
     ),
 )
 

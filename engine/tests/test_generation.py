@@ -300,6 +300,48 @@ def test_logprobs_are_the_raw_model_distribution(load_tiny):
                 assert event.top_logprobs is None
 
 
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_prompt_logprobs_are_the_teacher_forced_distribution_of_each_padded_row(load_tiny, family):
+    weights = load_tiny(family)
+    model, tokenizer = weights.model, weights.tokenizer
+    long_ids, short_ids = _prompt_ids(tokenizer), _prompt_ids(tokenizer, "Open the file")
+    rows = [
+        dataclasses.replace(GREEDY, max_new_tokens=2, prompt_logprobs=3),
+        dataclasses.replace(GREEDY, max_new_tokens=2, prompt_logprobs=0),
+        dataclasses.replace(GREEDY, max_new_tokens=2),
+    ]
+
+    results = generate(model, tokenizer, [long_ids, short_ids, short_ids], rows)
+
+    assert results[2].prompt_logprobs is None
+    for ids, params, result in zip((long_ids, short_ids), rows, results, strict=False):
+        expected = torch.log_softmax(_teacher_forced_logits(model, ids), -1)
+        events = result.prompt_logprobs
+        assert [event.token_id for event in events] == ids
+        assert [event.index for event in events] == list(range(len(ids)))
+        assert events[0].logprob is None and events[0].top_logprobs is None
+        for position, event in enumerate(events[1:], start=1):
+            assert event.logprob == pytest.approx(expected[position - 1, ids[position]].item(), abs=ATOL)
+            if params.prompt_logprobs:
+                values, indices = expected[position - 1].topk(3)
+                assert [top.token_id for top in event.top_logprobs] == indices.tolist()
+                assert [top.logprob for top in event.top_logprobs] == pytest.approx(values.tolist(), abs=ATOL)
+            else:
+                assert event.top_logprobs is None
+        # Each token's text is what it adds to the decoded prompt.
+        assert "".join(event.text for event in events) == tokenizer.decode(ids, skip_special_tokens=True)
+        # The completion is the one a run without prompt logprobs gives.
+        plain = generate(model, tokenizer, [ids], [dataclasses.replace(params, prompt_logprobs=None)])
+        assert result.token_ids == plain[0].token_ids
+
+
+def test_prompt_logprobs_out_of_range_are_refused(load_tiny):
+    weights = load_tiny("gpt2")
+    with pytest.raises(GenerationError) as raised:
+        generate(weights.model, weights.tokenizer, [[1, 2]], [SamplingParams(prompt_logprobs=21)])
+    assert raised.value.details == {"field": "prompt_logprobs"}
+
+
 # --- 6. stopping --------------------------------------------------------------------------------
 
 

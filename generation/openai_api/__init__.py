@@ -12,7 +12,7 @@ What differs from OpenAI, on purpose:
   409 ``MODEL_NOT_LOADED`` (generation never loads a model on its own).
 * Fields we cannot honour are a 400 naming the field, never silently dropped: ``n`` > 1,
   non-zero ``presence_penalty``/``frequency_penalty``, a non-empty ``logit_bias``, ``tools``,
-  ``tool_choice`` other than "none", ``response_format`` other than text, completions' ``echo``,
+  ``tool_choice`` other than "none", ``response_format`` other than text, a streamed ``echo``,
   ``best_of`` > 1 and ``suffix``, and token-id prompts. Fields without effect here (``user``,
   ``metadata``, ``store``, ``service_tier``, ``parallel_tool_calls``) are accepted and ignored; a
   field OpenAI does not define is a 400, as it is on OpenAI. ``null`` means "not given".
@@ -28,7 +28,10 @@ What differs from OpenAI, on purpose:
   ``User: …\\nAssistant:`` rendering (see ``engine.generation.render_prompt``).
   Completions use the raw prompt.
 * Logprobs are the raw model's (before temperature and penalties), one entry per generated
-  token, the end-of-sequence token included. A token's text is its own decoding where the
+  token, the end-of-sequence token included. Completions' ``echo`` returns the prompt before
+  the text, and with ``logprobs`` its tokens before the completion's (the first token's logprob
+  null, as OpenAI's): a prompt's log-likelihood, the way lm-evaluation-harness asks for it (its
+  ``tokenized_requests=False``). A token's text is its own decoding where the
   engine reports it (it is among the ``top_logprobs``), otherwise the text it released.
 """
 

@@ -163,8 +163,8 @@ class CompletionSerializer(OpenAIRequestSerializer):
 
     def validate(self, attrs):
         attrs = super().validate(attrs)
-        if attrs["echo"]:
-            raise invalid("echo", "echo is not supported.")
+        if attrs["echo"] and attrs["stream"]:
+            raise invalid("echo", "echo is not streamed; send stream: false.")
         if attrs.get("best_of", 1) != 1:
             raise invalid("best_of", "Only best_of=1 is supported.")
         if attrs.get("suffix"):
@@ -185,6 +185,8 @@ class CompletionSerializer(OpenAIRequestSerializer):
         request = super().sampling(data)
         request.logprobs = "logprobs" in data
         request.top_logprobs = data.get("logprobs", 0)
+        if data["echo"]:  # the prompt comes back too: its tokens' logprobs when logprobs are asked for
+            request.prompt_logprobs = data.get("logprobs")
         return request
 
 

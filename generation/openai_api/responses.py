@@ -62,7 +62,8 @@ def completion_logprobs(payloads: list[dict[str, Any]], *, offset: int) -> dict[
     return {
         "tokens": [token_text(payload) for payload in payloads],
         "token_logprobs": [payload.get("logprob") for payload in payloads],
-        "top_logprobs": [top_logprob_map(payload) for payload in payloads],
+        # None for an echoed prompt's first token, which has no logprob.
+        "top_logprobs": [top_logprob_map(payload) if "logprob" in payload else None for payload in payloads],
         "text_offset": offsets,
     }
 
@@ -93,7 +94,30 @@ def chat_completion_body(event: dict[str, Any], *, model: LanguageModel, created
     }
 
 
-def completion_body(events: list[dict[str, Any]], *, model: LanguageModel, created: int, logprobs: bool):
+def completion_choice(
+    event: dict[str, Any], index: int, *, logprobs: bool, echo: str | None
+) -> dict[str, Any]:
+    """One choice of a completion; ``echo`` (the prompt) goes before its text, and its tokens (the
+    first without a logprob, as OpenAI's) before the completion's in ``logprobs``."""
+    payloads = event.get("logprobs") or []
+    if echo is not None:
+        payloads = (event.get("prompt_logprobs") or []) + payloads
+    return {
+        "text": (echo or "") + event["output_text"],
+        "index": index,
+        "logprobs": completion_logprobs(payloads, offset=0) if logprobs else None,
+        "finish_reason": finish_reason(event),
+    }
+
+
+def completion_body(
+    events: list[dict[str, Any]],
+    *,
+    model: LanguageModel,
+    created: int,
+    logprobs: bool,
+    echo: list[str] | None,
+):
     first = events[0]
     body = {
         "id": f"cmpl-{first['request_id']}",
@@ -101,12 +125,7 @@ def completion_body(events: list[dict[str, Any]], *, model: LanguageModel, creat
         "created": created,
         "model": model.id,
         "choices": [
-            {
-                "text": event["output_text"],
-                "index": index,
-                "logprobs": completion_logprobs(event.get("logprobs") or [], offset=0) if logprobs else None,
-                "finish_reason": finish_reason(event),
-            }
+            completion_choice(event, index, logprobs=logprobs, echo=echo[index] if echo else None)
             for index, event in enumerate(events)
         ],
         "usage": {

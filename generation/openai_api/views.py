@@ -194,7 +194,13 @@ async def completions(request: HttpRequest) -> JsonResponse | StreamingHttpRespo
             if failed is not None:
                 raise failure(failed)
             return JsonResponse(
-                completion_body(answer.finals, model=model, created=created, logprobs=logprobs)
+                completion_body(
+                    answer.finals,
+                    model=model,
+                    created=created,
+                    logprobs=logprobs,
+                    echo=data["prompt"] if data["echo"] else None,
+                )
             )
     except ApplicationError as error:
         return openai_error_response(error)

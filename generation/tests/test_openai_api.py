@@ -38,9 +38,9 @@ def greedy_chat(api, live_stack, family: str = "gpt2", **extra):
     )
 
 
-def greedy_completion(api, live_stack, family: str = "gpt2", prompt=PROMPT, **extra):
+def greedy_completion(api, live_stack, family: str = "gpt2", prompt=PROMPT, max_tokens: int = 16, **extra):
     return api.completions.create(
-        model=live_stack.models[family], prompt=prompt, temperature=0, max_tokens=16, **extra
+        model=live_stack.models[family], prompt=prompt, temperature=0, max_tokens=max_tokens, **extra
     )
 
 
@@ -70,7 +70,7 @@ def post_v1(client, user, endpoint: str, body: dict, **headers):
         ("chat/completions", {"max_completion_tokens": 0}, "max_completion_tokens"),
         ("chat/completions", {"no_such_field": 1}, "no_such_field"),
         ("chat/completions", {"mistudio": {"colour": 1}}, "mistudio.colour"),
-        ("completions", {"echo": True}, "echo"),
+        ("completions", {"echo": True, "stream": True}, "echo"),
         ("completions", {"best_of": 3}, "best_of"),
         ("completions", {"logprobs": 6}, "logprobs"),
         ("completions", {"prompt": [1, 2, 3]}, "prompt"),
@@ -249,6 +249,45 @@ def test_logprobs(api, live_stack):
     assert all(1 <= len(top) <= 2 for top in logprobs.top_logprobs)
     assert all(value <= 0 for value in logprobs.token_logprobs)
     assert logprobs.text_offset[0] == 0 and logprobs.text_offset == sorted(logprobs.text_offset)
+
+
+def test_echo_returns_the_prompt_and_its_tokens_logprobs_as_the_model_computes_them(
+    api, live_stack, tiny_llama_folder
+):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    prompts = [PROMPT, "Once upon a time"]
+    completion = greedy_completion(
+        api, live_stack, family="llama", prompt=prompts, echo=True, logprobs=3, max_tokens=2
+    )
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama_folder)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_llama_folder)
+    for prompt, choice in zip(prompts, completion.choices, strict=True):
+        ids = tokenizer(prompt).input_ids
+        with torch.no_grad():
+            expected = torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), -1)
+        logprobs = choice.logprobs
+        assert choice.text.startswith(prompt) and len(choice.text) > len(prompt)
+        assert len(logprobs.tokens) == len(ids) + 2  # the prompt's tokens, then the completion's
+        assert logprobs.token_logprobs[0] is None and logprobs.top_logprobs[0] is None
+        for position in range(1, len(ids)):
+            assert logprobs.token_logprobs[position] == pytest.approx(
+                expected[position - 1, ids[position]].item(), abs=1e-4
+            )
+            # {token: logprob}: of two ids that decode alike the likelier keeps the key.
+            values, indices = expected[position - 1].topk(3)
+            alternatives: dict[str, float] = {}
+            for token_id, value in zip(indices.tolist(), values.tolist(), strict=True):
+                alternatives.setdefault(tokenizer.decode([token_id]), value)
+            assert logprobs.top_logprobs[position] == pytest.approx(alternatives, abs=1e-4)
+        # The completion's first token is predicted where the prompt ends.
+        assert logprobs.token_logprobs[len(ids)] == pytest.approx(expected[-1].max().item(), abs=1e-4)
+        assert logprobs.text_offset == sorted(logprobs.text_offset)
+    assert completion.usage.prompt_tokens == sum(len(tokenizer(prompt).input_ids) for prompt in prompts)
+
+    echoed = greedy_completion(api, live_stack, family="llama", prompt=PROMPT, echo=True, max_tokens=2)
+    assert echoed.choices[0].text == completion.choices[0].text and echoed.choices[0].logprobs is None
 
 
 def test_capture_through_the_mistudio_extension(api, live_stack):

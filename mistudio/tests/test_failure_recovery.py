@@ -43,7 +43,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.waits]
 TEXTS = [f"Sample {index}: the quick brown fox jumps over the lazy dog." for index in range(12)]
 
 
-def http(method: str, url: str, *, token: str | None = None, body: dict | None = None, timeout: float = 15):
+def http(method: str, url: str, *, token: str | None = None, body: dict | None = None, timeout: float = 60):
     """(status, headers, raw body) of one request; error statuses are returned, not raised."""
     headers = {"Accept": "application/json"}
     if token:
