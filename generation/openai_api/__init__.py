@@ -19,7 +19,8 @@ What differs from OpenAI, on purpose:
 * Defaults: ``temperature`` 1 and ``top_p`` 1 (OpenAI's); ``max_tokens`` up to the model's
   context (at most 2,048) for chat, 16 for completions (OpenAI's). Greedy decoding is
   ``temperature: 0``.
-* Extensions: ``top_k``, ``repetition_penalty`` and ``ignore_eos`` (vLLM's name) in the request;
+* Extensions: ``top_k``, ``repetition_penalty``, ``ignore_eos`` and ``prompt_logprobs`` (vLLM's
+  names; the last adds vLLM's ``prompt_logprobs`` and ``prompt_token_ids`` to the response) in the request;
   ``mistudio`` (``{"capture": [hook names], "store": true, "dtype": "float32"}``) captures the
   activations of prompt + completion, returned in a top-level ``activations`` object. Every
   response (a stream: its finish chunk) carries ``mistudio: {"request_id", "timings"}``;

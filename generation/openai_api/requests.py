@@ -9,6 +9,7 @@ from asgiref.sync import sync_to_async
 from django.http import HttpRequest, JsonResponse
 from rest_framework import serializers
 
+from engine.generation.params import MAX_TOP_LOGPROBS
 from generation.models import Generation
 from generation.serializers import SamplingSerializer, string_or_list
 from generation.services import (
@@ -56,6 +57,8 @@ class OpenAIRequestSerializer(SamplingSerializer):
     presence_penalty = serializers.FloatField(required=False, min_value=-2.0, max_value=2.0)
     frequency_penalty = serializers.FloatField(required=False, min_value=-2.0, max_value=2.0)
     logit_bias = serializers.DictField(required=False)
+    # vLLM's extension: each prompt token's logprob and this many alternatives, in vLLM's shape.
+    prompt_logprobs = serializers.IntegerField(min_value=0, max_value=MAX_TOP_LOGPROBS, required=False)
 
     default_temperature = 1.0
     default_top_p = 1.0
@@ -70,12 +73,15 @@ class OpenAIRequestSerializer(SamplingSerializer):
                 raise invalid(name, f"{name} is not supported; use repetition_penalty (an extension).")
         if attrs.get("logit_bias"):
             raise invalid("logit_bias", "logit_bias is not supported.")
+        if attrs["stream"] and "prompt_logprobs" in attrs:
+            raise invalid("prompt_logprobs", "prompt_logprobs are not streamed; send stream: false.")
         return attrs
 
     def sampling(self, data: dict[str, Any]) -> SamplingRequest:
         request = super().sampling(data)
         if "max_tokens" not in data:
             request.max_tokens = self.default_max_tokens
+        request.prompt_logprobs = data.get("prompt_logprobs")
         return request
 
 
@@ -165,6 +171,8 @@ class CompletionSerializer(OpenAIRequestSerializer):
         attrs = super().validate(attrs)
         if attrs["echo"] and attrs["stream"]:
             raise invalid("echo", "echo is not streamed; send stream: false.")
+        if attrs["echo"] and "prompt_logprobs" in attrs:
+            raise invalid("prompt_logprobs", "Use echo with logprobs, or prompt_logprobs, not both.")
         if attrs.get("best_of", 1) != 1:
             raise invalid("best_of", "Only best_of=1 is supported.")
         if attrs.get("suffix"):

@@ -68,6 +68,32 @@ def completion_logprobs(payloads: list[dict[str, Any]], *, offset: int) -> dict[
     }
 
 
+def prompt_logprobs(payloads: list[dict[str, Any]]) -> dict[str, Any]:
+    """vLLM's ``prompt_logprobs`` (None for the first token; else ``{token id: {logprob, rank,
+    decoded_token}}``, the prompt's own token first, then the alternatives; rank is null for a
+    prompt token outside them) and ``prompt_token_ids``."""
+    entries: list[dict[str, Any] | None] = []
+    for payload in payloads:
+        if "logprob" not in payload:
+            entries.append(None)
+            continue
+        tops = payload.get("top_logprobs") or []
+        ranks = {token_id: rank for rank, (token_id, _text, _logprob) in enumerate(tops, start=1)}
+        entry = {
+            str(payload["token_id"]): {
+                "logprob": payload["logprob"],
+                "rank": ranks.get(payload["token_id"]),
+                "decoded_token": token_text(payload),
+            }
+        }
+        for token_id, text, logprob in tops:
+            entry.setdefault(
+                str(token_id), {"logprob": logprob, "rank": ranks[token_id], "decoded_token": text}
+            )
+        entries.append(entry)
+    return {"prompt_logprobs": entries, "prompt_token_ids": [payload["token_id"] for payload in payloads]}
+
+
 def extensions(event: dict[str, Any]) -> dict[str, Any]:
     extra: dict[str, Any] = {"mistudio": {"request_id": event["request_id"], "timings": event.get("timings")}}
     if event.get("activations"):
@@ -91,6 +117,7 @@ def chat_completion_body(event: dict[str, Any], *, model: LanguageModel, created
         ],
         "usage": event["usage"],
         **extensions(event),
+        **(prompt_logprobs(event["prompt_logprobs"]) if "prompt_logprobs" in event else {}),
     }
 
 
@@ -102,12 +129,15 @@ def completion_choice(
     payloads = event.get("logprobs") or []
     if echo is not None:
         payloads = (event.get("prompt_logprobs") or []) + payloads
-    return {
+    choice = {
         "text": (echo or "") + event["output_text"],
         "index": index,
         "logprobs": completion_logprobs(payloads, offset=0) if logprobs else None,
         "finish_reason": finish_reason(event),
     }
+    if echo is None and "prompt_logprobs" in event:  # vLLM's extension, asked for by name
+        choice.update(prompt_logprobs(event["prompt_logprobs"]))
+    return choice
 
 
 def completion_body(

@@ -32,9 +32,9 @@ def api(live_stack) -> openai.OpenAI:
     )
 
 
-def greedy_chat(api, live_stack, family: str = "gpt2", **extra):
+def greedy_chat(api, live_stack, family: str = "gpt2", max_tokens: int = 12, **extra):
     return api.chat.completions.create(
-        model=live_stack.models[family], messages=MESSAGES, temperature=0, max_tokens=12, **extra
+        model=live_stack.models[family], messages=MESSAGES, temperature=0, max_tokens=max_tokens, **extra
     )
 
 
@@ -71,6 +71,9 @@ def post_v1(client, user, endpoint: str, body: dict, **headers):
         ("chat/completions", {"no_such_field": 1}, "no_such_field"),
         ("chat/completions", {"mistudio": {"colour": 1}}, "mistudio.colour"),
         ("completions", {"echo": True, "stream": True}, "echo"),
+        ("completions", {"echo": True, "prompt_logprobs": 2}, "prompt_logprobs"),
+        ("chat/completions", {"prompt_logprobs": 2, "stream": True}, "prompt_logprobs"),
+        ("chat/completions", {"prompt_logprobs": 21}, "prompt_logprobs"),
         ("completions", {"best_of": 3}, "best_of"),
         ("completions", {"logprobs": 6}, "logprobs"),
         ("completions", {"prompt": [1, 2, 3]}, "prompt"),
@@ -288,6 +291,33 @@ def test_echo_returns_the_prompt_and_its_tokens_logprobs_as_the_model_computes_t
 
     echoed = greedy_completion(api, live_stack, family="llama", prompt=PROMPT, echo=True, max_tokens=2)
     assert echoed.choices[0].text == completion.choices[0].text and echoed.choices[0].logprobs is None
+
+
+def test_chat_prompt_logprobs_in_vllms_shape_are_the_models(api, live_stack, tiny_llama_folder):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    chat = greedy_chat(api, live_stack, family="llama", max_tokens=1, extra_body={"prompt_logprobs": 4})
+    ids, entries = chat.model_extra["prompt_token_ids"], chat.model_extra["prompt_logprobs"]
+    assert len(ids) == len(entries) == chat.usage.prompt_tokens and entries[0] is None
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama_folder)
+    with torch.no_grad():
+        expected = torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), -1)
+    for position in range(1, len(ids)):
+        entry = entries[position]
+        # The prompt's own token first, then the four most likely.
+        assert next(iter(entry)) == str(ids[position])
+        assert entry[str(ids[position])]["logprob"] == pytest.approx(
+            expected[position - 1, ids[position]].item(), abs=1e-4
+        )
+        values, indices = expected[position - 1].topk(4)
+        for rank, (token_id, value) in enumerate(
+            zip(indices.tolist(), values.tolist(), strict=True), start=1
+        ):
+            assert entry[str(token_id)]["logprob"] == pytest.approx(value, abs=1e-4)
+            assert entry[str(token_id)]["rank"] == rank
+    # Without the field, none of it.
+    assert "prompt_logprobs" not in greedy_chat(api, live_stack, family="llama", max_tokens=1).model_extra
 
 
 def test_capture_through_the_mistudio_extension(api, live_stack):
