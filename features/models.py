@@ -234,6 +234,9 @@ class Explanation(models.Model):
     fuzzing = models.FloatField(null=True, blank=True, help_text="Balanced accuracy, delphi's fuzzing")
     intruder = models.FloatField(null=True, blank=True, help_text="Intruders found, delphi's intruder scorer")
     embedding = models.FloatField(null=True, blank=True, help_text="ROC AUC, delphi's embedding scorer")
+    simulation = models.FloatField(
+        null=True, blank=True, help_text="Correlation of simulated and true values, delphi's simulator"
+    )
     score = models.FloatField(null=True, blank=True, help_text="Mean of the scores it has")
     scoring = models.JSONField(default=dict, blank=True, help_text="Per scorer: counts, failed prompts")
     error_code = models.CharField(max_length=100, blank=True)
@@ -247,6 +250,7 @@ class Explanation(models.Model):
         "fuzzing": "fuzzing",
         "intruder": "intruder",
         "embedding": "embedding",
+        "simulation": "simulation",
     }
 
     class Meta:

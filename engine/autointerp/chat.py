@@ -129,6 +129,35 @@ class ChatClient:
             "model": self.model, "messages": messages, "max_tokens": max_tokens, "temperature": temperature,
             **(extra or {}),
         }  # fmt: skip
+        return self._reply(self._answer(body, stop))
+
+    def prompt_logprobs(
+        self, messages: list[dict[str, str]], count: int, *, stop: threading.Event | None = None
+    ) -> tuple[list[int], list[dict[str, Any] | None]]:
+        """The templated prompt's token ids and, at each, vLLM's ``prompt_logprobs`` entry (``count``
+        alternatives; None for the first token), from an endpoint that serves vLLM's extension (vLLM,
+        miStudio's ``/v1``); raises :class:`ChatError` as :meth:`complete` does."""
+        body = {
+            "model": self.model,
+            "messages": messages,
+            "max_tokens": 1,
+            "temperature": 0.0,
+            "prompt_logprobs": count,
+        }
+        response = self._answer(body, stop)
+        try:
+            data = response.json()
+            ids, entries = [int(token) for token in data["prompt_token_ids"]], list(data["prompt_logprobs"])
+        except (ValueError, KeyError, TypeError):
+            self.usage.add(requests=1, failures=1)
+            raise ChatError(
+                "ENDPOINT_ERROR", "The endpoint's answer has no prompt_logprobs (vLLM's extension)."
+            ) from None
+        self._spent(data)
+        return ids, entries
+
+    def _answer(self, body: dict[str, Any], stop: threading.Event | None) -> httpx.Response:
+        """The endpoint's 200 response to ``body``, retried as :meth:`complete` describes."""
         attempt, waited_busy = 0, 0.0
         while True:
             wait, busy = self.backoff * 2**attempt, False
@@ -140,7 +169,7 @@ class ChatClient:
                 )
             else:
                 if response.status_code == 200:
-                    return self._reply(response)
+                    return response
                 said = self._without_key(error_message(response))
                 failure = ChatError(
                     "ENDPOINT_ERROR",
@@ -179,16 +208,16 @@ class ChatClient:
         except (ValueError, KeyError, IndexError, TypeError, AttributeError):
             self.usage.add(requests=1, failures=1)
             raise ChatError("ENDPOINT_ERROR", "The endpoint's answer is not a chat completion.") from None
+        prompt_tokens, completion_tokens = self._spent(data)
+        return ChatReply(text=text, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens)
+
+    def _spent(self, data: dict[str, Any]) -> tuple[int, int]:
+        """Count one answered request and its tokens (an answer's ``usage``)."""
         usage = data.get("usage") or {}
-        reply = ChatReply(
-            text=text,
-            prompt_tokens=int(usage.get("prompt_tokens") or 0),
-            completion_tokens=int(usage.get("completion_tokens") or 0),
-        )
-        self.usage.add(
-            requests=1, prompt_tokens=reply.prompt_tokens, completion_tokens=reply.completion_tokens
-        )
-        return reply
+        prompt_tokens = int(usage.get("prompt_tokens") or 0)
+        completion_tokens = int(usage.get("completion_tokens") or 0)
+        self.usage.add(requests=1, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens)
+        return prompt_tokens, completion_tokens
 
     def _without_key(self, text: str) -> str:
         """An endpoint's words with this client's key taken out (some echo the key they refused)."""

@@ -221,6 +221,15 @@ class JobAsking:
         except ChatError:
             return None
 
+    def prompt_logprobs(self, messages: list[dict], count: int) -> tuple[list[int], list[dict | None]] | None:
+        _check(self.stop)
+        if self.endpoints.scorer_fits is not None and not self.endpoints.scorer_fits(messages):
+            return None
+        try:
+            return self.endpoints.scorer.prompt_logprobs(messages, count, stop=self.stop)
+        except ChatError:
+            return None
+
     def similarities(self, query: str, texts: list[str]) -> list[float]:
         if self.endpoints.similarities is None:
             raise ValueError("the embedding scorer needs a sentence embedding model")

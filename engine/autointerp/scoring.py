@@ -43,6 +43,14 @@ from engine.autointerp.prompts import (
     messages_as_text,
     scorer_messages,
 )
+from engine.autointerp.simulation import (
+    PROMPT_LOGPROBS,
+    SIMULATION_SYSTEM,
+    correlation,
+    predicted_values,
+    simulation_messages,
+    simulation_records,
+)
 from engine.errors import EngineError
 
 FUZZ_THRESHOLD = 0.3
@@ -239,6 +247,10 @@ class Asking(Protocol):
 
     def similarities(self, query: str, texts: list[str]) -> list[float]:
         """The embedding model's similarity of ``query`` to each of ``texts``."""
+
+    def prompt_logprobs(self, messages: list[dict], count: int) -> tuple[list[int], list[dict | None]] | None:
+        """The scorer endpoint's templated prompt ids and vLLM-shaped ``prompt_logprobs`` for
+        ``messages`` (None: the request failed)."""
 
 
 class UnknownScorer(EngineError, ValueError):
@@ -538,6 +550,49 @@ class EmbeddingScorer(Scorer):
             f"{EMBEDDING_QUERY}{{explanation}}\n\nand each example's text; the score is the ROC AUC of the "
             "similarities, the feature's examples against the others."
         )
+
+
+# --- simulation ----------------------------------------------------------------------------------
+
+
+@register_scorer
+class SimulationScorer(Scorer):
+    """How well does a language model that reads the explanation predict the feature, token by
+    token? (delphi's simulator in its logprob mode, :mod:`engine.autointerp.simulation`): the
+    correlation of its expected values with the feature's, over every test and non-activating
+    example (delphi's group -1). It needs an endpoint that serves vLLM's ``prompt_logprobs``."""
+
+    name = "simulation"
+    system = SIMULATION_SYSTEM
+    default_on = False
+
+    def requests(self, *, test: int, non_activating: int, per_prompt: int) -> int:
+        return test + non_activating
+
+    def score(
+        self, test: list[Example], non_activating: list[Example], explanation: str, asking: Asking
+    ) -> Score | None:
+        records = simulation_records(quantiles(test, max(1, asking.per_prompt)), non_activating)
+        if not any(record.quantile >= 0 for record in records):
+            return None
+        predictions, failed = [], 0
+        for record in records:
+            answer = asking.prompt_logprobs(simulation_messages(explanation, record.tokens), PROMPT_LOGPROBS)
+            predicted = None if answer is None else predicted_values(*answer, len(record.tokens))
+            if predicted is None:  # delphi's simulator predicts zeros when it fails
+                failed, predicted = failed + 1, [0.0] * len(record.tokens)
+            predictions.append(predicted)
+        value = correlation(
+            [float(value) for record in records for value in record.values],
+            [value for predicted in predictions for value in predicted],
+        )
+        return Score(
+            balanced_accuracy=None, true_positives=0, true_negatives=0, false_positives=0, false_negatives=0,
+            failed=failed, total=len(records), value=value, metric="correlation",
+        )  # fmt: skip
+
+    def template(self) -> str:
+        return messages_as_text(simulation_messages("{explanation}", ["{token}", "{token}", "{…}"]))
 
 
 def prompt_templates() -> dict[str, str]:

@@ -156,3 +156,19 @@ def test_an_endpoint_that_echoes_the_key_does_not_get_it_into_the_error():
     ):
         client.complete(MESSAGES, max_tokens=8)
     assert key not in failed.value.message and "[redacted]" in failed.value.message
+
+
+def test_prompt_logprobs_are_asked_for_by_vllms_name_and_an_answer_without_them_is_an_error():
+    """The simulation scorer's request: busy answers are waited out as for a reply; an endpoint that
+    ignores vLLM's prompt_logprobs (OpenAI's own) answers a plain completion: a clear error."""
+    entries = [None, {"5": {"logprob": -0.5, "rank": 1, "decoded_token": "\t"}}]
+    answer = {**REPLY, "prompt_token_ids": [1, 5], "prompt_logprobs": entries}
+    endpoint = Endpoint([busy(429), (200, {}, answer), (200, {}, REPLY)])
+    with serving(endpoint) as url, ChatClient(base_url=url, model="m", retries=0, backoff=0.01) as client:
+        assert client.prompt_logprobs(MESSAGES, 15) == ([1, 5], entries)
+        with pytest.raises(ChatError) as failed:
+            client.prompt_logprobs(MESSAGES, 15)
+    assert failed.value.code == "ENDPOINT_ERROR" and "prompt_logprobs" in failed.value.message
+    assert client.usage.as_dict() == {
+        "requests": 3, "retries": 1, "failures": 1, "prompt_tokens": 7, "completion_tokens": 5,
+    }  # fmt: skip

@@ -452,3 +452,179 @@ def test_embedding_similarities_and_auc_as_delphi(sentence_model, seed):
     truth = [sample.activating for sample in samples]
     their_auc = roc_auc_score(truth, [their_similarity[sample.text] for sample in samples])
     assert embedding_auc(truth, ours) == pytest.approx(their_auc, abs=1e-9)
+
+
+# --- simulation --------------------------------------------------------------------------------
+
+# A Llama-3-like chat template: delphi's parser finds the last assistant turn by the token three
+# from the end of the templated prompt, which is what this template puts there.
+HEADERS = ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")
+
+
+class ChatTokenizer:
+    """The tiny tokenizer with Llama-3's turn markers as special tokens: what delphi's simulator
+    asks of its client's tokenizer (a chat template, and ``encode`` with a BOS first)."""
+
+    def __init__(self) -> None:
+        from engine.testing.tiny_models import default_tokenizer
+
+        self.inner = default_tokenizer("llama")
+        self.inner.add_special_tokens({"additional_special_tokens": list(HEADERS)})
+
+    def render(self, messages) -> str:
+        # delphi's roles are str enums (Role.SYSTEM): their value, as a template compares them.
+        turns = "".join(
+            f"<|start_header_id|>{getattr(message['role'], 'value', message['role'])}<|end_header_id|>\n\n"
+            f"{message['content']}<|eot_id|>"
+            for message in messages
+        )
+        return f"<|begin_of_text|>{turns}<|start_header_id|>assistant<|end_header_id|>\n\n"
+
+    def apply_chat_template(self, messages, add_generation_prompt=True):
+        assert add_generation_prompt
+        return self.inner(self.render(messages), add_special_tokens=False).input_ids
+
+    def encode(self, text):
+        return [self.inner.convert_tokens_to_ids("<|begin_of_text|>"), *self.inner(text).input_ids]
+
+    def decode(self, ids):
+        return self.inner.decode(ids)
+
+
+def _fake_prompt_logprobs(ids: list[int], tokenizer: ChatTokenizer) -> list[dict | None]:
+    """vLLM-like prompt logprobs for ``ids``, a function of the ids alone: each position's own token,
+    then up to 14 of the values "0" … "10" (and sometimes a word) at random logprobs."""
+    digits = [str(value) for value in range(11)]
+    entries: list[dict | None] = [None]
+    for position in range(1, len(ids)):
+        rng = random.Random(position * 1_000_003 + ids[position - 1])  # noqa: S311
+        own = types.SimpleNamespace(
+            logprob=rng.uniform(-6, -0.1), decoded_token=tokenizer.decode([ids[position]])
+        )
+        entry = {ids[position]: own}
+        for text in rng.sample([*digits, " sea"], rng.randint(0, 12)):
+            token_ids = tokenizer.inner(text, add_special_tokens=False).input_ids
+            if len(token_ids) == 1 and token_ids[0] not in entry:
+                entry[token_ids[0]] = types.SimpleNamespace(
+                    logprob=rng.uniform(-8, -0.01), decoded_token=text
+                )
+        entries.append(entry)
+    return entries
+
+
+class LogprobClient:
+    """A delphi client (``generate`` with ``prompt_logprobs``) answering from
+    :func:`_fake_prompt_logprobs`, keeping every prompt."""
+
+    def __init__(self) -> None:
+        self.tokenizer = ChatTokenizer()
+        self.prompts: list[list[dict]] = []
+
+    async def generate(self, prompt, **kwargs):
+        assert kwargs == {"max_tokens": 1, "prompt_logprobs": 15}
+        self.prompts.append(prompt)
+        ids = self.tokenizer.apply_chat_template(prompt, add_generation_prompt=True)
+        return types.SimpleNamespace(prompt_logprobs=_fake_prompt_logprobs(ids, self.tokenizer))
+
+
+class LogprobAsking:
+    """Our scorer's side of the same endpoint: the ids and vLLM's JSON shape, as ``/v1`` serves them."""
+
+    per_prompt = PER_PROMPT
+    seed = 42
+
+    def __init__(self, client: LogprobClient) -> None:
+        self.client = client
+
+    def prompt_logprobs(self, messages, count):
+        assert count == 15
+        ids = self.client.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        entries = [
+            None if entry is None
+            else {str(token_id): {"logprob": item.logprob, "rank": None, "decoded_token": item.decoded_token}
+                  for token_id, item in entry.items()}
+            for entry in _fake_prompt_logprobs(ids, self.client.tokenizer)
+        ]  # fmt: skip
+        return ids, entries
+
+
+class WordDecoder:
+    """delphi's simulator decodes each example's token ids: here ids index WORDS."""
+
+    def batch_decode(self, ids):
+        return [WORDS[int(token)] for token in ids]
+
+
+@pytest.mark.parametrize("seed", [41, 42, 43, 44])
+def test_simulation_prompts_predictions_and_correlations_as_delphi(seed):
+    from delphi.latents.samplers import normalize_activations
+    from delphi.scorers.simulator.simulation.llm_interface import parse_simulation_response
+    from delphi.scorers.simulator.simulation.oai_simulator import RefactoredOpenAISimulator
+
+    from engine.autointerp.scoring import SimulationScorer, quantiles
+    from engine.autointerp.simulation import (
+        aggregate_correlations,
+        predicted_values,
+        simulation_messages,
+        simulation_records,
+    )
+
+    test, non_activating, _ = _feature(seed, n_test=9, n_non=6 if seed != 44 else 0)
+    tagged = quantiles(test, PER_PROMPT)
+    record = LatentRecord(latent=Latent("layers.3", seed), explanation=EXPLANATION)
+    record.test = normalize_activations(
+        [
+            ActivatingExample(
+                tokens=torch.tensor([WORDS.index(token) for token in example.tokens]),
+                activations=torch.tensor(example.values, dtype=torch.float32),
+                quantile=quantile,
+            )
+            for quantile, example in tagged
+        ],
+        max(example.max_activation for example in test),
+    )
+    record.not_active = [
+        NonActivatingExample(
+            tokens=torch.tensor([WORDS.index(token) for token in example.tokens]),
+            activations=torch.zeros(len(example.tokens)), distance=-1.0, str_tokens=list(example.tokens),
+        )
+        for example in non_activating
+    ]  # fmt: skip
+    client = LogprobClient()
+    theirs = asyncio.run(RefactoredOpenAISimulator(client, WordDecoder())(record)).score
+
+    records = simulation_records(tagged, non_activating)
+    asking = LogprobAsking(client)
+    # The same prompts, in the same order, and the same values shown as the truth.
+    assert client.prompts == [simulation_messages(EXPLANATION, list(r.tokens)) for r in records]
+    quantile_groups = [group for group in theirs if group.distance > 0]
+    their_sequences = [s for group in quantile_groups for s in group.scored_sequence_simulations]
+    their_sequences += (
+        [s for s in theirs[-1].scored_sequence_simulations if s.distance == -1] if non_activating else []
+    )
+    assert sorted(tuple(s.true_activations) for s in their_sequences) == sorted(
+        tuple(float(v) for v in r.values) for r in records
+    )
+    # The same prediction for every token (delphi's parser on the same answer).
+    predictions = []
+    for prompt, ours in zip(client.prompts, records, strict=True):
+        ids, entries = asking.prompt_logprobs(prompt, 15)
+        response = types.SimpleNamespace(prompt_logprobs=_fake_prompt_logprobs(ids, client.tokenizer))
+        tab = client.tokenizer.encode("\t")[1]
+        expected = parse_simulation_response(response, ids, tab, list(ours.tokens)).expected_activations
+        predictions.append(predicted_values(ids, entries, len(ours.tokens)))
+        assert len(predictions[-1]) == len(ours.tokens)
+        assert predictions[-1] == pytest.approx(expected, abs=1e-12)
+    # The same correlation per quantile and over everything (delphi's distance 0).
+    groups = aggregate_correlations(records, predictions)
+    for group in theirs:
+        quantile = -1 if group.distance == 0 else group.distance - 1
+        expected = group.ev_correlation_score
+        assert (groups[quantile] is None) == (expected == "nan")
+        if expected != "nan":
+            assert groups[quantile] == pytest.approx(expected, abs=1e-9)
+    score = SimulationScorer().score(test, non_activating, EXPLANATION, asking)
+    assert score.failed == 0 and score.total == len(records) and score.metric == "correlation"
+    if non_activating:
+        overall = next(group for group in theirs if group.distance == 0)
+        assert score.value == pytest.approx(overall.ev_correlation_score, abs=1e-9)

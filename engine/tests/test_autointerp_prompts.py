@@ -168,6 +168,7 @@ def test_parse_explanation_is_at_most_500_characters():
 def test_templates_show_every_prompt():
     TEMPLATES = prompt_templates()
     assert PROMPT_VERSION == "mistudio-autointerp/1"
-    assert set(TEMPLATES) == {"explain", "detection", "fuzzing", "intruder", "embedding"}
+    assert set(TEMPLATES) == {"explain", "detection", "fuzzing", "intruder", "embedding", "simulation"}
+    assert "{explanation}" in TEMPLATES["simulation"] and "{token}\tunknown" in TEMPLATES["simulation"]
     assert EXPLAIN_SYSTEM in TEMPLATES["explain"] and EXPLAIN_COMPACT_SYSTEM in TEMPLATES["explain"]
     assert "{explanation}" in TEMPLATES["detection"] and "<<marked tokens>>" in TEMPLATES["fuzzing"]

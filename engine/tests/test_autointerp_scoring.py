@@ -203,17 +203,17 @@ def test_balanced_accuracy_without_any_prediction_is_none():
 
 
 def test_scorers_are_registered_classes_and_an_unknown_name_is_refused():
-    assert scorer_names() == ("detection", "fuzzing", "intruder", "embedding")
+    assert scorer_names() == ("detection", "fuzzing", "intruder", "embedding", "simulation")
     assert isinstance(scorer_named("detection"), DetectionScorer)
     assert scorer_named("fuzzing") == FuzzingScorer()
     with pytest.raises(UnknownScorer) as refused:
-        scorer_named("simulation")
+        scorer_named("surprisal")
     assert refused.value.code == "UNKNOWN_SCORER"
-    assert refused.value.details["scorers"] == ["detection", "fuzzing", "intruder", "embedding"]
+    assert refused.value.details["scorers"] == ["detection", "fuzzing", "intruder", "embedding", "simulation"]
     with pytest.raises(ValueError, match="already registered"):
         register_scorer(DetectionScorer)
     with pytest.raises(UnknownScorer):
-        InterpretationConfig(scorers=("detection", "simulation"))
+        InterpretationConfig(scorers=("detection", "surprisal"))
 
 
 def test_a_scorer_reads_an_answer_into_outcomes_and_a_missing_or_bad_answer_fails_the_batch():

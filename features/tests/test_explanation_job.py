@@ -161,19 +161,64 @@ def test_explain_score_show_accept_export(live_stack, analysed, client_for):
     assert entry["explanations"][1]["score"] == explained.score
 
 
-def test_the_intruder_and_embedding_scorers_through_a_job(live_stack, analysed, client_for):
+def _simulated(model, tokenizer, examples, explanation: str) -> float | None:
+    """The simulation score computed apart from the job: each example's simulation prompt rendered
+    as the workbench renders chat, one transformers forward, the top 15 logprobs at each position,
+    and delphi's parser and correlation (themselves checked against delphi's)."""
+    from engine.autointerp.scoring import quantiles
+    from engine.autointerp.simulation import (
+        correlation,
+        predicted_values,
+        simulation_messages,
+        simulation_records,
+    )
+    from engine.generation import render_prompt
+
+    records = simulation_records(
+        quantiles(examples.test, InterpretationConfig().per_prompt), examples.non_activating
+    )
+    truth, predicted = [], []
+    for record in records:
+        ids = render_prompt(tokenizer, messages=simulation_messages(explanation, record.tokens))
+        with torch.no_grad():
+            logprobs = torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), -1)
+        entries: list[dict | None] = [None]
+        for position in range(1, len(ids)):
+            values, indices = logprobs[position - 1].topk(15)
+            entry = {str(ids[position]): {"logprob": logprobs[position - 1, ids[position]].item(),
+                                          "decoded_token": tokenizer.decode([ids[position]])}}  # fmt: skip
+            for token_id, value in zip(indices.tolist(), values.tolist(), strict=True):
+                entry.setdefault(
+                    str(token_id), {"logprob": value, "decoded_token": tokenizer.decode([token_id])}
+                )
+            entries.append(entry)
+        truth += [float(value) for value in record.values]
+        predicted += predicted_values(ids, entries, len(record.tokens))
+    return correlation(truth, predicted)
+
+
+def test_the_intruder_embedding_and_simulation_scorers_through_a_job(
+    live_stack, analysed, client_for, tiny_llama_folder
+):
     """The opt-in scorers: the intruder scorer asks the workbench's own model one question per
     non-activating example; the embedding scorer asks none, and its score is the AUC of MiniLM's
-    similarities of the explanation to the feature's examples against the others."""
+    similarities of the explanation to the feature's examples against the others; the simulation
+    scorer asks /v1 for each example's prompt logprobs: every example gets a prediction for each of
+    its tokens, and the correlation is the one a forward pass of the same model gives (the random
+    model predicts the same value everywhere, so it is undefined, None, here; the arithmetic is
+    checked against delphi's in engine/tests/test_autointerp_delphi.py)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     from engine.autointerp.prompts import EMBEDDING_QUERY
     from engine.autointerp.scoring import detection_samples, embedding_auc
     from features.search import embedder
 
     user, sae, analysis = analysed
     api = client_for(user)
-    options = {**OPTIONS, "non_activating": 4, "scorers": ["intruder", "embedding"]}
+    options = {**OPTIONS, "non_activating": 4, "scorers": ["intruder", "embedding", "simulation"]}
     config = InterpretationConfig(**options)
-    assert config.requests_per_feature() == 1 + 4  # the explanation, then one per intruder prompt
+    # The explanation, one request per intruder prompt, one per simulated example.
+    assert config.requests_per_feature() == 1 + 4 + (6 + 4)
     # Two features with held-out examples and quiet contexts: both scorers have something to score.
     data, tokenizer = FeatureFile(analysis), analysis_tokenizer(sae)
     candidates = [feature.index for feature in Feature.objects.filter(analysis=analysis, density__gt=0)]
@@ -192,6 +237,8 @@ def test_the_intruder_and_embedding_scorers_through_a_job(live_stack, analysed, 
     assert job.status == "completed", (job.error_code, job.error_message)
     rows = [row for row in Explanation.objects.filter(job=job) if not row.error_code]
     assert rows, "no feature was explained"
+    scorer_model = AutoModelForCausalLM.from_pretrained(tiny_llama_folder)  # the explainer is the scorer
+    scorer_tokenizer = AutoTokenizer.from_pretrained(tiny_llama_folder)
     scored = 0
     for row in rows:
         examples = feature_examples(data, row.index, config, tokenizer, quiet[row.index])
@@ -211,9 +258,16 @@ def test_the_intruder_and_embedding_scorers_through_a_job(live_stack, analysed, 
             row.embedding == pytest.approx(expected, abs=1e-6) and row.scoring["embedding"]["metric"] == "auc"
         )
         assert row.detection is None and row.score is None  # no classifier ran: no balanced accuracy
+        simulation = row.scoring["simulation"]
+        assert simulation["metric"] == "correlation" and simulation["failed"] == 0
+        assert simulation["total"] == len(examples.test) + len(examples.non_activating)
+        expected = _simulated(scorer_model, scorer_tokenizer, examples, row.text)
+        assert (row.simulation is None) == (expected is None)
+        if expected is not None:
+            assert row.simulation == pytest.approx(expected, abs=1e-4)
     assert scored > 0
     shown = api.get(f"/api/saes/{sae.id}/explanations/{job.id}/results").json()
-    assert {"intruder", "embedding"} <= set(shown["explanations"][0])
+    assert {"intruder", "embedding", "simulation"} <= set(shown["explanations"][0])
 
 
 def test_held_out_and_non_activating_examples(analysed):

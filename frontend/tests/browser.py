@@ -98,19 +98,25 @@ def sign_in(page, site: Site, username: str = USERNAME) -> None:
     page.wait_for_url(site.url("/"))
 
 
+def _context(browser):
+    """A browser context as the tests use it: 20 s for an element, 60 s for a page to load (a page
+    served while CI's other groups load both cores took over 20 s)."""
+    context = browser.new_context(viewport=VIEWPORT, color_scheme="light")
+    context.set_default_timeout(20_000)
+    context.set_default_navigation_timeout(60_000)
+    return context
+
+
 def page_of(page, site: Site, username: str):
     """A second tab, in its own browser context, signed in as ``username``."""
-    context = page.context.browser.new_context(viewport=VIEWPORT, color_scheme="light")
-    context.set_default_timeout(20_000)
-    other = context.new_page()
+    other = _context(page.context.browser).new_page()
     sign_in(other, site, username)
     return other
 
 
 @pytest.fixture
 def page(chromium, site):
-    context = chromium.new_context(viewport=VIEWPORT, color_scheme="light")
-    context.set_default_timeout(20_000)
+    context = _context(chromium)
     browser_page = context.new_page()
     errors: list[str] = []
     refused: list[str] = []
