@@ -91,10 +91,18 @@ def run_core(context: RunContext, sae: SparseAutoencoder, module: Any) -> Method
 
 
 def core_of_hook(context: RunContext, pair: tuple[str, str]) -> dict[str, MethodOutput]:
+    return core_of_saes(context, pending_saes(context, "core", lambda row: hook_pair(row) == pair))
+
+
+def pending_saes(
+    context: RunContext, method: str, same_place: Callable[[SparseAutoencoder], bool]
+) -> list[SparseAutoencoder]:
+    """The run's completed SAEs that ``same_place`` accepts and ``method`` has not judged yet, in the
+    run's order: judged together, they share the model's passes."""
     run = context.run
     rows = SparseAutoencoder.objects.filter(pk__in=run.saes, status=SparseAutoencoder.Status.COMPLETED)
-    pending = {row.id: row for row in rows if hook_pair(row) == pair and (row.id, "core") not in context.done}
-    return core_of_saes(context, [pending[sae_id] for sae_id in run.saes if sae_id in pending])
+    pending = {row.id: row for row in rows if same_place(row) and (row.id, method) not in context.done}
+    return [pending[sae_id] for sae_id in run.saes if sae_id in pending]
 
 
 def core_of_saes(context: RunContext, saes: list[SparseAutoencoder]) -> dict[str, MethodOutput]:
@@ -155,7 +163,20 @@ def core_of_saes(context: RunContext, saes: list[SparseAutoencoder]) -> dict[str
 
 def run_sparse_probing(context: RunContext, sae: SparseAutoencoder, module: Any) -> MethodOutput:
     """SAEBench's sparse probing of one SAE (``engine.saebench.sparse_probing``) on the run's labelled
-    dataset: the split is made once per run, so every SAE is probed on the same texts."""
+    dataset, computed together with every other SAE of the run at the same hook point still to be
+    judged: one pass of the model for all, its own probes trained once. The split is made once per
+    run, so every SAE is probed on the same texts."""
+    hook = sae.hook_name
+    outputs = context.once(
+        f"sparse_probing {hook}",
+        lambda: probing_of_saes(
+            context, pending_saes(context, "sparse_probing", lambda row: row.hook_name == hook)
+        ),
+    )
+    return outputs[sae.id] if sae.id in outputs else probing_of_saes(context, [sae])[sae.id]
+
+
+def probing_of_saes(context: RunContext, saes: list[SparseAutoencoder]) -> dict[str, MethodOutput]:
     from engine.saebench.sparse_probing import sparse_probing, split_by_class
 
     settings = context.run.config["sparse_probing"]
@@ -171,24 +192,28 @@ def run_sparse_probing(context: RunContext, sae: SparseAutoencoder, module: Any)
         )
 
     made = context.once("probing split", split)
+    started = time.monotonic()
     found = sparse_probing(
         context.loaded.model,
         context.loaded.tokenizer,
-        on_model_device(module, context.loaded.model),
+        [on_model_device(sae_module(sae), context.loaded.model) for sae in saes],
         made,
-        hook_name=sae.hook_name,
+        hook_name=saes[0].hook_name,
         k_values=settings["k_values"],
         context_length=settings["context_length"],
         seed=settings["seed"],
         progress=lambda done, total: context.report(done / total),
     )
-    return MethodOutput(
-        metrics=found["metrics"],
-        details={
-            "per_class": found["per_class"],
-            "classes": {label: [len(made.train[label]), len(made.test[label])] for label in made.train},
-        },
-    )
+    share = (time.monotonic() - started) / len(saes)
+    classes = {label: [len(made.train[label]), len(made.test[label])] for label in made.train}
+    return {
+        sae.id: MethodOutput(
+            metrics=result["metrics"],
+            details={"per_class": result["per_class"], "classes": classes, "judged_together": len(saes)},
+            seconds=share,
+        )
+        for sae, result in zip(saes, found, strict=True)
+    }
 
 
 RUNNERS: dict[str, Callable[[RunContext, SparseAutoencoder, Any], MethodOutput]] = {

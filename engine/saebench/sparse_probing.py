@@ -96,17 +96,18 @@ def meaned_activations(
     *,
     hook_name: str,
     ignored: set[int],
-    sae: SparseAutoencoder | None = None,
+    saes: Sequence[SparseAutoencoder] = (),
     batch_size: int = 8,
     should_cancel: Callable[[], bool] | None = None,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Each row's mean activation at ``hook_name`` over its kept tokens ([rows, d]), and with
-    ``sae`` its mean features ([rows, d_sae]), SAEBench's ``create_meaned_model_activations`` and
-    ``get_sae_meaned_activations``: ignored tokens are zeroed, and a token counts where its
-    activation does not sum to zero."""
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Each row's mean activation at ``hook_name`` over its kept tokens ([rows, d]), and each of
+    ``saes``' mean features ([rows, d_sae]) from the same pass, SAEBench's
+    ``create_meaned_model_activations`` and ``get_sae_meaned_activations``: ignored tokens are
+    zeroed, and a token counts where its activation does not sum to zero."""
     sites = hook_sites(model, [hook_name])
     device = next(model.parameters()).device
-    means, feature_means = [], []
+    means: list[torch.Tensor] = []
+    feature_means: list[list[torch.Tensor]] = [[] for _ in saes]
     with grad_free_mode(model)(), torch.no_grad():
         for start in range(0, tokens.shape[0], batch_size):
             if should_cancel is not None and should_cancel():
@@ -126,12 +127,11 @@ def meaned_activations(
             counted = (acts.sum(dim=-1) != 0).to(acts.dtype)
             counts = counted.sum(dim=-1, keepdim=True)
             means.append((acts.sum(dim=1) / counts).cpu())
-            if sae is not None:
-                features = sae.encode(acts.to(sae.W_enc.device, sae.W_enc.dtype)) * counted.unsqueeze(-1).to(
-                    sae.W_enc.device
-                )
-                feature_means.append((features.sum(dim=1) / counts.to(features.device)).float().cpu())
-    return torch.cat(means), (torch.cat(feature_means) if sae is not None else None)
+            for sae, kept_means in zip(saes, feature_means, strict=True):
+                on_sae = sae.W_enc.device
+                features = sae.encode(acts.to(on_sae, sae.W_enc.dtype)) * counted.unsqueeze(-1).to(on_sae)
+                kept_means.append((features.sum(dim=1) / counts.to(on_sae)).float().cpu())
+    return torch.cat(means), [torch.cat(kept_means) for kept_means in feature_means]
 
 
 def _balanced(
@@ -189,7 +189,7 @@ def probe_accuracies(
 def sparse_probing(
     model: Any,
     tokenizer: Any,
-    sae: SparseAutoencoder,
+    saes: Sequence[SparseAutoencoder],
     split: ProbingSplit,
     *,
     hook_name: str,
@@ -199,35 +199,46 @@ def sparse_probing(
     batch_size: int = 8,
     should_cancel: Callable[[], bool] | None = None,
     progress: Callable[[int, int], None] | None = None,
-) -> dict[str, Any]:
-    """SAEBench's sparse probing of ``sae`` (reading ``hook_name``) on ``split``: ``metrics`` in
-    SAEBench's categories (``llm`` and ``sae``, each ``*_top_{k}_test_accuracy`` averaged over
-    the classes) and ``per_class`` (each class's accuracies)."""
+) -> list[dict[str, Any]]:
+    """SAEBench's sparse probing of each of ``saes`` (all reading ``hook_name``) on ``split``, one
+    result per SAE: ``metrics`` in SAEBench's categories (``llm`` and ``sae``, each
+    ``*_top_{k}_test_accuracy`` averaged over the classes) and ``per_class`` (each class's
+    accuracies). The model runs once for all of them, and its own probes (``llm``, which do not
+    depend on the SAE) are trained once; each SAE's result is the one it gets alone."""
     ignored = {token for token in (tokenizer.pad_token_id, tokenizer.eos_token_id, tokenizer.bos_token_id)}
     ignored.discard(None)
-    means: dict[str, dict[str, dict[str, torch.Tensor]]] = {
-        "llm": {"train": {}, "test": {}},
-        "sae": {"train": {}, "test": {}},
-    }
+    model_means: dict[str, dict[str, torch.Tensor]] = {"train": {}, "test": {}}
+    feature_means: list[dict[str, dict[str, torch.Tensor]]] = [{"train": {}, "test": {}} for _ in saes]
     parts = [(side, label) for side in ("train", "test") for label in getattr(split, side)]
     for done, (side, label) in enumerate(parts):
-        texts = getattr(split, side)[label]
-        tokens = padded_tokens(tokenizer, texts, context_length)
-        model_means, feature_means = meaned_activations(
-            model, tokens, hook_name=hook_name, ignored=ignored, sae=sae, batch_size=batch_size,
+        tokens = padded_tokens(tokenizer, getattr(split, side)[label], context_length)
+        model_means[side][label], per_sae = meaned_activations(
+            model, tokens, hook_name=hook_name, ignored=ignored, saes=saes, batch_size=batch_size,
             should_cancel=should_cancel,
         )  # fmt: skip
-        means["llm"][side][label] = model_means
-        means["sae"][side][label] = feature_means
+        for means, sae_means in zip(feature_means, per_sae, strict=True):
+            means[side][label] = sae_means
         if progress is not None:
             progress(done + 1, len(parts))
-    per_class: dict[str, dict[str, float]] = {label: {} for label in split.train}
-    metrics: dict[str, dict[str, float]] = {"llm": {}, "sae": {}}
-    for source in ("llm", "sae"):
-        for k in k_values:
-            accuracies = probe_accuracies(means[source]["train"], means[source]["test"], k=k, seed=seed)
-            name = f"{source}_top_{k}_test_accuracy"
-            metrics[source][name] = sum(accuracies.values()) / len(accuracies)
-            for label, accuracy in accuracies.items():
-                per_class[label][name] = accuracy
-    return {"metrics": metrics, "per_class": per_class}
+    llm = _probed("llm", model_means, k_values=k_values, seed=seed)
+    results = []
+    for means in feature_means:
+        sae = _probed("sae", means, k_values=k_values, seed=seed)
+        per_class = {label: {**llm[1][label], **sae[1][label]} for label in split.train}
+        results.append({"metrics": {"llm": llm[0], "sae": sae[0]}, "per_class": per_class})
+    return results
+
+
+def _probed(
+    source: str, means: dict[str, dict[str, torch.Tensor]], *, k_values: Sequence[int], seed: int
+) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
+    """``{source}_top_{k}_test_accuracy`` averaged over the classes, and per class, for each ``k``."""
+    metrics: dict[str, float] = {}
+    per_class: dict[str, dict[str, float]] = {label: {} for label in means["train"]}
+    for k in k_values:
+        accuracies = probe_accuracies(means["train"], means["test"], k=k, seed=seed)
+        name = f"{source}_top_{k}_test_accuracy"
+        metrics[name] = sum(accuracies.values()) / len(accuracies)
+        for label, accuracy in accuracies.items():
+            per_class[label][name] = accuracy
+    return metrics, per_class

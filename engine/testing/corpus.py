@@ -240,6 +240,19 @@ def _full_corpus() -> tuple[str, ...]:
     return tuple(paragraphs)
 
 
+def first_word_classes(length: int = 400) -> list[tuple[str, str]]:
+    """(paragraph, label) of :func:`local_corpus`' paragraphs (their first ``length`` characters)
+    that mention one of "the", "a", "is": the label is the one mentioned first. Three classes a
+    probe can partly tell apart, for sparse-probing tests."""
+    pairs = []
+    for text in local_corpus():
+        lowered = text.lower()
+        found = [(lowered.find(word), word) for word in ("the", "a", "is") if f" {word} " in lowered]
+        if found:
+            pairs.append((text[:length], min(found)[1]))
+    return pairs
+
+
 def local_corpus(max_chars: int | None = None) -> list[str]:
     """Deterministic English-ish text gathered locally, as a list of paragraphs.
 

@@ -29,6 +29,7 @@ from engine.saebench.results import (
     core_feature_details,
     saebench_results_json,
 )
+from engine.testing.corpus import first_word_classes
 from engine.testing.tiny_models import build_tiny_model, local_corpus
 from engine.testing.tiny_saes import random_sae
 
@@ -156,18 +157,6 @@ def test_core_metrics_equal_saebench(setup, architecture, dtype):
 # --- sparse probing ------------------------------------------------------------------------------
 
 
-def _labelled_texts():
-    """Local text in three classes a probe can partly tell apart: by which of three words a
-    paragraph mentions first."""
-    pairs = []
-    for text in local_corpus():
-        lowered = text.lower()
-        found = [(lowered.find(word), word) for word in ("the", "a", "is") if f" {word} " in lowered]
-        if found:
-            pairs.append((text[:400], min(found)[1]))
-    return pairs
-
-
 @pytest.mark.parametrize("architecture", ["topk", "jumprelu"])
 def test_sparse_probing_equals_saebench(setup, architecture):
     import jaxtyping
@@ -189,14 +178,14 @@ def test_sparse_probing_equals_saebench(setup, architecture):
     folder = save_saelens(sae, root / f"probing-{architecture}", hook_name=HOOK, model_name="tiny-gpt2")
     their_sae = sae_lens.SAE.load_from_disk(folder)
     tokenizer = transformer_lens_model.tokenizer
-    pairs = _labelled_texts()
+    pairs = first_word_classes()
     # SAEBench's datasets have as many texts in every class (its type hints insist on it)
     smallest = min(sum(label == name for _, label in pairs) for name in {label for _, label in pairs})
     split = split_by_class(pairs, train_fraction=0.7, max_per_class=min(60, smallest), seed=42)
     k_values, context, seed = [1, 2, 5], 48, 42
 
-    ours = sparse_probing(
-        model, tokenizer, sae, split, hook_name=HOOK, k_values=k_values, context_length=context, seed=seed
+    (ours,) = sparse_probing(
+        model, tokenizer, [sae], split, hook_name=HOOK, k_values=k_values, context_length=context, seed=seed
     )
 
     def means(texts_by_class, source):

@@ -120,10 +120,10 @@ def test_two_saes_are_judged_compared_and_exported_as_the_engine_judges_them(
             assert stored.metrics[category] == pytest.approx(values, rel=1e-9), category
         assert stored.method_version == "sae-bench 0.6.0 core"
         assert stored.feature_file.is_file()
-        probed = sparse_probing(
+        (probed,) = sparse_probing(  # the SAE alone: the run probed both together
             loaded.model,
             loaded.tokenizer,
-            module,
+            [module],
             split,
             hook_name=HOOK,
             k_values=[1, 2],
