@@ -9,9 +9,7 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt
 	@command -v $(PYTHON) >/dev/null || { echo "miStudio needs Python 3.11 ($(PYTHON) not found)"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	# --no-compile: Python compiles what is imported, on first import (on this 2-core machine the
-	# install took 117 s compiling every module of every package, 52 s without).
-	$(PY) -m pip install --quiet --no-compile -r requirements-dev.txt
+	$(PY) -m pip install --quiet -r requirements-dev.txt
 	touch $@
 
 ## run: install, migrate, build the demo, start web + one worker (Ctrl-C stops both)

@@ -136,8 +136,8 @@ def test_a_paraphrase_finds_its_explanation_first_with_its_scores(world):
     assert best == {
         "index": 1, "cosine": best["cosine"], "source": "explanation", "text": "digits and numerals in code",
         "explanation_id": explanation.id, "score": 0.81, "detection": 0.9, "fuzzing": 0.7,
-        "intruder": None, "embedding": None, "explainer_model": "tiny-explainer", "auto_label": "tok1",
-        "density": 0.001,
+        "intruder": None, "embedding": None, "simulation": None, "explainer_model": "tiny-explainer",
+        "auto_label": "tok1", "density": 0.001,
     }  # fmt: skip
     assert 0.5 < best["cosine"] <= 1.0 and best["cosine"] == round(best["cosine"], 5)
     cosines = [result["cosine"] for result in found["results"]]
@@ -366,7 +366,7 @@ def test_the_api_route(world, client_for):
     assert body["results"][0]["text"] == "digits and numerals in code"
     assert set(body["results"][0]) == {
         "index", "cosine", "source", "text", "explanation_id", "score", "detection", "fuzzing", "intruder",
-        "embedding", "explainer_model", "auto_label", "density",
+        "embedding", "simulation", "explainer_model", "auto_label", "density",
     }  # fmt: skip
 
     response = client_for(world["rita"]).get(url, {"q": "numbers", "analysis": world["analysis"].id})
