@@ -649,6 +649,10 @@ def _step_logprobs(
     return chosen, alternatives
 
 
+# Prompt positions whose logprobs are computed at once (see _prompt_logprobs).
+PROMPT_LOGPROBS_CHUNK = 256
+
+
 def _prompt_logprobs(row: Row, logits: Any, tokenizer: Any) -> list[TokenEvent]:
     """Each prompt token of ``row`` with its logprob given the tokens before it (None for the
     first) and ``params.prompt_logprobs`` alternatives, from the prefill's ``logits`` [columns,
@@ -657,16 +661,20 @@ def _prompt_logprobs(row: Row, logits: Any, tokenizer: Any) -> list[TokenEvent]:
 
     tokens = row.prompt[: row.prompt_tokens]
     count = row.params.prompt_logprobs or 0
-    # Column start + i holds token i; its logits predict token i + 1.
-    logprobs = torch.log_softmax(logits[row.start : row.start + len(tokens) - 1].float(), -1)
-    chosen = logprobs.gather(1, torch.tensor(tokens[1:], dtype=torch.long, device=logprobs.device)[:, None])[
-        :, 0
-    ].tolist()
+    following = torch.tensor(tokens[1:], dtype=torch.long, device=logits.device)
+    chosen: list[float] = []
     top_values: list[list[float]] = []
     top_ids: list[list[int]] = []
-    if count:
-        values, ids = logprobs.topk(count, -1)
-        top_values, top_ids = values.tolist(), ids.tolist()
+    # Column start + i holds token i; its logits predict token i + 1. A few hundred positions at a
+    # time: a float32 copy of a long prompt's logits over a large vocabulary takes gigabytes.
+    for first in range(0, len(tokens) - 1, PROMPT_LOGPROBS_CHUNK):
+        last = min(first + PROMPT_LOGPROBS_CHUNK, len(tokens) - 1)
+        logprobs = torch.log_softmax(logits[row.start + first : row.start + last].float(), -1)
+        chosen += logprobs.gather(1, following[first:last, None])[:, 0].tolist()
+        if count:
+            values, ids = logprobs.topk(count, -1)
+            top_values += values.tolist()
+            top_ids += ids.tolist()
     stream = TextStream(tokenizer, ())
     events = []
     for position, token_id in enumerate(tokens):

@@ -301,7 +301,12 @@ def test_logprobs_are_the_raw_model_distribution(load_tiny):
 
 
 @pytest.mark.parametrize("family", ["gpt2", "llama"])
-def test_prompt_logprobs_are_the_teacher_forced_distribution_of_each_padded_row(load_tiny, family):
+def test_prompt_logprobs_are_the_teacher_forced_distribution_of_each_padded_row(
+    load_tiny, family, monkeypatch
+):
+    from engine.generation import decode
+
+    monkeypatch.setattr(decode, "PROMPT_LOGPROBS_CHUNK", 3)  # a long prompt's chunks, on a short one
     weights = load_tiny(family)
     model, tokenizer = weights.model, weights.tokenizer
     long_ids, short_ids = _prompt_ids(tokenizer), _prompt_ids(tokenizer, "Open the file")
