@@ -81,28 +81,33 @@ def hook_pair(sae: SparseAutoencoder) -> tuple[str, str]:
     return sae.hook_name, sae.hook_name_out or sae.hook_name
 
 
-def run_core(context: RunContext, sae: SparseAutoencoder, module: Any) -> MethodOutput:
+def run_core(context: RunContext, sae: SparseAutoencoder) -> MethodOutput:
     """SAEBench's core metrics of one SAE (``engine.saebench.core``) over the run's text, computed
     together with every other SAE of the run at the same hook point still to be judged: they share
     each batch's pass, and the clean and ablated runs are computed once for all of them."""
-    pair = hook_pair(sae)
-    outputs = context.once(f"core {pair}", lambda: core_of_hook(context, pair))
-    return outputs[sae.id] if sae.id in outputs else core_of_saes(context, [sae])[sae.id]
+    return judged_together(context, sae, "core", hook_pair, core_of_saes)
 
 
-def core_of_hook(context: RunContext, pair: tuple[str, str]) -> dict[str, MethodOutput]:
-    return core_of_saes(context, pending_saes(context, "core", lambda row: hook_pair(row) == pair))
+def judged_together(
+    context: RunContext,
+    sae: SparseAutoencoder,
+    method: str,
+    place: Callable[[SparseAutoencoder], Any],
+    judge: Callable[[RunContext, list[SparseAutoencoder]], dict[str, MethodOutput]],
+) -> MethodOutput:
+    """``sae``'s output of ``judge``, run once for the run's completed SAEs at the same ``place``
+    (its hook point) that ``method`` has not judged yet, in the run's order: judged together, they
+    share the model's passes. An SAE that was not among them then is judged alone."""
+    here = place(sae)
 
+    def together() -> dict[str, MethodOutput]:
+        run = context.run
+        rows = SparseAutoencoder.objects.filter(pk__in=run.saes, status=SparseAutoencoder.Status.COMPLETED)
+        pending = {row.id: row for row in rows if place(row) == here and (row.id, method) not in context.done}
+        return judge(context, [pending[sae_id] for sae_id in run.saes if sae_id in pending])
 
-def pending_saes(
-    context: RunContext, method: str, same_place: Callable[[SparseAutoencoder], bool]
-) -> list[SparseAutoencoder]:
-    """The run's completed SAEs that ``same_place`` accepts and ``method`` has not judged yet, in the
-    run's order: judged together, they share the model's passes."""
-    run = context.run
-    rows = SparseAutoencoder.objects.filter(pk__in=run.saes, status=SparseAutoencoder.Status.COMPLETED)
-    pending = {row.id: row for row in rows if same_place(row) and (row.id, method) not in context.done}
-    return [pending[sae_id] for sae_id in run.saes if sae_id in pending]
+    outputs = context.once(f"{method} {here}", together)
+    return outputs[sae.id] if sae.id in outputs else judge(context, [sae])[sae.id]
 
 
 def core_of_saes(context: RunContext, saes: list[SparseAutoencoder]) -> dict[str, MethodOutput]:
@@ -161,19 +166,12 @@ def core_of_saes(context: RunContext, saes: list[SparseAutoencoder]) -> dict[str
     }
 
 
-def run_sparse_probing(context: RunContext, sae: SparseAutoencoder, module: Any) -> MethodOutput:
+def run_sparse_probing(context: RunContext, sae: SparseAutoencoder) -> MethodOutput:
     """SAEBench's sparse probing of one SAE (``engine.saebench.sparse_probing``) on the run's labelled
     dataset, computed together with every other SAE of the run at the same hook point still to be
     judged: one pass of the model for all, its own probes trained once. The split is made once per
     run, so every SAE is probed on the same texts."""
-    hook = sae.hook_name
-    outputs = context.once(
-        f"sparse_probing {hook}",
-        lambda: probing_of_saes(
-            context, pending_saes(context, "sparse_probing", lambda row: row.hook_name == hook)
-        ),
-    )
-    return outputs[sae.id] if sae.id in outputs else probing_of_saes(context, [sae])[sae.id]
+    return judged_together(context, sae, "sparse_probing", lambda row: row.hook_name, probing_of_saes)
 
 
 def probing_of_saes(context: RunContext, saes: list[SparseAutoencoder]) -> dict[str, MethodOutput]:
@@ -216,7 +214,7 @@ def probing_of_saes(context: RunContext, saes: list[SparseAutoencoder]) -> dict[
     }
 
 
-RUNNERS: dict[str, Callable[[RunContext, SparseAutoencoder, Any], MethodOutput]] = {
+RUNNERS: dict[str, Callable[[RunContext, SparseAutoencoder], MethodOutput]] = {
     "core": run_core,
     "sparse_probing": run_sparse_probing,
 }
@@ -254,7 +252,7 @@ def run_bench(run: BenchRun, job: JobContext) -> None:
             skipped.append(sae_id)
             continue
         started = time.monotonic()
-        output = RUNNERS[method](context, sae, sae_module(sae))
+        output = RUNNERS[method](context, sae)
         elapsed = output.seconds if output.seconds is not None else time.monotonic() - started
         seconds[method] = round(seconds.get(method, 0.0) + elapsed, 3)
         store_result(run, sae, method, output, seconds=elapsed)

@@ -65,7 +65,8 @@ class SamplingRequest:
     stop: list[str] = field(default_factory=list)
     logprobs: bool = False
     top_logprobs: int = 0
-    # Each prompt token's logprob and this many alternatives (None: not asked for): completions' echo.
+    # Each prompt token's logprob and this many alternatives (None: not asked for): completions'
+    # echo with logprobs, and vLLM's prompt_logprobs on both /v1 endpoints.
     prompt_logprobs: int | None = None
     # Keep going past the end-of-sequence token (vLLM's ignore_eos): benchmarks, long probes.
     ignore_eos: bool = False

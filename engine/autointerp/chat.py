@@ -125,11 +125,7 @@ class ChatClient:
         """The reply's text and token counts (``extra``: more fields of the request body, such as an
         endpoint's extensions); raises :class:`ChatError`, or :class:`Stopped` once ``stop`` is set
         while it waits to send the request again."""
-        body = {
-            "model": self.model, "messages": messages, "max_tokens": max_tokens, "temperature": temperature,
-            **(extra or {}),
-        }  # fmt: skip
-        return self._reply(self._answer(body, stop))
+        return self._reply(self._answer(self._body(messages, max_tokens, temperature, extra), stop))
 
     def prompt_logprobs(
         self, messages: list[dict[str, str]], count: int, *, stop: threading.Event | None = None
@@ -137,14 +133,7 @@ class ChatClient:
         """The templated prompt's token ids and, at each, vLLM's ``prompt_logprobs`` entry (``count``
         alternatives; None for the first token), from an endpoint that serves vLLM's extension (vLLM,
         miStudio's ``/v1``); raises :class:`ChatError` as :meth:`complete` does."""
-        body = {
-            "model": self.model,
-            "messages": messages,
-            "max_tokens": 1,
-            "temperature": 0.0,
-            "prompt_logprobs": count,
-        }
-        response = self._answer(body, stop)
+        response = self._answer(self._body(messages, 1, 0.0, {"prompt_logprobs": count}), stop)
         try:
             data = response.json()
             ids, entries = [int(token) for token in data["prompt_token_ids"]], list(data["prompt_logprobs"])
@@ -155,6 +144,19 @@ class ChatClient:
             ) from None
         self._spent(data)
         return ids, entries
+
+    def _body(
+        self,
+        messages: list[dict[str, str]],
+        max_tokens: int,
+        temperature: float,
+        extra: dict[str, Any] | None,
+    ) -> dict[str, Any]:
+        """A chat completion request's body (``extra``: more fields, such as an endpoint's extensions)."""
+        return {
+            "model": self.model, "messages": messages, "max_tokens": max_tokens, "temperature": temperature,
+            **(extra or {}),
+        }  # fmt: skip
 
     def _answer(self, body: dict[str, Any], stop: threading.Event | None) -> httpx.Response:
         """The endpoint's 200 response to ``body``, retried as :meth:`complete` describes."""

@@ -46,7 +46,7 @@ from engine.autointerp.prompts import (
 from engine.autointerp.simulation import (
     PROMPT_LOGPROBS,
     SIMULATION_SYSTEM,
-    correlation,
+    pooled_correlation,
     predicted_values,
     simulation_messages,
     simulation_records,
@@ -582,10 +582,7 @@ class SimulationScorer(Scorer):
             if predicted is None:  # delphi's simulator predicts zeros when it fails
                 failed, predicted = failed + 1, [0.0] * len(record.tokens)
             predictions.append(predicted)
-        value = correlation(
-            [float(value) for record in records for value in record.values],
-            [value for predicted in predictions for value in predicted],
-        )
+        value = pooled_correlation(records, predictions)
         return Score(
             balanced_accuracy=None, true_positives=0, true_negatives=0, false_positives=0, false_negatives=0,
             failed=failed, total=len(records), value=value, metric="correlation",

@@ -67,11 +67,6 @@ def simulation_records(tagged: list[tuple[int, Example]], non_activating: list[E
     return records
 
 
-@cache
-def _worked_neurons() -> tuple[dict[str, Any], ...]:
-    return tuple(json.loads((Path(__file__).with_name("simulation_examples.json")).read_text("utf-8")))
-
-
 def _worked_record(tokens: list[str], values: list[float], maximum: float, revealed_from: int) -> str:
     """delphi's ``_format_activation_record``: values on 0..10 of ``maximum`` (floored, as the
     worked examples are), "unknown" before ``revealed_from``."""
@@ -90,8 +85,26 @@ def _sequences(records: list[str]) -> str:
 
 def simulation_messages(explanation: str, tokens: tuple[str, ...] | list[str]) -> list[dict[str, str]]:
     """The chat messages delphi's ``NeuronSimulator._make_logprob_prompt`` builds for ``tokens``."""
+    messages = [dict(message) for message in _worked_messages()]
+    number = len(messages) // 2 + 1  # the system message, then a user and an assistant one a neuron
+    messages.append(
+        {
+            "role": "user",
+            "content": f"\n\nNeuron {number}\nExplanation of neuron {number} behavior: {EXPLANATION_PREFIX} "
+            f"{explanation.strip()}",
+        }
+    )
+    unknowns = "\n".join(f"{token}\t{UNKNOWN}" for token in tokens)
+    messages.append({"role": "assistant", "content": f"\nActivations: {_sequences([unknowns])}"})
+    return messages
+
+
+@cache
+def _worked_messages() -> tuple[dict[str, str], ...]:
+    """The prompt up to the feature's explanation: the system text and the worked neurons (the same
+    for every example, so built once)."""
+    neurons = json.loads(Path(__file__).with_name("simulation_examples.json").read_text("utf-8"))
     messages = [{"role": "system", "content": SIMULATION_SYSTEM}]
-    neurons = _worked_neurons()
     for number, neuron in enumerate(neurons, start=1):
         records = neuron["activation_records"]
         maximum = max(max(max(0.0, value) for value in record["activations"]) for record in records)
@@ -109,17 +122,7 @@ def simulation_messages(explanation: str, tokens: tuple[str, ...] | list[str]) -
             }
         )
         messages.append({"role": "assistant", "content": f"\nActivations: {_sequences(shown)}\n"})
-    number = len(neurons) + 1
-    messages.append(
-        {
-            "role": "user",
-            "content": f"\n\nNeuron {number}\nExplanation of neuron {number} behavior: {EXPLANATION_PREFIX} "
-            f"{explanation.strip()}",
-        }
-    )
-    unknowns = "\n".join(f"{token}\t{UNKNOWN}" for token in tokens)
-    messages.append({"role": "assistant", "content": f"\nActivations: {_sequences([unknowns])}"})
-    return messages
+    return tuple(messages)
 
 
 def expected_value(alternatives: dict[str, float]) -> float:
@@ -185,6 +188,14 @@ def correlation(truth: list[float], predicted: list[float]) -> float | None:
     return None if math.isnan(value) else value
 
 
+def pooled_correlation(records: list[Record], predictions: list[list[float]]) -> float | None:
+    """The correlation over ``records``' values and their ``predictions``, each concatenated."""
+    return correlation(
+        [float(value) for record in records for value in record.values],
+        [value for predicted in predictions for value in predicted],
+    )
+
+
 def aggregate_correlations(records: list[Record], predictions: list[list[float]]) -> dict[int, float | None]:
     """delphi's ``simulate_and_score`` groups: per quantile of the activating records, and -1 (all
     records) when there are non-activating ones: each the correlation over the concatenated values
@@ -196,9 +207,8 @@ def aggregate_correlations(records: list[Record], predictions: list[list[float]]
     if any(record.quantile < 0 for record in records):
         groups[-1] = list(range(len(records)))
     return {
-        quantile: correlation(
-            [float(value) for index in members for value in records[index].values],
-            [value for index in members for value in predictions[index]],
+        quantile: pooled_correlation(
+            [records[index] for index in members], [predictions[index] for index in members]
         )
         for quantile, members in groups.items()
     }

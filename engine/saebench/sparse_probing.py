@@ -220,12 +220,12 @@ def sparse_probing(
             means[side][label] = sae_means
         if progress is not None:
             progress(done + 1, len(parts))
-    llm = _probed("llm", model_means, k_values=k_values, seed=seed)
+    llm_metrics, llm_per_class = _probed("llm", model_means, k_values=k_values, seed=seed)
     results = []
     for means in feature_means:
-        sae = _probed("sae", means, k_values=k_values, seed=seed)
-        per_class = {label: {**llm[1][label], **sae[1][label]} for label in split.train}
-        results.append({"metrics": {"llm": llm[0], "sae": sae[0]}, "per_class": per_class})
+        sae_metrics, sae_per_class = _probed("sae", means, k_values=k_values, seed=seed)
+        per_class = {label: {**llm_per_class[label], **sae_per_class[label]} for label in split.train}
+        results.append({"metrics": {"llm": llm_metrics, "sae": sae_metrics}, "per_class": per_class})
     return results
 
 
