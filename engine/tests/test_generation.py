@@ -304,9 +304,9 @@ def test_logprobs_are_the_raw_model_distribution(load_tiny):
 def test_prompt_logprobs_are_the_teacher_forced_distribution_of_each_padded_row(
     load_tiny, family, monkeypatch
 ):
-    from engine.generation import decode
+    from engine.generation import logprobs
 
-    monkeypatch.setattr(decode, "PROMPT_LOGPROBS_CHUNK", 3)  # a long prompt's chunks, on a short one
+    monkeypatch.setattr(logprobs, "PROMPT_LOGPROBS_CHUNK", 3)  # a long prompt's chunks, on a short one
     weights = load_tiny(family)
     model, tokenizer = weights.model, weights.tokenizer
     long_ids, short_ids = _prompt_ids(tokenizer), _prompt_ids(tokenizer, "Open the file")
