@@ -15,6 +15,7 @@ from activations.store import ActivationStore, verify
 from generation.models import Generation, storable_text
 from generation.tests.conftest import token_times
 from mistudio.redis_client import get_redis
+from mistudio.workers import WorkerIdentity, heartbeat_key, heartbeat_payload
 from models_app.services import model_register
 from models_app.tests.live_stack import wait_until
 
@@ -428,28 +429,29 @@ def test_requests_waiting_for_a_worker_hold_no_database_connection(live_stack):
     503 DATABASE_UNAVAILABLE (on PostgreSQL, the pool's home)."""
     from models_app.models import LanguageModel
 
-    # Moved to a worker that runs nothing: the requests wait (until their silence is checked, 5 s).
+    # Moved to a worker that is alive (its heartbeat is written here) but runs nothing: the requests
+    # wait, each holding its row, for as long as that heartbeat lasts.
     LanguageModel.objects.filter(pk=live_stack.models["gpt2"]).update(host_worker="idle-worker")
+    idle = WorkerIdentity(name="idle-worker", device="cpu")
+    get_redis().set(heartbeat_key(idle.name), json.dumps(heartbeat_payload(idle, time.time())), ex=300)
     answers: list = []
     body = {"model_id": live_stack.models["gpt2"], "prompt": "Wait", "max_tokens": 4}
     threads = [
-        threading.Thread(target=lambda: answers.append(post(live_stack, "generate", body, timeout=60)))
+        threading.Thread(target=lambda: answers.append(post(live_stack, "generate", body, timeout=120)))
         for _ in range(14)
     ]
-    for thread in threads:
-        thread.start()
-    # More than the pool holds are accepted (each holds its row while it waits). Under CI's load
-    # the first may already have had their silence checked (5 s) before the last arrives, so rows
-    # are counted whatever their status, and the count that matters is past the pool's ten; a
-    # waiting request that held a pooled connection shows in the codes.
-    asked = Generation.objects.filter(prompt="Wait")
-    wait_until(lambda: asked.count() > 10, timeout=60, what="more requests than the pool holds")
-    assert get(live_stack, "models")  # answered while the requests wait
+    try:
+        for thread in threads:
+            thread.start()
+        # All fourteen are accepted and wait at once, more than the pool's ten.
+        asked = Generation.objects.filter(prompt="Wait", status=Generation.Status.QUEUED)
+        wait_until(lambda: asked.count() == 14, timeout=90, what="fourteen waiting requests")
+        assert get(live_stack, "models")  # answered while the requests wait
+    finally:
+        get_redis().delete(heartbeat_key(idle.name))  # the worker is gone: each wait ends
     for thread in threads:
         thread.join(60)
     # Each ends when its silence is checked (the worker is gone, or its model was unloaded for it);
     # none ran out of database connections.
-    # (Under load, a request that arrives after the model was unloaded for the first ones' silence is
-    # refused before it writes a row: the rows are counted above, past the pool, not here.)
     codes = [answer["error"]["code"] for _, answer in answers]
     assert len(codes) == 14 and set(codes) <= {"WORKER_LOST", "MODEL_NOT_LOADED"}, codes
