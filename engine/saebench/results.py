@@ -154,3 +154,35 @@ def sparse_probing_output(
         "k_values": settings.get("k_values"),
     }
     return config, {"llm": llm, "sae": sae}, [{"dataset_name": dataset, **llm, **sae}]
+
+
+def absorption_output(
+    result: dict[str, Any], settings: dict[str, Any], *, model_name: str
+) -> tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]]]:
+    """Feature absorption's ``eval_config``, ``eval_result_metrics`` and ``eval_result_details`` as
+    SAEBench's ``AbsorptionEvalOutput`` holds them: the letters its means counted."""
+    config = {
+        "model_name": model_name,
+        "random_seed": settings.get("seed"),
+        "f1_jump_threshold": settings.get("f1_jump_threshold"),
+        "max_k_value": settings.get("max_k"),
+        "prompt_template": settings.get("prompt_template"),
+        "prompt_token_pos": result.get("word_position"),
+        "llm_dtype": "float32",
+        "k_sparse_probe_l1_decay": settings.get("k_sparse_l1_decay"),
+        "k_sparse_probe_batch_size": settings.get("k_sparse_batch_size"),
+        "k_sparse_probe_num_epochs": settings.get("k_sparse_epochs"),
+        "min_GT_probe_f1": settings.get("min_probe_f1"),
+        "min_feats_for_eval": settings.get("min_letters"),
+        "precalc_k_sparse_probe_sae_acts": True,
+    }
+    keys = (
+        "mean_absorption_fraction", "full_absorption_rate", "num_full_absorption",
+        "num_probe_true_positives", "num_split_features",
+    )  # fmt: skip
+    details = [
+        {"first_letter": row["first_letter"], **{key: row[key] for key in keys}}
+        for row in result["letters"]
+        if row["counted"]
+    ]
+    return config, result["metrics"], details

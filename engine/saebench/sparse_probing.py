@@ -90,6 +90,21 @@ def padded_tokens(tokenizer: Any, texts: Sequence[str], context_length: int) -> 
     return rows
 
 
+def value_at_hook(model: Any, sites: dict, batch: torch.Tensor, hook_name: str) -> torch.Tensor:
+    """The value at ``hook_name`` (one of ``sites``) when the model reads ``batch``, the forward
+    pass stopped there."""
+    captured: dict[str, torch.Tensor] = {}
+
+    def capture(name: str, value: torch.Tensor) -> None:
+        captured[name] = value
+
+    runtime = HookRuntime(model, sites, capture, purpose="probed")
+    runtime.begin_pass(*batch.shape, stop_when_complete=True)
+    with runtime.attached():
+        runtime.run(model, input_ids=batch)
+    return captured[hook_name]
+
+
 def meaned_activations(
     model: Any,
     tokens: torch.Tensor,
@@ -113,17 +128,8 @@ def meaned_activations(
             if should_cancel is not None and should_cancel():
                 raise EvaluationCancelled
             batch = tokens[start : start + batch_size].to(device)
-            captured: dict[str, torch.Tensor] = {}
-
-            def capture(name: str, value: torch.Tensor, captured=captured) -> None:
-                captured[name] = value
-
-            runtime = HookRuntime(model, sites, capture, purpose="probed")
-            runtime.begin_pass(*batch.shape, stop_when_complete=True)
-            with runtime.attached():
-                runtime.run(model, input_ids=batch)
             kept = ~torch.isin(batch, torch.tensor(sorted(ignored), device=device, dtype=torch.long))
-            acts = captured[hook_name].float() * kept.unsqueeze(-1)
+            acts = value_at_hook(model, sites, batch, hook_name).float() * kept.unsqueeze(-1)
             counted = (acts.sum(dim=-1) != 0).to(acts.dtype)
             counts = counted.sum(dim=-1, keepdim=True)
             means.append((acts.sum(dim=1) / counts).cpu())

@@ -228,3 +228,95 @@ def test_sparse_probing_equals_saebench(setup, architecture):
     )
     accuracies = [value for group in ours["metrics"].values() for value in group.values()]
     assert max(accuracies) > 0.5 and min(accuracies) < 1.0  # the probes learn something, not everything
+
+
+# --- feature absorption --------------------------------------------------------------------------
+
+
+def test_absorption_equals_saebench(setup, tmp_path, monkeypatch):
+    """The whole first-letter pipeline, SAEBench's own functions against ours: the words, prompts,
+    the model's probe, the k-sparse probes and main features, each word's absorption and the
+    means. Both start from the same seeds (SAEBench draws from Python's and torch's global ones)."""
+    import random
+    import statistics
+
+    from sae_bench.evals.absorption import common, feature_absorption, k_sparse_probing, main
+    from sae_bench.evals.absorption.eval_output import AbsorptionEvalOutput
+    from sae_bench.evals.absorption.feature_absorption_calculator import FeatureAbsorptionCalculator
+
+    from engine.saebench.absorption import AbsorptionConfig, absorption, alpha_words, word_position
+    from engine.saebench.results import absorption_output
+
+    model, transformer_lens_model, _, _, root = setup
+    model, transformer_lens_model = model.float(), transformer_lens_model.to(torch.float32)
+    tokenizer = transformer_lens_model.tokenizer
+    # TransformerLens' own GPT-2 puts the BOS token first, as SAEBench's prompts get it (the
+    # module's model is set up without, for comparisons on token ids).
+    monkeypatch.setattr(transformer_lens_model.cfg, "default_prepend_bos", True)
+    sae = random_sae(64, "topk", k=8, expansion=4, seed=9)
+    their_sae = sae_lens.SAE.load_from_disk(
+        save_saelens(sae, root / "absorption", hook_name=HOOK, model_name="tiny-gpt2")
+    )
+    # A random model knows no first letters: every letter with a true positive is counted (F1 > 0).
+    config = AbsorptionConfig(min_probe_f1=0.0, min_letters=1, seed=42)
+    position = word_position(tokenizer, config.prompt_template)
+    (ours,) = absorption(model, tokenizer, [sae], hook_name=HOOK, config=config)
+
+    # The same words: SAEBench walks the vocabulary in its hash map's order, which differs from
+    # process to process (so do its splits); ours is the token ids' order.
+    words = alpha_words(tokenizer)
+    monkeypatch.setattr(common, "get_alpha_tokens", lambda _tokenizer: list(words))
+    monkeypatch.setattr(feature_absorption, "get_alpha_tokens", lambda _tokenizer: list(words))
+    # Each prompt read alone: this tiny tokenizer has no one-token " Q", so prompts differ in length
+    # by a token or two, and SAEBench's right-padded batches would read padding for the shorter.
+    unpadded = common.gen_and_save_df_acts_probing
+    monkeypatch.setattr(
+        common, "gen_and_save_df_acts_probing", lambda **kw: unpadded(**{**kw, "batch_size": 1})
+    )
+    monkeypatch.setattr(FeatureAbsorptionCalculator, "_validate_prompts_are_same_length", lambda *_: None)
+    random.seed(config.seed)
+    torch.manual_seed(config.seed)
+    shared = {"layer": 1, "sae_name": "s", "max_k_value": config.max_k, "device": "cpu", "force": True,
+              "prompt_template": config.prompt_template, "prompt_token_pos": position}  # fmt: skip
+    metrics = k_sparse_probing.run_k_sparse_probing_experiment(
+        model=transformer_lens_model, sae=their_sae, experiment_dir=tmp_path / "k", probes_dir=tmp_path / "p",
+        precalc_k_sparse_probe_sae_acts=True, verbose=False, **shared,
+    )  # fmt: skip
+    raw = feature_absorption.run_feature_absortion_experiment(
+        model=transformer_lens_model, sae=their_sae, experiment_dir=tmp_path / "a",
+        sparse_probing_experiment_dir=tmp_path / "k", probes_dir=tmp_path / "p", batch_size=1, **shared,
+    )  # fmt: skip
+    theirs = main._aggregate_results_df(raw)
+
+    letters = {row["first_letter"]: row for row in ours["letters"]}
+    for _, row in metrics.iterrows():
+        assert abs(letters[row["letter"]]["probe_f1"] - row["f1_probe"]) <= 1e-9, row["letter"]
+        assert letters[row["letter"]]["split_features"] == list(row["split_feats"]), row["letter"]
+    assert sorted(theirs["letter"]) == sorted(
+        name for name, row in letters.items() if row["num_probe_true_positives"]
+    )
+    for _, row in theirs.iterrows():
+        mine = letters[row["letter"]]
+        assert mine["num_probe_true_positives"] == row["num_probe_true_positives"]
+        assert mine["num_full_absorption"] == row["num_full_absorption"]
+        assert abs(mine["mean_absorption_fraction"] - row["mean_absorption_fraction"]) <= 1e-4, row["letter"]
+        assert abs(mine["full_absorption_rate"] - row["full_absorption_rate"]) <= 1e-4, row["letter"]
+        assert mine["num_split_features"] == row["num_split_feats"]
+    counted = [
+        row for _, row in theirs.iterrows() if letters[row["letter"]]["probe_f1"] > config.min_probe_f1
+    ]
+    fractions = [row["mean_absorption_fraction"] for row in counted]
+    assert abs(ours["metrics"]["mean"]["mean_absorption_fraction_score"] - statistics.mean(fractions)) <= 1e-4
+    assert (
+        abs(ours["metrics"]["mean"]["std_dev_absorption_fraction_score"] - statistics.stdev(fractions))
+        <= 1e-4
+    )
+    assert 0 < statistics.mean(fractions) < 1  # some words absorbed, not all: the arithmetic is exercised
+
+    settings, metrics, details = absorption_output(ours, config.to_dict(), model_name="tiny-gpt2")
+    exported = saebench_results_json(
+        eval_type_id="absorption_first_letter", eval_config=settings, metrics=metrics, details=details,
+        eval_id="e", sae_id="s", sae_set="miStudio", sae_cfg=their_sae.cfg.to_dict(),
+    )  # fmt: skip
+    parsed = AbsorptionEvalOutput(**exported)  # SAEBench's own schema accepts the file
+    assert len(parsed.eval_result_details) == len(counted)
