@@ -90,15 +90,19 @@ def extraction_estimate_seconds(job: ExtractionJob) -> float:
     """From the throughput of this model's last finished extraction, else a conservative guess."""
     if job.cached:
         return 0.0
+    tokens = (job.total_samples or 0) * min(job.max_length, 128)
+    return round(tokens / model_tokens_per_second(job.model_id) + 2.0, 1)
+
+
+def model_tokens_per_second(model_id: str | None) -> float:
+    """The throughput of the model's last finished extraction, else a conservative guess."""
     previous = (
-        ExtractionJob.objects.filter(model_id=job.model_id, status=JobStatus.COMPLETED, cached=False)
+        ExtractionJob.objects.filter(model_id=model_id, status=JobStatus.COMPLETED, cached=False)
         .exclude(tokens_per_second=None)
         .order_by("-finished_at")
         .first()
     )
-    tokens = (job.total_samples or 0) * min(job.max_length, 128)
-    rate = previous.tokens_per_second if previous and previous.tokens_per_second else 2000.0
-    return round(tokens / rate + 2.0, 1)
+    return previous.tokens_per_second if previous and previous.tokens_per_second else 2000.0
 
 
 def cache_list(*, user, filters: dict[str, str] | None = None) -> QuerySet[ActivationCache]:

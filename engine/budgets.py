@@ -279,3 +279,22 @@ def sparse_probing(*, d_in: int, d_sae: int, texts: int, context: int, hidden: i
             "runtime": RUNTIME_BYTES,
         }
     )
+
+
+def absorption(*, d_in: int, d_sae: int, words: int, context: int, hidden: int, layers: int, heads: int,
+               batch: int) -> MemoryEstimate:  # fmt: skip
+    """Feature absorption over ``words`` prompts of ``context`` tokens: each prompt's activation at
+    the word kept, the training words' SAE features (the L1 probe reads them every epoch), the
+    probe with its gradient and Adam's two moments, one batch's forward pass at a time."""
+    return MemoryEstimate(
+        {
+            "word activations": words * d_in * FLOAT,
+            "training words' features": words * d_sae * FLOAT,
+            "L1 probe and optimiser": 4 * 26 * d_sae * FLOAT,
+            "forward pass": forward_pass(
+                tokens=batch * context, hidden=hidden, layers=layers, heads=heads, longest=context
+            ),
+            "SAE parameters": sae_parameters(d_in, d_sae) * FLOAT,
+            "runtime": RUNTIME_BYTES,
+        }
+    )

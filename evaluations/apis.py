@@ -15,6 +15,7 @@ from engine.saebench.methods import METHODS
 from evaluations import selectors, services
 from evaluations.models import BenchRun
 from evaluations.serializers import (
+    BenchEstimateSerializer,
     BenchListOutputSerializer,
     BenchOutputSerializer,
     ComparisonOutputSerializer,
@@ -52,6 +53,18 @@ class ProbingSettingsSerializer(StrictSerializer):
     seed = serializers.IntegerField(min_value=0, max_value=2**31 - 1, required=False)
 
 
+class AbsorptionSettingsSerializer(StrictSerializer):
+    max_words = serializers.IntegerField(
+        min_value=100, max_value=1_000_000, required=False,
+        help_text="At most this many of the vocabulary's words, drawn with the seed (default: all)",
+    )  # fmt: skip
+    seed = serializers.IntegerField(min_value=0, max_value=2**31 - 1, required=False)
+    prompt_template = serializers.RegexField(r"^[^{}]*\{word\}[^{}]*$", max_length=200, required=False)
+    max_k = serializers.IntegerField(min_value=1, max_value=50, required=False)
+    min_probe_f1 = serializers.FloatField(min_value=0.0, max_value=1.0, required=False)
+    min_letters = serializers.IntegerField(min_value=1, max_value=26, required=False)
+
+
 class BenchListApi(APIView):
     """The SAEBench runs you can see, or judge SAEs (202: a job on their model's worker)."""
 
@@ -73,6 +86,11 @@ class BenchListApi(APIView):
         probing_dataset_id = serializers.CharField(max_length=64, required=False)
         core = CoreSettingsSerializer(required=False)
         sparse_probing = ProbingSettingsSerializer(required=False)
+        absorption = AbsorptionSettingsSerializer(required=False)
+        estimate_only = serializers.BooleanField(
+            default=False, help_text="Queue nothing: answer 200 with the run's settings, tokens, memory and "
+            "absorption's time estimate",
+        )  # fmt: skip
         name = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")
         shared = serializers.BooleanField(default=False)
 
@@ -89,14 +107,19 @@ class BenchListApi(APIView):
             {"runs": [bench_state(run, viewer=request.user) for run in runs[:500]], "total": runs.count()}
         )
 
-    @extend_schema(request=InputSerializer, responses={202: BenchOutputSerializer})
+    @extend_schema(
+        request=InputSerializer, responses={202: BenchOutputSerializer, 200: BenchEstimateSerializer}
+    )
     def post(self, request):
         run = bench_from_body(request.user, request.data)
+        if isinstance(run, dict):
+            return Response(run)
         return Response(bench_state(run, viewer=request.user), status=status.HTTP_202_ACCEPTED)
 
 
-def bench_from_body(user, body) -> BenchRun:
-    """The run ``POST /api/saebench``'s body asks for, queued (the comparison page posts the same)."""
+def bench_from_body(user, body) -> BenchRun | dict:
+    """The run ``POST /api/saebench``'s body asks for, queued (the comparison page posts the same),
+    or what it would be (``estimate_only``)."""
     data = BenchListApi.InputSerializer(data=body)
     data.is_valid(raise_exception=True)
     values = dict(data.validated_data)
@@ -113,8 +136,10 @@ def bench_from_body(user, body) -> BenchRun:
         else None,
         core=values.get("core"),
         probing=values.get("sparse_probing"),
+        absorption=values.get("absorption"),
         name=values["name"],
         shared=values["shared"],
+        estimate_only=values["estimate_only"],
     )
 
 

@@ -11,7 +11,12 @@ from typing import Any
 from django.db.models import QuerySet
 
 from engine.saebench.methods import METHODS
-from engine.saebench.results import core_feature_details, saebench_results_json, sparse_probing_output
+from engine.saebench.results import (
+    absorption_output,
+    core_feature_details,
+    saebench_results_json,
+    sparse_probing_output,
+)
 from evaluations.models import BenchResult, BenchRun
 from evaluations.serializers import bench_state
 from mistudio.access import check_may_change, visible_row, visible_rows
@@ -133,7 +138,7 @@ def sorted_rows(rows: list[dict[str, Any]], key: str, *, descending: bool) -> li
 def result_export(result: BenchResult) -> dict[str, Any]:
     """One result in SAEBench's results JSON (``<eval_type_id>`` output), as its viewer and
     Neuronpedia read it: the core metrics with one detail per feature, sparse probing with its
-    per-class accuracies."""
+    per-class accuracies, absorption with the letters its means counted."""
     sae = result.sae
     config = result.run.config.get(result.method, {})
     model_name = result.run.model.name if result.run.model_id else sae.model_name
@@ -147,6 +152,10 @@ def result_export(result: BenchResult) -> dict[str, Any]:
             "verbose": False,
         }
         details = core_feature_details(feature_metrics(result))
+    elif result.method == "absorption":
+        eval_config, metrics, details = absorption_output(
+            {**result.details, "metrics": result.metrics}, config, model_name=model_name
+        )
     else:
         dataset = result.run.probing_dataset.name if result.run.probing_dataset_id else ""
         eval_config, metrics, details = sparse_probing_output(

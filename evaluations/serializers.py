@@ -81,6 +81,17 @@ class BenchOutputSerializer(JobOutputSerializer):
     memory_estimate_bytes = serializers.IntegerField()
 
 
+class BenchEstimateSerializer(serializers.Serializer):
+    """What ``POST /api/saebench`` with ``estimate_only`` answers: the run it would queue."""
+
+    methods = serializers.ListField(child=serializers.CharField())
+    config = serializers.DictField(
+        help_text="Each method's settings; absorption's plan: words, prompts, tokens, seconds"
+    )
+    tokens = serializers.IntegerField(help_text="Tokens the model would read")
+    memory_estimate_bytes = serializers.IntegerField()
+
+
 class BenchListOutputSerializer(OutputSerializer):
     runs = BenchOutputSerializer(many=True)
     total = serializers.IntegerField()
@@ -112,7 +123,7 @@ class ComparisonOutputSerializer(OutputSerializer):
 class SaeBenchJsonOutputSerializer(OutputSerializer):
     """SAEBench's results JSON of one SAE and one method (its ``BaseEvalOutput`` fields)."""
 
-    eval_type_id = serializers.CharField(help_text="core, sparse_probing")
+    eval_type_id = serializers.CharField(help_text="core, sparse_probing, absorption_first_letter")
     eval_config = serializers.DictField()
     eval_id = serializers.CharField(help_text="The run's id")
     datetime_epoch_millis = serializers.IntegerField()

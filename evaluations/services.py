@@ -4,6 +4,8 @@ the comparison page, admin, ``manage.py saebench``) calls these."""
 
 from __future__ import annotations
 
+import functools
+import json
 from collections import Counter
 from typing import Any
 
@@ -34,6 +36,10 @@ PROBING_DEFAULTS: dict[str, Any] = {
     "seed": 42,
 }
 MAX_PROBING_TEXTS = 20_000
+# Feature absorption's time: the probes' arithmetic at this rate (a CPU core's, roughly), and each
+# k-sparse probe's logistic regression.
+PROBE_FLOPS_PER_SECOND = 5e9
+SECONDS_PER_REGRESSION = 0.05
 
 
 def core_settings(values: dict[str, Any] | None) -> CoreConfig:
@@ -49,6 +55,68 @@ def probing_settings(values: dict[str, Any] | None) -> dict[str, Any]:
     }
     settings["k_values"] = sorted({int(k) for k in settings["k_values"]})
     return settings
+
+
+def absorption_settings(values: dict[str, Any] | None) -> dict[str, Any]:
+    """Feature absorption's settings: SAEBench's defaults with what a request gives."""
+    from engine.saebench.absorption import AbsorptionConfig
+
+    given = {key: value for key, value in (values or {}).items() if value is not None}
+    return AbsorptionConfig(**given).to_dict()
+
+
+def absorption_plan_of(model: LanguageModel, saes: list[SparseAutoencoder], settings: dict[str, Any]) -> dict:
+    """What absorption will cost on ``saes`` (:func:`engine.saebench.absorption.absorption_plan`, a
+    hook at a time), and about how long it takes: the model's prompts at the throughput of its last
+    extraction, the probes' arithmetic and regressions at a CPU core's pace."""
+    from activations.selectors import model_folder, model_tokens_per_second
+
+    folder = model_folder(model)
+    if folder is None:
+        raise ApplicationError(
+            "MODEL_FILES_NOT_FOUND",
+            f"{model.name}'s tokenizer is not on this machine (absorption builds its words from it): "
+            "load the model once, then try again.",
+            status=409,
+        )
+    plan: dict[str, Any] = {"tokens": 0, "prompts": 0, "seconds": 0.0}
+    for hook, count in Counter(sae.hook_name for sae in saes).items():
+        widest = max(sae.d_sae for sae in saes if sae.hook_name == hook)
+        part = _absorption_plan(str(folder), json.dumps(settings, sort_keys=True), count)
+        plan.update(words=part["words"], tokens_per_prompt=part["tokens_per_prompt"])
+        plan["tokens"] += part["tokens"]
+        plan["prompts"] += part["prompts"]
+        plan["seconds"] += (
+            part["tokens"] / model_tokens_per_second(model.id)
+            + part["probe_flops_per_feature"] * widest / PROBE_FLOPS_PER_SECOND
+            + part["regressions"] * SECONDS_PER_REGRESSION
+        )
+    plan["seconds"] = round(plan["seconds"], 1)
+    return plan
+
+
+@functools.lru_cache(maxsize=32)
+def _absorption_plan(folder: str, settings: str, saes: int) -> dict[str, Any]:
+    """:func:`engine.saebench.absorption.absorption_plan` of the tokenizer in ``folder`` (a walk over
+    its whole vocabulary: kept for the pages that show it again)."""
+    from activations.selectors import tokenizer_for
+    from engine.saebench.absorption import AbsorptionConfig, absorption_plan
+
+    return absorption_plan(tokenizer_for(folder), AbsorptionConfig(**json.loads(settings)), saes=saes)
+
+
+def check_absorbable(saes: list[SparseAutoencoder]) -> None:
+    """Absorption compares a probe with decoder directions in the space the SAE reads: a
+    transcoder's decoder writes elsewhere (409)."""
+    transcoders = [sae.name or sae.id for sae in saes if sae.hook_name_out]
+    if transcoders:
+        raise ApplicationError(
+            "NOT_AN_SAE",
+            f"Absorption judges SAEs that reconstruct the hook they read; {', '.join(transcoders[:3])} "
+            f"{'is a transcoder' if len(transcoders) == 1 else 'are transcoders'}: leave absorption out "
+            "for them.",
+            status=409,
+        )
 
 
 def check_methods(methods: list[str] | None) -> list[str]:
@@ -143,6 +211,18 @@ def bench_estimate(
                 **shape,
             )
         )
+    if "absorption" in methods:
+        absorption = config["absorption"]
+        estimates.append(
+            budgets.absorption(
+                d_in=widest.d_in,
+                d_sae=widest.d_sae,
+                words=absorption["plan"]["words"],
+                context=absorption["plan"]["tokens_per_prompt"],
+                batch=absorption["batch_size"],
+                **shape,
+            )
+        )
     if "sparse_probing" in methods:
         probing = config["sparse_probing"]
         estimates.append(
@@ -167,7 +247,10 @@ def bench_tokens(saes: list[SparseAutoencoder], methods: list[str], config: dict
         tokens += 3 * core.batches * core.batch_size_prompts * core.context_size
     if "sparse_probing" in methods:
         tokens += config["sparse_probing"]["texts"] * config["sparse_probing"]["context_length"]
-    return tokens * len(saes)
+    tokens *= len(saes)
+    if "absorption" in methods:
+        tokens += config["absorption"]["plan"]["tokens"]  # for all the SAEs
+    return tokens
 
 
 def bench_request(
@@ -180,15 +263,19 @@ def bench_request(
     probing_dataset: Dataset | None = None,
     core: dict[str, Any] | None = None,
     probing: dict[str, Any] | None = None,
+    absorption: dict[str, Any] | None = None,
     name: str = "",
     shared: bool = False,
-) -> BenchRun:
+    estimate_only: bool = False,
+) -> BenchRun | dict[str, Any]:
     """Queue SAEBench's ``methods`` (default: those not opt-in) over ``saes`` (rows the caller may
     use, resolved by the caller) on their model's worker. The core metrics run the model over
     ``dataset`` (default: the group's or the first SAE's training text); sparse probing reads
-    ``probing_dataset``'s labels. Refused before anything is queued: unknown methods, SAEs not
-    completed or of different models, a missing or unlabelled dataset, too many tokens, too much
-    memory."""
+    ``probing_dataset``'s labels; absorption builds its tasks from the model's vocabulary. Refused
+    before anything is queued: unknown methods, SAEs not completed or of different models, a missing
+    or unlabelled dataset, too many tokens, too much memory. ``estimate_only``: nothing is queued;
+    what the run would be is returned (its settings with absorption's plan and time, its tokens and
+    memory)."""
     chosen = check_methods(methods)
     model = check_saes(saes)
     config: dict[str, Any] = {}
@@ -208,6 +295,17 @@ def bench_request(
             MAX_PROBING_TEXTS, sum(min(count, per_class) for count in probing_dataset.classes.values())
         )
         config["sparse_probing"] = settings
+    if "absorption" in chosen:
+        check_absorbable(saes)
+        settings = absorption_settings(absorption)
+        config["absorption"] = {**settings, "plan": absorption_plan_of(model, saes, settings)}
+    if estimate_only:
+        return {
+            "methods": chosen,
+            "config": config,
+            "tokens": bench_tokens(saes, chosen, config),
+            "memory_estimate_bytes": bench_estimate(model, saes, chosen, config),
+        }
     with transaction.atomic():
         jobs.job_admit(owner=owner, tokens=bench_tokens(saes, chosen, config))
         estimate = bench_estimate(model, saes, chosen, config)

@@ -214,9 +214,39 @@ def probing_of_saes(context: RunContext, saes: list[SparseAutoencoder]) -> dict[
     }
 
 
+def run_absorption(context: RunContext, sae: SparseAutoencoder) -> MethodOutput:
+    """SAEBench's feature absorption of one SAE (``engine.saebench.absorption``), computed together
+    with every other SAE of the run at the same hook point still to be judged: the model's
+    first-letter probe is trained once for them."""
+    return judged_together(context, sae, "absorption", lambda row: row.hook_name, absorption_of_saes)
+
+
+def absorption_of_saes(context: RunContext, saes: list[SparseAutoencoder]) -> dict[str, MethodOutput]:
+    from engine.saebench.absorption import AbsorptionConfig, absorption
+
+    settings = {key: value for key, value in context.run.config["absorption"].items() if key != "plan"}
+    started = time.monotonic()
+    found = absorption(
+        context.loaded.model,
+        context.loaded.tokenizer,
+        [on_model_device(sae_module(sae), context.loaded.model) for sae in saes],
+        hook_name=saes[0].hook_name,
+        config=AbsorptionConfig(**settings),
+        progress=context.report,  # which also stops a cancelled run
+    )
+    share = (time.monotonic() - started) / len(saes)
+    return {
+        sae.id: MethodOutput(
+            metrics=result.pop("metrics"), details={**result, "judged_together": len(saes)}, seconds=share
+        )
+        for sae, result in zip(saes, found, strict=True)
+    }
+
+
 RUNNERS: dict[str, Callable[[RunContext, SparseAutoencoder], MethodOutput]] = {
     "core": run_core,
     "sparse_probing": run_sparse_probing,
+    "absorption": run_absorption,
 }
 
 

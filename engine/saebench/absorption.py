@@ -168,9 +168,11 @@ def word_position(tokenizer: Any, template: str) -> int:
     return -(1 + len(tokenizer(tail, add_special_tokens=False)["input_ids"]))
 
 
-def absorption_plan(tokenizer: Any, config: AbsorptionConfig) -> dict[str, int]:
-    """What a run costs before it runs: the words, the prompts the model reads (each training and
-    test word once, the probe's true positives again: at most the test words), and their tokens."""
+def absorption_plan(tokenizer: Any, config: AbsorptionConfig, *, saes: int = 1) -> dict[str, Any]:
+    """What judging ``saes`` SAEs at one hook costs, before it runs: the words, the prompts the
+    model reads (each word once for the model's probe; for each SAE, the probe's true positives
+    again, at most the test words), their tokens, and the work of the probes in floating-point
+    operations (the L1 probe reads every training word's features each epoch)."""
     words = len(alpha_words(tokenizer))
     if config.max_words is not None:
         words = min(words, config.max_words)
@@ -180,13 +182,16 @@ def absorption_plan(tokenizer: Any, config: AbsorptionConfig) -> dict[str, int]:
         "word", examples, rng, template=config.prompt_template, count=config.max_icl_examples
     )
     per_prompt = len(tokenizer(example, add_special_tokens=False)["input_ids"]) + 1
-    test = words - int(words * config.train_fraction)
-    prompts = words + test
+    train = int(words * config.train_fraction)
+    prompts = words + saes * (words - train)
     return {
         "words": words,
         "prompts": prompts,
         "tokens_per_prompt": per_prompt,
         "tokens": prompts * per_prompt,
+        # forward and backward through a [26, features] probe, per training word and epoch
+        "probe_flops_per_feature": saes * 6 * len(LETTERS) * train * config.k_sparse_epochs,
+        "regressions": saes * len(LETTERS) * config.max_k,
     }
 
 

@@ -98,3 +98,20 @@ register_bench_method(
         ),
     )
 )
+
+register_bench_method(
+    BenchMethod(
+        name="absorption",
+        label="Absorption",
+        version=f"{SAEBENCH} absorption_first_letter",
+        description="Feature absorption on first-letter tasks built from the model's vocabulary: how much of a "
+        "letter's probe direction other features carry where the letter's own features do not fire.",
+        eval_type_id="absorption_first_letter",
+        opt_in=True,
+        columns=(
+            BenchColumn("mean_absorption_fraction_score", "Absorption fraction", False),
+            BenchColumn("mean_full_absorption_score", "Full absorption", False),
+            BenchColumn("mean_num_split_features", "Split features", None),
+        ),
+    )
+)

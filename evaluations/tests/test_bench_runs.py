@@ -234,6 +234,12 @@ def test_bad_requests_get_a_clear_4xx_and_queue_nothing(loaded_model, writer, cl
     )
     refused({"sae_ids": [sae.id], "methods": ["sparse_probing"]}, "DATASET_REQUIRED")
     refused({"sae_ids": [sae.id], "core": {"context_size": 2}}, "VALIDATION_ERROR")
+    refused(
+        {"sae_ids": [sae.id], "methods": ["absorption"], "absorption": {"max_words": 5}}, "VALIDATION_ERROR"
+    )
+    transcoder = sae_row(loaded_model, writer, seed=11)
+    SparseAutoencoder.objects.filter(pk=transcoder.pk).update(hook_name_out="blocks.1.hook_mlp_out")
+    refused({"sae_ids": [transcoder.id], "methods": ["absorption"]}, "NOT_AN_SAE", 409)
     assert not BenchRun.objects.exists()
     assert api.get("/api/saebench/sb_nothing").status_code == 404
 
@@ -252,3 +258,59 @@ def test_a_text_too_short_for_the_batches_fails_the_run_saying_what_to_change(
     run = BenchRun.objects.get(pk=response.json()["id"])
     assert run.status == "failed" and run.error_code == "NOT_ENOUGH_TOKENS"
     assert "six words" in run.error_message and not run.results.exists()
+
+
+def test_absorption_is_estimated_first_then_judged_as_the_engine_judges_it(loaded_model, writer, client_for):
+    from engine.saebench.absorption import AbsorptionConfig, absorption, alpha_words
+    from saes.tasks import sae_module
+
+    api = client_for(writer)
+    saes = [
+        sae_row(loaded_model, writer, seed=3),
+        sae_row(loaded_model, writer, architecture="jumprelu", seed=4),
+    ]
+    # A random model knows no first letters: every letter with a true positive is counted.
+    settings = {"max_k": 3, "min_probe_f1": 0.0, "min_letters": 1}
+    body = {"sae_ids": [sae.id for sae in saes], "methods": ["absorption"], "absorption": settings}
+
+    estimate = api.post("/api/saebench", {**body, "estimate_only": True}, format="json")
+    assert estimate.status_code == 200, estimate.content
+    plan = estimate.json()["config"]["absorption"]["plan"]
+    tokenizer = LOADED_MODELS.get(loaded_model.id).tokenizer
+    assert plan["words"] == len(alpha_words(tokenizer)) and plan["seconds"] > 0
+    assert estimate.json()["tokens"] == plan["tokens"] > plan["prompts"] > plan["words"]
+    assert not BenchRun.objects.exists()  # nothing queued
+
+    response = api.post("/api/saebench", body, format="json")
+    assert response.status_code == 202, response.content
+    run_worker(name=WORKER, device="cpu", burst=True)
+    run = BenchRun.objects.get(pk=response.json()["id"])
+    assert run.status == "completed", (run.error_code, run.error_message)
+    loaded = LOADED_MODELS.get(loaded_model.id)
+    (alone,) = absorption(  # the second SAE alone: the run judged both together
+        loaded.model,
+        loaded.tokenizer,
+        [sae_module(saes[1])],
+        hook_name=HOOK,
+        config=AbsorptionConfig(**settings),
+    )
+    stored = run.results.get(sae=saes[1], method="absorption")
+    assert stored.metrics == alone["metrics"] and stored.details["letters"] == alone["letters"]
+    assert stored.method_version == "sae-bench 0.6.0 absorption_first_letter"
+    fraction = alone["metrics"]["mean"]["mean_absorption_fraction_score"]
+    assert fraction is not None and 0 <= fraction <= 1
+
+    table = api.get(f"/api/saebench/compare?run_id={run.id}").json()
+    shown = {
+        row["sae_id"]: row["values"]["absorption.mean_absorption_fraction_score"] for row in table["rows"]
+    }
+    assert shown[saes[1].id] == pytest.approx(fraction)
+    document = json.loads(
+        api.get(f"/api/saebench/{run.id}/export?sae_id={saes[1].id}&method=absorption").content
+    )
+    assert document["eval_type_id"] == "absorption_first_letter"
+    assert document["eval_result_metrics"]["mean"]["mean_absorption_fraction_score"] == pytest.approx(
+        fraction
+    )
+    counted = [row["first_letter"] for row in alone["letters"] if row["counted"]]
+    assert [row["first_letter"] for row in document["eval_result_details"]] == counted

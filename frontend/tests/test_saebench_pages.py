@@ -91,6 +91,12 @@ def test_a_groups_members_sort_by_any_column_with_plots_and_exports(judged, writ
     assert (
         f'name="batch_size_prompts" type="number" min="1" value="{CoreConfig().batch_size_prompts}"' in page
     )
+    # Absorption is opt-in, with its cost shown before it is chosen.
+    estimate = re.search(r'id="bench-absorption-estimate">\(([^)]*)\)', page)[1]
+    assert re.fullmatch(
+        r"first-letter tasks from the model's \d+ words of letters: \d+ prompts, about \d+ s", estimate
+    )
+    assert 'name="method_absorption" id="bench-absorption">' in page  # not checked
     group_page = browser.get(f"/saes/groups/{group.id}/").content.decode()
     assert f"/saes/compare/?group={group.id}" in group_page
 

@@ -27,7 +27,15 @@ from evaluations import selectors
 from evaluations.apis import bench_from_body, compared
 from evaluations.models import BenchRun
 from evaluations.serializers import bench_state
-from evaluations.services import PROBING_DEFAULTS, bench_cancel, default_text_dataset
+from evaluations.services import (
+    PROBING_DEFAULTS,
+    absorption_plan_of,
+    absorption_settings,
+    bench_cancel,
+    check_absorbable,
+    check_saes,
+    default_text_dataset,
+)
 from frontend.access import reader_required, writer_refusal
 from frontend.charts import scatter_chart_svg
 from frontend.views.features import validation_message
@@ -164,6 +172,7 @@ def form_context(request, context: dict[str, Any], values: dict[str, Any] | None
         **(values or {}),
     }
     return {
+        "absorption": absorption_estimate(rows),
         "text_datasets": [dataset for dataset in datasets if not dataset.label_field],
         "labelled_datasets": [dataset for dataset in datasets if dataset.label_field],
         "form": shown,
@@ -173,6 +182,20 @@ def form_context(request, context: dict[str, Any], values: dict[str, Any] | None
             bench_state(run, viewer=request.user) for run in selectors.bench_run_list(user=request.user)[:20]
         ],
     }
+
+
+def absorption_estimate(rows: list[SparseAutoencoder]) -> dict[str, Any]:
+    """Absorption's plan for the completed SAEs shown (its words and time, by SAEBench's defaults),
+    or why it cannot run on them."""
+    saes = [sae for sae in rows if sae.status == SparseAutoencoder.Status.COMPLETED]
+    if not saes:
+        return {"reason": "no completed SAEs"}
+    try:
+        model = check_saes(saes)
+        check_absorbable(saes)
+        return {"plan": absorption_plan_of(model, saes, absorption_settings(None))}
+    except ApplicationError as error:
+        return {"reason": error.message}
 
 
 def posted_body(request, context: dict[str, Any]) -> dict[str, Any]:
@@ -195,6 +218,8 @@ def posted_body(request, context: dict[str, Any]) -> dict[str, Any]:
     core = {name: post[name] for name in sizes if post.get(name)}
     if core:
         body["core"] = core
+    if "absorption" in methods and post.get("max_words"):
+        body["absorption"] = {"max_words": post["max_words"]}
     if "sparse_probing" in methods and post.get("k_values"):
         body["sparse_probing"] = {
             "k_values": [part for part in post["k_values"].replace(",", " ").split() if part]
