@@ -369,8 +369,8 @@ def model_probe(
     rng = random.Random(config.seed)  # noqa: S311  (SAEBench's draws, not a secret)
     vocabulary = alpha_words(tokenizer)
     if config.max_words is not None and config.max_words < len(vocabulary):
-        kept = set(random.Random(config.seed).sample(vocabulary, config.max_words))  # noqa: S311
-        vocabulary = [word for word in vocabulary if word in kept]
+        kept = set(random.Random(config.seed).sample(range(len(vocabulary)), config.max_words))  # noqa: S311
+        vocabulary = [word for index, word in enumerate(vocabulary) if index in kept]
     shuffled = rng.sample(vocabulary, len(vocabulary))
     split = int(len(shuffled) * config.train_fraction)
     sides = {"train": shuffled[:split], "test": shuffled[split:]}
