@@ -217,7 +217,7 @@ def word_activations(
     progress: Callable[[int], None] | None = None,
 ) -> torch.Tensor:
     """[prompts, d]: the activation at ``hook_name`` at ``position`` (from each prompt's own end),
-    prompts of one length run together, unpadded."""
+    prompts of one length run together, unpadded; ``progress`` is told each batch's size."""
     sites = hook_sites(model, [hook_name])
     device = next(model.parameters()).device
     ids = [prompt_ids(tokenizer, prompt) for prompt in prompts]
@@ -225,7 +225,6 @@ def word_activations(
     for index, row in enumerate(ids):
         by_length.setdefault(len(row), []).append(index)
     rows: list[torch.Tensor | None] = [None] * len(ids)
-    done = 0
     with grad_free_mode(model)(), torch.no_grad():
         for indices in by_length.values():
             for start in range(0, len(indices), batch_size):
@@ -236,9 +235,8 @@ def word_activations(
                 values = value_at_hook(model, sites, batch, hook_name)[:, position, :].float().cpu()
                 for index, value in zip(chosen, values, strict=True):
                     rows[index] = value
-                done += len(chosen)
                 if progress is not None:
-                    progress(done)
+                    progress(len(chosen))
     return torch.stack(rows) if rows else torch.zeros(0, 0)  # type: ignore[arg-type]
 
 
@@ -362,7 +360,7 @@ def model_probe(
     hook_name: str,
     config: AbsorptionConfig,
     should_cancel: Callable[[], bool] | None = None,
-    progress: Callable[[float], None] | None = None,
+    progress: Callable[[int], None] | None = None,
 ) -> ModelProbe:
     """The words, their prompts' activations and the model's first-letter probe (SAEBench's
     ``train_and_save_probes``, then ``load_probe_data_split``)."""
@@ -381,18 +379,11 @@ def model_probe(
         if config.prompt_token_pos is not None
         else word_position(tokenizer, config.prompt_template)
     )
-    total = len(prompts["train"]) + len(prompts["test"])
-
-    def report(done: int, side: str) -> None:
-        if progress is not None:
-            progress(0.8 * (done + (len(prompts["train"]) if side == "test" else 0)) / total)
-
     activations = {}
     for side in ("train", "test"):
         activations[side] = word_activations(
             model, tokenizer, prompts[side], hook_name=hook_name, position=position,
-            batch_size=config.batch_size, should_cancel=should_cancel,
-            progress=lambda done, side=side: report(done, side),
+            batch_size=config.batch_size, should_cancel=should_cancel, progress=progress,
         )  # fmt: skip
     labels = {side: [letter_class(word) for word in words] for side, words in sides.items()}
     generator = torch.Generator().manual_seed(config.seed)
@@ -403,8 +394,6 @@ def model_probe(
             generator=generator, epochs=config.probe_epochs, batch_size=config.probe_batch_size,
             lr=config.probe_lr, weight_decay=config.probe_weight_decay,
         )  # fmt: skip
-    if progress is not None:
-        progress(0.9)
     return ModelProbe(
         train_words=read_back(tokenizer, sides["train"], labels["train"]),
         test_words=read_back(tokenizer, sides["test"], labels["test"]),
@@ -535,6 +524,7 @@ def sae_absorption(
     hook_name: str,
     config: AbsorptionConfig,
     should_cancel: Callable[[], bool] | None = None,
+    progress: Callable[[int], None] | None = None,
 ) -> dict[str, Any]:
     """One SAE's absorption, from the random states that follow the model's probe."""
     generator = torch.Generator()
@@ -564,7 +554,8 @@ def sae_absorption(
         }
         if words:
             acts = word_activations(model, tokenizer, prompts, hook_name=hook_name, position=shared.position,
-                                    batch_size=config.batch_size, should_cancel=should_cancel)  # fmt: skip
+                                    batch_size=config.batch_size, should_cancel=should_cancel,
+                                    progress=progress)  # fmt: skip
             features = _encoded(sae, acts, 10)
             direction = weights[letter] / weights[letter].norm()
             cos = torch.nn.functional.cosine_similarity(
@@ -623,17 +614,27 @@ def absorption(
 ) -> list[dict[str, Any]]:
     """Feature absorption of each of ``saes`` (all reading ``hook_name``): the model's probe
     trained once, then each SAE's k-sparse probes and absorption (see the module's docstring)."""
+    words = len(alpha_words(tokenizer)) if config.max_words is None else config.max_words
+    # The prompts read: every word's once, then each SAE's true positives (at most the test words).
+    expected = words + len(saes) * (words - int(words * config.train_fraction))
+    read = {"prompts": 0}
+
+    def reading(count: int) -> None:
+        read["prompts"] += count
+        if progress is not None:
+            progress(min(read["prompts"] / expected, 0.99))
+
     shared = model_probe(model, tokenizer, hook_name=hook_name, config=config, should_cancel=should_cancel,
-                         progress=progress)  # fmt: skip
+                         progress=reading)  # fmt: skip
     results = []
-    for index, sae in enumerate(saes):
+    for sae in saes:
         if should_cancel is not None and should_cancel():
             raise EvaluationCancelled
         result = sae_absorption(model, tokenizer, sae, shared, hook_name=hook_name, config=config,
-                                should_cancel=should_cancel)  # fmt: skip
+                                should_cancel=should_cancel, progress=reading)  # fmt: skip
         result["words"] = {"train": len(shared.train_words), "test": len(shared.test_words)}
         result["word_position"] = shared.position
         results.append(result)
-        if progress is not None:
-            progress(0.9 + 0.1 * (index + 1) / len(saes))
+    if progress is not None:
+        progress(1.0)
     return results
