@@ -104,8 +104,8 @@ register_bench_method(
         name="absorption",
         label="Absorption",
         version=f"{SAEBENCH} absorption_first_letter",
-        description="Feature absorption on first-letter tasks built from the model's vocabulary: how much of a "
-        "letter's probe direction other features carry where the letter's own features do not fire.",
+        description="Feature absorption on first-letter tasks built from the model's vocabulary: how much "
+        "of a letter's probe direction other features carry where the letter's own features do not fire.",
         eval_type_id="absorption_first_letter",
         opt_in=True,
         columns=(
