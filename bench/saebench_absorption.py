@@ -13,6 +13,10 @@ SAEs together, then on the first SAE alone. sae-bench's (in the benchmark enviro
 as its ``run_eval`` calls them, with its own batch sizes, on the same words (its same-length check
 off: this tokenizer's prompts differ by a token or two). Prints the seconds of each, the plan, and
 how many letters the model's probe knows (F1 > 0.6).
+
+``--trained-sae DIR`` (Gemma): the SAE is a trained one instead, read from ``DIR`` (SAELens'
+format), or made there first as bench/real_model.py makes it: the product's TopK defaults, trained
+on the text tokens (BOS rows left out) of its 2,400-sequence corpus of Debian's English text.
 """
 
 from __future__ import annotations
@@ -83,6 +87,30 @@ def theirs(folder: Path, sae, hook: str, layer: int, config, words: list[str]) -
     return time.perf_counter() - started
 
 
+def trained_sae(folder: Path, model, tokenizer, hook: str):
+    """The SAE in ``folder``, trained there first when it holds none (bench/real_model.py's steps)."""
+    import real_model
+    import torch
+
+    from engine.sae.formats import load_saelens
+
+    if not (folder / "cfg.json").is_file():
+        tokenized, _ = real_model.corpus(tokenizer, 2400)
+        first_held_out = int(len(tokenized) * (1 - real_model.HOLDOUT_FRACTION))
+        rows, _ = real_model.corpus_rows(model, tokenized, hook, None)
+        boundary = sum(len(ids) for ids in tokenized[:first_held_out])
+        text = torch.cat([torch.arange(len(ids)) > 0 for ids in tokenized])
+        held_out = rows[boundary:]
+        _, metrics = real_model.train_sae(
+            rows[:boundary][text[:boundary]], held_out, text[boundary:], model,
+            tokenized[first_held_out:][:16], hook, quick=False, sae_dir=folder,
+        )  # fmt: skip
+        shown = ("d_sae", "k", "steps", "training_seconds", "text_explained_variance", "dead_fraction")
+        print("trained:", {key: metrics[key] for key in shown})
+    sae, _ = load_saelens(folder)
+    return sae
+
+
 def main() -> None:
     from engine.saebench.absorption import AbsorptionConfig, absorption, absorption_plan, alpha_words
     from engine.testing.tiny_saes import random_sae
@@ -95,6 +123,7 @@ def main() -> None:
     parser.add_argument("--max-words", type=int, default=None)
     parser.add_argument("--layer", type=int, default=None)
     parser.add_argument("--no-saebench", action="store_true")
+    parser.add_argument("--trained-sae", type=Path, help="a trained SAE's folder (made when empty)")
     args = parser.parse_args()
 
     folder, model, tokenizer = load(args.model)
@@ -102,8 +131,13 @@ def main() -> None:
     hook = f"blocks.{layer}.hook_resid_post"
     width = model.config.hidden_size
     saes = [random_sae(width, "topk", k=32, expansion=8, seed=index) for index in range(args.saes)]
+    if args.trained_sae is not None:
+        saes = [trained_sae(args.trained_sae, model, tokenizer, hook), *saes[1:]]
     config = AbsorptionConfig(max_words=args.max_words)
-    print(f"model {args.model} ({folder.name}), hook {hook}, {args.saes} SAEs of {8 * width} features")
+    print(
+        f"model {args.model} ({folder.name}), hook {hook}, SAEs of "
+        f"{[sae.W_enc.shape[1] for sae in saes]} features"
+    )
     print("plan for one SAE:", absorption_plan(tokenizer, config))
 
     started = time.perf_counter()

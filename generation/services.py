@@ -14,6 +14,7 @@ from __future__ import annotations
 import secrets
 import uuid
 from dataclasses import asdict, dataclass, field
+from datetime import timedelta
 from typing import Any
 
 from django.db import transaction
@@ -393,11 +394,19 @@ def generations_withdraw(generation_ids: list[str]) -> None:
         withdraw_queued(generation_id)
 
 
+# How long after a row became final its worker's final event may still be on its way (a large
+# capture is turned into lists first): a silent reader is not answered from the row until then.
+FINAL_EVENT_GRACE_SECONDS = 30
+
+
 def generation_check(generation_id: str) -> dict[str, Any] | None:
     """For a reader that has heard nothing for a while: a final event if the generation cannot finish.
 
-    A row already final (its stream expired, or it ended before streaming) gives its result; a
-    running row whose host worker has no heartbeat any more is failed with ``WORKER_LOST``.
+    A row already final gives its result: a failed one at once; a completed or cancelled one once
+    it has been final for ``FINAL_EVENT_GRACE_SECONDS`` (its stream expired): until then the worker
+    is still writing its final event, which carries what the row does not (captured values,
+    logprobs). A running row whose host worker has no heartbeat any more is failed with
+    ``WORKER_LOST``.
     """
 
     generation = Generation.objects.filter(pk=generation_id).first()
@@ -409,6 +418,10 @@ def generation_check(generation_id: str) -> dict[str, Any] | None:
             "status": 404,
         }
     if generation.status not in Generation.ACTIVE:
+        grace = timedelta(seconds=FINAL_EVENT_GRACE_SECONDS)
+        recent = generation.finished_at is not None and timezone.now() - generation.finished_at < grace
+        if recent and generation.status != Generation.Status.FAILED:
+            return None
         return final_event(generation)
     alive = {beat["name"] for beat in read_heartbeats()}
     host = generation.host_worker or generation.model.host_worker
