@@ -124,6 +124,7 @@ def main() -> None:
     parser.add_argument("--layer", type=int, default=None)
     parser.add_argument("--no-saebench", action="store_true")
     parser.add_argument("--trained-sae", type=Path, help="a trained SAE's folder (made when empty)")
+    parser.add_argument("--out", type=Path, help="the first SAE's result, as JSON")
     args = parser.parse_args()
 
     folder, model, tokenizer = load(args.model)
@@ -143,10 +144,16 @@ def main() -> None:
     started = time.perf_counter()
     together = absorption(model, tokenizer, saes, hook_name=hook, config=config)
     seconds_together = time.perf_counter() - started
-    started = time.perf_counter()
-    (alone,) = absorption(model, tokenizer, saes[:1], hook_name=hook, config=config)
-    seconds_alone = time.perf_counter() - started
-    assert alone == together[0]
+    alone, seconds_alone = together[0], seconds_together
+    if len(saes) > 1:
+        started = time.perf_counter()
+        (alone,) = absorption(model, tokenizer, saes[:1], hook_name=hook, config=config)
+        seconds_alone = time.perf_counter() - started
+        assert alone == together[0]
+    if args.out is not None:
+        import json
+
+        args.out.write_text(json.dumps({"seconds": seconds_alone, **alone}, indent=1))
     known = sum(row["probe_f1"] > 0.6 for row in alone["letters"])
     print(f"ours: {args.saes} SAEs together {seconds_together:.1f} s; one SAE alone {seconds_alone:.1f} s "
           f"({args.saes} one at a time: about {args.saes * seconds_alone:.1f} s)")  # fmt: skip
