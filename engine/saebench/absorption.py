@@ -50,6 +50,7 @@ from engine.hooks import hook_sites
 from engine.runtime import grad_free_mode
 from engine.sae.evaluation import EvaluationCancelled, EvaluationError
 from engine.sae.model import SparseAutoencoder
+from engine.saebench.probe_training import train_multi_probe
 from engine.saebench.sparse_probing import value_at_hook
 
 __all__ = [
@@ -59,7 +60,6 @@ __all__ = [
     "absorption_plan",
     "alpha_words",
     "spelling_prompt",
-    "train_multi_probe",
 ]
 
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
@@ -168,14 +168,27 @@ def word_position(tokenizer: Any, template: str) -> int:
     return -(1 + len(tokenizer(tail, add_special_tokens=False)["input_ids"]))
 
 
+def chosen_words(tokenizer: Any, config: AbsorptionConfig) -> list[str]:
+    """:func:`alpha_words`, or ``max_words`` of them drawn with the seed (in the same order)."""
+    vocabulary = alpha_words(tokenizer)
+    if config.max_words is None or config.max_words >= len(vocabulary):
+        return vocabulary
+    kept = set(random.Random(config.seed).sample(range(len(vocabulary)), config.max_words))  # noqa: S311
+    return [word for index, word in enumerate(vocabulary) if index in kept]
+
+
+def prompts_read(words: int, config: AbsorptionConfig, saes: int) -> int:
+    """The prompts the model reads for ``saes`` SAEs at one hook: each word's once for the model's
+    probe, then for each SAE the probe's true positives again (at most the test words)."""
+    return words + saes * (words - int(words * config.train_fraction))
+
+
 def absorption_plan(tokenizer: Any, config: AbsorptionConfig, *, saes: int = 1) -> dict[str, Any]:
     """What judging ``saes`` SAEs at one hook costs, before it runs: the words, the prompts the
     model reads (each word once for the model's probe; for each SAE, the probe's true positives
     again, at most the test words), their tokens, and the work of the probes in floating-point
     operations (the L1 probe reads every training word's features each epoch)."""
-    words = len(alpha_words(tokenizer))
-    if config.max_words is not None:
-        words = min(words, config.max_words)
+    words = len(chosen_words(tokenizer, config))
     examples = ["example", "other"] * config.max_icl_examples
     rng = random.Random(0)  # noqa: S311  (any examples: only the prompt's length is wanted)
     example = spelling_prompt(
@@ -183,7 +196,7 @@ def absorption_plan(tokenizer: Any, config: AbsorptionConfig, *, saes: int = 1) 
     )
     per_prompt = len(tokenizer(example, add_special_tokens=False)["input_ids"]) + 1
     train = int(words * config.train_fraction)
-    prompts = words + saes * (words - train)
+    prompts = prompts_read(words, config, saes)
     return {
         "words": words,
         "prompts": prompts,
@@ -243,66 +256,6 @@ def word_activations(
 # ---- probes -------------------------------------------------------------------------------------
 
 
-def _shuffled_batches(count: int, batch_size: int, generator: torch.Generator) -> list[torch.Tensor]:
-    """One epoch's batches as a ``DataLoader(shuffle=True)`` without a generator of its own draws
-    them from the global one: a base seed for its workers, then the sampler's seed."""
-    torch.empty((), dtype=torch.int64).random_(generator=generator)
-    seed = int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
-    order = torch.randperm(count, generator=torch.Generator().manual_seed(seed))
-    return list(order.split(batch_size))
-
-
-def _linear(inputs: int, outputs: int, generator: torch.Generator) -> torch.nn.Linear:
-    """``nn.Linear(inputs, outputs)`` initialised from ``generator`` as from the global one."""
-    probe = torch.nn.Linear(inputs, outputs)
-    with torch.no_grad():
-        torch.nn.init.kaiming_uniform_(probe.weight, a=math.sqrt(5), generator=generator)
-        bound = 1 / math.sqrt(inputs) if inputs > 0 else 0
-        probe.bias.uniform_(-bound, bound, generator=generator)
-    return probe
-
-
-def train_multi_probe(
-    x: torch.Tensor,
-    y: torch.Tensor,
-    *,
-    generator: torch.Generator,
-    epochs: int,
-    batch_size: int,
-    lr: float,
-    weight_decay: float,
-    end_lr: float = 1e-5,
-    l1_decay: float = 0.0,
-    map_rows: Callable[[torch.Tensor], torch.Tensor] | None = None,
-    probe_dim: int | None = None,
-) -> torch.nn.Linear:
-    """SAEBench's ``train_multi_probe``: one logistic probe per column of ``y`` (0/1), Adam with
-    ``weight_decay``, BCE with each column's negatives/positives as its positive weight, the rate
-    decaying exponentially from ``lr`` to ``end_lr`` over the epochs, plus ``l1_decay`` times the
-    mean over probes of their weights' L1 norms; ``map_rows`` (an SAE's encoder) applied to each
-    batch's rows. All randomness from ``generator``."""
-    y = y.to(x.dtype)
-    probe = _linear(probe_dim or x.shape[-1], y.shape[-1], generator).to(x.device, dtype=x.dtype)
-    positives = y.sum(dim=0)
-    loss_fn = torch.nn.BCEWithLogitsLoss(pos_weight=(len(y) - positives) / positives)
-    optimizer = torch.optim.Adam(probe.parameters(), lr=lr, weight_decay=weight_decay)
-    scheduler = torch.optim.lr_scheduler.ExponentialLR(
-        optimizer, gamma=math.exp(math.log(end_lr / lr) / epochs)
-    )
-    probe.train()
-    for _ in range(epochs):
-        for rows in _shuffled_batches(len(x), batch_size, generator):
-            batch = x[rows] if map_rows is None else map_rows(x[rows])
-            optimizer.zero_grad()
-            loss = loss_fn(probe(batch), y[rows])
-            if l1_decay:
-                loss = loss + l1_decay * probe.weight.abs().sum(dim=-1).mean()
-            loss.backward()
-            optimizer.step()
-        scheduler.step()
-    return probe.eval()
-
-
 def _f1(truth: Any, predicted: Any) -> float:
     from sklearn.metrics import f1_score
 
@@ -356,19 +309,16 @@ class ModelProbe:
 def model_probe(
     model: Any,
     tokenizer: Any,
+    vocabulary: list[str],
     *,
     hook_name: str,
     config: AbsorptionConfig,
     should_cancel: Callable[[], bool] | None = None,
     progress: Callable[[int], None] | None = None,
 ) -> ModelProbe:
-    """The words, their prompts' activations and the model's first-letter probe (SAEBench's
-    ``train_and_save_probes``, then ``load_probe_data_split``)."""
+    """``vocabulary``'s words (:func:`chosen_words`) split, their prompts' activations and the
+    model's first-letter probe (SAEBench's ``train_and_save_probes``, then ``load_probe_data_split``)."""
     rng = random.Random(config.seed)  # noqa: S311  (SAEBench's draws, not a secret)
-    vocabulary = alpha_words(tokenizer)
-    if config.max_words is not None and config.max_words < len(vocabulary):
-        kept = set(random.Random(config.seed).sample(range(len(vocabulary)), config.max_words))  # noqa: S311
-        vocabulary = [word for index, word in enumerate(vocabulary) if index in kept]
     shuffled = rng.sample(vocabulary, len(vocabulary))
     split = int(len(shuffled) * config.train_fraction)
     sides = {"train": shuffled[:split], "test": shuffled[split:]}
@@ -420,11 +370,8 @@ def _encoded(sae: SparseAutoencoder, rows: torch.Tensor, chunk: int) -> torch.Te
 
 @dataclass
 class KSparse:
-    """Per letter: the k-sparse probes' features (k = 1..max_k) and the test F1 of each, the model
-    probe's test scores and F1, and the letter's main features."""
+    """The model probe's test scores, and per letter its F1 and the letter's main features."""
 
-    features: dict[int, dict[int, list[int]]]
-    f1: dict[int, dict[int, float]]
     probe_scores: torch.Tensor
     probe_f1: dict[int, float]
     split: dict[int, list[int]]
@@ -479,7 +426,7 @@ def k_sparse_probing(sae: SparseAutoencoder, shared: ModelProbe, config: Absorpt
                 best, split[letter] = f1[letter][k], chosen[letter][k]
             else:
                 break
-    return KSparse(features=chosen, f1=f1, probe_scores=probe_scores, probe_f1=probe_f1, split=split)
+    return KSparse(probe_scores=probe_scores, probe_f1=probe_f1, split=split)
 
 
 def word_absorption(
@@ -614,9 +561,8 @@ def absorption(
 ) -> list[dict[str, Any]]:
     """Feature absorption of each of ``saes`` (all reading ``hook_name``): the model's probe
     trained once, then each SAE's k-sparse probes and absorption (see the module's docstring)."""
-    words = len(alpha_words(tokenizer)) if config.max_words is None else config.max_words
-    # The prompts read: every word's once, then each SAE's true positives (at most the test words).
-    expected = words + len(saes) * (words - int(words * config.train_fraction))
+    vocabulary = chosen_words(tokenizer, config)
+    expected = prompts_read(len(vocabulary), config, len(saes))
     read = {"prompts": 0}
 
     def reading(count: int) -> None:
@@ -624,8 +570,8 @@ def absorption(
         if progress is not None:
             progress(min(read["prompts"] / expected, 0.99))
 
-    shared = model_probe(model, tokenizer, hook_name=hook_name, config=config, should_cancel=should_cancel,
-                         progress=reading)  # fmt: skip
+    shared = model_probe(model, tokenizer, vocabulary, hook_name=hook_name, config=config,
+                         should_cancel=should_cancel, progress=reading)  # fmt: skip
     results = []
     for sae in saes:
         if should_cancel is not None and should_cancel():

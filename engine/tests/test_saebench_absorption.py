@@ -1,20 +1,15 @@
 """SAEBench's feature absorption on our side (sae-bench itself is the reference in
-test_saebench.py, in the benchmark environment): the draws it copies from torch's DataLoader and
-nn.Linear, the words and prompts, SAEs judged together getting what each gets alone, and the
-refusals."""
+test_saebench.py, in the benchmark environment): the words and prompts, SAEs judged together
+getting what each gets alone, and the refusals."""
 
 import random
 
 import pytest
-import torch
-from torch.utils.data import DataLoader, TensorDataset
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from engine.errors import EngineError
 from engine.saebench.absorption import (
     AbsorptionConfig,
-    _linear,
-    _shuffled_batches,
     absorption,
     absorption_plan,
     alpha_words,
@@ -32,20 +27,6 @@ HOOK = "blocks.1.hook_resid_post"
 def tiny(tmp_path_factory):
     folder = build_tiny_model("gpt2", tmp_path_factory.mktemp("absorption") / "gpt2", size="tiny", seed=0)
     return AutoModelForCausalLM.from_pretrained(folder).eval(), AutoTokenizer.from_pretrained(folder)
-
-
-def test_probe_draws_are_a_dataloaders_and_a_linear_layers():
-    """SAEBench shuffles with a DataLoader and builds its probes with nn.Linear, drawing from torch's
-    global generator; ours draws the same numbers from a generator of its own."""
-    rows = torch.arange(50).float().unsqueeze(1)
-    torch.manual_seed(3)
-    layer = torch.nn.Linear(7, 3)
-    loader = DataLoader(TensorDataset(rows), batch_size=16, shuffle=True)
-    theirs = [batch[0].squeeze(1).long().tolist() for _ in range(3) for batch in loader]
-    generator = torch.Generator().manual_seed(3)
-    ours = _linear(7, 3, generator)
-    assert torch.equal(ours.weight, layer.weight) and torch.equal(ours.bias, layer.bias)
-    assert [batch.tolist() for _ in range(3) for batch in _shuffled_batches(50, 16, generator)] == theirs
 
 
 def test_words_prompts_and_the_words_position(tiny):
